@@ -1,0 +1,157 @@
+"""Typed records that cross stage boundaries (runner -> ingest -> report).
+
+Every record is a frozen, keyword-only dataclass; every file written from one carries
+``schema_version``. Stages exchange only these records (or tables whose columns are these
+records' fields). This module holds no I/O and no logic beyond (de)serialisation.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+
+# Strategies and their engines; the first engine of each is the default.
+STRATEGY_ENGINES: dict[str, tuple[str, ...]] = {
+    "ddp": ("torch-ddp",),
+    "zero3": ("deepspeed",),
+    "tp_pp": ("megatron", "torch"),
+}
+
+RUN_STATUSES = ("ok", "oom", "crash", "hang", "timeout", "interrupted", "skipped")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """GPT shape. ``padded_vocab_size`` is ``vocab_size`` rounded up to a multiple of
+    128 x (largest tp_degree in the campaign), as Megatron-LM pads it, so every run of a
+    campaign has the same parameter count."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int
+    padded_vocab_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedConfig:
+    """Variables held fixed across every run of a campaign (DESIGN.md, fixed-variable experiment)."""
+
+    preset: str
+    model: ModelConfig
+    global_batch_size: int  # sequences per optimizer step
+    dtype: str  # "bf16" | "fp32"
+    seed: int
+    steps: int
+    warmup_steps: int  # steps excluded from the metric table (compile, allocator, caches)
+    lr: float
+    min_lr: float
+    lr_warmup_steps: int
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    grad_clip: float
+    data: str  # "synthetic"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What one run was asked to do: the fixed variables plus its parallel layout.
+
+    Invariants (checked by runner.matrix): world_size == tp_degree * pp_degree * dp_degree;
+    global_batch_size == micro_batch_size * num_microbatches * dp_degree.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    campaign: str
+    name: str
+    strategy: str
+    engine: str
+    world_size: int
+    tp_degree: int
+    pp_degree: int
+    dp_degree: int
+    micro_batch_size: int
+    num_microbatches: int  # grad-accumulation steps (DDP/ZeRO) or pipeline micro-batches (PP)
+    device: str  # "cuda" | "cpu"
+    backend: str  # "nccl" | "gloo"
+    fixed: FixedConfig
+    options: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (e.g. ZeRO buckets)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.fixed.global_batch_size * self.fixed.model.seq_length
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRow:
+    """One optimizer step on one rank (metrics/rank<r>.jsonl).
+
+    step_time_s: time between the end of the previous step and the end of this one,
+    measured with CUDA events on GPU (perf_counter on CPU). tokens: tokens consumed by the
+    whole job in this step (global batch x seq). loss: mean LM loss over the rank's
+    micro-batches, None on ranks that do not compute it (non-last pipeline stages).
+    mem_*_gib: allocator peaks within this step (None on CPU). data_wait_s: host time
+    blocked fetching this step's batch.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    rank: int
+    step: int
+    step_time_s: float
+    tokens: int
+    loss: float | None
+    lr: float
+    grad_norm: float | None
+    mem_peak_allocated_gib: float | None
+    mem_peak_reserved_gib: float | None
+    data_wait_s: float
+    wall_time_s: float  # monotonic seconds since the rank's training loop began
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """Facts a run learns about itself at start-up (run_info.json, written by rank 0)."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    engine: str
+    num_params: int  # unique parameters, tied embedding counted once
+    num_params_position_embedding: int
+    torch_version: str
+    engine_version: str
+    device_name: str
+    num_gpus: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStatus:
+    """How a run ended (status.json)."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    status: str  # one of RUN_STATUSES
+    exit_code: int | None
+    cause: str | None
+    started_at: str | None  # ISO-8601 UTC
+    ended_at: str | None
+    duration_s: float | None
+    command: tuple[str, ...] = ()
+
+
+def to_dict(record: Any) -> dict[str, Any]:
+    """Dataclass -> JSON-ready dict (tuples become lists)."""
+    return dataclasses.asdict(record)
+
+
+def run_spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
+    """Inverse of ``to_dict`` for RunSpec. Raises KeyError/TypeError on a malformed dict."""
+    fixed = dict(data["fixed"])
+    fixed["model"] = ModelConfig(**fixed["model"])
+    rest = {k: v for k, v in data.items() if k != "fixed"}
+    return RunSpec(fixed=FixedConfig(**fixed), **rest)
