@@ -1,0 +1,42 @@
+"""Pieces every torch-side trainer shares: optimizer param groups and the autocast policy."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ingest.schema import RunSpec
+
+
+def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on matrices (dim >= 2), none on biases/LayerNorm (nanoGPT
+    configure_optimizers). Tied parameters appear once."""
+    seen: dict[int, tuple[str, nn.Parameter]] = {}
+    for name, p in named_params:
+        if p.requires_grad:
+            seen.setdefault(id(p), (name, p))
+    decay = [p for _, p in seen.values() if p.dim() >= 2]
+    no_decay = [p for _, p in seen.values() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_adamw(params: list[dict], spec: RunSpec, *, device: torch.device) -> torch.optim.AdamW:
+    """torch AdamW with the campaign's betas; fused kernel on CUDA (same update in every engine)."""
+    f = spec.fixed
+    return torch.optim.AdamW(
+        params, lr=f.lr, betas=(f.adam_beta1, f.adam_beta2), eps=1e-8, fused=device.type == "cuda"
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast with fp32 master weights for torch engines; no-op for fp32 campaigns."""
+    if spec.fixed.dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -1,0 +1,57 @@
+"""DDP baseline [torch DistributedDataParallel]: every rank holds the whole model and
+optimizer; gradients are all-reduced in buckets overlapped with backward."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ingest.schema import RunSpec
+from runner.model import GPT, count_params, lm_loss
+from runner.strategies import RankContext, StepOutput
+from runner.strategies.common import autocast, build_adamw, build_param_groups, set_lr
+
+
+class DDPTrainer:
+    def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        model = GPT(spec.fixed.model).to(ctx.device)
+        self.num_params = count_params(model)
+        self.num_params_position_embedding = model.wpe.weight.numel()
+        self.model = DistributedDataParallel(
+            model,
+            device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            bucket_cap_mb=int(spec.options.get("bucket_cap_mb", 25)),
+        )
+        self.forward = torch.compile(self.model) if spec.options.get("compile", False) else self.model
+        self.optimizer = build_adamw(
+            build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
+        )
+        self.engine_version = torch.__version__
+        self.dp_rank = ctx.rank
+        self.dp_degree = ctx.world_size
+
+    def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], *, lr: float) -> StepOutput:
+        n = len(microbatches)
+        total = torch.zeros((), device=self.ctx.device)
+        for i, (inputs, labels) in enumerate(microbatches):
+            # all-reduce only on the last micro-batch (gradient accumulation)
+            sync = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()
+            with sync:
+                with autocast(self.spec, self.ctx.device):
+                    logits = self.forward(inputs)
+                loss = lm_loss(logits, labels) / n
+                loss.backward()
+            total += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.fixed.grad_clip)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutput(loss=total, grad_norm=grad_norm)
+
+
+def build_trainer(spec: RunSpec, *, ctx: RankContext) -> DDPTrainer:
+    return DDPTrainer(spec, ctx=ctx)

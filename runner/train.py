@@ -1,0 +1,134 @@
+"""Training entry point, one process per rank under torchrun:
+
+    python -m runner.train --run-dir RUN_DIR      (reads RUN_DIR/spec.json)
+
+Owns what every strategy shares -- process group, seeds, synthetic data, the LR schedule,
+step timing and the metric rows -- and delegates the step itself to the strategy's trainer.
+Each rank's stdout/stderr (NCCL_DEBUG lines included) go to RUN_DIR/logs/rank<r>.log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
+from runner.data import SyntheticBatches, slice_batch
+from runner.recorder import StepRecorder, open_metrics_file
+from runner.strategies import RankContext, build_trainer
+
+
+def lr_at(step: int, fixed: FixedConfig) -> float:
+    """Linear warm-up over lr_warmup_steps, then cosine decay to min_lr at the last step
+    (nanoGPT get_lr; Megatron-LM OptimizerParamScheduler 'cosine')."""
+    if step < fixed.lr_warmup_steps:
+        return fixed.lr * (step + 1) / fixed.lr_warmup_steps
+    span = max(1, fixed.steps - fixed.lr_warmup_steps)
+    ratio = min(1.0, (step - fixed.lr_warmup_steps) / span)
+    return fixed.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (fixed.lr - fixed.min_lr)
+
+
+def _redirect_output(run_dir: Path, rank: int) -> None:
+    """Point fds 1 and 2 at logs/rank<r>.log so C-level output (NCCL_DEBUG) lands there too."""
+    path = run_dir / "logs" / f"rank{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _rank_context(spec: RunSpec) -> RankContext:
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if spec.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return RankContext(rank=rank, world_size=int(os.environ["WORLD_SIZE"]), local_rank=local_rank, device=device)
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
+    f = spec.fixed
+    torch.manual_seed(f.seed)
+    trainer = build_trainer(spec, ctx=ctx)
+    if ctx.rank == 0:
+        info = RunInfo(
+            run=spec.name,
+            engine=spec.engine,
+            num_params=trainer.num_params,
+            num_params_position_embedding=trainer.num_params_position_embedding,
+            torch_version=torch.__version__,
+            engine_version=trainer.engine_version,
+            device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
+            num_gpus=ctx.world_size if ctx.device.type == "cuda" else 0,
+        )
+        _write_json_atomic(run_dir / "run_info.json", to_dict(info))
+    data = SyntheticBatches(
+        vocab_size=f.model.vocab_size, seq_length=f.model.seq_length, global_batch_size=f.global_batch_size, seed=f.seed
+    )
+    pin = ctx.device.type == "cuda"
+    with open_metrics_file(run_dir, ctx.rank) as out:
+        recorder = StepRecorder(out, run=spec.name, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
+        for step in range(f.steps):
+            recorder.begin_step()
+            t0 = time.perf_counter()
+            tokens = data.tokens(step)
+            if pin:
+                tokens = tokens.pin_memory()
+            microbatches = [
+                (x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
+                for x, y in slice_batch(
+                    tokens,
+                    dp_rank=trainer.dp_rank,
+                    dp_degree=trainer.dp_degree,
+                    micro_batch_size=spec.micro_batch_size,
+                    num_microbatches=spec.num_microbatches,
+                )
+            ]
+            data_wait_s = time.perf_counter() - t0
+            lr = lr_at(step, f)
+            out_step = trainer.train_step(microbatches, lr=lr)
+            recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s)
+            if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
+                print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
+        recorder.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.train")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    spec = run_spec_from_dict(json.loads((args.run_dir / "spec.json").read_text(encoding="utf-8")))
+    rank = int(os.environ["RANK"])
+    _redirect_output(args.run_dir, rank)
+    ctx = _rank_context(spec)
+    dist.init_process_group(backend=spec.backend)
+    try:
+        train(spec, run_dir=args.run_dir, ctx=ctx)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
