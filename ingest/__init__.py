@@ -1,0 +1,1 @@
+"""Ingest: raw campaign artifacts -> normalized tables (see ingest.io, ingest.schema)."""

@@ -1,0 +1,275 @@
+"""The one module of ingest/report that touches the file system.
+
+Reads a campaign directory written by the runner (campaign.json, env.json, <run>/spec.json,
+run_info.json, status.json, metrics/rank<r>.jsonl) or a folder of Parquet tables written by
+``write_tables``, into one frozen ``Campaign``. Writes tables and report files atomically
+(temp file in the target directory + ``os.replace``).
+
+Deliberately not here: parsing of third-party logs (pure parsers elsewhere), any metric
+computation, any formatting.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingest.errors import NoDataError, ParseError
+from ingest.schema import (
+    SCHEMA_VERSION, FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, run_spec_from_dict,
+)
+
+STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepRow))
+RUNS_TABLE, STEPS_TABLE = "runs.parquet", "steps.parquet"
+_META_KEYS = ("schema_version", "campaign", "env", "problems")
+# Integer fields of the flattened run row: nullable Int64 so a missing record reads NA, not NaN/0.
+_INT_COLUMNS = tuple(
+    f.name
+    for cls in (RunSpec, FixedConfig, ModelConfig, RunStatus, RunInfo)
+    for f in dataclasses.fields(cls)
+    if f.type in ("int", "int | None")
+) + ("tokens_per_step", "num_metric_files", "num_metric_rows")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Campaign:
+    """A loaded campaign.
+
+    runs: one row per run, in campaign order. Columns: ``run``, the RunSpec fields with
+      ``fixed`` and ``fixed.model`` flattened to their leaf names (``num_layers``,
+      ``global_batch_size``, ``warmup_steps``...), ``options`` (JSON text), ``tokens_per_step``,
+      RunStatus fields (``status``, ``exit_code``, ``cause``, ``duration_s``...; NA when
+      status.json is missing), RunInfo fields (``num_params``, ``device_name``, ``num_gpus``...;
+      NA when run_info.json is missing), ``num_metric_files``, ``num_metric_rows``.
+    steps: one row per (run, rank, step), columns = StepRow fields (all steps, warm-up included).
+    campaign / env: campaign.json and env.json as dicts (env is {} when missing).
+    problems: human-readable caveats found while loading (missing files of individual runs).
+    """
+
+    source: str
+    campaign: dict[str, Any]
+    env: dict[str, Any]
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    problems: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return str(self.campaign.get("name") or Path(self.source).name)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ParseError(f"{path}: not UTF-8 text ({e.reason}); rewrite it as JSON") from None
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read ({e.strerror}); check permissions") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParseError(
+            f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg}); fix or regenerate the file"
+        ) from None
+
+
+def _read_record(path: Path, cls: type, problems: list[str]) -> dict[str, Any] | None:
+    """Read a JSON record file, validate it against the schema dataclass ``cls``."""
+    if not path.is_file():
+        return None
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise ParseError(f"{path}: expected a JSON object, got {type(data).__name__}; regenerate it")
+    _check_version(path, data)
+    try:
+        return dataclasses.asdict(cls(**data))
+    except TypeError as e:
+        raise ParseError(f"{path}: does not match {cls.__name__} ({e}); regenerate it with this tool") from None
+
+
+def _check_version(path: Path, data: dict[str, Any], line: int | None = None) -> None:
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        where = f"{path}:{line}" if line else str(path)
+        raise ParseError(
+            f"{where}: schema_version {version} is newer than this tool's {SCHEMA_VERSION}; upgrade the tool"
+        )
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ParseError(f"{path}:{lineno}: malformed JSON line ({e.msg}); fix or delete the line") from None
+            if not isinstance(data, dict):
+                raise ParseError(f"{path}:{lineno}: expected a JSON object per line; fix or delete the line")
+            _check_version(path, data, lineno)
+            try:
+                rows.append(dataclasses.asdict(StepRow(**data)))
+            except TypeError as e:
+                raise ParseError(f"{path}:{lineno}: not a StepRow ({e}); fix or delete the line") from None
+    return rows
+
+
+def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    spec_path = run_dir / "spec.json"
+    if not spec_path.is_file():
+        problems.append(f"run {name}: no {spec_path} (never started?); left out of the note")
+        return None
+    raw = _read_json(spec_path)
+    if not isinstance(raw, dict):
+        raise ParseError(f"{spec_path}: expected a JSON object; regenerate it")
+    _check_version(spec_path, raw)
+    try:
+        spec = run_spec_from_dict(raw)
+    except (KeyError, TypeError) as e:
+        raise ParseError(f"{spec_path}: does not match RunSpec ({e!r}); regenerate it with this tool") from None
+    row: dict[str, Any] = {"run": spec.name}
+    for key, value in dataclasses.asdict(spec).items():
+        if key == "fixed":
+            row.update({k: v for k, v in value.items() if k != "model"})
+            row.update(value["model"])
+        elif key not in ("name", "schema_version"):
+            row[key] = json.dumps(value, sort_keys=True) if key == "options" else value
+    row["tokens_per_step"] = spec.tokens_per_step
+    status = _read_record(run_dir / "status.json", RunStatus, problems)
+    for f in dataclasses.fields(RunStatus):
+        if f.name not in ("run", "schema_version"):
+            value = status[f.name] if status else None
+            row[f.name] = json.dumps(list(value)) if f.name == "command" and status else value
+    info = _read_record(run_dir / "run_info.json", RunInfo, problems)
+    for f in dataclasses.fields(RunInfo):
+        if f.name not in ("run", "schema_version", "engine"):
+            row[f.name] = info[f.name] if info else None
+    files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
+    steps = [r for p in files for r in _read_metrics(p)]
+    row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
+    if not steps and status is None:
+        problems.append(f"run {name}: neither metrics nor status.json in {run_dir}; the run left no record")
+    return row, steps
+
+
+def load_campaign(path: str | os.PathLike[str]) -> Campaign:
+    """Load a campaign directory (raw runner artifacts) or a tables directory (``write_tables``).
+
+    Raises NoDataError (path missing, empty, neither a campaign nor a tables dir, no run with
+    metrics or a status) and ParseError (malformed JSON/JSONL/Parquet, naming file and line).
+    """
+    root = Path(path)
+    if not root.exists():
+        raise NoDataError(f"{root}: no such directory; pass a campaign directory written by `runner all`")
+    if not root.is_dir():
+        raise NoDataError(f"{root}: is a file, not a directory; pass a campaign directory written by `runner all`")
+    if (root / RUNS_TABLE).is_file() and not (root / "campaign.json").is_file():
+        return load_tables(root)
+    if not (root / "campaign.json").is_file():
+        what = "is empty" if not any(root.iterdir()) else "is not a campaign (no campaign.json) nor a tables dir (no runs.parquet)"
+        raise NoDataError(f"{root}: {what}; pass a directory written by `runner all` or `ingest`")
+    campaign = _read_json(root / "campaign.json")
+    if not isinstance(campaign, dict) or not isinstance(campaign.get("runs", []), list):
+        raise ParseError(f"{root / 'campaign.json'}: expected an object with a 'runs' list; regenerate it")
+    _check_version(root / "campaign.json", campaign)
+    problems: list[str] = []
+    env: Any = {}
+    if (root / "env.json").is_file():
+        env = _read_json(root / "env.json")
+        if not isinstance(env, dict):
+            raise ParseError(f"{root / 'env.json'}: expected a JSON object; regenerate it with `runner env`")
+    else:
+        problems.append(f"{root / 'env.json'} is missing: the environment section is empty")
+    names = campaign.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
+    rows, steps = [], []
+    for name in names:
+        loaded = _load_run(root / str(name), str(name), problems)
+        if loaded:
+            rows.append(loaded[0])
+            steps.extend(loaded[1])
+    if not any(r["num_metric_rows"] or r["status"] for r in rows):
+        raise NoDataError(f"{root}: no run has metrics (metrics/rank*.jsonl) or a status.json; run `runner all` first")
+    runs_df = pd.DataFrame(rows).astype({c: "Int64" for c in _INT_COLUMNS if rows and c in rows[0]})
+    steps_df = pd.DataFrame(steps, columns=list(STEP_COLUMNS))
+    steps_df = steps_df.astype({c: "float64" for c in ("loss", "grad_norm", "mem_peak_allocated_gib", "mem_peak_reserved_gib")})
+    return Campaign(source=str(root), campaign=campaign, env=env, runs=runs_df, steps=steps_df, problems=tuple(problems))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same directory + os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_tables(campaign: Campaign, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write ``runs.parquet`` and ``steps.parquet`` into ``out_dir`` (created), atomically.
+
+    Parquet key-value metadata carries schema_version, campaign.json, env.json and the load
+    problems (JSON), so ``load_campaign(out_dir)`` restores an equal Campaign.
+    Returns the written paths.
+    """
+    meta = {"schema_version": SCHEMA_VERSION, "campaign": campaign.campaign, "env": campaign.env,
+            "problems": list(campaign.problems)}
+    out = []
+    for name, df in ((RUNS_TABLE, campaign.runs), (STEPS_TABLE, campaign.steps)):
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        kv = dict(table.schema.metadata or {})
+        kv.update({k.encode(): json.dumps(v).encode() for k, v in meta.items()})
+        sink = pa.BufferOutputStream()
+        pq.write_table(table.replace_schema_metadata(kv), sink)
+        out.append(write_bytes_atomic(Path(out_dir) / name, sink.getvalue().to_pybytes()))
+    return out
+
+
+def load_tables(path: str | os.PathLike[str]) -> Campaign:
+    """Read a folder written by ``write_tables``. Raises NoDataError / ParseError."""
+    root = Path(path)
+    frames, meta = [], {}
+    for name in (RUNS_TABLE, STEPS_TABLE):
+        try:
+            table = pq.read_table(root / name)
+        except FileNotFoundError:
+            raise NoDataError(f"{root / name}: missing; rerun `ingest` to write both tables") from None
+        except (pa.ArrowException, OSError) as e:
+            raise ParseError(f"{root / name}: not a readable Parquet file ({e}); rerun `ingest`") from None
+        kv = table.schema.metadata or {}
+        try:
+            meta = {k: json.loads(kv[k.encode()]) for k in _META_KEYS}
+        except (KeyError, json.JSONDecodeError):
+            raise ParseError(f"{root / name}: no schema_version/campaign metadata; was it written by `ingest`?") from None
+        if meta["schema_version"] > SCHEMA_VERSION:
+            raise ParseError(f"{root / name}: schema_version {meta['schema_version']} is newer than {SCHEMA_VERSION}; upgrade the tool")
+        frames.append(table.to_pandas())
+    return Campaign(source=str(root), campaign=meta["campaign"], env=meta["env"], runs=frames[0],
+                    steps=frames[1], problems=tuple(meta["problems"]))
+
+
+def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read hardware.toml as a dict (validation is report.hardware's job). Raises ParseError."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ParseError(f"{path}: missing; restore hardware.toml from the repository") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None

@@ -1,0 +1,1 @@
+"""Report: tables -> six-section engineering note (Markdown, HTML, PDF)."""

@@ -1,0 +1,94 @@
+"""Dense peak FLOP/s per GPU and dtype, from the data file hardware.toml.
+
+``lookup_peak`` matches a ``torch.cuda.get_device_name()`` string against each entry's
+``match`` regular expressions (full match, case-insensitive). An unknown GPU, a CPU, or a
+dtype without a number gives None: MFU is then reported "n/a" -- there is deliberately no
+fallback peak (STYLE.md, anti-patterns).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ingest.errors import ConfigError
+from ingest.io import load_hardware_toml
+
+HARDWARE_TOML = Path(__file__).resolve().parent.parent / "hardware.toml"
+DTYPES = ("bf16", "fp16", "tf32", "fp32")
+_ENTRY_KEYS = {"name", "match", "source", *DTYPES}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peak:
+    """flops: dense peak FLOP/s of one GPU; source: datasheet URL and title; entry: table id."""
+
+    flops: float
+    source: str
+    entry: str
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Entry:
+    key: str
+    name: str
+    patterns: tuple[re.Pattern[str], ...]
+    flops: dict[str, float]
+    source: str
+
+
+def build_hardware_table(data: dict[str, Any], *, origin: str = "hardware.toml") -> tuple[_Entry, ...]:
+    """Validate the parsed TOML (``[gpu.<id>]`` tables) into entries.
+
+    Raises ConfigError listing every problem (unknown keys, missing match/source, bad regex,
+    non-positive peaks).
+    """
+    problems: list[str] = []
+    entries = []
+    for key, raw in (data.get("gpu") or {}).items():
+        where = f"{origin} [gpu.{key}]"
+        unknown = sorted(set(raw) - _ENTRY_KEYS)
+        if unknown:
+            problems.append(f"{where}: unknown keys {unknown} (valid: {sorted(_ENTRY_KEYS)})")
+        if not raw.get("match") or not raw.get("source"):
+            problems.append(f"{where}: needs non-empty 'match' and 'source'")
+            continue
+        try:
+            patterns = tuple(re.compile(p, re.IGNORECASE) for p in raw["match"])
+        except re.error as e:
+            problems.append(f"{where}: bad match pattern ({e})")
+            continue
+        flops = {d: float(raw[d]) for d in DTYPES if d in raw}
+        if any(v <= 0 for v in flops.values()):
+            problems.append(f"{where}: peaks must be positive")
+        entries.append(_Entry(key=key, name=raw.get("name", key), patterns=patterns, flops=flops, source=raw["source"]))
+    if not entries and not problems:
+        problems.append(f"{origin}: no [gpu.<id>] entries")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return tuple(entries)
+
+
+@functools.cache
+def _default_table() -> tuple[_Entry, ...]:
+    return build_hardware_table(load_hardware_toml(HARDWARE_TOML), origin=str(HARDWARE_TOML))
+
+
+def lookup_peak(gpu_name: str | None, dtype: str | None, *, table: tuple[_Entry, ...] | None = None) -> Peak | None:
+    """Dense peak FLOP/s of one ``gpu_name`` GPU for ``dtype`` ("bf16", "fp16", "tf32", "fp32").
+
+    Returns None for None/empty/CPU names, unknown GPUs and dtypes the entry has no number for.
+    table: from ``build_hardware_table`` (default: the repository's hardware.toml).
+    Raises ConfigError when hardware.toml itself is invalid.
+    """
+    if not gpu_name or not dtype:
+        return None
+    name = gpu_name.strip()
+    for entry in table if table is not None else _default_table():
+        if any(p.fullmatch(name) for p in entry.patterns):
+            flops = entry.flops.get(dtype)
+            return Peak(flops=flops, source=entry.source, entry=entry.key, name=entry.name) if flops else None
+    return None

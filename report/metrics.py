@@ -1,0 +1,147 @@
+"""Per-run metrics from step rows: pure functions, DataFrame in, DataFrame out.
+
+Formulas and their sources are in the docstrings; nothing here rounds, formats or plots.
+Missing inputs give NA, never 0.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+FLOPS_CONVENTIONS = ("6N+12LHQT", "6N", "6N+6LHQT")
+DEFAULT_CONVENTION = "6N+12LHQT"
+
+SUMMARY_COLUMNS = (
+    "run", "num_steps_measured", "step_time_median_s", "step_time_p90_s", "tokens_per_step", "tokens_per_s",
+    "tokens_per_s_per_gpu", "flops_per_token", "mfu", "mem_peak_allocated_gib", "mem_peak_reserved_gib",
+    "data_wait_median_s", "loss_first", "loss_last", "num_params",
+)
+_FLOAT_COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c not in ("run", "num_steps_measured", "tokens_per_step", "num_params"))
+
+
+def compute_flops_per_token(
+    *,
+    num_params: int,
+    num_layers: int,
+    hidden_size: int,
+    seq_length: int,
+    position_embedding_params: int,
+    convention: str = DEFAULT_CONVENTION,
+) -> float:
+    """Training FLOPs per token (forward + backward) of a dense decoder-only transformer.
+
+    N = num_params - position_embedding_params (tied input/output embedding counted once;
+    learned position embeddings excluded, as nanoGPT ``GPT.estimate_mfu`` /
+    ``get_num_params(non_embedding=True)``); L = num_layers; H*Q = hidden_size (heads x head
+    dim); T = seq_length.
+
+    - "6N+12LHQT" (default): 6N for the weight matmuls plus 12*L*H*Q*T for attention scores
+      and values over the full T x T matrix. PaLM (Chowdhery et al. 2022), appendix B;
+      nanoGPT model.py ``estimate_mfu``. GPT-2 124M at T=1024: ~855e6 FLOP/token.
+    - "6N": weight matmuls only (Kaplan et al. 2020, section 2.1).
+    - "6N+6LHQT": attention halved for the causal mask (only the lower triangle is
+      computed), as Megatron-LM's ``num_floating_point_operations`` since 2025 and llm.c.
+
+    Raises ValueError for an unknown convention or N <= 0.
+    """
+    if convention not in FLOPS_CONVENTIONS:
+        raise ValueError(f"unknown FLOPs convention {convention!r}; choose one of {', '.join(FLOPS_CONVENTIONS)}")
+    n = num_params - position_embedding_params
+    if n <= 0:
+        raise ValueError(f"non-positive parameter count N={n}")
+    attention = {"6N+12LHQT": 12, "6N": 0, "6N+6LHQT": 6}[convention] * num_layers * hidden_size * seq_length
+    return float(6 * n + attention)
+
+
+def compute_mfu(
+    tokens_per_s: float | None, *, flops_per_token: float | None, peak_flops: float | None, num_gpus: int
+) -> float | None:
+    """Model FLOPs utilisation = tokens_per_s * flops_per_token / (num_gpus * peak_flops).
+
+    peak_flops: dense peak FLOP/s of one GPU for the run's dtype (report.hardware). Returns
+    None when any input is None/NA (unknown GPU, CPU run, no measured steps): never a fallback.
+    Source: PaLM (Chowdhery et al. 2022), appendix B.
+    """
+    if any(v is None or pd.isna(v) for v in (tokens_per_s, flops_per_token, peak_flops)):
+        return None
+    if num_gpus < 1 or peak_flops <= 0:
+        raise ValueError(f"num_gpus={num_gpus} and peak_flops={peak_flops} must be positive")
+    return float(tokens_per_s) * float(flops_per_token) / (num_gpus * float(peak_flops))
+
+
+def _na(value: object) -> object:
+    return None if value is None or pd.isna(value) else value
+
+
+def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak: float | None, convention: str) -> dict:
+    measured = steps[steps["step"] >= warmup_steps]
+    per_step = measured.groupby("step").agg(
+        step_time_s=("step_time_s", "max"), data_wait_s=("data_wait_s", "max"), tokens=("tokens", "max")
+    )
+    row: dict = {c: None for c in SUMMARY_COLUMNS}
+    row.update(run=run["run"], num_steps_measured=len(per_step), num_params=_na(run.get("num_params")))
+    row["tokens_per_step"] = _na(run.get("tokens_per_step"))
+    if not steps.empty:
+        losses = steps.dropna(subset=["loss"]).groupby("step")["loss"].mean()
+        if not losses.empty:
+            row.update(loss_first=float(losses.iloc[0]), loss_last=float(losses.iloc[-1]))
+    if per_step.empty:
+        return row
+    times = per_step["step_time_s"].to_numpy(dtype=float)
+    median_s = float(np.percentile(times, 50, method="linear"))
+    row.update(step_time_median_s=median_s, step_time_p90_s=float(np.percentile(times, 90, method="linear")))
+    row["data_wait_median_s"] = float(np.median(per_step["data_wait_s"].to_numpy(dtype=float)))
+    tokens_per_step = int(per_step["tokens"].iloc[0])
+    row["tokens_per_step"] = tokens_per_step
+    if median_s > 0:
+        row["tokens_per_s"] = tokens_per_step / median_s
+        row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / int(run["world_size"])
+    for col in ("mem_peak_allocated_gib", "mem_peak_reserved_gib"):
+        row[col] = _na(measured[col].max())
+    if row["num_params"] is not None and _na(run.get("num_params_position_embedding")) is not None:
+        row["flops_per_token"] = compute_flops_per_token(
+            num_params=int(run["num_params"]), num_layers=int(run["num_layers"]), hidden_size=int(run["hidden_size"]),
+            seq_length=int(run["seq_length"]), position_embedding_params=int(run["num_params_position_embedding"]),
+            convention=convention,
+        )
+    row["mfu"] = compute_mfu(row["tokens_per_s"], flops_per_token=row["flops_per_token"], peak_flops=peak,
+                             num_gpus=int(run["world_size"]))
+    return row
+
+
+def summarize_runs(
+    steps: pd.DataFrame,
+    runs: pd.DataFrame,
+    *,
+    warmup_steps: int,
+    peak_flops: Mapping[str, float | None] | None = None,
+    convention: str = DEFAULT_CONVENTION,
+) -> pd.DataFrame:
+    """One row per run of ``runs`` (same order), columns ``SUMMARY_COLUMNS``.
+
+    steps: StepRow columns (all ranks, all steps). runs: ingest.io Campaign.runs (needs
+    ``run``, ``world_size``, ``num_layers``, ``hidden_size``, ``seq_length``; ``num_params`` and
+    ``num_params_position_embedding`` may be NA). peak_flops: run -> dense peak FLOP/s of one of
+    its GPUs, or None (no MFU).
+
+    Steps < warmup_steps are dropped. The step time of a step is the max over ranks of
+    step_time_s (the slowest rank gates the optimizer step); median and p90 over measured
+    steps use numpy.percentile(method="linear"). tokens_per_s = tokens per step / median step
+    time; tokens_per_s_per_gpu divides by world_size. data_wait_median_s: median over steps of
+    the max over ranks. mem_peak_*_gib: max over ranks and measured steps (NA on CPU).
+    loss_first / loss_last: mean over the ranks reporting loss at the first / last step that
+    has any loss (warm-up included: loss is not a timing metric). Runs without measured
+    steps get num_steps_measured 0 and NA metrics.
+    """
+    peak_flops = peak_flops or {}
+    by_run = dict(tuple(steps.groupby("run"))) if not steps.empty else {}
+    rows = [
+        _summarize_one(run, by_run.get(run["run"], steps.iloc[0:0]), warmup_steps=warmup_steps,
+                       peak=peak_flops.get(run["run"]), convention=convention)
+        for run in runs.to_dict("records")
+    ]
+    out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+    return out.astype({c: "Float64" for c in _FLOAT_COLUMNS} | {"num_params": "Int64", "tokens_per_step": "Int64",
+                                                               "num_steps_measured": "int64"})

@@ -1,0 +1,93 @@
+"""SYNTHETIC campaign directory for ingest/report tests only (not measurements).
+
+Writes the runner's directory contract with programmatically generated StepRows so the
+loader and the note can be tested before/without real runs. The end-to-end test with real
+runs lives elsewhere.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ingest.schema import FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, to_dict
+
+MODEL = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256, seq_length=32,
+                    vocab_size=500, padded_vocab_size=512)
+
+
+def _fixed(steps: int, warmup_steps: int) -> FixedConfig:
+    return FixedConfig(preset="tiny", model=MODEL, global_batch_size=8, dtype="bf16", seed=0, steps=steps,
+                       warmup_steps=warmup_steps, lr=6e-4, min_lr=6e-5, lr_warmup_steps=2, weight_decay=0.1,
+                       adam_beta1=0.9, adam_beta2=0.95, grad_clip=1.0, data="synthetic")
+
+
+LAYOUTS = {  # name: (strategy, engine, tp, pp, dp, micro_batch_size, num_microbatches, base step time s)
+    "ddp": ("ddp", "torch-ddp", 1, 1, 2, 2, 2, 0.10),
+    "zero3": ("zero3", "deepspeed", 1, 1, 2, 4, 1, 0.13),
+    "tp_pp": ("tp_pp", "torch", 1, 2, 1, 2, 4, 0.16),
+}
+
+
+def _write(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1))
+
+
+def write_synthetic_campaign(root: Path, *, device_name: str | None = None, steps: int = 12, warmup_steps: int = 2,
+                             failed: tuple[str, ...] = ("tp_pp",)) -> Path:
+    """Write runs/<campaign> under ``root``; runs in ``failed`` get an OOM status and no metrics.
+
+    device_name None -> a CPU campaign (mem_* null); else GPU rows with memory peaks.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    fixed = _fixed(steps, warmup_steps)
+    on_gpu = device_name is not None
+    _write(root / "campaign.json", {
+        "schema_version": 1, "name": root.name, "created_at": "2026-11-29T10:00:00Z", "tool_version": "0.1",
+        "tool_git_commit": "abc1234", "matrix_path": "examples/matrices/tiny.toml",
+        "launch_command": ["runner", "all"], "fixed": to_dict(fixed), "runs": list(LAYOUTS)})
+    _write(root / "env.json", {
+        "schema_version": 1, "collected_at": "2026-11-29T10:00:00Z", "hostname": "synthetic", "os": "Linux",
+        "python": "3.12", "cpu": {"model": "Synthetic CPU", "cores_logical": 4, "cores_physical": 2},
+        "host_memory_gib": 16.0, "disk": {"path": "/", "total_gib": 100.0, "free_gib": 50.0},
+        "gpu_count": 2 if on_gpu else 0,
+        "gpus": [{"index": i, "name": device_name, "memory_total_mib": 143771, "driver_version": "580.1",
+                  "power_limit_w": 700.0, "clocks_sm_max_mhz": 1980} for i in range(2 if on_gpu else 0)],
+        "topology": None, "versions": {"python": "3.12", "torch": "2.13", "cuda": None, "cudnn": None, "nccl": None,
+                                       "deepspeed": None, "megatron_core": None},
+        "launch_command": ["runner", "all"], "tool_git_commit": "abc1234", "env_vars": {"OMP_NUM_THREADS": "1"}})
+    for k, (name, (strategy, engine, tp, pp, dp, mbs, nmb, base_s)) in enumerate(LAYOUTS.items()):
+        world = tp * pp * dp
+        spec = RunSpec(campaign=root.name, name=name, strategy=strategy, engine=engine, world_size=world, tp_degree=tp,
+                       pp_degree=pp, dp_degree=dp, micro_batch_size=mbs, num_microbatches=nmb,
+                       device="cuda" if on_gpu else "cpu", backend="nccl" if on_gpu else "gloo", fixed=fixed)
+        run_dir = root / name
+        _write(run_dir / "spec.json", to_dict(spec))
+        status = "oom" if name in failed else "ok"
+        _write(run_dir / "status.json", to_dict(RunStatus(
+            run=name, status=status, exit_code=1 if status != "ok" else 0,
+            cause="CUDA out of memory (synthetic)" if status != "ok" else None,
+            started_at="2026-11-29T10:00:00Z", ended_at="2026-11-29T10:01:00Z", duration_s=60.0,
+            command=("torchrun", "--nproc-per-node", str(world)))))
+        if status != "ok":
+            continue
+        pos = MODEL.seq_length * MODEL.hidden_size
+        _write(run_dir / "run_info.json", to_dict(RunInfo(
+            run=name, engine=engine, num_params=120_000 + pos, num_params_position_embedding=pos, torch_version="2.13",
+            engine_version="synthetic", device_name=device_name or "cpu", num_gpus=world if on_gpu else 0)))
+        (run_dir / "metrics").mkdir(parents=True, exist_ok=True)
+        for rank in range(world):
+            lines = []
+            for step in range(steps):
+                jitter = 0.01 * ((step * 7 + rank * 3 + k) % 5)
+                last_stage = pp == 1 or rank == world - 1
+                row = StepRow(run=name, rank=rank, step=step, step_time_s=base_s * (3 if step == 0 else 1) + jitter,
+                              tokens=fixed.global_batch_size * MODEL.seq_length,
+                              loss=math.log(500) - 0.1 * step if last_stage else None, lr=6e-4, grad_norm=1.0,
+                              mem_peak_allocated_gib=(2.0 + rank) if on_gpu else None,
+                              mem_peak_reserved_gib=(2.5 + rank) if on_gpu else None,
+                              data_wait_s=0.001, wall_time_s=step * base_s)
+                lines.append(json.dumps(to_dict(row)))
+            (run_dir / "metrics" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
