@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
+from runner.launch import write_json_atomic
 from runner.data import SyntheticBatches, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
@@ -60,12 +61,6 @@ def _rank_context(spec: RunSpec) -> RankContext:
     return RankContext(rank=rank, world_size=int(os.environ["WORLD_SIZE"]), local_rank=local_rank, device=device)
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     f = spec.fixed
     torch.manual_seed(f.seed)
@@ -81,7 +76,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
             device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
             num_gpus=ctx.world_size if ctx.device.type == "cuda" else 0,
         )
-        _write_json_atomic(run_dir / "run_info.json", to_dict(info))
+        write_json_atomic(run_dir / "run_info.json", to_dict(info))
     data = SyntheticBatches(
         vocab_size=f.model.vocab_size, seq_length=f.model.seq_length, global_batch_size=f.global_batch_size, seed=f.seed
     )

@@ -1,0 +1,132 @@
+"""Probe the machine for the environment record (env.json).
+
+What a reviewer needs to reproduce a campaign (DESIGN.md, Environment record): GPUs,
+driver, topology, CPU, memory, disk, OS, library versions, launch command, tool commit and
+an allow-listed, redacted slice of the environment. Every probe is best effort: a missing
+tool gives None, never an exception. Deliberately not here: parsing third-party env dumps
+(ingest does that).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ingest.schema import SCHEMA_VERSION
+
+ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_")
+SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
+GPU_QUERY = "index,name,memory.total,driver_version,power.limit,clocks.max.sm"
+TOOL_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd: list[str], *, timeout_s: float = 20.0) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None  # "[N/A]" and friends
+
+
+def collect_gpus() -> list[dict[str, Any]]:
+    """nvidia-smi --query-gpu, one dict per GPU; [] without nvidia-smi."""
+    out = _run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
+    gpus = []
+    for line in (out or "").splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) != 6:
+            continue
+        gpus.append({"index": int(f[0]), "name": f[1], "memory_total_mib": _float(f[2]), "driver_version": f[3],
+                     "power_limit_w": _float(f[4]), "clocks_sm_max_mhz": _float(f[5])})
+    return gpus
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def collect_versions() -> dict[str, str | None]:
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": str(cudnn) if cudnn else None,
+        "nccl": nccl,
+        "deepspeed": _version("deepspeed"),
+        "megatron_core": _version("megatron-core"),
+    }
+
+
+def collect_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Allow-listed variables (NCCL_*, CUDA_*, TORCH_*, PYTORCH_*, OMP_*), secrets redacted."""
+    env = os.environ if environ is None else environ
+    return {
+        k: ("<redacted>" if SECRET_PATTERN.search(k) else v)
+        for k, v in sorted(env.items())
+        if k.startswith(ENV_PREFIXES)
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def collect_env(*, launch_command: list[str], data_dir: Path) -> dict[str, Any]:
+    """The whole environment record as a JSON-ready dict (schema in ingest/io.py's reader)."""
+    gpus = collect_gpus()
+    disk = shutil.disk_usage(data_dir)
+    commit = _run(["git", "-C", str(TOOL_ROOT), "rev-parse", "HEAD"])
+    dirty = _run(["git", "-C", str(TOOL_ROOT), "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "collected_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu": {"model": _cpu_model(), "cores_logical": psutil.cpu_count(logical=True),
+                "cores_physical": psutil.cpu_count(logical=False)},
+        "host_memory_gib": psutil.virtual_memory().total / 1024**3,
+        "disk": {"path": str(data_dir), "total_gib": disk.total / 1024**3, "free_gib": disk.free / 1024**3},
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "topology": _run(["nvidia-smi", "topo", "-m"]),
+        "versions": collect_versions(),
+        "launch_command": launch_command,
+        "tool_git_commit": (commit.strip() + ("-dirty" if dirty else "")) if commit else None,
+        "env_vars": collect_env_vars(),
+    }

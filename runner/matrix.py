@@ -1,0 +1,209 @@
+"""Experiment matrix (TOML) -> validated, resolved RunSpecs.
+
+Format::
+
+    [campaign]            name, preset ("auto" | "gpt-125m" | "tiny"), world_size ("auto" | int),
+                          run_timeout_s
+    [fixed]               overrides of the preset's fixed variables (same for every run)
+    [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree,
+                          micro_batch_size, [runs.options]
+
+Only the parallel layout may differ between runs; a run that sets a fixed variable is
+refused, naming the field. Every problem in a matrix is reported at once (one line each).
+Deliberately not here: launching, hardware probing (the caller passes ``num_gpus``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from ingest.errors import ConfigError
+from ingest.schema import STRATEGY_ENGINES, FixedConfig, RunSpec
+from runner.presets import PRESETS, build_model_config
+
+CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s"}
+MODEL_KEYS = {"num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_length", "vocab_size"}
+FIXED_KEYS = MODEL_KEYS | {
+    "global_batch_size", "dtype", "seed", "steps", "warmup_steps", "lr", "min_lr", "lr_warmup_steps",
+    "weight_decay", "adam_beta1", "adam_beta2", "grad_clip", "data",
+}
+RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options"}
+DTYPES = ("bf16", "fp32")
+DEFAULT_FIXED = {"seed": 1234, "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "grad_clip": 1.0,
+                 "data": "synthetic"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Campaign:
+    """A resolved matrix: campaign-level settings, the fixed variables and one spec per run."""
+
+    name: str
+    preset: str
+    device: str
+    run_timeout_s: float
+    fixed: FixedConfig
+    runs: tuple[RunSpec, ...]
+
+
+def load_matrix(path: Path) -> dict[str, Any]:
+    """Read a matrix TOML. Raises ConfigError naming the file (and line) when unreadable."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: matrix file not found; pass --matrix with an existing TOML file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax") from None
+
+
+def _unknown(keys, valid, where: str) -> list[str]:
+    return [f"{where}: unknown key '{k}' (valid: {', '.join(sorted(valid))})" for k in sorted(set(keys) - valid)]
+
+
+def _int(value: Any, where: str, problems: list[str], *, minimum: int = 1) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        problems.append(f"{where} must be an integer >= {minimum}, got {value!r}")
+        return None
+    return value
+
+
+def _default_micro_batch(per_dp_batch: int, *, cap: int, min_microbatches: int) -> int:
+    """Largest divisor of the per-DP batch that is <= cap and leaves >= min_microbatches
+    micro-batches (Megatron guidance for PP: m >= 4p); falls back to 1."""
+    for mbs in range(min(cap, per_dp_batch), 0, -1):
+        if per_dp_batch % mbs == 0 and per_dp_batch // mbs >= min_microbatches:
+            return mbs
+    return 1
+
+
+def resolve_matrix(
+    raw: Mapping[str, Any], *, source: str, num_gpus: int, overrides: Mapping[str, Any] | None = None
+) -> Campaign:
+    """Validate a parsed matrix and resolve every run.
+
+    num_gpus: GPUs on this machine (0 -> CPU preset, gloo). overrides: CLI values for
+    campaign/fixed keys (CLI > file > preset defaults). Raises ConfigError listing every
+    problem, one per line.
+    """
+    overrides = dict(overrides or {})
+    problems: list[str] = _unknown(raw.keys(), {"campaign", "fixed", "runs"}, source)
+    camp = dict(raw.get("campaign", {}))
+    problems += _unknown(camp.keys(), CAMPAIGN_KEYS, f"{source} [campaign]")
+    fixed_raw = dict(raw.get("fixed", {}))
+    problems += _unknown(fixed_raw.keys(), FIXED_KEYS, f"{source} [fixed]")
+    for key in ("preset",):
+        if overrides.get(key) is not None:
+            camp[key] = overrides.pop(key)
+    fixed_raw.update({k: v for k, v in overrides.items() if v is not None and k in FIXED_KEYS})
+
+    device = "cuda" if num_gpus > 0 else "cpu"
+    preset_name = camp.get("preset", "auto")
+    if preset_name == "auto":
+        preset_name = "gpt-125m" if device == "cuda" else "tiny"
+    if preset_name not in PRESETS:
+        raise ConfigError(f"{source} [campaign] preset '{preset_name}' is unknown (valid: auto, {', '.join(PRESETS)})")
+    preset = PRESETS[preset_name]
+    base = {f.name: getattr(preset, f.name) for f in dataclasses.fields(preset)} | DEFAULT_FIXED
+    values = base | fixed_raw
+    if values["dtype"] not in DTYPES:
+        problems.append(f"{source} [fixed] dtype '{values['dtype']}' is not supported (valid: {', '.join(DTYPES)})")
+    if values["data"] != "synthetic":
+        problems.append(f"{source} [fixed] data '{values['data']}' is not supported yet (valid: synthetic)")
+    default_world = camp.get("world_size", "auto")
+    if default_world == "auto":
+        default_world = num_gpus if num_gpus > 0 else 2
+
+    runs_raw = raw.get("runs", [])
+    if not runs_raw:
+        problems.append(f"{source}: no [[runs]]; add at least one run table")
+    names: set[str] = set()
+    layouts: list[dict[str, Any]] = []
+    for i, run in enumerate(runs_raw):
+        where = f"{source} run {i + 1} ('{run.get('name', '?')}')"
+        for key in sorted(set(run) & FIXED_KEYS):
+            problems.append(
+                f"{where} sets '{key}', a fixed variable: only the parallel layout may vary; set it once under [fixed]"
+            )
+        problems += _unknown(set(run) - FIXED_KEYS, RUN_KEYS, where)
+        name = run.get("name")
+        if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+            problems.append(f"{where}: 'name' must be letters, digits, '-' or '_', got {name!r}")
+        elif name in names:
+            problems.append(f"{where}: duplicate run name '{name}'")
+        names.add(str(name))
+        strategy = run.get("strategy")
+        if strategy not in STRATEGY_ENGINES:
+            problems.append(f"{where}: unknown strategy {strategy!r} (valid: {', '.join(STRATEGY_ENGINES)})")
+            continue
+        engines = STRATEGY_ENGINES[strategy]
+        default_engine = "torch" if (strategy == "tp_pp" and device == "cpu") else engines[0]
+        engine = run.get("engine", default_engine)
+        if engine not in engines:
+            problems.append(f"{where}: engine {engine!r} is not one of {strategy}'s engines ({', '.join(engines)})")
+        elif engine == "megatron" and device == "cpu":
+            problems.append(f"{where}: engine 'megatron' needs CUDA (its pipeline schedules do); use engine = \"torch\" on CPU")
+        world = _int(run.get("world_size", default_world), f"{where} world_size", problems)
+        tp = _int(run.get("tp_degree", 1), f"{where} tp_degree", problems)
+        pp = _int(run.get("pp_degree", 1), f"{where} pp_degree", problems)
+        if strategy != "tp_pp" and (tp != 1 or pp != 1):
+            problems.append(f"{where}: tp_degree/pp_degree apply only to strategy 'tp_pp'")
+        if None in (world, tp, pp):
+            continue
+        if device == "cuda" and world > num_gpus:
+            problems.append(f"{where}: world_size {world} exceeds the {num_gpus} GPU(s) found")
+        if world % (tp * pp):
+            problems.append(
+                f"{where}: tp_degree {tp} x pp_degree {pp} does not divide world_size {world}; "
+                "world_size = tp_degree x pp_degree x dp_degree"
+            )
+            continue
+        layouts.append({"run": run, "where": where, "strategy": strategy, "engine": engine, "world": world,
+                        "tp": tp, "pp": pp, "dp": world // (tp * pp)})
+
+    max_tp = max((lay["tp"] for lay in layouts), default=1)
+    shaped = dataclasses.replace(preset, **{k: v for k, v in fixed_raw.items() if k in MODEL_KEYS})
+    model = build_model_config(shaped, max_tp_degree=max_tp)
+    fixed = FixedConfig(preset=preset_name, model=model, **{k: values[k] for k in FIXED_KEYS - MODEL_KEYS})
+    gbs = fixed.global_batch_size
+    specs = []
+    for lay in layouts:
+        where, tp, pp, dp = lay["where"], lay["tp"], lay["pp"], lay["dp"]
+        if gbs % dp:
+            problems.append(f"{where}: global_batch_size {gbs} is not divisible by dp_degree {dp}")
+            continue
+        if model.num_heads % tp or model.ffn_hidden_size % tp:
+            problems.append(f"{where}: tp_degree {tp} must divide num_heads {model.num_heads} and ffn_hidden_size")
+        if model.num_layers % pp:
+            problems.append(f"{where}: pp_degree {pp} must divide num_layers {model.num_layers}")
+        per_dp = gbs // dp
+        min_m = 4 * pp if pp > 1 else 1
+        mbs = lay["run"].get("micro_batch_size") or _default_micro_batch(
+            per_dp, cap=preset.micro_batch_size, min_microbatches=min_m)
+        if _int(mbs, f"{where} micro_batch_size", problems) is None:
+            continue
+        if per_dp % mbs:
+            problems.append(
+                f"{where}: global_batch_size {gbs} is not divisible by micro_batch_size {mbs} x dp_degree {dp}")
+            continue
+        if pp > 1 and per_dp // mbs < pp:
+            problems.append(f"{where}: {per_dp // mbs} micro-batches < pp_degree {pp}; 1F1B needs m >= p")
+        specs.append(RunSpec(
+            campaign=str(camp.get("name", "campaign")), name=lay["run"]["name"], strategy=lay["strategy"],
+            engine=lay["engine"], world_size=lay["world"], tp_degree=tp, pp_degree=pp, dp_degree=dp,
+            micro_batch_size=mbs, num_microbatches=per_dp // mbs, device=device,
+            backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=dict(lay["run"].get("options", {})),
+        ))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Campaign(
+        name=str(camp.get("name", "campaign")), preset=preset_name, device=device,
+        run_timeout_s=float(camp.get("run_timeout_s", 1800 if device == "cuda" else 600)),
+        fixed=fixed, runs=tuple(specs),
+    )

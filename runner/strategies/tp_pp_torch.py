@@ -1,0 +1,232 @@
+"""TP+PP [torch-native]: DTensor tensor parallelism inside torch.distributed.pipelining 1F1B stages.
+
+Layout. world = dp_degree x pp_degree x tp_degree on a DeviceMesh with dims ("dp", "pp", "tp"),
+tp innermost, so global rank = (dp * pp_degree + pp) * tp_degree + tp and adjacent ranks form a
+TP group, as Megatron-LM orders them.
+
+Tensor parallel (Shoeybi et al. 2019, "Megatron-LM", section 3), per Block, through
+``parallelize_module``: attention ``qkv`` ColwiseParallel (weight [3H, H] -> [3H/tp, H]; its
+output features are laid out (head, {q,k,v}, head_dim), so a column shard holds whole heads and
+the attention infers num_heads/tp from the shard width), attention ``proj`` RowwiseParallel
+([H, H] -> [H, H/tp], one all-reduce in forward), MLP ``fc`` Colwise ([F, H] -> [F/tp, H]) and
+``proj`` Rowwise ([H, F] -> [H, F/tp]). Activations between blocks are plain replicated
+tensors [mbs, T, H]. Embeddings, LayerNorms and the LM head stay replicated across TP: no
+vocab-parallel embedding/loss and no sequence parallel (gloo has no reduce_scatter, which rules
+sequence parallel out on CPU anyway).
+
+Pipeline parallel (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+Clusters", section 2.2, 1F1B): ``PipelineStage`` + ``Schedule1F1B`` over the "pp" group with
+num_microbatches >= pp_degree. The shared GPT (built whole with the campaign seed, so the
+weights equal the DDP run's) is cut into contiguous runs of num_layers/pp_degree blocks: stage 0
+owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head. The stage boundary
+carries hidden states [mbs, T, H]. The tied embedding: the last stage holds its own copy of
+wte's weight for the LM head; after backward the two copies' gradients are summed over the
+{first, last} stage pair with the same (dp, tp) coordinates (Megatron-LM's embedding group), so
+the copies stay equal. With pp_degree == 1 the stage is the whole GPT and the tie is the model's.
+
+Data parallel: gradients averaged over the "dp" dim after backward (one flat all-reduce).
+
+Deliberately not here: interleaved/virtual stages, overlap of the DP all-reduce with backward,
+a distributed optimizer, activation checkpointing.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from ingest.schema import RunSpec
+from runner.model import GPT, count_params, lm_loss
+from runner.strategies import RankContext, StepOutput
+from runner.strategies.common import autocast, build_adamw, build_param_groups, set_lr
+
+# Megatron-LM split of one Block (paper section 3, figure 3): f before qkv/fc, g after the projections.
+BLOCK_TP_PLAN = {
+    "attn.qkv": ColwiseParallel(),
+    "attn.proj": RowwiseParallel(),
+    "mlp.fc": ColwiseParallel(),
+    "mlp.proj": RowwiseParallel(),
+}
+
+
+class GPTStage(nn.Module):
+    """One pipeline stage cut from a built GPT: tokens [mbs, T] int64 (first stage) or hidden
+    [mbs, T, H] in; hidden [mbs, T, H] or logits [mbs, T, padded_vocab] (last stage) out."""
+
+    def __init__(self, gpt: GPT, *, stage: int, num_stages: int, spec: RunSpec) -> None:
+        super().__init__()
+        per_stage = gpt.cfg.num_layers // num_stages
+        self.is_first, self.is_last = stage == 0, stage == num_stages - 1
+        self.spec = spec
+        self.wte = gpt.wte if self.is_first else None
+        self.wpe = gpt.wpe if self.is_first else None
+        self.blocks = nn.ModuleList(gpt.blocks[stage * per_stage : (stage + 1) * per_stage])
+        self.ln_f = gpt.ln_f if self.is_last else None
+        self.lm_head = None
+        if self.is_last:
+            self.lm_head = gpt.lm_head  # tied to self.wte when the stage is also the first
+            if not self.is_first:  # the untied copy of the embedding, same initial values
+                self.lm_head.weight = nn.Parameter(gpt.wte.weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with autocast(self.spec, x.device):
+            if self.is_first:
+                x = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))
+            for block in self.blocks:
+                x = block(x)
+            if self.is_last:
+                x = self.lm_head(self.ln_f(x))
+        return x
+
+
+def _flat_all_reduce(tensors: list[torch.Tensor], group: dist.ProcessGroup, *, scale: float = 1.0) -> None:
+    """Sum ``tensors`` in place over ``group`` with one collective, then multiply by ``scale``
+    (gloo has no ReduceOp.AVG)."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat.mul_(scale)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class TPPPTorchTrainer:
+    def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
+        cfg = spec.fixed.model
+        dp, pp, tp = spec.dp_degree, spec.pp_degree, spec.tp_degree
+        problems = []
+        if dp * pp * tp != ctx.world_size:
+            problems.append(f"dp {dp} x pp {pp} x tp {tp} != world size {ctx.world_size}")
+        if cfg.num_layers % pp:
+            problems.append(f"num_layers {cfg.num_layers} is not divisible by pp_degree {pp}")
+        if cfg.num_heads % tp or cfg.ffn_hidden_size % tp:
+            problems.append(f"num_heads {cfg.num_heads} / ffn {cfg.ffn_hidden_size} not divisible by tp_degree {tp}")
+        if spec.num_microbatches < pp:
+            problems.append(f"1F1B needs num_microbatches >= pp_degree, got {spec.num_microbatches} < {pp}")
+        if problems:
+            raise ValueError("tp_pp/torch layout: " + "; ".join(problems))
+        self.spec, self.ctx = spec, ctx
+        self.mesh = init_device_mesh(ctx.device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+        self.dp_rank, self.dp_degree = self.mesh.get_local_rank("dp"), dp
+        self.tp_rank, self.pp_rank = self.mesh.get_local_rank("tp"), self.mesh.get_local_rank("pp")
+
+        gpt = GPT(cfg)  # whole model on every rank from the same seed: weights identical to DDP's
+        self.num_params = count_params(gpt)
+        self.num_params_position_embedding = gpt.wpe.weight.numel()
+        self.engine_version = torch.__version__
+        self.stage_module = GPTStage(gpt, stage=self.pp_rank, num_stages=pp, spec=spec).to(ctx.device)
+        del gpt
+        if tp > 1:
+            for block in self.stage_module.blocks:
+                parallelize_module(block, self.mesh["tp"], BLOCK_TP_PLAN)
+        self.stage = PipelineStage(
+            self.stage_module, self.pp_rank, pp, ctx.device, group=self.mesh.get_group("pp")
+        )
+        # loss_fn = lm_loss per micro-batch; scale_grads divides the summed gradients by n (mean).
+        self.schedule = Schedule1F1B(self.stage, n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
+        self.embedding_group = self._build_embedding_group() if pp > 1 else None
+        self.optimizer = build_adamw(
+            build_param_groups(self.stage_module.named_parameters(), weight_decay=spec.fixed.weight_decay),
+            spec,
+            device=ctx.device,
+        )
+
+    def _build_embedding_group(self) -> dist.ProcessGroup | None:
+        """{first stage, last stage} pairs with equal (dp, tp); every rank creates every pair
+        (new_group is collective) and keeps its own."""
+        ranks = self.mesh.mesh  # [dp, pp, tp] global ranks
+        mine = None
+        for d in range(ranks.shape[0]):
+            for t in range(ranks.shape[2]):
+                pair = [int(ranks[d, 0, t]), int(ranks[d, -1, t])]
+                group = dist.new_group(pair)
+                if self.ctx.rank in pair:
+                    mine = group
+        return mine
+
+    def _embedding_copy(self) -> nn.Parameter | None:
+        """The weight that holds this rank's copy of the tied embedding, if any."""
+        m = self.stage_module
+        if m.wte is not None:
+            return m.wte.weight
+        return m.lm_head.weight if m.lm_head is not None else None
+
+    @torch.no_grad()
+    def _sync_grads(self) -> None:
+        """Tied-embedding sum over the {first, last} pair, then the DP average."""
+        tied = self._embedding_copy()
+        if self.embedding_group is not None and tied is not None and tied.grad is not None:
+            dist.all_reduce(tied.grad, group=self.embedding_group)
+        if self.dp_degree > 1:
+            grads = [_local(p.grad) for p in self.stage_module.parameters() if p.grad is not None]
+            _flat_all_reduce(grads, self.mesh.get_group("dp"), scale=1.0 / self.dp_degree)
+
+    @torch.no_grad()
+    def _grad_norm(self) -> torch.Tensor:
+        """Global pre-clip L2 norm, each unique parameter once:
+
+            norm^2 = sum_pp sum_tp [ sum_{tp-sharded g} ||g_local||^2
+                                     + [tp_rank == 0] * sum_{tp-replicated g} ||g||^2 ]
+
+        where the last stage's copy of the tied embedding is left out when pp > 1 (stage 0
+        counts it) and DP replicas, identical after the average, are not summed."""
+        sharded = torch.zeros((), device=self.ctx.device, dtype=torch.float32)
+        replicated = torch.zeros((), device=self.ctx.device, dtype=torch.float32)
+        m = self.stage_module
+        skip = id(m.lm_head.weight) if m.lm_head is not None and m.wte is None else None
+        for p in m.parameters():
+            if p.grad is None or id(p) == skip:
+                continue
+            g = p.grad
+            sq = _local(g).float().pow(2).sum()
+            if isinstance(g, DTensor) and any(isinstance(pl, Shard) for pl in g.placements):
+                sharded += sq
+            else:
+                replicated += sq
+        total = sharded + (replicated if self.tp_rank == 0 else torch.zeros_like(replicated))
+        if self.spec.tp_degree > 1:
+            dist.all_reduce(total, group=self.mesh.get_group("tp"))
+        if self.spec.pp_degree > 1:
+            dist.all_reduce(total, group=self.mesh.get_group("pp"))
+        return total.sqrt()
+
+    def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], *, lr: float) -> StepOutput:
+        if len(microbatches) != self.spec.num_microbatches:
+            raise ValueError(f"expected {self.spec.num_microbatches} micro-batches, got {len(microbatches)}")
+        # The schedule re-splits the whole batch along dim 0 into the same equal micro-batches.
+        inputs = torch.cat([x for x, _ in microbatches])
+        labels = torch.cat([y for _, y in microbatches])
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.stage.is_first else ()
+        if self.stage.is_last:
+            self.schedule.step(*args, target=labels, losses=losses)
+        else:
+            self.schedule.step(*args)
+        self._sync_grads()
+        grad_norm = self._grad_norm()
+        # Same clip rule as torch.nn.utils.clip_grad_norm_ (the DDP engine's).
+        clip_coef = torch.clamp(self.spec.fixed.grad_clip / (grad_norm + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in self.stage_module.parameters():
+                if p.grad is not None:
+                    _local(p.grad).mul_(clip_coef)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.stack(losses).mean().detach() if self.stage.is_last else None
+        return StepOutput(loss=loss, grad_norm=grad_norm)
+
+
+def build_trainer(spec: RunSpec, *, ctx: RankContext) -> TPPPTorchTrainer:
+    return TPPPTorchTrainer(spec, ctx=ctx)
