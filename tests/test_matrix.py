@@ -1,0 +1,107 @@
+"""Matrix validation: every bad matrix is refused with one line per problem, exit code 2."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ingest.errors import ConfigError
+from runner.matrix import resolve_matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _matrix(*runs: dict, fixed: dict | None = None) -> dict:
+    return {"campaign": {"name": "t", "preset": "tiny"}, "fixed": fixed or {}, "runs": list(runs)}
+
+
+def test_cpu_matrix_resolves_to_layouts_with_same_fixed_variables():
+    import tomllib
+
+    raw = tomllib.loads((ROOT / "examples/matrices/cpu.toml").read_text())
+    campaign = resolve_matrix(raw, source="cpu.toml", num_gpus=0)
+    assert [s.name for s in campaign.runs] == ["ddp", "zero3", "tp2-pp2"]
+    assert len({s.fixed for s in campaign.runs}) == 1
+    for s in campaign.runs:
+        assert s.tp_degree * s.pp_degree * s.dp_degree == s.world_size
+        assert s.micro_batch_size * s.num_microbatches * s.dp_degree == s.fixed.global_batch_size
+    tp_pp = campaign.runs[2]
+    assert (tp_pp.engine, tp_pp.backend) == ("torch", "gloo")
+    assert tp_pp.num_microbatches >= 4 * tp_pp.pp_degree  # Megatron guidance m >= 4p
+    # vocab padded once for the campaign's largest TP (Megatron-LM: multiple of 128 * tp)
+    assert tp_pp.fixed.model.padded_vocab_size % (128 * 2) == 0
+
+
+def test_gpu_matrices_resolve():
+    import tomllib
+
+    for name, gpus in (("1gpu", 1), ("2gpu", 2), ("8gpu", 8)):
+        raw = tomllib.loads((ROOT / f"examples/matrices/{name}.toml").read_text())
+        campaign = resolve_matrix(raw, source=name, num_gpus=gpus)
+        assert campaign.preset == "gpt-125m"
+        assert campaign.fixed.global_batch_size == 128 and campaign.fixed.model.seq_length == 1024
+        assert all(s.backend == "nccl" for s in campaign.runs)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (_matrix({"name": "a", "strategy": "fsdp9"}), "unknown strategy 'fsdp9'"),
+        (_matrix({"name": "a", "strategy": "tp_pp", "tp_degree": 3, "world_size": 4}), "does not divide world_size 4"),
+        (_matrix({"name": "a", "strategy": "ddp", "world_size": 3}), "global_batch_size 16 is not divisible by dp_degree 3"),
+        (_matrix({"name": "a", "strategy": "ddp", "seq_length": 128}), "sets 'seq_length', a fixed variable"),
+        (_matrix({"name": "a", "strategy": "ddp", "lr": 1.0}), "sets 'lr', a fixed variable"),
+        (_matrix({"name": "a", "strategy": "ddp", "colour": 1}), "unknown key 'colour'"),
+        (_matrix({"name": "a", "strategy": "tp_pp", "engine": "megatron"}), "engine 'megatron' needs CUDA"),
+        (_matrix({"name": "a", "strategy": "ddp", "tp_degree": 2}), "apply only to strategy 'tp_pp'"),
+        (_matrix({"name": "a", "strategy": "ddp", "micro_batch_size": 3}), "not divisible by micro_batch_size 3"),
+        (_matrix({"name": "a", "strategy": "ddp"}, fixed={"dtype": "fp8"}), "dtype 'fp8' is not supported"),
+    ],
+)
+def test_bad_matrix_names_the_field(raw, fragment):
+    with pytest.raises(ConfigError) as err:
+        resolve_matrix(raw, source="m.toml", num_gpus=0)
+    assert fragment in str(err.value)
+
+
+def test_all_problems_reported_at_once():
+    raw = _matrix({"name": "a", "strategy": "nope"}, {"name": "b", "strategy": "ddp", "steps": 3})
+    with pytest.raises(ConfigError) as err:
+        resolve_matrix(raw, source="m.toml", num_gpus=0)
+    assert len(str(err.value).splitlines()) == 2
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def test_cli_bad_matrix_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[campaign]\nname="x"\n[[runs]]\nname="a"\nstrategy="ddp"\nglobal_batch_size=7\n')
+    res = _cli("all", "--matrix", str(bad), "--dry-run", cwd=tmp_path)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip() == (f"runner: error: {bad} run 1 ('a') sets 'global_batch_size', a fixed variable: "
+                                  "only the parallel layout may vary; set it once under [fixed]")
+
+
+def test_cli_missing_and_broken_matrix(tmp_path):
+    res = _cli("all", "--matrix", str(tmp_path / "nope.toml"), cwd=tmp_path)
+    assert res.returncode == 2 and "matrix file not found" in res.stderr and "Traceback" not in res.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[campaign\n")
+    res = _cli("all", "--matrix", str(broken), cwd=tmp_path)
+    assert res.returncode == 2 and "not valid TOML" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_dry_run_prints_each_run_and_its_command(tmp_path):
+    res = _cli("all", "--dry-run", "--out", str(tmp_path / "c"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for name in ("ddp", "zero3", "tp2-pp2"):
+        assert f"- {name}: strategy=" in res.stdout
+        assert f"--run-dir {tmp_path / 'c' / name}" in res.stdout
+    assert "--nproc-per-node=4" in res.stdout
+    assert not (tmp_path / "c").exists()  # a dry run writes nothing
