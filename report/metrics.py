@@ -145,3 +145,27 @@ def summarize_runs(
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     return out.astype({c: "Float64" for c in _FLOAT_COLUMNS} | {"num_params": "Int64", "tokens_per_step": "Int64",
                                                                "num_steps_measured": "int64"})
+
+
+def compute_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
+    """Per (run, step >= warmup_steps): step_time_s = max over ranks. Columns run, step, step_time_s."""
+    measured = steps[steps["step"] >= warmup_steps]
+    return measured.groupby(["run", "step"], as_index=False, sort=True)["step_time_s"].max()
+
+
+def compute_loss_curve(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (run, step): loss = mean over the ranks that report it (all steps). Columns run, step, loss."""
+    return steps.dropna(subset=["loss"]).groupby(["run", "step"], as_index=False, sort=True)["loss"].mean()
+
+
+def compute_model_state_gib(num_params: int, *, shard_degree: int) -> float:
+    """Mixed-precision Adam model states per GPU, GiB: 16 bytes/param (2 bf16 weights + 2 bf16
+    grads + 12 fp32 master/m/v) divided by the number of ranks the states are sharded over
+    (1 for DDP, dp for ZeRO-3, tp*pp for TP+PP). ZeRO paper (Rajbhandari et al. 2020), section 3.1.
+    Excludes activations, buffers and fragmentation."""
+    return 16 * num_params / shard_degree / 2**30
+
+
+def compute_bubble_fraction(*, pp_degree: int, num_microbatches: int) -> float:
+    """Idle fraction of a 1F1B pipeline, (p-1)/(m+p-1) (Narayanan et al. 2021, section 2.2)."""
+    return (pp_degree - 1) / (num_microbatches + pp_degree - 1)

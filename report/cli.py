@@ -1,0 +1,45 @@
+"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf]`.
+
+CAMPAIGN_DIR is a campaign directory written by `runner all` or a tables directory written
+by `ingest`. Exit codes: 0 ok, 2 user error (one line ``report: error: ...`` on stderr, never
+a traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ingest.errors import ToolError
+from report.render import FORMATS, build_report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="report", description="Render the engineering note of a campaign.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    build = sub.add_parser("build", help="write note.md / note.html / note.pdf")
+    build.add_argument("campaign_dir", metavar="CAMPAIGN_DIR", help="campaign dir (`runner all`) or tables dir (`ingest`)")
+    build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report)")
+    build.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
+                       help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    try:
+        paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats)
+    except ToolError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # permission denied, disk full...: still one line, no traceback
+        print(f"{parser.prog}: error: {e.filename or ''}: {e.strerror or e}; check the path and permissions", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

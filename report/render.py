@@ -1,0 +1,153 @@
+"""Render the note (Markdown, HTML, PDF) from the one view-model.
+
+Jinja2 with StrictUndefined (a missing field fails loudly) and autoescape for HTML. All
+number formatting lives in the filters below; templates only loop and print. PDF is
+WeasyPrint applied to the HTML with templates/print.css. Files are written atomically via
+ingest.io. Deliberately not here: any metric computation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from ingest.errors import ConfigError
+from ingest.io import Campaign, load_campaign, write_bytes_atomic
+from report import metrics
+from report.figures import write_figures
+from report.view import Figure, Note, build_note
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+FORMATS = ("md", "html", "pdf")
+NA = "n/a"
+_PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G", 4: "T", 5: "P", 6: "E"}
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    """0.4312 -> '43.1%'; None -> 'n/a'."""
+    return NA if _missing(x) else f"{x * 100:.{digits}f}%"
+
+
+def si(x: float | None, unit: str = "", digits: int = 3) -> str:
+    """SI-prefixed, ``digits`` significant digits: 855166464, 'FLOP' -> '855 MFLOP'; None -> 'n/a'."""
+    if _missing(x):
+        return NA
+    exp3 = 0 if x == 0 else max(min(math.floor(math.log10(abs(x)) / 3), 6), -4)
+    mantissa = float(f"{x / 1000 ** exp3:.{digits}g}")
+    if abs(mantissa) >= 1000 and exp3 < 6:  # rounding carried into the next prefix
+        exp3, mantissa = exp3 + 1, mantissa / 1000
+    return f"{mantissa:.{digits}g} {_PREFIXES[exp3]}{unit}".rstrip()
+
+
+def gib(x: float | None) -> str:
+    """3.5 -> '3.50 GiB'; None -> 'n/a'."""
+    return NA if _missing(x) else f"{x:.2f} GiB"
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds -> 'µs' / 'ms' / 's' / 'min s' text; None -> 'n/a'."""
+    if _missing(seconds):
+        return NA
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def count(n: int | None) -> str:
+    """124439808 -> '124,439,808'; None -> 'n/a'."""
+    return NA if _missing(n) else f"{int(n):,}"
+
+
+def text(v: Any) -> str:
+    """Any value as text; None -> 'n/a'."""
+    return NA if _missing(v) else str(v)
+
+
+def md_cell(v: Any) -> str:
+    """Text safe inside a Markdown table cell (pipes escaped, newlines flattened); None -> 'n/a'."""
+    return NA if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+FILTERS = {"pct": pct, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell}
+
+
+def build_environment(*, html: bool) -> jinja2.Environment:
+    """Jinja environment over templates/ with StrictUndefined, the filters, autoescape iff html."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
+                             autoescape=html, keep_trailing_newline=True)
+    env.filters.update(FILTERS)
+    return env
+
+
+def render_markdown(note: Note) -> str:
+    return build_environment(html=False).get_template("note.md.j2").render(note=note)
+
+
+def render_html(note: Note) -> str:
+    env = build_environment(html=True)
+    css = env.loader.get_source(env, "print.css")[0]
+    return env.get_template("note.html.j2").render(note=note, css=Markup(css))
+
+
+def render_pdf(html: str, *, base_url: Path) -> bytes:
+    """HTML -> PDF bytes with WeasyPrint; relative figure paths resolve against base_url.
+    Raises ConfigError when WeasyPrint or its system libraries are missing."""
+    try:
+        import weasyprint
+    except (ImportError, OSError) as e:
+        raise ConfigError(f"PDF output needs WeasyPrint and its system libraries ({e}); use --format md,html") from None
+    return weasyprint.HTML(string=html, base_url=str(base_url)).write_pdf()
+
+
+def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float) -> tuple[Figure, ...]:
+    """Compute the figure tables (report.metrics), plot them into out_dir/figures."""
+    warmup = campaign.campaign["fixed"]["warmup_steps"]
+    paths = write_figures(metrics.compute_loss_curve(campaign.steps),
+                          metrics.compute_step_times(campaign.steps, warmup_steps=warmup),
+                          runs=list(campaign.runs["run"]), out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats)
+    return (
+        Figure(title="Loss vs step", path=paths["loss"].relative_to(out_dir).as_posix(),
+               caption="Mean over the ranks that compute the loss; dotted: entropy of the synthetic data (floor). "
+                       "Layouts trained on the same tokens should overlap."),
+        Figure(title="Step-time distribution", path=paths["step_time"].relative_to(out_dir).as_posix(),
+               caption=f"Per measured step (after {warmup} warm-up steps), the slowest rank's step time; "
+                       "box: quartiles and median, whiskers 1.5 IQR, dots: individual steps."),
+    )
+
+
+def build_report(source: str | Path, *, out_dir: str | Path | None = None,
+                 formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Load a campaign or tables dir, write note.<fmt> (+ figures/) into out_dir
+    (default SOURCE/report). Returns written note paths. Raises ToolError subclasses."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ConfigError(f"unknown --format {','.join(bad) or '(empty)'}; choose from {','.join(FORMATS)}")
+    campaign = load_campaign(source)
+    if "fixed" not in campaign.campaign:
+        raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
+    out = Path(out_dir) if out_dir else Path(source) / "report"
+    note = build_note(campaign)
+    note = dataclasses.replace(note, figures=build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats))
+    written = []
+    if "md" in formats:
+        written.append(write_bytes_atomic(out / "note.md", render_markdown(note).encode()))
+    if "html" in formats or "pdf" in formats:
+        html = render_html(note)
+        if "html" in formats:
+            written.append(write_bytes_atomic(out / "note.html", html.encode()))
+        if "pdf" in formats:
+            written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
+    return written

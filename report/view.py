@@ -1,0 +1,300 @@
+"""The note's view-model: frozen dataclasses built from a Campaign, one per section.
+
+Six sections (DESIGN.md, "The note"): environment, model and data, configurations, metric
+table, evidence, conclusion (+ caveats and the formulas used). Every number is computed here
+or in report.metrics / report.rules and carried raw (units in field names); the templates
+only format. Missing values are None. Deliberately not here: wording of findings, formatting,
+file access.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ingest.io import Campaign
+from report import metrics
+from report.hardware import lookup_peak
+from report.rules import Finding, build_findings, rule_conditions
+from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
+
+NOT_MEASURED = "not measured yet"
+FORMULAS = (
+    ("FLOPs/token (default)", "6N + 12·L·H·Q·T; N = parameters without position embeddings, tied embedding once",
+     "PaLM (Chowdhery et al. 2022) appendix B; nanoGPT model.py estimate_mfu"),
+    ("FLOPs/token (6N)", "6N", "Kaplan et al. 2020, section 2.1"),
+    ("FLOPs/token (causal)", "6N + 6·L·H·Q·T (attention halved by the causal mask)",
+     "Megatron-LM num_floating_point_operations (2025); llm.c"),
+    ("MFU", "tokens/s × FLOPs/token ÷ (num GPUs × dense peak FLOP/s for the GPU and dtype)", "PaLM appendix B"),
+    ("Step time", "per step: max over ranks; median and p90 over measured (post-warm-up) steps", "this tool"),
+    ("Model states", "16 bytes/param (2 weights + 2 grads + 12 fp32 master/m/v); ZeRO-3: 16Ψ/N",
+     "ZeRO (Rajbhandari et al. 2020) section 3.1"),
+    ("1F1B bubble", "(p − 1) / (m + p − 1) for p stages, m micro-batches", "Narayanan et al. 2021 section 2.2"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    index: int | None
+    name: str | None
+    memory_total_gib: float | None
+    driver_version: str | None
+    power_limit_w: float | None
+    clocks_sm_max_mhz: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvSection:
+    hostname: str | None
+    os: str | None
+    cpu_model: str | None
+    cores_logical: int | None
+    cores_physical: int | None
+    host_memory_gib: float | None
+    disk_path: str | None
+    disk_total_gib: float | None
+    disk_free_gib: float | None
+    gpus: tuple[Gpu, ...]
+    topology: str | None
+    versions: tuple[tuple[str, str | None], ...]
+    launch_command: str | None
+    tool_git_commit: str | None
+    env_vars: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    preset: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int
+    padded_vocab_size: int
+    vocab_padding: int
+    num_params: tuple[int, ...]  # distinct counts reported by the runs (one if they agree)
+    global_batch_size: int
+    tokens_per_step: int
+    dtype: str
+    steps: int
+    warmup_steps: int
+    seed: int
+    optimizer: tuple[tuple[str, float], ...]
+    data: str
+    zipf_exponent: float
+    loss_init_nats: float  # ln(V): a uniform guess
+    loss_floor_nats: float  # entropy of the Zipf distribution
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    run: str
+    strategy: str
+    engine: str
+    world_size: int
+    tp_degree: int
+    pp_degree: int
+    dp_degree: int
+    micro_batch_size: int
+    num_microbatches: int
+    grad_accum_steps: int | None  # None where micro-batches are pipeline micro-batches
+    bubble_fraction: float | None  # theoretical 1F1B idle fraction, PP > 1 only
+    num_params: int | None
+    device: str
+    options: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricRow:
+    run: str
+    status: str
+    num_steps_measured: int
+    step_time_median_s: float | None
+    step_time_p90_s: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_gpu: float | None
+    mfu: float | None
+    mfu_6n: float | None
+    mfu_causal: float | None
+    mem_peak_allocated_gib: float | None
+    mem_peak_reserved_gib: float | None
+    data_wait_median_s: float | None
+    loss_first: float | None
+    loss_last: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeakUsed:
+    gpu_name: str
+    dtype: str
+    flops: float | None  # None: unknown GPU/dtype -> MFU n/a
+    source: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    title: str
+    path: str  # relative to the note's directory
+    caption: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Note:
+    title: str
+    campaign: str
+    created_at: str | None
+    tool_version: str | None
+    env: EnvSection
+    model: ModelSection
+    configs: tuple[RunConfig, ...]
+    metrics: tuple[MetricRow, ...]
+    peaks: tuple[PeakUsed, ...]
+    flops_per_token: float | None
+    convention: str
+    not_measured: str
+    figures: tuple[Figure, ...]
+    findings: tuple[Finding, ...]
+    conditions: tuple[Finding, ...]
+    caveats: tuple[Finding, ...]
+    formulas: tuple[tuple[str, str, str], ...]
+
+
+def _py(value: Any) -> Any:
+    """NA/NaN -> None; numpy scalars -> Python."""
+    if value is None or (not isinstance(value, (str, tuple, list, dict)) and pd.isna(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _py(v) for k, v in row.items()} for row in df.to_dict("records")]
+
+
+def build_env(env: Mapping[str, Any]) -> EnvSection:
+    """Environment section from env.json (any value may be missing)."""
+    cpu, disk = env.get("cpu") or {}, env.get("disk") or {}
+    gpus = tuple(
+        Gpu(index=g.get("index"), name=g.get("name"), driver_version=g.get("driver_version"),
+            memory_total_gib=g["memory_total_mib"] / 1024 if g.get("memory_total_mib") is not None else None,
+            power_limit_w=g.get("power_limit_w"), clocks_sm_max_mhz=g.get("clocks_sm_max_mhz"))
+        for g in env.get("gpus") or ())
+    return EnvSection(
+        hostname=env.get("hostname"), os=env.get("os"), cpu_model=cpu.get("model"), cores_logical=cpu.get("cores_logical"),
+        cores_physical=cpu.get("cores_physical"), host_memory_gib=env.get("host_memory_gib"),
+        disk_path=disk.get("path"), disk_total_gib=disk.get("total_gib"), disk_free_gib=disk.get("free_gib"),
+        gpus=gpus, topology=env.get("topology"), versions=tuple((env.get("versions") or {}).items()),
+        launch_command=" ".join(env["launch_command"]) if env.get("launch_command") else None,
+        tool_git_commit=env.get("tool_git_commit"), env_vars=tuple(sorted((env.get("env_vars") or {}).items())))
+
+
+def build_model(fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> ModelSection:
+    """Model and data section from campaign.json's ``fixed`` and the runs' reported parameter counts."""
+    m = fixed["model"]
+    return ModelSection(
+        preset=fixed["preset"], num_layers=m["num_layers"], hidden_size=m["hidden_size"], num_heads=m["num_heads"],
+        ffn_hidden_size=m["ffn_hidden_size"], seq_length=m["seq_length"], vocab_size=m["vocab_size"],
+        padded_vocab_size=m["padded_vocab_size"], vocab_padding=m["padded_vocab_size"] - m["vocab_size"],
+        num_params=tuple(sorted({r["num_params"] for r in runs if r.get("num_params") is not None})),
+        global_batch_size=fixed["global_batch_size"], tokens_per_step=fixed["global_batch_size"] * m["seq_length"],
+        dtype=fixed["dtype"], steps=fixed["steps"], warmup_steps=fixed["warmup_steps"], seed=fixed["seed"],
+        optimizer=tuple((k, fixed[k]) for k in ("lr", "min_lr", "lr_warmup_steps", "weight_decay", "adam_beta1",
+                                                 "adam_beta2", "grad_clip")),
+        data=fixed["data"], zipf_exponent=ZIPF_EXPONENT, loss_init_nats=math.log(m["vocab_size"]),
+        loss_floor_nats=zipf_entropy_nats(m["vocab_size"]))
+
+
+def build_config(r: Mapping[str, Any]) -> RunConfig:
+    """One run's layout. Micro-batches are gradient-accumulation steps without PP and
+    pipeline micro-batches with PP (then the 1F1B bubble is shown)."""
+    pp, m = int(r["pp_degree"]), int(r["num_microbatches"])
+    options = json.loads(r["options"]) if r.get("options") else {}
+    return RunConfig(
+        run=r["run"], strategy=r["strategy"], engine=r["engine"], world_size=r["world_size"], tp_degree=r["tp_degree"],
+        pp_degree=pp, dp_degree=r["dp_degree"], micro_batch_size=r["micro_batch_size"], num_microbatches=m,
+        grad_accum_steps=m if pp == 1 else None,
+        bubble_fraction=metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m) if pp > 1 else None,
+        num_params=r.get("num_params"), device=r["device"],
+        options=", ".join(f"{k}={v}" for k, v in sorted(options.items())) or "defaults")
+
+
+def _gpu_name(run: Mapping[str, Any], env: Mapping[str, Any]) -> str | None:
+    if run.get("device") != "cuda":
+        return None
+    gpus = env.get("gpus") or [{}]
+    return run.get("device_name") or gpus[0].get("name")
+
+
+def _mfu(s: Mapping[str, Any], r: Mapping[str, Any], peak: float | None, convention: str) -> float | None:
+    if s["tokens_per_s"] is None or r.get("num_params") is None or r.get("num_params_position_embedding") is None:
+        return None
+    fpt = metrics.compute_flops_per_token(
+        num_params=r["num_params"], num_layers=r["num_layers"], hidden_size=r["hidden_size"],
+        seq_length=r["seq_length"], position_embedding_params=r["num_params_position_embedding"], convention=convention)
+    return metrics.compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r["world_size"])
+
+
+def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: ModelSection,
+                  peaks: Sequence[PeakUsed]) -> list[Finding]:
+    """Caveats the reader must see next to the numbers (the template words each kind)."""
+    out = [Finding(kind="load_problem", evidence={"text": p}) for p in campaign.problems]
+    for r in runs:
+        if r["strategy"] == "zero3" and r["world_size"] == 1:
+            out.append(Finding(kind="degenerate_zero3", runs=(r["run"],)))
+        if r["strategy"] == "tp_pp" and r["tp_degree"] == 1 and r["pp_degree"] == 1:
+            out.append(Finding(kind="degenerate_tp_pp", runs=(r["run"],)))
+        if r["strategy"] == "tp_pp" and r["device"] == "cpu":
+            out.append(Finding(kind="cpu_tp_pp_engine", runs=(r["run"],), evidence={"engine": r["engine"]}))
+    if any(r["device"] == "cpu" for r in runs):
+        out.append(Finding(kind="cpu_campaign"))
+    for p in peaks:
+        if p.flops is None:
+            out.append(Finding(kind="unknown_peak", evidence={"gpu_name": p.gpu_name, "dtype": p.dtype}))
+    if len(model.num_params) > 1:
+        out.append(Finding(kind="param_mismatch", runs=tuple(r["run"] for r in runs),
+                           evidence={"num_params": model.num_params}))
+    return out
+
+
+def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = metrics.DEFAULT_CONVENTION,
+               thresholds: Mapping[str, float] | None = None) -> Note:
+    """The whole note's view-model. Raises KeyError only on a campaign.json without ``fixed``
+    (ingest rejects those first)."""
+    info, fixed = campaign.campaign, campaign.campaign["fixed"]
+    runs = _records(campaign.runs)
+    peaks: dict[str, float | None] = {}
+    peak_notes: dict[tuple[str, str], PeakUsed] = {}
+    for r in runs:
+        name = _gpu_name(r, campaign.env)
+        peak = lookup_peak(name, r["dtype"]) if name else None
+        peaks[r["run"]] = peak.flops if peak else None
+        if name:
+            peak_notes[(name, r["dtype"])] = PeakUsed(gpu_name=name, dtype=r["dtype"], flops=peak and peak.flops,
+                                                      source=peak and peak.source)
+    summary = _records(metrics.summarize_runs(campaign.steps, campaign.runs, warmup_steps=fixed["warmup_steps"],
+                                              peak_flops=peaks, convention=convention))
+    rows = tuple(
+        MetricRow(run=s["run"], status=r.get("status") or "no status.json", num_steps_measured=s["num_steps_measured"],
+                  step_time_median_s=s["step_time_median_s"], step_time_p90_s=s["step_time_p90_s"],
+                  tokens_per_s=s["tokens_per_s"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"], mfu=s["mfu"],
+                  mfu_6n=_mfu(s, r, peaks[r["run"]], "6N"), mfu_causal=_mfu(s, r, peaks[r["run"]], "6N+6LHQT"),
+                  mem_peak_allocated_gib=s["mem_peak_allocated_gib"], mem_peak_reserved_gib=s["mem_peak_reserved_gib"],
+                  data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"])
+        for s, r in zip(summary, runs))
+    env = build_env(campaign.env)
+    gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)
+    model = build_model(fixed, runs)
+    fpt = next((s["flops_per_token"] for s in summary if s["flops_per_token"] is not None), None)
+    return Note(
+        title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
+        tool_version=info.get("tool_version"), env=env, model=model, configs=tuple(build_config(r) for r in runs),
+        metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
+        not_measured=NOT_MEASURED, figures=tuple(figures),
+        findings=tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, thresholds=thresholds)),
+        conditions=tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
+                                         num_params=model.num_params[0] if model.num_params else None)),
+        caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()))), formulas=FORMULAS)
