@@ -1,0 +1,91 @@
+"""User errors end in exit code 2 and one line on stderr, never a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from synthetic_campaign import write_synthetic_campaign
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, prog: str, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{prog}: error: ")
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.fixture
+def campaign(tmp_path: Path) -> Path:
+    return write_synthetic_campaign(tmp_path / "camp", device_name=None)
+
+
+def test_nonexistent_path(tmp_path):
+    _assert_one_line_error(_run("report.cli", "build", str(tmp_path / "nope")), "report", "no such directory")
+
+
+def test_empty_dir(tmp_path):
+    _assert_one_line_error(_run("report.cli", "build", str(tmp_path)), "report", "is empty")
+
+
+def test_foreign_dir(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)))
+    (tmp_path / "sub").mkdir()
+    _assert_one_line_error(_run("report.cli", "build", str(tmp_path)), "report", "not a campaign")
+
+
+def test_a_file_not_a_dir(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text("{}")
+    _assert_one_line_error(_run("report.cli", "build", str(f)), "report", "not a directory")
+
+
+def test_malformed_campaign_json_names_file_and_line(campaign):
+    (campaign / "campaign.json").write_text('{\n  "name": "x",\n  "runs": [,]\n}')
+    _assert_one_line_error(_run("report.cli", "build", str(campaign)), "report", "campaign.json:3:")
+
+
+def test_malformed_metrics_line_names_file_and_line(campaign):
+    path = campaign / "ddp" / "metrics" / "rank1.jsonl"
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4][:-5]
+    path.write_text("\n".join(lines) + "\n")
+    _assert_one_line_error(_run("report.cli", "build", str(campaign)), "report", "rank1.jsonl:5:")
+
+
+def test_step_row_with_wrong_fields(campaign):
+    path = campaign / "zero3" / "metrics" / "rank0.jsonl"
+    path.write_text(json.dumps({"run": "zero3", "step": 0}) + "\n")
+    _assert_one_line_error(_run("ingest.cli", str(campaign)), "ingest", "rank0.jsonl:1:", "StepRow")
+
+
+def test_no_metrics_and_no_status_anywhere(campaign):
+    for run in ("ddp", "zero3", "tp_pp"):
+        for p in (campaign / run).rglob("*"):
+            if p.name == "status.json" or p.suffix == ".jsonl":
+                p.unlink()
+    _assert_one_line_error(_run("ingest.cli", str(campaign)), "ingest", "no run has metrics")
+
+
+def test_unknown_format(campaign):
+    _assert_one_line_error(_run("report.cli", "build", str(campaign), "--format", "md,docx"), "report", "docx")
+
+
+def test_ingest_cli_summary_and_crashed_run_loads(campaign, tmp_path):
+    proc = _run("ingest.cli", str(campaign), "--out", str(tmp_path / "tables"))
+    assert proc.returncode == 0, proc.stderr
+    assert "3 runs" in proc.stdout and "tp_pp" in proc.stdout and "oom" in proc.stdout
+    assert (tmp_path / "tables" / "runs.parquet").is_file() and (tmp_path / "tables" / "steps.parquet").is_file()

@@ -1,0 +1,124 @@
+"""Golden FLOPs/MFU numbers and summarize_runs invariants (hypothesis)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.schema import ModelConfig
+from report.hardware import lookup_peak
+from report.metrics import compute_flops_per_token, compute_mfu, summarize_runs
+from runner.model import count_gpt_params
+
+GPT2 = ModelConfig(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=1024,
+                   vocab_size=50257, padded_vocab_size=50257)
+GPT2_PARAMS = 124_439_808  # nanoGPT GPT-2 124M, tied embedding once, incl. 1024x768 positions
+POS = 1024 * 768
+
+
+def test_gpt2_param_count_matches_model():
+    assert count_gpt_params(GPT2) == GPT2_PARAMS
+
+
+@pytest.mark.parametrize("convention, expected", [
+    ("6N+12LHQT", 6 * (GPT2_PARAMS - POS) + 12 * 12 * 768 * 1024),  # 855,166,464
+    ("6N", 6 * (GPT2_PARAMS - POS)),
+    ("6N+6LHQT", 6 * (GPT2_PARAMS - POS) + 6 * 12 * 768 * 1024),
+])
+def test_flops_per_token_gpt2(convention, expected):
+    got = compute_flops_per_token(num_params=GPT2_PARAMS, num_layers=12, hidden_size=768, seq_length=1024,
+                                  position_embedding_params=POS, convention=convention)
+    assert got == expected
+
+
+def test_gpt2_is_855_mflop_per_token():
+    got = compute_flops_per_token(num_params=GPT2_PARAMS, num_layers=12, hidden_size=768, seq_length=1024,
+                                  position_embedding_params=POS)
+    assert got == 855_166_464
+    assert round(got / 1e6) == 855
+
+
+def test_unknown_convention_rejected():
+    with pytest.raises(ValueError, match="6N\\+12LHQT"):
+        compute_flops_per_token(num_params=10, num_layers=1, hidden_size=1, seq_length=1, position_embedding_params=0,
+                                convention="7N")
+
+
+def test_mfu_golden_h200():
+    # GPU.md: ~498k tokens/s for GPT-2 124M on one H200 is ~43% MFU by 6N+12LHQT
+    peak = lookup_peak("NVIDIA H200", "bf16")
+    mfu = compute_mfu(498_000, flops_per_token=855_166_464, peak_flops=peak.flops, num_gpus=1)
+    assert mfu == pytest.approx(498_000 * 855_166_464 / 989.4e12)
+    assert 0.43 <= mfu < 0.431
+
+
+def test_mfu_scales_with_gpus_and_is_none_without_peak():
+    assert compute_mfu(2e5, flops_per_token=1e9, peak_flops=1e15, num_gpus=4) == pytest.approx(2e14 / 4e15)
+    assert compute_mfu(2e5, flops_per_token=1e9, peak_flops=None, num_gpus=1) is None
+    assert compute_mfu(None, flops_per_token=1e9, peak_flops=1e15, num_gpus=1) is None
+    assert lookup_peak("Some Future GPU", "bf16") is None
+    assert lookup_peak("cpu", "fp32") is None
+
+
+def _runs(names, world):
+    return pd.DataFrame([{"run": n, "world_size": world, "num_layers": 2, "hidden_size": 64, "seq_length": 32,
+                          "num_params": 100_000, "num_params_position_embedding": 2048, "tokens_per_step": 256}
+                         for n in names])
+
+
+def _steps(times, *, ranks, tokens=256, losses=None):
+    rows = []
+    for step, per_rank in enumerate(times):
+        for rank in range(ranks):
+            rows.append({"run": "a", "rank": rank, "step": step, "step_time_s": per_rank[rank], "tokens": tokens,
+                         "loss": None if losses is None or rank != ranks - 1 else losses[step], "lr": 1e-3,
+                         "grad_norm": None, "mem_peak_allocated_gib": None, "mem_peak_reserved_gib": None,
+                         "data_wait_s": 0.0, "wall_time_s": float(step)})
+    return pd.DataFrame(rows).astype({"loss": "float64", "grad_norm": "float64", "mem_peak_allocated_gib": "float64",
+                                      "mem_peak_reserved_gib": "float64"})
+
+
+def test_summarize_exact_numbers():
+    times = [[9.0, 9.0], [1.0, 2.0], [3.0, 1.0], [1.0, 4.0], [5.0, 5.0]]  # step 0 is warm-up
+    out = summarize_runs(_steps(times, ranks=2, losses=[5.0, 4.0, 3.0, 2.0, 1.0]), _runs(["a"], 2), warmup_steps=1,
+                         peak_flops={"a": 1e12}).iloc[0]
+    assert out["num_steps_measured"] == 4
+    assert out["step_time_median_s"] == 3.5  # per-step max: 2, 3, 4, 5
+    assert out["step_time_p90_s"] == pytest.approx(np.percentile([2, 3, 4, 5], 90))
+    assert out["tokens_per_s"] == pytest.approx(256 / 3.5)
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(256 / 3.5 / 2)
+    fpt = 6 * (100_000 - 2048) + 12 * 2 * 64 * 32
+    assert out["flops_per_token"] == fpt
+    assert out["mfu"] == pytest.approx(256 / 3.5 * fpt / (2 * 1e12))
+    assert pd.isna(out["mem_peak_allocated_gib"])  # CPU: NA, never 0
+    assert (out["loss_first"], out["loss_last"]) == (5.0, 1.0)
+
+
+def test_summarize_run_without_steps_is_na():
+    out = summarize_runs(_steps([[1.0]], ranks=1), _runs(["a", "crashed"], 1), warmup_steps=0).iloc[1]
+    assert out["num_steps_measured"] == 0
+    assert pd.isna(out["step_time_median_s"]) and pd.isna(out["tokens_per_s"]) and pd.isna(out["mfu"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(times=st.lists(st.lists(st.floats(0.001, 100.0), min_size=3, max_size=3), min_size=1, max_size=30),
+       warmup=st.integers(0, 3))
+def test_summarize_invariants(times, warmup):
+    out = summarize_runs(_steps(times, ranks=3), _runs(["a"], 3), warmup_steps=warmup, peak_flops={"a": 1e15}).iloc[0]
+    measured = [max(t) for t in times[warmup:]]
+    assert out["num_steps_measured"] == len(measured)
+    if not measured:
+        assert pd.isna(out["step_time_median_s"])
+        return
+    assert min(measured) <= out["step_time_median_s"] <= out["step_time_p90_s"] <= max(measured)
+    assert math.isclose(out["tokens_per_s"] * out["step_time_median_s"], 256, rel_tol=1e-9)
+    assert math.isclose(out["tokens_per_s_per_gpu"] * 3, out["tokens_per_s"], rel_tol=1e-9)
+    assert 0 < out["mfu"]
+    # the slowest rank gates: slowing one rank never makes the median faster
+    slower = [[t[0] * 2, t[1], t[2]] for t in times]
+    out2 = summarize_runs(_steps(slower, ranks=3), _runs(["a"], 3), warmup_steps=warmup).iloc[0]
+    assert out2["step_time_median_s"] >= out["step_time_median_s"]
