@@ -1,0 +1,25 @@
+# Two commands on a fresh machine:  `make demo` (campaign + note)  and  `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO ?= runs/demo
+
+.PHONY: venv demo test clean-demo
+
+venv: $(VENV)/.installed
+
+# torch first, pinned: the CPU build on this machine's disk (an unpinned torch pulls a CUDA build).
+# DeepSpeed installs from source; DS_BUILD_OPS=0 keeps it pure Python (ops JIT-compile on GPUs).
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: venv
+	rm -rf $(DEMO)
+	$(VENV)/bin/runner all --out $(DEMO)
+	$(VENV)/bin/report build $(DEMO)
+
+test: venv
+	$(PY) -m pytest -q
