@@ -72,7 +72,7 @@ def cmd_all(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()):
         raise ToolError(f"{out}: output directory exists and is not empty; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    launch_command = [Path(sys.argv[0]).name, *sys.argv[1:]]
+    launch_command = list(sys.orig_argv)
     env = collect_env(launch_command=launch_command, data_dir=out)
     write_json_atomic(out / "env.json", env)
     write_json_atomic(out / "campaign.json", {

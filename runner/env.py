@@ -28,6 +28,9 @@ ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_")
 SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
 GPU_QUERY = "index,name,memory.total,driver_version,power.limit,clocks.max.sm"
 TOOL_ROOT = Path(__file__).resolve().parent.parent
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+# A source tree copied without .git (e.g. to a GPU box) may carry its commit in this file.
+COMMIT_FILE = TOOL_ROOT / "TOOL_COMMIT"
 
 
 def _run(cmd: list[str], *, timeout_s: float = 20.0) -> str | None:
@@ -106,12 +109,22 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def collect_tool_commit() -> str | None:
+    """`git describe --always --dirty` of the tool's tree, else the TOOL_COMMIT file, else None."""
+    described = _run(["git", "-C", str(TOOL_ROOT), "describe", "--always", "--dirty", "--abbrev=40"])
+    if described:
+        return described.strip()
+    try:
+        return COMMIT_FILE.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 def collect_env(*, launch_command: list[str], data_dir: Path) -> dict[str, Any]:
     """The whole environment record as a JSON-ready dict (schema in ingest/io.py's reader)."""
     gpus = collect_gpus()
     disk = shutil.disk_usage(data_dir)
-    commit = _run(["git", "-C", str(TOOL_ROOT), "rev-parse", "HEAD"])
-    dirty = _run(["git", "-C", str(TOOL_ROOT), "status", "--porcelain", "--untracked-files=no"])
+    topology = _run(["nvidia-smi", "topo", "-m"])
     return {
         "schema_version": SCHEMA_VERSION,
         "collected_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -124,9 +137,9 @@ def collect_env(*, launch_command: list[str], data_dir: Path) -> dict[str, Any]:
         "disk": {"path": str(data_dir), "total_gib": disk.total / 1024**3, "free_gib": disk.free / 1024**3},
         "gpu_count": len(gpus),
         "gpus": gpus,
-        "topology": _run(["nvidia-smi", "topo", "-m"]),
+        "topology": ANSI_ESCAPE.sub("", topology) if topology else None,
         "versions": collect_versions(),
         "launch_command": launch_command,
-        "tool_git_commit": (commit.strip() + ("-dirty" if dirty else "")) if commit else None,
+        "tool_git_commit": collect_tool_commit(),
         "env_vars": collect_env_vars(),
     }
