@@ -97,6 +97,19 @@ def _flat_all_reduce(tensors: list[torch.Tensor], group: dist.ProcessGroup, *, s
         offset += t.numel()
 
 
+def build_tp_param_groups(module: nn.Module, *, weight_decay: float) -> list[dict]:
+    """common.build_param_groups, split so no group mixes DTensor and plain-tensor parameters:
+    the fused CUDA AdamW kernel refuses a mixed list ("got mixed torch.Tensor and DTensor")."""
+    named = list(module.named_parameters())
+    groups = [
+        g
+        for is_dtensor in (True, False)
+        for g in build_param_groups([(n, p) for n, p in named if isinstance(p, DTensor) == is_dtensor],
+                                    weight_decay=weight_decay)
+    ]
+    return [g for g in groups if g["params"]]
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -137,9 +150,7 @@ class TPPPTorchTrainer:
         self.schedule = Schedule1F1B(self.stage, n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
         self.embedding_group = self._build_embedding_group() if pp > 1 else None
         self.optimizer = build_adamw(
-            build_param_groups(self.stage_module.named_parameters(), weight_decay=spec.fixed.weight_decay),
-            spec,
-            device=ctx.device,
+            build_tp_param_groups(self.stage_module, weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
         )
 
     def _build_embedding_group(self) -> dist.ProcessGroup | None:
