@@ -14,6 +14,13 @@ Tolerances. Measured on CPU in fp32: logits differ by 0 at TP=1 (same kernels in
 order) and <= 4.2e-7 at TP=2 (row-parallel partial sums); the loss by ~1e-6 relative
 (Megatron's vocab-parallel cross entropy vs F.cross_entropy). We assert atol 1e-5 on logits
 and rtol 1e-5 on the loss.
+
+Measured on one H200 (torch 2.11, megatron-core 0.16.1, tiny preset, same initial weights and
+tokens as DDP, 10 steps): fp32 losses and grad norms agree with DDP to <= 1.5e-7 relative at every
+step; bf16 (Megatron: bf16 parameters, fp32 main weights; DDP: fp32 weights under autocast) to
+<= 7.4e-5 over steps 0-3 (2.8e-4 by step 5) and 1.9e-4 on the step-0 grad norm. The GPU test
+asserts rtol 1e-4 (fp32) and 5e-3 (bf16) over steps 0-3: well above the measured gap, well
+below what a missing gradient piece does (percents).
 """
 from __future__ import annotations
 
@@ -257,8 +264,8 @@ def _gpu_layouts() -> list[tuple[int, int]]:
 def test_gpu_matches_ddp(tmp_path, dtype):
     """Same initial weights and tokens as the DDP baseline: fp32 losses agree to 1e-4 relative
     over the first steps and the step-0 grad norm too; bf16 (Megatron: bf16 params + fp32 main
-    weights; DDP: autocast) to 2e-2."""
-    rtol = 1e-4 if dtype == "fp32" else 2e-2
+    weights; DDP: autocast) to 5e-3."""
+    rtol = 1e-4 if dtype == "fp32" else 5e-3
     ddp, ddp_info = _launch(tmp_path / "ddp", _gpu_spec(name="ddp", strategy="ddp", engine="torch-ddp", tp=1, pp=1,
                                                          dtype=dtype))
     for tp, pp in _gpu_layouts():
