@@ -1,0 +1,63 @@
+"""The committed H200 campaign (examples/h200-1gpu) rebuilds into a note without a GPU, and
+its MFU column equals the formula applied to the raw JSONL with the H200's dense bf16 peak."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from report.render import pct, si
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu"
+RUNS = ("ddp", "zero3", "megatron-tp1-pp1")
+H200_BF16_DENSE_FLOPS = 989.4e12  # NVIDIA H200 SXM datasheet: 1,979 TFLOPS bf16 with sparsity / 2
+
+
+@pytest.fixture(scope="module")
+def note_md(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("h200note")
+    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(EXAMPLE), "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in out.iterdir()} >= {"note.md", "note.html", "note.pdf"}
+    return (out / "note.md").read_text()
+
+
+def test_gpu_campaign_is_real_and_complete():
+    env = json.loads((EXAMPLE / "env.json").read_text())
+    assert env["gpu_count"] == 1 and env["gpus"][0]["name"] == "NVIDIA H200"
+    assert env["versions"]["deepspeed"] and env["versions"]["megatron_core"] and env["versions"]["nccl"]
+    for run in RUNS:
+        assert json.loads((EXAMPLE / run / "status.json").read_text())["status"] == "ok"
+        rows = [json.loads(x) for x in (EXAMPLE / run / "metrics" / "rank0.jsonl").read_text().splitlines()]
+        assert len(rows) >= 200
+        assert rows[0]["tokens"] == 128 * 1024
+        assert rows[0]["loss"] > 10.5 and rows[-1]["loss"] < 7.0  # from ~ln(50257) = 10.8 downwards
+        assert "NCCL INFO" in (EXAMPLE / run / "logs" / "rank0.log").read_text()
+
+
+def test_mfu_golden_from_jsonl(note_md):
+    table = {}
+    for line in note_md.split("## 4. Metrics", 1)[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in RUNS:
+            table[cells[0]] = cells
+    assert set(table) == set(RUNS)
+    for run in RUNS:
+        info = json.loads((EXAMPLE / run / "run_info.json").read_text())
+        spec = json.loads((EXAMPLE / run / "spec.json").read_text())
+        model = spec["fixed"]["model"]
+        n = info["num_params"] - info["num_params_position_embedding"]
+        flops_per_token = 6 * n + 12 * model["num_layers"] * model["hidden_size"] * model["seq_length"]
+        assert flops_per_token == 855_383_040  # GPT-2 124M with vocab padded to 50,304, T = 1024
+        rows = [json.loads(x) for x in (EXAMPLE / run / "metrics" / "rank0.jsonl").read_text().splitlines()]
+        median = statistics.median(r["step_time_s"] for r in rows if r["step"] >= spec["fixed"]["warmup_steps"])
+        tokens_per_s = 128 * 1024 / median
+        mfu = tokens_per_s * flops_per_token / (1 * H200_BF16_DENSE_FLOPS)
+        assert table[run][5] == si(tokens_per_s)
+        assert table[run][7] == pct(mfu)
+    assert "989 TFLOP/s dense" in note_md
