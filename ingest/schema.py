@@ -112,6 +112,7 @@ class StepRow:
     mem_peak_reserved_gib: float | None
     data_wait_s: float
     wall_time_s: float  # monotonic seconds since the rank's training loop began
+    engine: str | None = None  # every artifact names its engine (None in rows written before schema 1.1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +143,7 @@ class RunStatus:
     ended_at: str | None
     duration_s: float | None
     command: tuple[str, ...] = ()
+    engine: str | None = None
 
 
 def to_dict(record: Any) -> dict[str, Any]:

@@ -114,6 +114,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _write_status(run_dir, spec, status, cause, code, started, t0, cmd) -> RunStatus:
     rs = RunStatus(run=spec.name, status=status, exit_code=code, cause=cause, started_at=started,
-                   ended_at=_now(), duration_s=time.monotonic() - t0, command=tuple(cmd))
+                   ended_at=_now(), duration_s=time.monotonic() - t0, command=tuple(cmd),
+                   engine=spec.engine)
     write_json_atomic(run_dir / "status.json", to_dict(rs))
     return rs

@@ -40,9 +40,10 @@ def _scalar(x: torch.Tensor | float | None) -> float | None:
 
 
 class StepRecorder:
-    def __init__(self, out: IO[str], *, run: str, rank: int, tokens_per_step: int, device: torch.device) -> None:
+    def __init__(self, out: IO[str], *, run: str, engine: str, rank: int, tokens_per_step: int, device: torch.device) -> None:
         self._out = out
         self._run = run
+        self._engine = engine
         self._rank = rank
         self._tokens = tokens_per_step
         self._cuda = device.type == "cuda"
@@ -98,6 +99,7 @@ class StepRecorder:
             mem_peak_reserved_gib=p.mem_reserved_gib,
             data_wait_s=p.data_wait_s,
             wall_time_s=time.perf_counter() - self._t0,
+            engine=self._engine,
         )
         self._out.write(json.dumps(to_dict(row)) + "\n")
         self._out.flush()

@@ -63,6 +63,8 @@ def _rank_context(spec: RunSpec) -> RankContext:
 
 def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     f = spec.fixed
+    print(f"[runner] run {spec.name}: strategy {spec.strategy}, engine {spec.engine}, rank {ctx.rank}/{ctx.world_size}"
+          f" (tp {spec.tp_degree}, pp {spec.pp_degree}, dp {spec.dp_degree})", flush=True)
     torch.manual_seed(f.seed)
     trainer = build_trainer(spec, ctx=ctx)
     if ctx.rank == 0:
@@ -82,7 +84,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     )
     pin = ctx.device.type == "cuda"
     with open_metrics_file(run_dir, ctx.rank) as out:
-        recorder = StepRecorder(out, run=spec.name, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
+        recorder = StepRecorder(out, run=spec.name, engine=spec.engine, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
         for step in range(f.steps):
             recorder.begin_step()
             t0 = time.perf_counter()
