@@ -1,0 +1,307 @@
+"""Pure parsers for third-party artifacts: text in, records + unparsed-line count out.
+
+Shared pieces live here: ``ParseResult``, the line normaliser every parser runs its input
+through (launcher prefixes, ANSI colour, paste indentation, ISO timestamps on their own
+line), ``detect_kind`` (by content, never by file name) and ``parse_text`` (detect + parse).
+
+Each format has its own module with one pattern table (``Rule`` rows: name, regex with named
+groups, table, and per group the column, type and unit scale): a new field is one row.
+Deliberately not here: opening files (ingest.io), writing tables (ingest.thirdparty),
+any analysis of the records.
+
+Records are plain dicts; ``record["table"]`` names the output table (steps, memory, timers,
+comm_topology, collectives, events, env); every record carries ``source`` and ``line``
+(1-based line of the input it came from, the first one for aggregated records).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+MAX_LINE_CHARS = 1 << 16  # longer lines are counted unparsed unread: bounded time per line
+MAX_UNPARSED_LINENOS = 1000  # line numbers kept for --strict; the count is always exact
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParseResult:
+    """What a parser returns.
+
+    records: dicts with a ``table`` key (see module doc); unparsed: number of non-blank input
+    lines no rule recognised; warnings: human-readable notes (truncation, skipped huge lines,
+    unknown fields); kind: the format parsed; unparsed_lines: the first
+    ``MAX_UNPARSED_LINENOS`` 1-based line numbers that were not parsed.
+    """
+
+    records: list[dict]
+    unparsed: int
+    warnings: list[str]
+    kind: str
+    unparsed_lines: tuple[int, ...] = ()
+    num_lines: int = 0
+
+
+# ---------------------------------------------------------------- pattern tables
+
+@dataclass(frozen=True)
+class Col:
+    """One output column taken from a named group: ``column = type(group) * scale``."""
+
+    group: str
+    column: str
+    type: Callable = float
+    scale: float = 1.0  # unit conversion into the column's unit (e.g. ms -> s: 1e-3)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of a pattern table. ``table`` None: recognised, no record (noise we know)."""
+
+    name: str
+    regex: re.Pattern
+    table: str | None
+    cols: tuple[Col, ...] = ()
+    const: tuple[tuple[str, object], ...] = ()
+
+
+def rule(name: str, pattern: str, table: str | None, *cols: Col, **const: object) -> Rule:
+    return Rule(name, re.compile(pattern), table, tuple(cols), tuple(const.items()))
+
+
+def to_num(text: str) -> float:
+    """'5,856' -> 5856.0; raises ValueError on anything else."""
+    return float(text.replace(",", ""))
+
+
+def to_int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None:
+    """Build the record of a matched rule (None for recognised-only rules)."""
+    if r.table is None:
+        return None
+    rec: dict = {"table": r.table, "source": source, "line": lineno, "record": r.name}
+    rec.update(r.const)
+    for c in r.cols:
+        text = m.group(c.group)
+        if text is None:
+            continue
+        try:
+            value = c.type(text)
+        except (ValueError, TypeError):
+            continue
+        rec[c.column] = value * c.scale if c.scale != 1.0 else value
+    return rec
+
+
+def match_rules(rules: Iterable[Rule], text: str) -> tuple[Rule, re.Match] | tuple[None, None]:
+    for r in rules:
+        m = r.regex.match(text)
+        if m:
+            return r, m
+    return None, None
+
+
+_UNIT_GIB = {"B": 1 / 2**30, "KB": 1 / 2**20, "KIB": 1 / 2**20, "MB": 1 / 2**10, "MIB": 1 / 2**10,
+             "GB": 1.0, "GIB": 1.0, "TB": 2**10, "TIB": 2**10}
+
+
+def to_gib(text: str) -> float:
+    """'649.97 MiB' / '1.01 GiB' / '0.26GB' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed print them)."""
+    m = re.fullmatch(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", text, re.I)
+    if not m:
+        raise ValueError(text)
+    return to_num(m.group(1)) * _UNIT_GIB[m.group(2).upper()]
+
+
+# ---------------------------------------------------------------- line normaliser
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+# Launcher prefixes, possibly stacked ("[80746] [rank0]:"); rank captured where it is a rank.
+_PREFIX = re.compile(
+    r"(?:\s+"
+    r"|\[rank(?P<r1>\d+)\]:"
+    r"|\[default(?P<r2>\d+)\]:"
+    r"|\[\d+,(?P<r3>\d+)\]<std(?:out|err)>:"
+    r"|\[\d+\] "
+    r"|[\w.\-]+/\d+ \[\d+\]:"
+    r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\) "
+    r")+"
+)
+_PREFIX_START = frozenset(" \t[(")
+_ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+
+Line = tuple  # (lineno, body, timestamp | None, rank | None)
+
+
+def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
+    """Normalised non-blank lines: ``(lineno, body, timestamp, rank)``.
+
+    body: the line without launcher prefixes, ANSI colour codes, leading indentation and
+    trailing whitespace. timestamp: an ISO timestamp that stood alone on the previous line
+    (CloudWatch exports), else None; such timestamp lines are consumed, not yielded.
+    rank: from a ``[rankN]:`` / ``[defaultN]:`` / ``[job,N]<stdout>:`` prefix, else None.
+    Long lines (> MAX_LINE_CHARS) are yielded with body None so callers count them unparsed.
+    ``text`` may be a string or any iterable of lines (streaming).
+    """
+    lines = text.split("\n") if isinstance(text, str) else text
+    pending_ts = None
+    prefix_match = _PREFIX.match
+    for lineno, raw in enumerate(lines, start=1):
+        if len(raw) > MAX_LINE_CHARS:
+            yield lineno, None, None, None
+            continue
+        if "\x1b" in raw:
+            raw = _ANSI.sub("", raw)
+        line = raw.rstrip()
+        if not line:
+            continue
+        rank = None
+        if line[0] in _PREFIX_START or "/" in line[:40]:
+            m = prefix_match(line)
+            if m and m.end():
+                r = m.group("r1") or m.group("r2") or m.group("r3")
+                rank = int(r) if r else None
+                line = line[m.end():]
+                if not line:
+                    continue
+        if line[0].isdigit() and len(line) <= 35 and _ISO_TS.fullmatch(line):
+            pending_ts = line
+            continue
+        yield lineno, line, pending_ts, rank
+        pending_ts = None
+
+
+class LineParser:
+    """Base of the stateful per-format scanners: ``feed`` a normalised line, return whether
+    it was recognised; ``finish`` flushes state. Records go to ``self.records``."""
+
+    kind = ""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.records: list[dict] = []
+        self.warnings: list[str] = []
+
+    def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+
+def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
+    """Feed every normalised line to ``parsers`` in order (first that recognises it wins)."""
+    unparsed, linenos, num_lines, huge = 0, [], 0, 0
+    feeds = [p.feed for p in parsers]
+    for lineno, body, ts, rank in iter_lines(text):
+        num_lines = lineno
+        if body is None:
+            huge += 1
+            ok = False
+        else:
+            ok = False
+            for feed in feeds:
+                try:
+                    if feed(lineno, body, ts, rank):
+                        ok = True
+                        break
+                except (ValueError, IndexError, KeyError, OverflowError) as e:
+                    parsers[0].warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
+                    break
+        if not ok:
+            unparsed += 1
+            if len(linenos) < MAX_UNPARSED_LINENOS:
+                linenos.append(lineno)
+    records, warnings = [], []
+    for p in parsers:
+        p.finish()
+        records.extend(p.records)
+        warnings.extend(p.warnings)
+    if huge:
+        warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+    return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
+                       unparsed_lines=tuple(linenos), num_lines=num_lines)
+
+
+# ---------------------------------------------------------------- detection
+
+# (kind, signature regex searched in the normalised head); first hit wins, most specific first.
+_SIGNATURES: tuple[tuple[str, re.Pattern], ...] = tuple((k, re.compile(p, re.M)) for k, p in (
+    ("nccl_ras", r"^Communicators\.\.\.|^Job summary$"),
+    ("chrome_trace", r'"ph":\s*"[A-Za-z]"'),
+    ("flight_recorder", r"[\"']pg_config[\"']\s*:|[\"']entries[\"']\s*:\s*\["),
+    ("pyspy", r"^Thread \d+ \((?:idle|active)"),
+    ("profiler_table", r"Self CPU(?: total)? %|# of Calls|Number of Calls"),
+    ("nsys_stats", r"^Processing \[.*\] with \[|^ ?\*\* .*\(\w+\):$|^CUDA API Statistics|nsys-rep|\.qdrep"),
+    ("torchtitan", r"\[titan\] |- root - INFO - step:\s"),
+    ("megatron", r"^(?:\[[\d\- :]+\] )?iteration\s+\d+/\s*\d+ \||\(after \d+ iterations\) memory \(MB\)"
+                 r"|^-+ arguments -+$|^> building \w+ datasets"),
+    ("deepspeed", r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[(?:INFO|WARNING|ERROR|DEBUG)\] \[\w+\.py:\d+:\w+\]"),
+    ("nccl", r" NCCL (?:INFO|WARN) |^NCCL version \d|^# nThread \d+ nGpus"),
+    ("nvidia_smi_topo", r"^GPU0\s.*(?:CPU Affinity|GPU1)|^GPU\d+\s+(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)\s"
+                        r"|^NIC\d+: |nvidia-smi topo -m"),
+    ("nvidia_smi_q", r"=+NVSMI LOG=+|^Driver Version\s+: \d"),
+    ("collect_env", r"^Collecting environment information|^PyTorch version\s*: |^Is CUDA available\s*: "),
+    ("failures", r"ChildFailedError|Watchdog caught collective|ProcessGroupNCCL\.cpp:\d+|CUDA out of memory"),
+))
+
+HEAD_CHARS = 64 * 1024
+
+
+def normalised_head(text_head: str) -> str:
+    return "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
+
+
+def detect_kind(text_head: str) -> str | None:
+    """The artifact kind of a text, by its content (first 64 KiB), or None if unknown.
+
+    Kinds with a parser: see ``PARSERS``; other kinds are recognised so ingest can say what
+    a file is and that it is not parsed yet (chrome_trace, flight_recorder, pyspy,
+    profiler_table, nsys_stats, nccl_ras).
+    """
+    head = normalised_head(text_head)
+    for kind, sig in _SIGNATURES:
+        if sig.search(head):
+            return kind
+    return None
+
+
+def _parsers() -> dict[str, Callable[..., ParseResult]]:
+    from ingest.parsers import collect_env, deepspeed, failures, megatron, nccl, nvidia_smi, torchtitan
+    return {
+        "nccl": nccl.parse_nccl,
+        "megatron": megatron.parse_megatron,
+        "deepspeed": deepspeed.parse_deepspeed,
+        "torchtitan": torchtitan.parse_torchtitan,
+        "nvidia_smi_topo": nvidia_smi.parse_nvidia_smi_topo,
+        "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q,
+        "collect_env": collect_env.parse_collect_env,
+        "failures": failures.parse_failures,
+    }
+
+
+def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = None) -> ParseResult:
+    """Detect (unless ``kind`` is given) and parse. Unknown or not-yet-parsed kinds return no
+    records, every non-blank line unparsed and a warning saying so. Never raises on content."""
+    if kind is None:
+        if not isinstance(text, str):
+            raise TypeError("pass kind= when streaming lines")
+        kind = detect_kind(text[:HEAD_CHARS])
+    parser = _parsers().get(kind or "")
+    if parser is not None:
+        return parser(text, source=source)
+    result = run_parsers(text, [_Nothing(source)], kind=kind or "unknown")
+    what = f"kind {kind!r} has no parser yet" if kind else "unknown kind (no known signature in the first 64 KiB)"
+    return ParseResult(records=[], unparsed=result.unparsed, warnings=[what], kind=kind or "unknown",
+                       unparsed_lines=result.unparsed_lines, num_lines=result.num_lines)
+
+
+class _Nothing(LineParser):
+    def feed(self, lineno, body, ts, rank) -> bool:
+        return False
+
+
+PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q",
+                "collect_env", "failures")

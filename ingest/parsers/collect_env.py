@@ -1,0 +1,74 @@
+"""``python -m torch.utils.collect_env`` output: the torch ``Key: value`` layout (2020 and 2025)
+and vLLM's sectioned ``Key   : value`` variant. Multi-line values (the GPU list, cuDNN
+candidates, ``[pip3]``/``[conda]`` packages) attach to the key above them.
+
+Records: ``env`` rows (key, value); well-known keys get stable names (torch_version,
+cuda_build_version, cuda_runtime_version, driver_version, gpu_models, os, python_version,
+cudnn_version, nccl_version), others a slug of the printed key.
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import LineParser, ParseResult, run_parsers
+
+KEYS = {  # pattern table: printed key -> env key
+    "PyTorch version": "torch_version", "CUDA used to build PyTorch": "cuda_build_version",
+    "CUDA runtime version": "cuda_runtime_version", "Nvidia driver version": "driver_version",
+    "GPU models and configuration": "gpu_models", "OS": "os", "Python version": "python_version",
+    "cuDNN version": "cudnn_version", "NCCL version": "nccl_version", "Is CUDA available": "cuda_available",
+    "GCC version": "gcc_version", "Python platform": "python_platform", "Libc version": "libc_version",
+    "ROCM used to build PyTorch": "rocm_build_version", "Is debug build": "torch_debug_build",
+    "CUDA_MODULE_LOADING set to": "cuda_module_loading", "CMake version": "cmake_version",
+    "Clang version": "clang_version",
+}
+_KV = re.compile(r"(?P<key>[A-Za-z][\w .()/\-]*?)\s*: ?(?P<value>.*)$")
+_PKG = re.compile(r"\[(?P<mgr>pip3?|conda)\] (?P<pkg>.+)$")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
+
+
+class CollectEnvParser(LineParser):
+    kind = "collect_env"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._open: dict | None = None  # record whose value continues on the next lines
+
+    def _env(self, lineno, key, value) -> dict:
+        rec = {"table": "env", "source": self.source, "line": lineno, "record": "collect_env",
+               "kind": "collect_env", "key": key, "value": value}
+        self.records.append(rec)
+        return rec
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        if body.startswith("Collecting environment information") or re.fullmatch(r"=+", body):
+            self._open = None
+            return True
+        if re.fullmatch(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|Environment Variables|"
+                        r"vLLM|Python)(?: Info)?:?", body):
+            self._open = None
+            return True
+        m = _PKG.match(body)
+        if m:
+            name, _, ver = m.group("pkg").partition("==")
+            self._env(lineno, f"{m.group('mgr')}.{name.split()[0]}", ver or m.group("pkg"))
+            return True
+        if self._open is not None and (body.startswith("GPU ") and re.match(r"GPU \d+: ", body) or body.startswith("/")):
+            self._open["value"] = (self._open["value"] + "; " if self._open["value"] else "") + body
+            return True
+        m = _KV.match(body)
+        if m:
+            key, value = m.group("key").strip(), m.group("value").strip()
+            value = "" if value.startswith("Probably one of the following") else value
+            rec = self._env(lineno, KEYS.get(key, _slug(key)), value)
+            self._open = rec if not value or key in ("cuDNN version",) else None
+            return True
+        return False
+
+
+def parse_collect_env(text, *, source: str) -> ParseResult:
+    """Parse collect_env output (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [CollectEnvParser(source)], kind="collect_env")

@@ -1,0 +1,149 @@
+"""DeepSpeed logs: ``[ts] [LEVEL] [file.py:line:func] msg`` lines.
+
+Records: ``steps`` (``step=N, skipped=K, lr=[..]`` progress lines merged with the throughput
+timer of the same step: old ``e/s, SamplesPerSec=..`` and new ``epoch=/micro_step=/global_step=,
+RunningAvgSamplesPerSec=..``; pipeline-engine ``steps: N loss: .. iter time (s): ..``),
+``timers`` (``wall_clock_breakdown`` ``time (ms) | name: v`` lines), ``memory``
+(``see_memory_usage`` label / MA / CPU triplets), ``env`` (config dump ``key ..... value``,
+the launcher ``cmd = ...``). Deliberately not here: the flops-profiler and comms-logger
+tables (remain unparsed; see the closing note of issue 3).
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import LineParser, ParseResult, run_parsers, to_gib, to_num
+from ingest.parsers.failures import FailureScanner
+
+_PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
+_RANK = re.compile(r"\[Rank (\d+)\] ")
+_STEP = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?step=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=\[(?P<lr>[^\],]+)")
+_OLD_TIMER = re.compile(r"(?P<epoch>\d+)/(?P<step>\d+), SamplesPerSec=(?P<sps>[\d.]+)(?:, MemAllocated=(?P<ma>[\d.]+\w*B), MaxMemAllocated=(?P<mma>[\d.]+\w*B))?")
+_NEW_TIMER = re.compile(r"epoch=(?P<epoch>\d+)/micro_step=(?P<micro>\d+)/global_step=(?P<step>\d+), RunningAvgSamplesPerSec=(?P<avg>[\d.]+), "
+                        r"CurrSamplesPerSec=(?P<sps>[\d.]+)(?:, MemAllocated=(?P<ma>[\d.]+\w*B), MaxMemAllocated=(?P<mma>[\d.]+\w*B))?")
+_PIPE = re.compile(r"steps: (?P<step>\d+) loss: (?P<loss>[\d.eE+\-]+|nan) iter time \(s\): (?P<t>[\d.]+) samples/sec: (?P<sps>[\d.]+)")
+_MA = re.compile(r"MA (?P<ma>[\d.]+) GB\s+Max_MA (?P<mma>[\d.]+) GB\s+CA (?P<ca>[\d.]+) GB\s+Max_CA (?P<mca>[\d.]+) GB")
+_CPU = re.compile(r"CPU Virtual Memory:\s+used = (?P<used>[\d.]+) GB, percent = (?P<pct>[\d.]+)%")
+_CFG = re.compile(r"(?P<key>[A-Za-z_][\w.]*) \.{2,} (?P<value>.*)$")
+_TIMER_SEG = re.compile(r"(?P<name>[\w\-/ .]+?): (?P<v>[\d.]+)")
+
+
+def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str) -> list[dict]:
+    """``[rank=R ]time (ms) | name: v | name: v`` -> one ``timers`` row per name (seconds)."""
+    m = re.match(r"(?:rank=(?P<rank>\d+) )?time \(ms\) \|(?P<rest>.*)$", body)
+    if not m:
+        return []
+    r = int(m.group("rank")) if m.group("rank") else rank
+    out = []
+    for seg in m.group("rest").split("|"):
+        t = _TIMER_SEG.match(seg.strip())
+        if t:
+            out.append({"table": "timers", "source": source, "line": lineno, "kind": kind, "rank": r, "step": step,
+                        "name": t.group("name"), "time_s": float(t.group("v")) * 1e-3})
+    return out
+
+
+class DeepSpeedParser(LineParser):
+    kind = "deepspeed"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._steps: dict[tuple, dict] = {}
+        self._last_step = None
+        self._mem_label: tuple[int, str] | None = None
+        self._mem: dict | None = None
+        self._last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
+
+    def _row(self, rank, step: int, lineno: int) -> dict:
+        if rank is None:
+            rank = self._last_rank
+        else:
+            self._last_rank = rank
+        row = self._steps.get((rank, step))
+        if row is None:
+            row = self._steps[(rank, step)] = {"table": "steps", "source": self.source, "line": lineno,
+                                               "kind": "deepspeed", "rank": rank, "step": step}
+        self._last_step = step
+        return row
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        p = _PREFIX.match(body) if body[:1] == "[" else None
+        if p is None:
+            return self._bare(lineno, body, ts, rank)
+        msg, ts = p.group("msg").strip(), p.group("ts")
+        func = p.group("func")
+        rm = _RANK.match(msg)
+        if rm:
+            rank, msg = int(rm.group(1)), msg[rm.end():]
+        if func == "see_memory_usage":
+            self._mem_label = (lineno, msg)
+            return True
+        m = _STEP.match(msg)
+        if m:
+            r = int(m.group("rank")) if m.group("rank") else rank
+            row = self._row(r, int(m.group("step")), lineno)
+            row.update(time=ts, num_skipped_iterations=int(m.group("skipped")))
+            try:
+                row["lr"] = float(m.group("lr"))
+            except ValueError:
+                pass
+            return True
+        m = _NEW_TIMER.match(msg) or _OLD_TIMER.match(msg)
+        if m:
+            g = m.groupdict()
+            row = self._row(rank, int(g["step"]), lineno)
+            row.setdefault("time", ts)
+            row["samples_per_s"] = float(g["sps"])
+            if g.get("avg"):
+                row["samples_per_s_running_avg"] = float(g["avg"])
+            if g.get("ma"):
+                row["mem_allocated_gib"] = to_gib(g["ma"])
+                row["mem_max_allocated_gib"] = to_gib(g["mma"])
+            return True
+        if msg.startswith("time (ms)") or msg.startswith("rank=") and "time (ms)" in msg:
+            self.records.extend(timer_records(msg, source=self.source, lineno=lineno, step=self._last_step,
+                                              rank=rank, kind="deepspeed"))
+            return True
+        m = _PIPE.match(msg)
+        if m:
+            row = self._row(rank, int(m.group("step")), lineno)
+            row.update(time=ts, step_time_s=float(m.group("t")), samples_per_s=float(m.group("sps")),
+                       loss=None if m.group("loss") == "nan" else float(m.group("loss")))
+            return True
+        if msg.startswith("cmd = "):
+            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "launch_command",
+                                 "kind": "deepspeed", "key": "launch_command", "value": msg[6:]})
+            return True
+        m = _CFG.match(msg)
+        if m:
+            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "config",
+                                 "kind": "deepspeed", "key": f"deepspeed.{m.group('key')}", "value": m.group("value").strip()})
+            return True
+        return False
+
+    def _bare(self, lineno: int, body: str, ts, rank) -> bool:
+        """see_memory_usage continuation lines (no prefix)."""
+        m = _MA.match(body)
+        if m:
+            label = self._mem_label[1] if self._mem_label else None
+            self._mem = {"table": "memory", "source": self.source, "line": lineno, "kind": "deepspeed", "rank": rank,
+                         "label": label, "step": self._last_step,
+                         "mem_allocated_gib": float(m.group("ma")), "mem_max_allocated_gib": float(m.group("mma")),
+                         "mem_reserved_gib": float(m.group("ca")), "mem_max_reserved_gib": float(m.group("mca"))}
+            self.records.append(self._mem)
+            return True
+        m = _CPU.match(body)
+        if m:
+            if self._mem is not None:
+                self._mem.update(cpu_mem_used_gib=float(m.group("used")), cpu_mem_pct=float(m.group("pct")))
+            return True
+        return False
+
+    def finish(self) -> None:
+        self.records.extend(self._steps.values())
+        self._steps = {}
+
+
+def parse_deepspeed(text, *, source: str) -> ParseResult:
+    """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [DeepSpeedParser(source), FailureScanner(source)], kind="deepspeed")

@@ -1,0 +1,222 @@
+"""Failure reports as events: torchrun ChildFailedError blocks, NCCL watchdog timeouts (the
+2022 ``[E ProcessGroupNCCL.cpp:N]`` form, the glog-timestamped ``[rankN]:[E0321 ...]`` form
+with NumelIn/Out, the ``[PG ID n PG GUID g Rank r]`` form), CUDA OOM messages (torch <=2.0,
+2.1 typo, >=2.2), torchrun agent lines, and Python tracebacks (recognised, not recorded).
+
+Events: table ``events`` with ``event`` (kind), ``rank``, ``time`` (as printed, if any),
+``detail`` and kind-specific columns (seq_num, op_type, timeout_s, ran_for_s, exitcode,
+signal, mem_*_gib...). ``FailureScanner`` is also the fallback of every other parser, so an
+OOM inside a Megatron log is an event too. Deliberately not here: deciding which rank hung.
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_gib, to_int
+
+_GLOG = re.compile(
+    r"\[?(?P<sev>[EWIF])(?P<date>\d{3,4})?(?: (?P<time>\d\d:\d\d:\d\d\.\d+))?(?: \d+)? (?P<loc>[\w./]+:\d+)\] (?P<msg>.*)"
+)
+_PG_RANK = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+) (?:PG GUID (?P<guid>\S+?) )?)?Rank (?P<rank>\d+)\] (?P<body>.*)")
+_WORK = re.compile(r"WorkNCCL\((?P<work>[^()]*(?:\([^()]*\)[^()]*)*)\)(?: ran for (?P<ran>\d+) milliseconds)?")
+_WORK_KEYS = {"SeqNum": ("seq_num", int, 1), "OpType": ("op_type", str, 1), "NumelIn": ("numel_in", int, 1),
+              "NumelOut": ("numel_out", int, 1), "Timeout(ms)": ("timeout_s", int, 1000)}  # scale: divisor
+
+# Pattern table: body of a glog/ProcessGroupNCCL message after "[... Rank r] ".
+_WATCHDOG_RULES = (
+    rule("nccl_timeout", r"Watchdog caught collective operation timeout: (?P<detail>.*)", "events"),
+    rule("watchdog_exception", r"Exception \(either an error or timeout\) detected by watchdog at work: (?P<work>\d+), "
+         r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<comp>-?\d+)", "events",
+         Col("work", "seq_num", int), Col("enq", "last_enqueued_seq", int), Col("comp", "last_completed_seq", int)),
+    rule("watchdog_terminated", r"Process group watchdog thread terminated with exception: (?P<detail>.*)", "events"),
+    rule("nccl_failed", r"(?P<detail>Some NCCL operations have failed or timed out.*)", "events"),
+    rule("process_abort", r"(?P<detail>To avoid data inconsistency, we are taking the entire process down.*)", "events"),
+    rule("fr_dump", r"(?P<detail>ProcessGroupNCCL preparing to dump debug info.*)", "events"),
+    rule("timeout_dump", r"(?P<detail>.*(?:[Tt]imeout|[Dd]ump).*)", "events"),
+)
+
+# Pattern table: whole-line rules.
+_LINE_RULES = (
+    rule("traceback", r"Traceback \(most recent call last\):$", None),
+    rule("traceback_frame", r'File "[^"]*", line \d+(?:, in .*)?$', None),
+    rule("traceback_carets", r"[\^~ ]*\^[\^~ ]*$", None),
+    rule("cpp_frame", r"frame #\d+: ", None),
+    rule("exception_raised", r"Exception raised from \S+ at ", None),
+    rule("rule_line", r"(?:={20,}|-{20,})$", None),
+    rule("agent_failed", r"(?:.*\] )?(?:ERROR:[\w.]+:)?failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
+         r"\(pid: (?P<pid>\d+)\) of binary: (?P<detail>.*)", "events",
+         Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", int)),
+    rule("closing_signal", r"(?:.*\] )?Sending process (?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
+         Col("pid", "pid", int)),
+    rule("nccl_env", r"(?P<key>NCCL_\w+): (?P<value>\S.*)$", "env", Col("key", "key", str), Col("value", "value", str)),
+)
+
+_OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?[KMGT]?i?B)")
+_OOM_FIELDS = (
+    (re.compile(r"\(GPU (?P<v>\d+);"), "gpu", int),
+    (re.compile(r"GPU (?P<v>\d+) has a total capac"), "gpu", int),
+    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) total capacity"), "mem_total_gib", to_gib),
+    (re.compile(r"total capac(?:i)?ty of (?P<v>[\d.]+ ?[KMGT]?i?B)"), "mem_total_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) already allocated"), "mem_allocated_gib", to_gib),
+    (re.compile(r"Of the allocated memory (?P<v>[\d.]+ ?[KMGT]?i?B) is allocated by PyTorch"), "mem_allocated_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) free"), "mem_free_gib", to_gib),
+    (re.compile(r"of which (?P<v>[\d.]+ ?[KMGT]?i?B) is free"), "mem_free_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) reserved in total by PyTorch"), "mem_reserved_gib", to_gib),
+    (re.compile(r"this process has (?P<v>[\d.]+ ?[KMGT]?i?B) memory in use"), "mem_in_use_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) is reserved by PyTorch but unallocated"), "mem_reserved_unallocated_gib", to_gib),
+    (re.compile(r"(?P<v>expandable_segments)"), "hint", str),
+)
+
+_CHILD_KV = re.compile(r"(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*)$")
+_SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
+
+
+class FailureScanner(LineParser):
+    kind = "failures"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._child: dict | None = None  # the failure entry being filled
+        self._in_block = False
+        self._root = False
+        self._script: str | None = None
+        self._after_frame = False
+
+    def _event(self, event: str, lineno: int, rank, ts, **cols) -> dict:
+        rec = {"table": "events", "source": self.source, "line": lineno, "event": event, "rank": rank, "time": ts}
+        rec.update(cols)
+        self.records.append(rec)
+        return rec
+
+    def _flush_child(self) -> None:
+        if self._child is not None:
+            self.records.append(self._child)
+            self._child = None
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        after_frame, self._after_frame = self._after_frame, False
+        # --- torchrun ChildFailedError block
+        if "ChildFailedError" in body:
+            self._flush_child()
+            self._in_block, self._root = True, False
+            return True
+        if self._in_block:
+            if body.endswith(" FAILED") and self._script is None:
+                self._script = body[: -len(" FAILED")]
+                return True
+            if body == "Failures:" or body == "<NO_OTHER_FAILURES>":
+                return True
+            if body.startswith("Root Cause"):
+                self._flush_child()
+                self._root = True
+                return True
+            m = re.fullmatch(r"\[(\d+)\]:", body)
+            if m:
+                self._flush_child()
+                self._child = {"table": "events", "source": self.source, "line": lineno, "event": "child_failed",
+                               "rank": None, "time": None, "root_cause": self._root, "script": self._script,
+                               "detail": None}
+                return True
+            m = _CHILD_KV.match(body)
+            if m and self._child is not None:
+                key, value = m.group("key"), m.group("value").strip()
+                if key == "rank":
+                    rm = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", value)
+                    if rm:
+                        self._child["rank"] = int(rm.group(1))
+                        self._child["local_rank"] = int(rm.group(2)) if rm.group(2) else None
+                elif key == "exitcode":
+                    em = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", value)
+                    if em:
+                        self._child["exitcode"] = int(em.group(1))
+                        self._child["pid"] = int(em.group(2)) if em.group(2) else None
+                elif key == "traceback":
+                    self._child["detail"] = value
+                    sm = _SIGNAL.search(value)
+                    if sm:
+                        self._child["signal"] = sm.group("name")
+                elif key == "time":
+                    self._child["time"] = value
+                elif key == "host":
+                    self._child["host"] = value
+                else:
+                    self._child[key] = None if value == "<N/A>" else value
+                return True
+            if re.fullmatch(r"[=\-]{20,}", body):
+                return True
+            self._flush_child()
+            self._in_block = False
+        # --- OOM
+        if "CUDA out of memory" in body:
+            m = _OOM.search(body)
+            if m:
+                cols = {"mem_tried_gib": to_gib(m.group("tried")), "detail": body[:500]}
+                for rx, col, typ in _OOM_FIELDS:
+                    fm = rx.search(body)
+                    if fm and col not in cols:
+                        cols[col] = typ(fm.group("v"))
+                self._event("cuda_oom", lineno, rank, ts, **cols)
+                return True
+        # --- glog / ProcessGroupNCCL lines
+        if "] " in body:
+            g = _GLOG.match(body)
+            if g:
+                time = " ".join(x for x in (g.group("date"), g.group("time")) if x) or ts
+                msg = g.group("msg")
+                pm = _PG_RANK.match(msg)
+                if pm:
+                    r = int(pm.group("rank"))
+                    r2, m2 = match_rules(_WATCHDOG_RULES, pm.group("body"))
+                    if r2 is not None:
+                        rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
+                        rec.pop("record")
+                        rec.update(event=r2.name, rank=r if rank is None else rank, time=time, loc=g.group("loc"),
+                                   pg_id=int(pm.group("pg")) if pm.group("pg") else None,
+                                   detail=m2.groupdict().get("detail") or pm.group("body")[:500])
+                        wm = _WORK.search(pm.group("body"))
+                        if wm:
+                            for item in wm.group("work").split(", "):
+                                k, _, v = item.partition("=")
+                                if k in _WORK_KEYS:
+                                    col, typ, scale = _WORK_KEYS[k]
+                                    try:
+                                        rec[col] = typ(v) / scale if scale != 1 else typ(v)
+                                    except ValueError:
+                                        pass
+                            if wm.group("ran"):
+                                rec["ran_for_s"] = int(wm.group("ran")) / 1000
+                        if rec["event"] == "watchdog_terminated" and "seq_num" in rec:
+                            rec["event"] = "nccl_timeout"
+                        self.records.append(rec)
+                        return True
+                if self._line_rules(lineno, msg, time, rank):
+                    return True
+                if g.group("sev") in "EF":
+                    self._event("error", lineno, rank, time, loc=g.group("loc"), detail=msg[:500])
+                    return True
+                return False
+        if self._line_rules(lineno, body, ts, rank):
+            return True
+        return after_frame  # the source line Python prints under each traceback frame
+
+    def _line_rules(self, lineno: int, body: str, ts, rank) -> bool:
+        r2, m2 = match_rules(_LINE_RULES, body)
+        if r2 is not None:
+            if r2.name == "traceback_frame":
+                self._after_frame = True
+            rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
+            if rec is not None:
+                if rec["table"] == "events":
+                    rec["event"] = rec.pop("record")
+                    rec.update(rank=rank, time=ts, detail=m2.group("detail"))
+                self.records.append(rec)
+            return True
+        return False
+
+    def finish(self) -> None:
+        self._flush_child()
+
+
+def parse_failures(text, *, source: str) -> ParseResult:
+    """Parse failure reports into ``events`` rows (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [FailureScanner(source)], kind="failures")

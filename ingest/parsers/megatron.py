@@ -1,0 +1,148 @@
+"""Megatron-LM (and Megatron-DeepSpeed, Megatron-LLM) training logs.
+
+Records: ``steps`` (one per iteration line, all eras: with/without ``[timestamp]``, with/without
+throughput, skipped iterations without loss; memory report lines merge into the step row of
+the same rank and iteration), ``timers`` (``time (ms) | name: v | ...`` lines and the per-rank
+``name ....: (min, max)`` form, attached to the last iteration seen), ``env`` (the argument
+dump ``  name ........ value``, keys prefixed ``megatron.``). Lines it does not know go to
+the DeepSpeed scanner (Megatron-DeepSpeed) and then to the failure scanner.
+Deliberately not here: tokens/s or MFU of our own (report computes those from step times).
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
+from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
+from ingest.parsers.failures import FailureScanner
+
+_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
+_MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
+_ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
+_MINMAX = re.compile(r"(?P<name>[\w\-/ ]+?) \.{2,}: \((?P<min>[\d.]+), (?P<max>[\d.]+)\)$")
+
+# Pattern table for ``key: value`` segments of an iteration line: key -> (column, type, unit scale).
+ITER_FIELDS: dict[str, tuple[str, type | object, float]] = {
+    "consumed samples": ("consumed_samples", to_int, 1),
+    "consumed tokens": ("consumed_tokens", to_int, 1),
+    "elapsed time per iteration (ms)": ("step_time_s", to_num, 1e-3),
+    "elapsed time per iteration (s)": ("step_time_s", to_num, 1),
+    "learning rate": ("lr", to_num, 1),
+    "global batch size": ("global_batch_size", to_int, 1),
+    "lm loss": ("loss", to_num, 1),
+    "loss scale": ("loss_scale", to_num, 1),
+    "grad norm": ("grad_norm", to_num, 1),
+    "num zeros": ("num_zeros", to_num, 1),
+    "params norm": ("params_norm", to_num, 1),
+    "number of skipped iterations": ("num_skipped_iterations", to_int, 1),
+    "number of nan iterations": ("num_nan_iterations", to_int, 1),
+    "samples per second": ("samples_per_s", to_num, 1),
+    "TFLOPs": ("framework_tflops_per_gpu", to_num, 1),
+    "throughput per GPU (TFLOP/s/GPU)": ("framework_tflops_per_gpu", to_num, 1),
+    "tokens per GPU (tokens/s/GPU)": ("tokens_per_s_per_gpu", to_num, 1),
+    "tokens/s/GPU": ("tokens_per_s_per_gpu", to_num, 1),
+    "seq_len": ("seq_length", to_int, 1),
+    "actual seqlen": ("seq_length", to_int, 1),
+}
+MEM_FIELDS = {  # memory (MB) line: key -> column (MB -> GiB)
+    "allocated": "mem_allocated_gib", "max allocated": "mem_max_allocated_gib",
+    "reserved": "mem_reserved_gib", "max reserved": "mem_max_reserved_gib",
+}
+_NOISE = (
+    re.compile(r"(?:\[.*\] )?datetime: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"),
+    re.compile(r"(?:training|done with setup|Done with setup) \.\.\.$"),
+    re.compile(r"-+ (?:end of )?arguments -+$"),
+    re.compile(r"\(min, max\) time across ranks \(ms\):$"),
+)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
+
+
+class MegatronParser(LineParser):
+    kind = "megatron"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._steps: dict[tuple, dict] = {}
+        self._last_step: int | None = None
+        self._unknown: set[str] = set()
+
+    def _row(self, rank, step: int, lineno: int) -> dict:
+        row = self._steps.get((rank, step))
+        if row is None:
+            row = self._steps[(rank, step)] = {"table": "steps", "source": self.source, "line": lineno,
+                                               "kind": "megatron", "rank": rank, "step": step}
+        return row
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        if "iteration" in body:
+            m = _ITER.match(body)
+            if m:
+                step = int(m.group("step"))
+                row = self._row(rank, step, lineno)
+                row["time"] = m.group("ts") or ts
+                row["num_steps_total"] = int(m.group("total"))
+                for seg in m.group("rest").split("|"):
+                    key, sep, value = seg.partition(":")
+                    key, value = key.strip(), value.strip()
+                    if not sep or not value:
+                        continue
+                    spec = ITER_FIELDS.get(key)
+                    if spec is None:
+                        if key.endswith(" loss") or key.endswith("_loss"):
+                            spec = (_slug(key), to_num, 1)
+                        else:
+                            if key not in self._unknown:
+                                self._unknown.add(key)
+                                self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
+                            continue
+                    col, typ, scale = spec
+                    try:
+                        v = typ(value)
+                    except ValueError:
+                        continue
+                    row[col] = v * scale if scale != 1 else v
+                row.setdefault("loss", None)
+                self._last_step = step
+                return True
+        if body.startswith("time (ms)") or body.startswith("rank=") and "time (ms)" in body:
+            self.records.extend(timer_records(body, source=self.source, lineno=lineno, step=self._last_step,
+                                              rank=rank, kind="megatron"))
+            return True
+        if "memory (MB)" in body:
+            m = _MEM.match(body)
+            if m:
+                row = self._row(int(m.group("rank")), int(m.group("step")), lineno)
+                for seg in m.group("rest").split("|"):
+                    key, _, value = seg.partition(":")
+                    col = MEM_FIELDS.get(key.strip())
+                    if col:
+                        row[col] = to_num(value.strip()) / 1024
+                return True
+        if "..." in body:
+            m = _MINMAX.match(body)
+            if m:
+                self.records.append({"table": "timers", "source": self.source, "line": lineno, "kind": "megatron",
+                                     "rank": rank, "step": self._last_step, "name": m.group("name").strip(),
+                                     "time_min_s": float(m.group("min")) * 1e-3, "time_max_s": float(m.group("max")) * 1e-3})
+                return True
+            m = _ARG.match(body)
+            if m:
+                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "argument",
+                                     "kind": "megatron", "key": f"megatron.{m.group('key')}", "value": m.group("value").strip()})
+                return True
+        for rx in _NOISE:
+            if rx.match(body):
+                return True
+        return False
+
+    def finish(self) -> None:
+        self.records.extend(self._steps.values())
+        self._steps = {}
+
+
+def parse_megatron(text, *, source: str) -> ParseResult:
+    """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron")

@@ -1,0 +1,271 @@
+"""NCCL_DEBUG=INFO/WARN output (NCCL 2.10 -> 2.28), plus nccl-tests headers and result rows.
+
+Records: ``env`` (nccl_version, cuda_driver_version, network, bootstrap, NCCL_* settings,
+nccl-tests devices), ``comm_topology`` (comm_init, init_complete, channels, ring, tree, nvls,
+thread_thresholds, p2p_chunksize, topo_node / topo_system from GRAPH dumps, and one
+``transport`` row per distinct edge: comm-less key (host, pid, rank, peer, direction,
+transport) with ``num_channels``), ``collectives`` (TUNING selections and COLL calls,
+aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
+(WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
+Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
+Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
+from ingest.parsers.failures import FailureScanner
+
+_HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
+_HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
+
+_EDGE = re.compile(
+    r"(?P<kind>Channel|CollNet) (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)(?:\[(?P<src_id>[0-9a-fA-F]+)\])?"
+    r"(?: -> (?P<dst>\d+)(?:\[(?P<dst_id>[0-9a-fA-F]+)\])?)?(?: \[(?P<dir>send|receive)\])? via (?P<transport>.+)$"
+)
+
+I, S, F = int, str, float
+# Pattern table for the message after "NCCL INFO ". First word -> candidate rules (fast dispatch).
+_RULES = {
+    "NCCL": (rule("nccl_version", r"NCCL version (?P<value>\S+)", "env", Col("value", "value", S), key="nccl_version"),),
+    "cudaDriverVersion": (rule("cuda_driver_version", r"cudaDriverVersion (?P<value>\d+)", "env", Col("value", "value", S),
+                               key="cuda_driver_version"),),
+    "Bootstrap": (rule("bootstrap", r"Bootstrap : Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_bootstrap"),),
+    "Using": (rule("network", r"Using network (?P<value>.+)", "env", Col("value", "value", S), key="nccl_network"),
+              rule("nccl_using", r"Using .*", None)),
+    "NET/Plugin": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
+    "NET/IB": (rule("net_ib", r"NET/IB ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),),
+    "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),),
+    "comm": (
+        rule("comm_init", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
+             r"localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)(?: MNNVL (?P<mnnvl>\d+))?", "comm_topology",
+             Col("comm", "comm", S), Col("rank", "rank", I), Col("nranks", "num_ranks", I), Col("nnodes", "num_nodes", I),
+             Col("lranks", "num_local_ranks", I), Col("lrank", "local_rank", I), Col("mnnvl", "mnnvl", I)),
+        rule("init_complete", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cdev>\d+)"
+             r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-fA-F]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
+             r"(?: localSize \d+)? - Init COMPLETE", "comm_topology",
+             Col("comm", "comm", S), Col("rank", "rank", I), Col("nranks", "num_ranks", I), Col("cdev", "cuda_dev", I),
+             Col("nvml", "nvml_dev", I), Col("bus", "bus_id", S), Col("commid", "comm_id", S)),
+        rule("abort_complete", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cdev>\d+)"
+             r"(?: busId (?P<bus>[0-9a-fA-F]+))? - (?P<detail>(?:Abort|Destroy) COMPLETE)", "events",
+             Col("comm", "comm", S), Col("rank", "rank", I), Col("cdev", "cuda_dev", I), Col("detail", "detail", S)),
+        rule("comm_other", r"comm 0x[0-9a-f]+ .*", None),
+    ),
+    "Trees": (rule("tree", r"Trees (?P<trees>.+)", "comm_topology", Col("trees", "trees", S)),),
+    "NVLS": (rule("nvls", r"NVLS comm (?P<comm>0x[0-9a-f]+) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d+) buffSize (?P<buff>\d+)"
+                  r"(?: memSize (?P<mem>\d+))?(?: nvlsPerRankSize (?P<per>\d+))?(?: nvlsTotalSize (?P<tot>\d+))?", "comm_topology",
+                  Col("comm", "comm", S), Col("head", "nvls_head_rank", I), Col("nheads", "nvls_num_heads", I),
+                  Col("buff", "nvls_buff_size_b", I), Col("mem", "nvls_mem_size_b", I), Col("per", "nvls_per_rank_size_b", I),
+                  Col("tot", "nvls_total_size_b", I)),
+             rule("nvls_other", r"NVLS .*", None)),
+    "threadThresholds": (rule("thread_thresholds", r"threadThresholds (?P<t>.+)", "comm_topology", Col("t", "thread_thresholds", S)),),
+    "P2P": (rule("p2p_chunksize", r"P2P Chunksize set to (?P<n>\d+)", "comm_topology", Col("n", "p2p_chunk_size_b", I)),
+            rule("p2p_other", r"P2P .*", None)),
+    "Connected": (rule("connected", r"Connected (?:all rings|all trees|NVLS tree|binomial trees|collnet)", None),),
+    "===": (rule("topo_system", r"=== System : maxBw (?P<max>[\d.]+) totalBw (?P<tot>[\d.]+) ===", "comm_topology",
+                 Col("max", "topo_max_bw_gbps", F), Col("tot", "topo_total_bw_gbps", F)),),
+    "+": (rule("topo_node", r"\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - (?P<ntype>[A-Z]+)/(?P<nid>[0-9A-Fa-f\-]+)(?: \((?P<info>[^)]*)\))?$",
+               "comm_topology", Col("link", "topo_link", S), Col("bw", "topo_link_bw_gbps", F), Col("ntype", "topo_node_type", S),
+               Col("nid", "topo_node_id", S), Col("info", "topo_node_info", S)),),
+    "CPU/": (rule("topo_cpu", r"CPU/(?P<nid>\w+) \((?P<info>[^)]*)\)$", "comm_topology", Col("nid", "topo_node_id", S),
+                  Col("info", "topo_node_info", S), topo_node_type="CPU"),),
+    "tuning": (rule("tuning", r"(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+) "
+                    r"(?:time|channels) (?P<t>[\d.]+)", "collectives", Col("func", "func", S), Col("bytes", "size_b", I),
+                    Col("algo", "algo", I), Col("proto", "proto", I)),),
+    "unwind": (rule("error_unwind", r"(?P<file>[\w./\-]+\.(?:cc|cpp|h|c)):(?P<ln>\d+) -> (?P<code>\d+)(?: \((?P<detail>.*)\))?$",
+                    "events", Col("file", "loc_file", S), Col("ln", "loc_line", I), Col("code", "nccl_result", I)),),
+    "env": (rule("nccl_setting", r"(?P<key>NCCL_\w+) set by environment to (?P<value>.*)", "env",
+                 Col("key", "key", S), Col("value", "value", S)),),
+}
+_COLL = re.compile(
+    r"(?P<func>[A-Za-z]+): opCount (?P<op>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) datatype (?P<dt>\d+) "
+    r"op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])?"
+)
+_TEST_ROW = re.compile(
+    r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+(?P<t>[\d.]+)\s+(?P<alg>[\d.]+)\s+"
+    r"(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$"
+)
+_TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
+_RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$")
+
+
+class NcclParser(LineParser):
+    kind = "nccl"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._edges: dict[tuple, dict] = {}
+        self._colls: dict[tuple, dict] = {}
+        self._seen_env: set[tuple] = set()
+
+    def _header(self, rec: dict, h: re.Match) -> dict:
+        rec["host"], rec["pid"], rec["cuda_dev"] = h.group("host"), int(h.group("pid")), rec.get("cuda_dev", int(h.group("dev")))
+        return rec
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        idx = body.find(" NCCL ")
+        if idx < 0:
+            return self._other(lineno, body)
+        head, msg = body[:idx], body[idx + 6:]
+        h = _HEADER.match(head)
+        if h is None:
+            h = _HEADER_SEARCH.search(head)  # text glued before the NCCL prefix (tqdm bar, another line)
+            if h is None:
+                return False
+        level, _, msg = msg.partition(" ")
+        if level == "WARN":
+            loc = h.group("loc") or ""
+            file, _, ln = loc.rpartition(":")
+            self.records.append({"table": "events", "source": self.source, "line": lineno, "event": "nccl_warn",
+                                 "rank": rank, "time": ts or h.group("ts") if "ts" in h.re.groupindex else ts,
+                                 "host": h.group("host"), "pid": int(h.group("pid")), "cuda_dev": int(h.group("dev")),
+                                 "loc_file": file or None, "loc_line": int(ln) if ln else None, "detail": msg.strip()[:500]})
+            return True
+        if level != "INFO" and level != "TRACE":
+            return False
+        stripped = msg.lstrip()
+        if stripped.startswith("Channel ") or stripped.startswith("CollNet "):
+            m = _EDGE.match(stripped)
+            if m:
+                key = (h.group("host"), h.group("pid"), m.group("src"), m.group("dst"), m.group("dir"), m.group("transport"))
+                e = self._edges.get(key)
+                if e is None:
+                    self._edges[key] = {
+                        "table": "comm_topology", "source": self.source, "line": lineno, "record": "transport",
+                        "host": key[0], "pid": int(key[1]), "cuda_dev": int(h.group("dev")), "rank": int(key[2]),
+                        "peer": int(key[3]) if key[3] else None, "rank_id": m.group("src_id"), "peer_id": m.group("dst_id"),
+                        "direction": m.group("dir"), "transport": key[5],
+                        "transport_kind": _transport_kind(key[5]), "via_collnet": m.group("kind") == "CollNet",
+                        "num_channels": 1, "channels": m.group("channel")}
+                else:
+                    e["num_channels"] += 1
+                    e["channels"] += "," + m.group("channel")
+                return True
+            m = _RING.match(stripped)
+            if m:
+                self.records.append(self._header({
+                    "table": "comm_topology", "source": self.source, "line": lineno, "record": "ring",
+                    "channel": int(m.group("channel")), "num_channels": int(m.group("num")),
+                    "ring": " ".join(m.group("ring").split())}, h))
+                return True
+            return False
+        word = stripped.split(" ", 1)[0]
+        rules = _RULES.get(word)
+        if rules is None:
+            if word.endswith(":") and " Bytes -> Algo " in stripped or stripped[:1].isdigit() and " Bytes -> " in stripped:
+                rules = _RULES["tuning"]
+            elif word.endswith(":") and " opCount " in stripped:
+                return self._coll(lineno, stripped, h)
+            elif " -> " in stripped and ".c" in word:
+                rules = _RULES["unwind"]
+            elif " set by environment to " in stripped:
+                rules = _RULES["env"]
+            elif word.startswith("CPU/"):
+                rules = _RULES["CPU/"]
+            elif word.startswith("NET/"):
+                rules = _RULES.get(word.rstrip(":").rsplit("/", 0)[0]) or ()
+            elif stripped[:1].isdigit() and " coll channels, " in stripped:
+                return self._channels(lineno, stripped, h)
+            else:
+                return False
+        for r in rules:
+            m = r.regex.match(stripped)
+            if m:
+                rec = apply_rule(r, m, source=self.source, lineno=lineno)
+                if rec is None:
+                    return True
+                if rec["table"] == "events":
+                    rec["event"] = rec.pop("record")
+                    rec.update(rank=rec.get("rank", rank), time=ts, detail=rec.get("detail") or stripped[:500])
+                if r.name == "tuning":
+                    return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo"], rec["proto"]), rec)
+                if rec["table"] == "env":
+                    k = (rec["key"], rec["value"])
+                    if k in self._seen_env:
+                        return True
+                    self._seen_env.add(k)
+                    rec["kind"] = "nccl"
+                elif rec["table"] != "events":
+                    self._header(rec, h)
+                self.records.append(rec)
+                return True
+        return False
+
+    def _agg(self, key: tuple, rec: dict) -> bool:
+        have = self._colls.get(key)
+        if have is None:
+            rec["num_calls"] = 1
+            self._colls[key] = rec
+        else:
+            have["num_calls"] += 1
+        return True
+
+    def _coll(self, lineno: int, msg: str, h: re.Match) -> bool:
+        m = _COLL.match(msg)
+        if not m:
+            return False
+        g = m.groupdict()
+        key = ("coll", h.group("host"), h.group("pid"), g["comm"], g["func"], g["count"], g["dt"], g["redop"], g["root"])
+        rec = {"table": "collectives", "source": self.source, "line": lineno, "record": "coll", "host": h.group("host"),
+               "pid": int(h.group("pid")), "cuda_dev": int(h.group("dev")), "comm": g["comm"], "func": g["func"],
+               "count": int(g["count"]), "datatype": int(g["dt"]), "redop": int(g["redop"]), "root": int(g["root"]),
+               "num_ranks": int(g["nranks"]) if g["nranks"] else None, "first_op_count": int(g["op"], 16)}
+        return self._agg(key, rec)
+
+    def _channels(self, lineno: int, msg: str, h: re.Match) -> bool:
+        nums = dict((name, int(n)) for n, name in re.findall(r"(\d+) (coll|collnet|nvls|p2p) channels(?=,|$)", msg))
+        per_peer = re.search(r"(\d+) p2p channels per peer", msg)
+        self.records.append(self._header({
+            "table": "comm_topology", "source": self.source, "line": lineno, "record": "channels",
+            "num_coll_channels": nums.get("coll"), "num_collnet_channels": nums.get("collnet"),
+            "num_nvls_channels": nums.get("nvls"), "num_p2p_channels": nums.get("p2p"),
+            "num_p2p_channels_per_peer": int(per_peer.group(1)) if per_peer else None}, h))
+        return True
+
+    def _other(self, lineno: int, body: str) -> bool:
+        """Lines without the NCCL prefix: a bare version banner, nccl-tests header and rows."""
+        if body.startswith("NCCL version "):
+            v = body.split()[2]
+            if ("nccl_version", v) not in self._seen_env:
+                self._seen_env.add(("nccl_version", v))
+                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nccl_version",
+                                     "kind": "nccl", "key": "nccl_version", "value": v})
+            return True
+        if body[0] == "#":
+            m = _TEST_RANK.match(body)
+            if m:
+                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nccl_tests_device",
+                                     "kind": "nccl", "key": f"gpu.rank{m.group('rank')}",
+                                     "value": f"{m.group('name')} [{m.group('bus')}] on {m.group('host')} device {m.group('dev')}"})
+            return True  # nccl-tests comments and table headers
+        m = _TEST_ROW.match(body)
+        if m:
+            g = m.groupdict()
+            self.records.append({"table": "collectives", "source": self.source, "line": lineno, "record": "nccl_tests",
+                                 "size_b": int(g["size"]), "count": int(g["count"]), "dtype": g["type"], "redop": g["redop"],
+                                 "root": int(g["root"]), "time_us": float(g["t"]), "alg_bw_gbps": float(g["alg"]),
+                                 "bus_bw_gbps": float(g["bus"]), "time_in_place_us": float(g["t2"]),
+                                 "alg_bw_in_place_gbps": float(g["alg2"]), "bus_bw_in_place_gbps": float(g["bus2"])})
+            return True
+        return False
+
+    def finish(self) -> None:
+        self.records.extend(self._edges.values())
+        self.records.extend(self._colls.values())
+        self._edges, self._colls = {}, {}
+
+
+def _transport_kind(transport: str) -> str:
+    """'P2P/CUMEM/read' -> 'P2P/CUMEM'; 'NET/IB/0/GDRDMA' -> 'NET/IB'; 'SHM/direct/direct' -> 'SHM'."""
+    parts = transport.split("/")
+    head = parts[0].upper()
+    if head in ("P2P", "NET", "COLLNET") and len(parts) > 1:
+        sub = parts[1].split(" ")[0]
+        return f"{parts[0]}/{sub}"
+    return parts[0].split(" ")[0]
+
+
+def parse_nccl(text, *, source: str) -> ParseResult:
+    """Parse NCCL_DEBUG output (see module doc for records). Pure; never raises on content."""
+    return run_parsers(text, [NcclParser(source), FailureScanner(source)], kind="nccl")

@@ -1,0 +1,109 @@
+"""``nvidia-smi topo -m`` matrices and ``nvidia-smi -q`` reports.
+
+topo: ``comm_topology`` rows ``record=smi_link`` (device, peer, link: X/NV#/PIX/PXB/PHB/NODE/
+SYS/SOC) for every cell of the matrix (tabs or spaces, NIC columns old ``mlx5_N`` or new
+``NICn``, missing affinity columns); ``env`` rows for CPU/NUMA affinity and the NIC legend.
+-q: ``env`` rows ``nvsmi.<section>.<key>`` from the indented ``Key : value`` tree.
+Deliberately not here: ``topo -p2p`` tables and the XML variant (counted unparsed).
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import LineParser, ParseResult, run_parsers
+from ingest.parsers.failures import FailureScanner
+
+_MULTI = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"), ("GPU NUMA ID", "GPU_NUMA_ID"))
+_LINK = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|N/A$")
+_ROW = re.compile(r"(?P<dev>(?:GPU|NIC)\d+|mlx\d_\w+)\s+(?P<rest>.*)$")
+_LEGEND_NIC = re.compile(r"(?P<nic>NIC\d+): (?P<name>\S+)$")
+_LEGEND = re.compile(r"(?:Legend:|NIC Legend:|X\s+= Self|(?:SYS|NODE|PHB|PXB|PIX|NV#|SOC)\s+= .*)$")
+
+
+class TopoParser(LineParser):
+    kind = "nvidia_smi_topo"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._cols: list[str] | None = None
+
+    def _env(self, lineno, key, value, record):
+        self.records.append({"table": "env", "source": self.source, "line": lineno, "record": record,
+                             "kind": "nvidia_smi_topo", "key": key, "value": value})
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        if body.endswith("nvidia-smi topo -m"):
+            return True
+        if body.startswith("GPU0") and ("GPU1" in body or "Affinity" in body) and not _LINK.match(body.split()[1]):
+            for a, b in _MULTI:
+                body = body.replace(a, b)
+            self._cols = body.split()
+            return True
+        m = _ROW.match(body)
+        if m and self._cols:
+            cells = m.group("rest").split()
+            dev = m.group("dev")
+            if not cells or not _LINK.match(cells[0]):
+                return False
+            for col, cell in zip(self._cols, cells):
+                if col in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"):
+                    self._env(lineno, f"topo.{dev}.{col.lower()}", cell, "smi_affinity")
+                elif _LINK.match(cell):
+                    self.records.append({"table": "comm_topology", "source": self.source, "line": lineno,
+                                         "record": "smi_link", "device": dev, "peer": col, "link": cell})
+            return True
+        m = _LEGEND_NIC.match(body)
+        if m:
+            self._env(lineno, f"topo.{m.group('nic')}", m.group("name"), "smi_nic")
+            return True
+        return bool(_LEGEND.match(body))
+
+
+_Q = re.compile(r"(?P<indent> *)(?P<key>[^:]+?)\s*(?::\s?(?P<value>.*))?$")
+
+
+class SmiQParser(LineParser):
+    kind = "nvidia_smi_q"
+
+    def __init__(self, source: str, indents: dict[int, int] | None = None) -> None:
+        super().__init__(source)
+        self._indents = indents or {}  # lineno -> leading spaces (the normaliser strips them)
+        self._section_indent = -1
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        indent = self._indents.get(lineno, 0)
+        if getattr(self, "_section", None) and indent <= self._section_indent:
+            self._section = None
+        if re.fullmatch(r"=+NVSMI LOG=+", body):
+            return True
+        m = re.match(r"GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)$", body)
+        if m:
+            self._gpu = m.group("bus")
+            self._section = None
+            return True
+        if " : " in body or body.endswith(" :"):
+            key, _, value = body.partition(" :")
+            key, value = key.strip(), value.strip()
+            section = getattr(self, "_section", None)
+            gpu = getattr(self, "_gpu", None)
+            full = ".".join(x for x in ("nvsmi", gpu and f"gpu[{gpu}]", section, key) if x)
+            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
+                                 "kind": "nvidia_smi_q", "key": full, "value": value})
+            return True
+        if re.fullmatch(r"[A-Z][\w /()\-]*", body):
+            self._section, self._section_indent = body, indent
+            return True
+        return False
+
+
+def parse_nvidia_smi_topo(text, *, source: str) -> ParseResult:
+    """Parse ``nvidia-smi topo -m`` output (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [TopoParser(source), FailureScanner(source)], kind="nvidia_smi_topo")
+
+
+def parse_nvidia_smi_q(text, *, source: str) -> ParseResult:
+    """Parse ``nvidia-smi -q`` output (see module doc). Pure; never raises on content."""
+    indents = {}
+    if isinstance(text, str):
+        indents = {i: len(line) - len(line.lstrip(" ")) for i, line in enumerate(text.split("\n"), start=1)}
+    return run_parsers(text, [SmiQParser(source, indents)], kind="nvidia_smi_q")

@@ -1,0 +1,84 @@
+"""torchtitan metric lines: ``[titan] ts - root - INFO - step: N  loss: X  [grad_norm: G]
+memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%`` (with/without rank
+prefix, thousands separators, colour codes — stripped by the normaliser; 2024 ``wps:``).
+
+Records: ``steps`` (tokens_per_s_per_gpu: torchtitan's tps is per device; memory is the
+allocator's max reserved), ``events`` (GC pauses, profiler dumps). Deliberately not here:
+our own MFU (report computes it; ``framework_mfu`` is kept for cross-checking only).
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
+from ingest.parsers.failures import FailureScanner
+
+_LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
+_KV = re.compile(r"(?P<key>[a-z_]+):\s+(?P<value>\S+)")
+_MEMORY = re.compile(r"(?P<gib>[\d.]+)GiB\((?P<pct>[\d.]+)%\)")
+
+# Pattern table: key -> (column, type, unit scale).
+STEP_FIELDS = {
+    "step": ("step", to_int, 1),
+    "loss": ("loss", to_num, 1),
+    "grad_norm": ("grad_norm", to_num, 1),
+    "tps": ("tokens_per_s_per_gpu", to_num, 1),
+    "wps": ("tokens_per_s_per_gpu", to_num, 1),
+    "tflops": ("framework_tflops_per_gpu", to_num, 1),
+    "mfu": ("framework_mfu", lambda v: to_num(v.rstrip("%")), 0.01),
+}
+_EVENTS = (
+    ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
+    ("profiler_dump", re.compile(r"Dumping profiler traces at step (?P<step>\d+)")),
+    ("profiler_dump_done", re.compile(r"Finished dumping profiler traces in (?P<s>[\d.]+) seconds")),
+)
+
+
+class TorchtitanParser(LineParser):
+    kind = "torchtitan"
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        m = _LINE.match(body)
+        if m is None:
+            return False
+        msg = m.group("msg")
+        if msg.startswith("step:"):
+            row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
+                   "time": m.group("ts")}
+            for kv in _KV.finditer(msg):
+                key, value = kv.group("key"), kv.group("value")
+                if key == "memory":
+                    mm = _MEMORY.match(value)
+                    if mm:
+                        row["mem_max_reserved_gib"] = float(mm.group("gib"))
+                        row["mem_max_reserved_pct"] = float(mm.group("pct"))
+                    continue
+                spec = STEP_FIELDS.get(key)
+                if spec is None:
+                    continue
+                col, typ, scale = spec
+                try:
+                    v = typ(value)
+                except ValueError:
+                    continue
+                row[col] = v * scale if scale != 1 else v
+            if "step" not in row:
+                return False
+            row.setdefault("loss", None)
+            self.records.append(row)
+            return True
+        for name, rx in _EVENTS:
+            e = rx.search(msg)
+            if e:
+                g = e.groupdict()
+                self.records.append({"table": "events", "source": self.source, "line": lineno, "event": name,
+                                     "rank": rank, "time": m.group("ts"), "detail": msg[:500],
+                                     "duration_s": float(g["s"]) if g.get("s") else None,
+                                     "step": int(g["step"]) if g.get("step") else None})
+                return True
+        return False
+
+
+def parse_torchtitan(text, *, source: str) -> ParseResult:
+    """Parse a torchtitan log (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan")

@@ -1,0 +1,106 @@
+"""nvidia-smi topo -m / -q and collect_env parsers on the real fixtures."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingest.parsers.collect_env import parse_collect_env
+from ingest.parsers.nvidia_smi import parse_nvidia_smi_q, parse_nvidia_smi_topo
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+
+
+def read(name):
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def env(result):
+    return {r["key"]: r["value"] for r in result.records if r["table"] == "env"}
+
+
+def links(result):
+    return {(r["device"], r["peer"]): r["link"] for r in result.records if r.get("record") == "smi_link"}
+
+
+def test_topo_dgx2_mlx5_columns_no_numa():
+    r = parse_nvidia_smi_topo(read("40_topo_dgx2_nv6_16gpu_mlx5_no_numa.txt"), source="t")
+    lk = links(r)
+    assert len(lk) == 4 * 26
+    assert (lk[("GPU0", "GPU0")], lk[("GPU0", "GPU15")], lk[("GPU2", "mlx5_1")], lk[("GPU3", "mlx5_9")]) == ("X", "NV6", "PIX", "SYS")
+    assert env(r) == {f"topo.GPU{i}.cpu_affinity": "0-23,48-71" for i in range(4)}
+
+
+def test_topo_2017_mlx4_trailing_whitespace_and_prompt():
+    r = parse_nvidia_smi_topo(read("41_topo_2017_mlx4_trailing_whitespace.txt"), source="t")
+    lk = links(r)
+    assert (lk[("GPU0", "GPU1")], lk[("GPU0", "GPU2")], lk[("GPU4", "GPU0")], lk[("GPU4", "mlx4_0")]) == ("PIX", "PHB", "SYS", "SYS")
+    assert env(r)["topo.GPU4.cpu_affinity"] == "10-19,30-39"
+    assert r.unparsed == 0
+
+
+def test_topo_mangled_nic_legend():
+    r = parse_nvidia_smi_topo(read("43_topo_nic_legend_mangled_42nics.txt"), source="t")
+    e = env(r)
+    assert len(e) == 40 and e["topo.NIC2"] == "mlx5_2" and e["topo.NIC41"] == "mlx5_bond_8"
+    assert r.unparsed_lines == (1, 2, 44)  # the overwritten NIC0/NIC1 rows and "ulimit soft"
+
+
+def test_topo_modern_nic_rows_and_numa_columns():
+    text = "\n".join([
+        "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID",
+        "GPU0\t X \tNV18\tPXB\t0-55,112-167\t0\t\tN/A",
+        "GPU1\tNV18\t X \tSYS\t56-111\t1\t\tN/A",
+        "NIC0\tPXB\tSYS\t X ",
+        "",
+        "Legend:",
+        "  X    = Self",
+        "  NV#  = Connection traversing a bonded set of # NVLinks",
+        "NIC Legend:",
+        "  NIC0: mlx5_0",
+    ])
+    r = parse_nvidia_smi_topo(text, source="t")
+    lk = links(r)
+    assert (lk[("GPU0", "GPU1")], lk[("GPU0", "NIC0")], lk[("NIC0", "GPU1")]) == ("NV18", "PXB", "SYS")
+    e = env(r)
+    assert (e["topo.GPU1.numa_affinity"], e["topo.GPU0.gpu_numa_id"], e["topo.NIC0"]) == ("1", "N/A", "mlx5_0")
+    assert r.unparsed == 0
+
+
+def test_nvsmi_q_nested_sections():
+    r = parse_nvidia_smi_q(read("45_nvsmi_q_2020_driver450_mig_field.txt"), source="q")
+    e = env(r)
+    gpu = "nvsmi.gpu[00000000:41:00.0]"
+    assert e["nvsmi.Driver Version"] == "450.51.06"
+    assert e[f"{gpu}.Product Name"] == "TITAN Xp"
+    assert e[f"{gpu}.MIG Mode.Current"] == "N/A"
+    assert e[f"{gpu}.Accounting Mode"] == "Disabled"  # back at GPU level after the MIG section
+    assert e[f"{gpu}.Inforom Version.Image Version"] == "G001.0000.01.04"
+    assert r.unparsed == 0
+
+
+def test_collect_env_2020_inline_gpu():
+    e = env(parse_collect_env(read("47_collect_env_2020_torch1.7.txt"), source="c"))
+    assert (e["torch_version"], e["cuda_build_version"], e["gpu_models"], e["driver_version"], e["python_version"]) == \
+        ("1.7.0+cu101", "10.1", "GPU 0: Tesla T4", "418.67", "3.6 (64-bit runtime)")
+
+
+def test_collect_env_2025_multi_gpu_and_cudnn_list():
+    e = env(parse_collect_env(read("48_collect_env_2025_torch2.7_8xh100.txt"), source="c"))
+    assert e["torch_version"] == "2.7.0+cu126"
+    assert e["gpu_models"].split("; ")[7] == "GPU 7: NVIDIA H100 80GB HBM3"
+    assert e["cudnn_version"].startswith("/usr/lib/x86_64-linux-gnu/libcudnn.so.9.8.0; ")
+    assert e["driver_version"] == "550.127.05"
+
+
+def test_collect_env_vllm_sectioned():
+    r = parse_collect_env(read("50_collect_env_vllm_sectioned_2025.txt"), source="c")
+    e = env(r)
+    assert (e["os"], e["torch_version"], e["cuda_runtime_version"], e["driver_version"]) == \
+        ("CentOS Linux 7 (Core) (x86_64)", "2.6.0+cu124", "12.4.99", "550.107.02")
+    assert e["gpu_models"].count("RTX 3090") == 4
+    assert r.unparsed_lines == (1,)
+
+
+def test_collect_env_packages():
+    e = env(parse_collect_env("Versions of relevant libraries:\n[pip3] nvidia-nccl-cu12==2.21.5\n[conda] numpy 1.26.4 py_0\n"
+                              "NCCL version: 2.20.5\n", source="c"))
+    assert e == {"pip3.nvidia-nccl-cu12": "2.21.5", "conda.numpy": "numpy 1.26.4 py_0", "nccl_version": "2.20.5"}

@@ -1,0 +1,93 @@
+"""Failure reports (torchrun, NCCL watchdog, CUDA OOM) as events."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingest.parsers.failures import parse_failures
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+
+
+def events(name):
+    r = parse_failures((FIXTURES / name).read_text(encoding="utf-8"), source=name)
+    return r, [x for x in r.records if x["table"] == "events"]
+
+
+def pick(rec, *keys):
+    return tuple(rec.get(k) for k in keys)
+
+
+def test_childfailed_multi_failures_and_root_cause_truncated():
+    r, ev = events("51_torchrun_childfailed_multi_failures_sigabrt.txt")
+    assert [pick(e, "event", "rank", "local_rank", "exitcode", "pid", "signal", "root_cause", "script") for e in ev] == [
+        ("child_failed", 1, 1, -6, 2385923, "SIGABRT", False, "tools/train.py"),
+        ("child_failed", 2, 2, -6, 2385924, "SIGABRT", False, "tools/train.py"),
+        ("child_failed", 0, 0, -6, 2385922, None, True, "tools/train.py"),  # block ends before its traceback line
+    ]
+    assert ev[0]["time"] == "2023-06-14_22:36:10" and r.unparsed == 0
+
+
+def test_childfailed_sigkill_py311_carets():
+    r, (e,) = events("53_torchrun_childfailed_sigkill_py311_carets.txt")
+    assert pick(e, "rank", "exitcode", "signal", "root_cause", "detail") == \
+        (0, -9, "SIGKILL", True, "Signal 9 (SIGKILL) received by PID 14750")
+    assert r.unparsed == 0
+
+
+def test_watchdog_2022_legacy():
+    _, ev = events("54_watchdog_2022_legacy_no_numel.txt")
+    assert [e["rank"] for e in ev] == [1, 3, 2, 6, 7]
+    assert pick(ev[0], "event", "seq_num", "op_type", "timeout_s", "ran_for_s", "numel_in", "time", "loc") == \
+        ("nccl_timeout", 469508, "ALLREDUCE", 1800.0, 1802.212, None, None, "ProcessGroupNCCL.cpp:737")
+
+
+def test_watchdog_2025_double_prefix_numel_and_work_counters():
+    _, ev = events("56_watchdog_2025_lineno_and_rank_prefix.txt")
+    assert [pick(e, "event", "rank") for e in ev] == [("nccl_timeout", 0), ("nccl_timeout", 4),
+                                                      ("watchdog_exception", 0), ("watchdog_exception", 3)]
+    assert pick(ev[0], "seq_num", "numel_in", "numel_out", "timeout_s", "ran_for_s", "time") == \
+        (1580, 466119168, 466119168, 600.0, 600.06, "321 02:07:08.408271257")
+    assert pick(ev[2], "pg_id", "seq_num", "last_enqueued_seq", "last_completed_seq") == (1, 1580, 1582, 1579)
+
+
+def test_fr_dump_trigger_torchx_prefix():
+    r, ev = events("58_watchdog_fr_dump_trigger_torchx_glog_prefix.txt")
+    assert [pick(e, "event", "rank", "pg_id", "time") for e in ev] == [("fr_dump", 0, 0, "0927 12:07:22.643702")]
+    env = [x for x in r.records if x["table"] == "env"]
+    assert [(x["key"], x["value"]) for x in env] == [("NCCL_PROFILER_PLUGIN", "/data/users/user/src/scripts/plugin/libnccl_profiler_plugin.so")]
+    assert r.unparsed_lines == (3,)
+
+
+def test_oom_torch20_style():
+    r, (e,) = events("60_oom_msg_torch2.0_style_then_app_output.txt")
+    assert pick(e, "event", "gpu", "mem_tried_gib", "mem_total_gib", "mem_free_gib", "mem_reserved_gib") == \
+        ("cuda_oom", 0, 1.69, 14.56, 1.31, 1.01)
+    assert e["mem_allocated_gib"] == pytest.approx(649.97 / 1024)
+    assert r.unparsed_lines == (2,)
+
+
+def test_oom_torch22_expandable_segments():
+    _, (e,) = events("62_oom_msg_torch2.2plus_expandable_segments.txt")
+    assert pick(e, "gpu", "mem_total_gib", "mem_in_use_gib", "mem_allocated_gib", "hint") == \
+        (0, 23.65, 23.6, 22.9, "expandable_segments")
+    assert e["mem_tried_gib"] == pytest.approx(22 / 1024)
+    assert e["mem_free_gib"] == pytest.approx(11.06 / 1024)
+
+
+def test_pg_guid_generation_and_agent_lines_with_rank_prefix():
+    text = "\n".join([
+        "[rank1]:[E1105 10:00:00.000000000 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) Rank 1] Process group "
+        "watchdog thread terminated with exception: [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=7, OpType=_ALLGATHER_BASE, NumelIn=16, NumelOut=32, Timeout(ms)=60000) ran for 60001 milliseconds before timing out.",
+        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f in /lib/libc10.so)",
+        "W0726 10:59:50.786825 139 torch/distributed/elastic/multiprocessing/api.py:858] Sending process 1322 closing signal SIGTERM",
+        "E0726 10:59:51.000000 139 torch/distributed/elastic/multiprocessing/api.py:826] failed (exitcode: -9) local_rank: 0 (pid: 1322) of binary: /usr/bin/python",
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.00 GiB is free.",
+    ])
+    r = parse_failures(text, source="s")
+    ev = [x for x in r.records if x["table"] == "events"]
+    assert [pick(e, "event", "rank") for e in ev] == [("nccl_timeout", 1), ("closing_signal", None), ("agent_failed", None), ("cuda_oom", 0)]
+    assert pick(ev[0], "pg_id", "seq_num", "op_type", "numel_out", "timeout_s") == (0, 7, "_ALLGATHER_BASE", 32, 60.0)
+    assert r.unparsed == 0

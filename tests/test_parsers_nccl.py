@@ -1,0 +1,142 @@
+"""NCCL parser on the real fixtures: exact records of interest."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingest.parsers.nccl import parse_nccl
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+
+
+def parse(name):
+    return parse_nccl((FIXTURES / name).read_text(encoding="utf-8"), source=name)
+
+
+def of(result, record):
+    return [r for r in result.records if r.get("record") == record or r.get("event") == record]
+
+
+def transports(result):
+    return sorted({(r["transport"], r["transport_kind"], r["direction"]) for r in of(result, "transport")})
+
+
+def test_old_format_busid_brackets_direct_pointer_and_ib():
+    r = parse("01_nccl_oldfmt_busid_ib_2node.txt")
+    assert transports(r) == [("NET/IB/0/GDRDMA", "NET/IB", "receive"), ("NET/IB/0/GDRDMA", "NET/IB", "send"),
+                             ("P2P/direct pointer/read", "P2P/direct", None)]
+    edge = next(e for e in of(r, "transport") if (e["rank"], e["peer"]) == (8, 15))
+    assert (edge["rank_id"], edge["peer_id"], edge["num_channels"], edge["channels"], edge["host"]) == \
+        ("20000", "cf000", 2, "00,01", "nodeb")
+    assert of(r, "thread_thresholds")[0]["thread_thresholds"] == "8/8/64 | 128/8/64 | 8/8/512"
+
+
+def test_p2p_ipc_channel_slash_conn():
+    r = parse("02_nccl_busid_p2p_ipc_read_container.txt")
+    assert transports(r) == [("P2P/IPC/read", "P2P/IPC", None)]
+    edge = next(e for e in of(r, "transport") if (e["rank"], e["peer"]) == (4, 3))
+    assert (edge["channels"], edge["host"], edge["rank_id"]) == ("14,15,16", "0123456789ab", "901c0")
+
+
+def test_comm_init_rings_trees():
+    r = parse("04_nccl_ib_2node_rings_trees_mnnvl.txt")
+    first = of(r, "comm_init")[0]
+    assert {k: first[k] for k in ("comm", "rank", "num_ranks", "num_nodes", "num_local_ranks", "local_rank", "mnnvl")} == \
+        {"comm": "0x8ec0ac0", "rank": 6, "num_ranks": 16, "num_nodes": 2, "num_local_ranks": 8, "local_rank": 6, "mnnvl": 0}
+    rings = of(r, "ring")
+    assert [(x["channel"], x["num_channels"]) for x in rings] == [(0, 8), (1, 8), (2, 8), (3, 8), (4, 8)]
+    assert rings[0]["ring"] == "0 5 4 7 6 3 2 1 8 13 12 15 14 11 10 9"
+    assert of(r, "tree")[0]["trees"].startswith("[0] 2/-1/-1->1->0 [1] -1/-1/-1->1->0")
+    assert of(r, "p2p_chunksize")[0]["p2p_chunk_size_b"] == 131072
+
+
+def test_nvls_channels_and_shm_without_conn():
+    r = parse("06_nccl_nvls_shm_h800_devremap.txt")
+    nvls = of(r, "nvls")[0]
+    assert (nvls["nvls_head_rank"], nvls["nvls_num_heads"], nvls["nvls_total_size_b"]) == (3, 4, 805306368)
+    ch = of(r, "channels")[0]
+    assert (ch["num_coll_channels"], ch["num_collnet_channels"], ch["num_nvls_channels"], ch["num_p2p_channels"],
+            ch["num_p2p_channels_per_peer"]) == (16, 0, 16, 16, 2)
+    edges = {(e["rank"], e["peer"], e["rank_id"], e["cuda_dev"]): e["num_channels"] for e in of(r, "transport")}
+    # the bracket is the device index and differs from the [cudaDev] prefix (device remap)
+    assert edges == {(2, 3, "6", 2): 9, (3, 2, "7", 3): 3}
+    assert transports(r) == [("SHM/direct/direct", "SHM", None)]
+    assert r.unparsed_lines == (11,)
+
+
+def test_cloudwatch_timestamps_and_cumem():
+    r = parse("08_nccl_cumem_read_cloudwatch_ts_lines.txt")
+    assert transports(r) == [("P2P/CUMEM/read", "P2P/CUMEM", None)]
+    assert sum(e["num_channels"] for e in of(r, "transport")) == 12
+    assert r.unparsed == 0
+
+
+def test_graph_dumps():
+    r = parse("10_nccl_topo_graph_dump_h100.txt")
+    nodes = [(x["topo_link"], x["topo_link_bw_gbps"], x["topo_node_type"], x["topo_node_id"], x.get("topo_node_info"))
+             for x in of(r, "topo_node")]
+    assert nodes[1] == ("PCI", 24.0, "GPU", "84000", "4")
+    assert nodes[2] == ("NVL", 370.8, "NVS", "0", None)
+    assert nodes[6] == ("NET", 25.0, "NET", "5", "5/0/25.000000")
+    r = parse("11_nccl_topo_v100_indented_paste.txt")
+    assert of(r, "topo_system")[0]["topo_total_bw_gbps"] == 132.0
+    assert [x["topo_link_bw_gbps"] for x in of(r, "topo_node") if x["topo_link"] == "NVL"] == [44.0, 44.0, 22.0, 22.0, 44.0]
+
+
+def test_nccl_tests_header_env_and_init_complete():
+    r = parse("12_nccl_tests_h20_cumem_ib_2node.txt")
+    env = {x["key"]: x["value"] for x in r.records if x["table"] == "env"}
+    assert env["cuda_driver_version"] == "12040"
+    assert env["nccl_bootstrap"] == "ibs1130f0:192.0.2.11<0>"
+    assert env["gpu.rank2"] == "NVIDIA H20-3e [0000:18:00] on host-b device 0"
+    assert env["nccl_net_plugin"].startswith("dlerror=libnccl-net.so")
+    done = of(r, "init_complete")
+    assert [(x["rank"], x["num_ranks"], x["cuda_dev"], x["bus_id"], x["comm_id"]) for x in done][0] == \
+        (1, 4, 1, "38000", "0xf021d9037f9243d8")
+    assert transports(r) == [("NET/IB/2/GDRDMA", "NET/IB", "receive"), ("NET/IB/2/GDRDMA", "NET/IB", "send"),
+                             ("NET/IB/3/GDRDMA", "NET/IB", "receive"), ("P2P/CUMEM", "P2P/CUMEM", None)]
+
+
+def test_unwind_abort_and_watchdog_with_glued_tqdm_and_truncation():
+    r = parse("14_nccl_socket_error_unwind_abort_watchdog.txt")
+    unwind = of(r, "error_unwind")
+    assert len(unwind) == 10
+    assert (unwind[0]["loc_file"], unwind[0]["loc_line"], unwind[0]["nccl_result"], unwind[0]["line"]) == \
+        ("misc/socket.cc", 829, 3, 1)  # glued behind a tqdm bar
+    abort = of(r, "abort_complete")[0]
+    assert (abort["rank"], abort["cuda_dev"], abort["detail"]) == (6, 2, "Abort COMPLETE")
+    term = of(r, "watchdog_terminated")[0]
+    assert (term["rank"], term["pg_id"], term["time"]) == (6, 1, "624 04:14:29.225547137")
+    assert term["detail"] == "[Rank 6] Watchdog caught co"  # truncated last line kept as is
+
+
+def test_synthetic_warn_tuning_coll_versions_and_plugins():
+    text = "\n".join([
+        "h:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+        "h:1:1 [0] NCCL INFO Using network IB",
+        "",
+        "h:1:1 [0] transport/net_ib.cc:818 NCCL WARN NET/IB : Got completion with error 4, opcode 8983, len 0, vendor err 81",
+        "",
+        "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 25.874907",
+        "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 26.0",
+        "h:1:1 [0] NCCL INFO Broadcast: opCount 0 sendbuff 0x7f recvbuff 0x7f count 240 datatype 0 op 0 root 0 comm 0x55 [nranks=1] stream 0x9",
+        "h:1:1 [0] NCCL INFO Broadcast: opCount 1 sendbuff 0x7f recvbuff 0x7f count 240 datatype 0 op 0 root 0 comm 0x55 [nranks=1] stream 0x9",
+        "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IBext_v8/2",
+        "h:1:1 [0] NCCL INFO CollNet 05/0 : 5 [receive] via COLLNET/SHARP/5/GDRDMA",
+        "h:1:1 [0] NCCL INFO Channel 01/1 : 0[0] -> 1[1] via P2P/CUMEM/read",
+        "h:1:1 [0] NCCL INFO Channel 02/0 : 0[0] -> 1[1] via NET/Socket/0",
+        "[2026-05-05 06:16:47] node-01:189884:189884 [3] plugin/net.cc:334 NCCL WARN Failed to initialize any NET plugin",
+        "h:1:1 [0] NCCL INFO NCCL_IB_HCA set by environment to mlx5_0",
+        "h:1:1 [0] NCCL INFO something new in 2.29",
+    ])
+    r = parse_nccl(text, source="s")
+    env = {x["key"]: x["value"] for x in r.records if x["table"] == "env"}
+    assert env == {"nccl_version": "2.21.5+cuda12.4", "nccl_network": "IB", "NCCL_IB_HCA": "mlx5_0"}
+    warns = of(r, "nccl_warn")
+    assert [(w["loc_file"], w["loc_line"], w["line"]) for w in warns] == [("transport/net_ib.cc", 818, 4), ("plugin/net.cc", 334, 14)]
+    tuning = of(r, "tuning")
+    assert [(t["func"], t["size_b"], t["algo"], t["proto"], t["num_calls"]) for t in tuning] == [("AllReduce", 4096, 1, 2, 2)]
+    coll = of(r, "coll")
+    assert [(c["func"], c["count"], c["num_ranks"], c["num_calls"], c["first_op_count"]) for c in coll] == [("Broadcast", 240, 1, 2, 0)]
+    assert transports(r) == [("COLLNET/SHARP/5/GDRDMA", "COLLNET/SHARP", "receive"), ("NET/IBext_v8/2", "NET/IBext_v8", "send"),
+                             ("NET/Socket/0", "NET/Socket", None), ("P2P/CUMEM/read", "P2P/CUMEM", None)]
+    assert r.unparsed_lines == (16,)
