@@ -1,5 +1,11 @@
 """`ingest CAMPAIGN_DIR [--out DIR]`: write runs.parquet / steps.parquet and print a summary.
 
+`ingest PATH... [--out DIR] [--strict]`: third-party artifacts (NCCL/Megatron/DeepSpeed/
+torchtitan logs, env dumps, failure reports; files or folders of them, kinds detected by
+content) -> steps/comm_topology/collectives/events/env/... Parquet tables (ingest.thirdparty).
+A single directory holding campaign.json (or runs.parquet) is a campaign, exactly as before.
+--strict: exit 1 listing file:line of every unparsed line (first 20 per file).
+
 Exit codes: 0 ok, 2 user error (one line ``ingest: error: ...`` on stderr, never a traceback).
 """
 from __future__ import annotations
@@ -14,12 +20,49 @@ from ingest.io import load_campaign, write_tables
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ingest", description="Normalize a campaign directory into Parquet tables.")
-    parser.add_argument("campaign_dir", metavar="CAMPAIGN_DIR", help="directory written by `runner all`")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/tables)")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="campaign directory written by `runner all`, or third-party log files / folders")
+    parser.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/tables, or DIR/tables "
+                        "next to the first third-party path)")
+    parser.add_argument("--strict", action="store_true", help="third-party files: exit 1 if any line was not parsed, listing file:line")
     return parser
 
 
+def _is_campaign(paths: list[str]) -> bool:
+    if len(paths) != 1 or not Path(paths[0]).is_dir():
+        return len(paths) == 1 and not Path(paths[0]).exists()  # keep today's "no such directory" error
+    root = Path(paths[0])
+    return (root / "campaign.json").is_file() or (root / "runs.parquet").is_file() or not any(
+        f.is_file() for f in root.rglob("*"))
+
+
+def run_thirdparty(args: argparse.Namespace) -> int:
+    from ingest import thirdparty
+
+    files = [thirdparty.ingest_file(p) for p in thirdparty.find_artifacts(args.paths)]
+    first = Path(args.paths[0])
+    out_dir = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "tables"
+    paths = thirdparty.write_thirdparty_tables(thirdparty.build_tables(files), out_dir)
+    for f in files:
+        print(thirdparty.summary_line(f))
+        for w in f.result.warnings:
+            print(f"  warning: {w}")
+    for path in paths:
+        print(f"wrote {path}")
+    if args.strict:
+        problems = thirdparty.strict_problems(files)
+        if problems:
+            print("ingest: error: --strict: unparsed content:", file=sys.stderr)
+            for p in problems:
+                print(f"  {p}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if not _is_campaign(args.paths):
+        return run_thirdparty(args)
+    args.campaign_dir = args.paths[0]
     campaign = load_campaign(args.campaign_dir)
     out_dir = Path(args.out) if args.out else Path(args.campaign_dir) / "tables"
     paths = write_tables(campaign, out_dir)

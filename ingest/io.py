@@ -273,3 +273,27 @@ def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ParseError(f"{path}: missing; restore hardware.toml from the repository") from None
     except tomllib.TOMLDecodeError as e:
         raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None
+
+
+def iter_text_lines(path: str | os.PathLike[str], *, chunk_lines: int = 1 << 16):
+    """Yield the lines of a text file (third-party log), newline stripped, streamed.
+
+    Bytes that are not UTF-8 are replaced (logs carry binary noise), so this never raises a
+    decode error; a missing/unreadable file raises ParseError naming it.
+    """
+    try:
+        f = open(path, encoding="utf-8", errors="replace", newline="")
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
+    with f:
+        for line in f:
+            yield line.rstrip("\r\n")
+
+
+def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> str:
+    """The first ``num_chars`` characters of a text file (for detecting its kind). Raises ParseError."""
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            return f.read(num_chars)
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None

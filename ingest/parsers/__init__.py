@@ -293,7 +293,7 @@ def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = Non
     if parser is not None:
         return parser(text, source=source)
     result = run_parsers(text, [_Nothing(source)], kind=kind or "unknown")
-    what = f"kind {kind!r} has no parser yet" if kind else "unknown kind (no known signature in the first 64 KiB)"
+    what = f"kind {kind!r} has no parser yet" if kind and kind != "unknown" else "unknown kind (no known signature in the first 64 KiB)"
     return ParseResult(records=[], unparsed=result.unparsed, warnings=[what], kind=kind or "unknown",
                        unparsed_lines=result.unparsed_lines, num_lines=result.num_lines)
 

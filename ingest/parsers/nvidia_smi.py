@@ -103,7 +103,7 @@ def parse_nvidia_smi_topo(text, *, source: str) -> ParseResult:
 
 def parse_nvidia_smi_q(text, *, source: str) -> ParseResult:
     """Parse ``nvidia-smi -q`` output (see module doc). Pure; never raises on content."""
-    indents = {}
-    if isinstance(text, str):
-        indents = {i: len(line) - len(line.lstrip(" ")) for i, line in enumerate(text.split("\n"), start=1)}
+    if not isinstance(text, str):
+        text = "\n".join(text)  # nesting is by indentation, which the normaliser strips; -q output is small
+    indents = {i: len(line) - len(line.lstrip(" ")) for i, line in enumerate(text.split("\n"), start=1)}
     return run_parsers(text, [SmiQParser(source, indents)], kind="nvidia_smi_q")

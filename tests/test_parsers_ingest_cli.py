@@ -1,0 +1,71 @@
+"""`ingest PATH... [--out DIR] [--strict]` on third-party artifacts (in-process, real fixtures)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from ingest.cli import main
+from ingest.schema import SCHEMA_VERSION
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+FILES = ("19_megatron_llm_fork_iteration_plain.txt", "12_nccl_tests_h20_cumem_ib_2node.txt",
+         "54_watchdog_2022_legacy_no_numel.txt", "47_collect_env_2020_torch1.7.txt", "36_flight_recorder_dump_unpickled_v2.5.txt")
+
+
+def folder(tmp_path, names=FILES):
+    d = tmp_path / "logs"
+    d.mkdir()
+    for n in names:
+        # neutral names: the kind must come from the content
+        shutil.copy(FIXTURES / n, d / f"artifact_{n[:2]}.log")
+    return d
+
+
+def test_folder_of_logs_to_tables(tmp_path, capsys):
+    d = folder(tmp_path)
+    assert main([str(d), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"{d / 'artifact_19.log'}: megatron, 4 records, 0 unparsed lines" in out
+    assert f"{d / 'artifact_12.log'}: nccl, 19 records, 2 unparsed lines" in out
+    assert f"{d / 'artifact_36.log'}: flight_recorder, 0 records, 57 unparsed lines, 1 warnings" in out
+    assert "warning: kind 'flight_recorder' has no parser yet" in out
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["comm_topology.parquet", "env.parquet", "events.parquet", "files.parquet", "steps.parquet"]
+    for p in (tmp_path / "out").iterdir():
+        assert json.loads(pq.read_schema(p).metadata[b"schema_version"]) == SCHEMA_VERSION
+    steps = pd.read_parquet(tmp_path / "out" / "steps.parquet")
+    assert steps["step"].tolist() == [122, 123, 124, 125]
+    assert steps["step_time_s"].round(4).tolist() == [86.5452, 87.8716, 89.4748, 89.0752]
+    env = pd.read_parquet(tmp_path / "out" / "env.parquet")
+    assert env.set_index("key").loc["torch_version", "value"] == "1.7.0+cu101"
+    events = pd.read_parquet(tmp_path / "out" / "events.parquet")
+    assert events["event"].tolist() == ["nccl_timeout"] * 5
+    files = pd.read_parquet(tmp_path / "out" / "files.parquet")
+    assert files.set_index("kind").loc["nccl", "num_unparsed_lines"] == 2
+
+
+def test_strict_lists_file_and_line(tmp_path, capsys):
+    d = folder(tmp_path, FILES[:2])
+    assert main([str(d / "artifact_12.log"), str(d / "artifact_19.log"), "--strict", "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert f"{d / 'artifact_12.log'}:13: unparsed (nccl)" in err and f"{d / 'artifact_12.log'}:28: unparsed (nccl)" in err
+    assert main([str(d / "artifact_19.log"), "--strict", "--out", str(tmp_path / "o2")]) == 0
+
+
+def test_default_out_and_binary_garbage_file(tmp_path, capsys):
+    d = tmp_path / "g"
+    d.mkdir()
+    (d / "noise.bin").write_bytes(bytes(range(256)) * 10 + b"\n\xff\xfe plain\n")
+    assert main([str(d)]) == 0
+    assert "unknown, 0 records" in capsys.readouterr().out
+    assert (d / "tables" / "files.parquet").is_file()
+
+
+def test_missing_path_is_one_line_error(tmp_path, capsys):
+    assert main([str(tmp_path / "a.log"), str(tmp_path / "b.log")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ingest: error:") and "no such file or directory" in err[0]
