@@ -81,6 +81,7 @@ class RunSpec:
     backend: str  # "nccl" | "gloo"
     fixed: FixedConfig
     options: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (e.g. ZeRO buckets)
+    collective_timeout_s: float = 1800.0  # process-group timeout (NCCL watchdog / gloo)
 
     @property
     def tokens_per_step(self) -> int:
@@ -144,6 +145,8 @@ class RunStatus:
     duration_s: float | None
     command: tuple[str, ...] = ()
     engine: str | None = None
+    # hang/oom/crash evidence: per-rank stacks or flight-recorder summary, allocator numbers
+    diagnosis: Mapping[str, Any] | None = None
 
 
 def to_dict(record: Any) -> dict[str, Any]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import shlex
+import signal
 import socket
 import sys
 from pathlib import Path
 
 from ingest.errors import ToolError
-from ingest.schema import SCHEMA_VERSION, to_dict
+from ingest.schema import SCHEMA_VERSION, run_spec_from_dict, to_dict
 from runner import __version__
 from runner.matrix import Campaign, load_matrix, resolve_matrix
 
@@ -56,7 +57,12 @@ def _print_dry_run(campaign: Campaign, out: Path) -> None:
         print("    " + shlex.join(build_command(spec, run_dir=out / spec.name, master_port=29500)))
 
 
+FINAL_STATUSES = {"ok", "oom", "crash", "hang", "timeout", "skipped"}  # "interrupted" is re-run by --resume
+
+
 def cmd_all(args: argparse.Namespace) -> int:
+    if args.resume:
+        return resume_campaign(args.resume)
     num_gpus = count_gpus()
     matrix_path = args.matrix or default_matrix(num_gpus)
     campaign = resolve_matrix(load_matrix(matrix_path), source=str(matrix_path), num_gpus=num_gpus,
@@ -67,33 +73,65 @@ def cmd_all(args: argparse.Namespace) -> int:
         _print_dry_run(campaign, out)
         return 0
     from runner.env import collect_env
-    from runner.launch import run_one, write_json_atomic
+    from runner.launch import write_json_atomic
 
-    if out.exists() and any(out.iterdir()):
-        raise ToolError(f"{out}: output directory exists and is not empty; choose another --out")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ToolError(f"{out}: output path exists and is not an empty directory; choose another --out "
+                        "(or --resume it)")
     out.mkdir(parents=True, exist_ok=True)
     launch_command = list(sys.orig_argv)
     env = collect_env(launch_command=launch_command, data_dir=out)
     write_json_atomic(out / "env.json", env)
+    supervision = {"run_timeout_s": campaign.run_timeout_s, "stall_timeout_s": campaign.stall_timeout_s,
+                   "startup_timeout_s": campaign.startup_timeout_s}
+    for spec in campaign.runs:  # every spec up front, so --resume knows the whole campaign
+        (out / spec.name).mkdir()
+        write_json_atomic(out / spec.name / "spec.json", to_dict(spec))
     write_json_atomic(out / "campaign.json", {
         "schema_version": SCHEMA_VERSION, "name": campaign.name,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "tool_version": __version__, "tool_git_commit": env["tool_git_commit"], "matrix_path": str(matrix_path),
-        "launch_command": launch_command, "device": campaign.device, "run_timeout_s": campaign.run_timeout_s,
+        "launch_command": launch_command, "device": campaign.device, "supervision": supervision,
         "fixed": to_dict(campaign.fixed), "runs": [s.name for s in campaign.runs],
     })
     print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, preset {campaign.preset})", flush=True)
-    for i, spec in enumerate(campaign.runs, 1):
+    return run_campaign(out, list(campaign.runs), supervision)
+
+
+def resume_campaign(out: Path) -> int:
+    """Re-run the runs of an existing campaign that have no final status (never started,
+    interrupted, or cut off with the runner). Earlier partial artifacts move to attempt-<n>/."""
+    from runner.launch import load_json
+
+    meta = load_json(out / "campaign.json")
+    specs = [run_spec_from_dict(load_json(out / name / "spec.json")) for name in meta["runs"]]
+    print(f"resuming campaign {meta['name']} in {out}", flush=True)
+    return run_campaign(out, specs, meta["supervision"])
+
+
+def run_campaign(out: Path, specs: list, supervision: dict) -> int:
+    from runner.launch import Watchdog, archive_attempt, load_json, run_one
+
+    for i, spec in enumerate(specs, 1):
         run_dir = out / spec.name
-        run_dir.mkdir()
-        write_json_atomic(run_dir / "spec.json", to_dict(spec))
-        print(f"[{i}/{len(campaign.runs)}] {spec.name}: {spec.strategy}/{spec.engine} on {spec.world_size} "
+        status_path = run_dir / "status.json"
+        if status_path.exists() and load_json(status_path).get("status") in FINAL_STATUSES:
+            print(f"[{i}/{len(specs)}] {spec.name}: already {load_json(status_path)['status']}, kept", flush=True)
+            continue
+        archive_attempt(run_dir)
+        print(f"[{i}/{len(specs)}] {spec.name}: {spec.strategy}/{spec.engine} on {spec.world_size} "
               f"process(es) ...", flush=True)
-        status = run_one(spec, run_dir=run_dir, timeout_s=campaign.run_timeout_s, master_port=_free_port())
+        watchdog = Watchdog(deadline_s=supervision["run_timeout_s"], stall_timeout_s=supervision["stall_timeout_s"],
+                            startup_timeout_s=supervision["startup_timeout_s"])
+        status = run_one(spec, run_dir=run_dir, watchdog=watchdog, master_port=_free_port())
         print(f"    {status.status} in {status.duration_s:.1f} s" + (f": {status.cause}" if status.cause else ""),
               flush=True)
     print(f"done: report build {out}")
     return 0
+
+
+def _sigterm_to_interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,12 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_all.add_argument("--dry-run", action="store_true", help="print resolved runs and exact commands; run nothing")
     p_all.add_argument("--preset", help="model preset (overrides the matrix): gpt-125m | tiny")
     p_all.add_argument("--steps", type=int, help="optimizer steps per run (overrides the matrix)")
+    p_all.add_argument("--resume", type=Path, metavar="CAMPAIGN",
+                       help="finish an existing campaign: run only the runs without a final status")
     p_all.set_defaults(func=cmd_all)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     try:
         return args.func(args)
     except ToolError as e:
@@ -118,8 +159,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"runner: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("runner: interrupted; the current run was stopped and marked 'interrupted'", file=sys.stderr)
+        print("runner: interrupted; the current run was stopped and marked 'interrupted' "
+              "(finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
         return 130
+    except OSError as e:  # full disk, permissions: what was written before stays intact
+        print(f"runner: error: {e.filename or ''}: {e.strerror or e}; completed runs are intact", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

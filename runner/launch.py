@@ -9,16 +9,30 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import pickle
+import shutil
 import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from ingest.hangs import (
+    diagnose_from_flight_recorder,
+    diagnose_from_stacks,
+    parse_pyspy_dump,
+    summarize_flight_recorder,
+    summarize_stack,
+)
+from ingest.errors import ConfigError
 from ingest.schema import RunSpec, RunStatus, to_dict
 
 OOM_PATTERN = re.compile(r"(CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory)")
+WATCHDOG_PATTERN = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(SeqNum=\d+")
 EXCEPTION_PATTERN = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:\.\w+)*(?:Error|Exception)\b.*)$", re.MULTILINE)
 # Debug output the campaign records (DESIGN.md: NCCL debug output per rank).
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH"}
@@ -34,10 +48,17 @@ def build_command(spec: RunSpec, *, run_dir: Path, master_port: int) -> list[str
     ]
 
 
-def build_run_env(spec: RunSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The run's environment: NCCL debug output and the flight recorder (dumped into trace/ on a
+    collective timeout) on CUDA; one OpenMP thread per rank."""
     env = dict(os.environ if base is None else base)
     if spec.device == "cuda":
         for k, v in NCCL_ENV.items():
+            env.setdefault(k, v)
+        prefix = str(run_dir / "trace" / "flight_recorder_rank")
+        for k, v in {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
+                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": prefix,
+                     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}.items():
             env.setdefault(k, v)
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron: TP comm/compute ordering
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -52,51 +73,178 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def classify_failure(run_dir: Path, exit_code: int) -> tuple[str, str]:
-    """(status, cause) from the ranks' logs of a run that exited non-zero."""
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted((run_dir / "logs").glob("rank*.log"))]
-    for text in texts:
+def _rank_logs(run_dir: Path) -> dict[int, str]:
+    return {int(p.stem[4:]): p.read_text(encoding="utf-8", errors="replace")
+            for p in (run_dir / "logs").glob("rank*.log") if p.stem[4:].isdigit()}
+
+
+def classify_failure(run_dir: Path, exit_code: int, *, world_size: int) -> tuple[str, str, dict | None]:
+    """(status, cause, diagnosis) for a run that exited non-zero, from its rank logs and trace/.
+
+    NCCL watchdog timeouts with flight-recorder dumps -> 'hang' (who is missing from which
+    collective); allocator failures -> 'oom' (with the allocator's own numbers); else 'crash'
+    naming the first rank that raised."""
+    logs = _rank_logs(run_dir)
+    dumps = load_flight_recorder_dumps(run_dir / "trace")
+    if dumps or any(WATCHDOG_PATTERN.search(t) for t in logs.values()):
+        cause, diagnosis = diagnose_from_flight_recorder(
+            {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=world_size)
+        return "hang", f"collective timeout (NCCL watchdog): {cause}", diagnosis
+    for rank, text in sorted(logs.items()):
         m = OOM_PATTERN.search(text)
         if m:
             line = text[m.start():].splitlines()[0]
-            return "oom", line[:300]
-    for rank_log in sorted((run_dir / "logs").glob("rank*.log")):
-        found = EXCEPTION_PATTERN.findall(rank_log.read_text(encoding="utf-8", errors="replace"))
+            return "oom", f"rank {rank}: {line[:400]}", {"rank": rank, "message": line[:2000]}
+    for rank, text in sorted(logs.items()):
+        found = EXCEPTION_PATTERN.findall(text)
         if found:
-            return "crash", f"{rank_log.stem}: {found[-1][:300]}"
+            return "crash", f"rank {rank}: {found[-1][:300]}", {"rank": rank, "exception": found[-1][:2000]}
     if exit_code < 0:
-        return "crash", f"killed by signal {signal.Signals(-exit_code).name}"
-    return "crash", f"exit code {exit_code}, no exception in the rank logs"
+        return "crash", f"killed by signal {signal.Signals(-exit_code).name}", None
+    return "crash", f"exit code {exit_code}, no exception in the rank logs", None
+
+
+def load_flight_recorder_dumps(trace_dir: Path) -> dict[int, dict]:
+    """trace/flight_recorder_rank<r> pickles written by PyTorch's NCCL watchdog -> {rank: dump}.
+    Unreadable dumps are skipped (the caller still sees the watchdog message)."""
+    dumps = {}
+    for path in trace_dir.glob("flight_recorder_rank*"):
+        suffix = path.name.removeprefix("flight_recorder_rank")
+        if not suffix.isdigit():
+            continue
+        try:
+            dumps[int(suffix)] = pickle.loads(path.read_bytes())  # written by torch itself, in our run dir
+        except Exception:  # noqa: BLE001 - a truncated dump must not stop classification
+            continue
+    return dumps
+
+
+def _rank_processes(proc: subprocess.Popen) -> dict[int, psutil.Process]:
+    ranks = {}
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return ranks
+    for child in children:
+        try:
+            if "runner.train" in " ".join(child.cmdline()):
+                ranks[int(child.environ().get("RANK", "-1"))] = child
+        except (psutil.Error, ValueError):
+            continue
+    return ranks
+
+
+def diagnose_stall(proc: subprocess.Popen, run_dir: Path, *, world_size: int) -> tuple[str, dict]:
+    """Dump every rank's Python stack with py-spy into trace/stacks_rank<r>.txt and say which
+    rank is not in the collective the others wait in."""
+    pyspy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if pyspy is None:
+        return "py-spy not found: no stack dumps", {"source": "py-spy", "ranks": {}}
+    summaries = {}
+    for rank, child in sorted(_rank_processes(proc).items()):
+        try:
+            out = subprocess.run([pyspy, "dump", "--pid", str(child.pid)], capture_output=True, text=True,
+                                 timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            continue
+        (run_dir / "trace" / f"stacks_rank{rank}.txt").write_text(out.stdout + out.stderr, encoding="utf-8")
+        summaries[rank] = summarize_stack(parse_pyspy_dump(out.stdout))
+    cause, diagnosis = diagnose_from_stacks(summaries)
+    missing = sorted(set(range(world_size)) - set(summaries))
+    if missing:
+        cause += f"; no stack for rank(s) {', '.join(map(str, missing))}"
+    return cause, diagnosis
+
+
+def load_json(path: Path) -> dict:
+    """Read one of our JSON artifacts; ConfigError naming the file when missing or malformed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; is this a campaign directory written by `runner all`?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); the campaign is damaged") from None
+
+
+def archive_attempt(run_dir: Path) -> None:
+    """Move a previous attempt's artifacts (metrics, logs, trace, status) to attempt-<n>/ so a
+    re-run starts clean and nothing measured is lost."""
+    old = [run_dir / n for n in ("metrics", "logs", "trace", "status.json", "run_info.json") if (run_dir / n).exists()]
+    if not old:
+        return
+    n = 1
+    while (run_dir / f"attempt-{n}").exists():
+        n += 1
+    (run_dir / f"attempt-{n}").mkdir()
+    for path in old:
+        os.replace(path, run_dir / f"attempt-{n}" / path.name)
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def run_one(spec: RunSpec, *, run_dir: Path, timeout_s: float, master_port: int) -> RunStatus:
-    """Launch, wait up to timeout_s, kill the group on deadline or interrupt, write status.json.
+@dataclass(frozen=True, kw_only=True)
+class Watchdog:
+    """deadline_s: the run's hard limit. stall_timeout_s: no new step row for this long (after
+    the first row) means a hang; startup_timeout_s: the same before the first row."""
 
-    KeyboardInterrupt is re-raised after the run's group is killed and its status recorded.
+    deadline_s: float
+    stall_timeout_s: float
+    startup_timeout_s: float
+    poll_s: float = 1.0
+
+
+def _metrics_bytes(run_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (run_dir / "metrics").glob("rank*.jsonl"))
+
+
+def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int) -> RunStatus:
+    """Launch one run, supervise it, classify how it ended and write status.json.
+
+    A stall (no new step row within the watchdog's limits) dumps every rank's Python stack
+    (py-spy) into trace/ before the group is killed; a deadline kills it as 'timeout'.
+    KeyboardInterrupt (SIGINT, or SIGTERM turned into it by the CLI) kills the group, records
+    'interrupted' and is re-raised.
     """
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "trace").mkdir(exist_ok=True)
     cmd = build_command(spec, run_dir=run_dir, master_port=master_port)
     started, t0 = _now(), time.monotonic()
-    status, cause, code = "ok", None, None
+    status, cause, code, diagnosis = "ok", None, None, None
     with (run_dir / "logs" / "launcher.log").open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=build_run_env(spec),
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=build_run_env(spec, run_dir=run_dir), start_new_session=True)
         try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            status, cause = "timeout", f"no exit within the {timeout_s:.0f} s deadline; process group killed"
+            seen, last_progress = -1, t0
+            while code is None:
+                try:
+                    code = proc.wait(timeout=watchdog.poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now, size = time.monotonic(), _metrics_bytes(run_dir)
+                if size != seen:
+                    seen, last_progress = size, now
+                limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
+                if now - last_progress > limit:
+                    cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
+                    status = "hang"
+                    cause = f"no step row for {limit:.0f} s; {cause}"
+                    _kill_group(proc)
+                    break
+                if now - t0 > watchdog.deadline_s:
+                    _kill_group(proc)
+                    status, cause = "timeout", f"no exit within the {watchdog.deadline_s:.0f} s deadline; killed"
+                    break
         except KeyboardInterrupt:
             _kill_group(proc)
-            _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT)", proc.returncode, started, t0, cmd)
+            _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
+                          started, t0, cmd, None)
             raise
     if status == "ok" and code != 0:
-        status, cause = classify_failure(run_dir, code)
-    return _write_status(run_dir, spec, status, cause, code, started, t0, cmd)
+        status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size)
+    return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -112,9 +260,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def _write_status(run_dir, spec, status, cause, code, started, t0, cmd) -> RunStatus:
+def _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis) -> RunStatus:
     rs = RunStatus(run=spec.name, status=status, exit_code=code, cause=cause, started_at=started,
                    ended_at=_now(), duration_s=time.monotonic() - t0, command=tuple(cmd),
-                   engine=spec.engine)
+                   engine=spec.engine, diagnosis=diagnosis)
     write_json_atomic(run_dir / "status.json", to_dict(rs))
     return rs

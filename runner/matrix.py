@@ -27,9 +27,20 @@ else:  # pragma: no cover
 
 from ingest.errors import ConfigError
 from ingest.schema import STRATEGY_ENGINES, FixedConfig, RunSpec
+from runner.faults import build_fault
 from runner.presets import PRESETS, build_model_config
 
-CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s"}
+CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
+                 "collective_timeout_s"}
+# Supervision defaults per device (seconds). On CUDA the NCCL collective timeout fires first so the
+# flight recorder dumps before the runner's stall watchdog kills the group; gloo has no flight
+# recorder, so on CPU the stall watchdog (with py-spy stack dumps) fires first.
+TIMEOUT_DEFAULTS = {
+    "cuda": {"run_timeout_s": 3600.0, "stall_timeout_s": 420.0, "startup_timeout_s": 900.0,
+             "collective_timeout_s": 300.0},
+    "cpu": {"run_timeout_s": 900.0, "stall_timeout_s": 120.0, "startup_timeout_s": 300.0,
+            "collective_timeout_s": 1800.0},
+}
 MODEL_KEYS = {"num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_length", "vocab_size"}
 FIXED_KEYS = MODEL_KEYS | {
     "global_batch_size", "dtype", "seed", "steps", "warmup_steps", "lr", "min_lr", "lr_warmup_steps",
@@ -49,6 +60,8 @@ class Campaign:
     preset: str
     device: str
     run_timeout_s: float
+    stall_timeout_s: float
+    startup_timeout_s: float
     fixed: FixedConfig
     runs: tuple[RunSpec, ...]
 
@@ -172,6 +185,14 @@ def resolve_matrix(
     model = build_model_config(shaped, max_tp_degree=max_tp)
     fixed = FixedConfig(preset=preset_name, model=model, **{k: values[k] for k in FIXED_KEYS - MODEL_KEYS})
     gbs = fixed.global_batch_size
+    timeouts = dict(TIMEOUT_DEFAULTS[device])
+    for key in timeouts:
+        if key in camp:
+            value = camp[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                problems.append(f"{source} [campaign] {key} must be a positive number of seconds, got {value!r}")
+            else:
+                timeouts[key] = float(value)
     specs = []
     for lay in layouts:
         where, tp, pp, dp = lay["where"], lay["tp"], lay["pp"], lay["dp"]
@@ -194,16 +215,26 @@ def resolve_matrix(
             continue
         if pp > 1 and per_dp // mbs < pp:
             problems.append(f"{where}: {per_dp // mbs} micro-batches < pp_degree {pp}; 1F1B needs m >= p")
+        options = lay["run"].get("options", {})
+        if not isinstance(options, dict):
+            problems.append(f"{where}: 'options' must be a table, got {options!r}")
+            continue
+        try:
+            build_fault(options)
+        except ValueError as e:
+            problems.append(f"{where}: {e}")
         specs.append(RunSpec(
             campaign=str(camp.get("name", "campaign")), name=lay["run"]["name"], strategy=lay["strategy"],
             engine=lay["engine"], world_size=lay["world"], tp_degree=tp, pp_degree=pp, dp_degree=dp,
             micro_batch_size=mbs, num_microbatches=per_dp // mbs, device=device,
-            backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=dict(lay["run"].get("options", {})),
+            backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=dict(options),
+            collective_timeout_s=timeouts["collective_timeout_s"],
         ))
     if problems:
         raise ConfigError("\n".join(problems))
     return Campaign(
         name=str(camp.get("name", "campaign")), preset=preset_name, device=device,
-        run_timeout_s=float(camp.get("run_timeout_s", 1800 if device == "cuda" else 600)),
+        run_timeout_s=timeouts["run_timeout_s"], stall_timeout_s=timeouts["stall_timeout_s"],
+        startup_timeout_s=timeouts["startup_timeout_s"],
         fixed=fixed, runs=tuple(specs),
     )

@@ -2,7 +2,8 @@
 
 On CUDA each step's end is marked with an event and its row is resolved one step later,
 so the host never waits for the step it just queued: the only sync per step is the loss
-of the *previous* step, which has already finished by then. On CPU, perf_counter.
+of the *previous* step, which has already finished by then (a run that hangs loses that one
+pending row). On CPU, perf_counter, and each row is written at once.
 Rows are appended to metrics/rank<r>.jsonl and flushed per line (a crash keeps every
 completed step).
 """
@@ -73,6 +74,8 @@ class StepRecorder:
         if self._pending is not None:
             self._write(self._pending)
         self._pending = pending
+        if not self._cuda:  # CPU work is synchronous: nothing to wait for, write now
+            self.close()
 
     def close(self) -> None:
         if self._pending is not None:

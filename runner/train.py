@@ -9,6 +9,7 @@ Each rank's stdout/stderr (NCCL_DEBUG lines included) go to RUN_DIR/logs/rank<r>
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
+from runner.faults import build_fault, inject
 from runner.launch import write_json_atomic
 from runner.data import SyntheticBatches, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
@@ -83,11 +85,13 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         vocab_size=f.model.vocab_size, seq_length=f.model.seq_length, global_batch_size=f.global_batch_size, seed=f.seed
     )
     pin = ctx.device.type == "cuda"
+    fault = build_fault(spec.options)
     with open_metrics_file(run_dir, ctx.rank) as out:
         recorder = StepRecorder(out, run=spec.name, engine=spec.engine, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
         for step in range(f.steps):
             recorder.begin_step()
             t0 = time.perf_counter()
+            inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
             tokens = data.tokens(step)
             if pin:
                 tokens = tokens.pin_memory()
@@ -103,6 +107,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
             ]
             data_wait_s = time.perf_counter() - t0
             lr = lr_at(step, f)
+            inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
             out_step = trainer.train_step(microbatches, lr=lr)
             recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s)
             if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     _redirect_output(args.run_dir, rank)
     ctx = _rank_context(spec)
-    dist.init_process_group(backend=spec.backend)
+    dist.init_process_group(backend=spec.backend, timeout=dt.timedelta(seconds=spec.collective_timeout_s))
     try:
         train(spec, run_dir=args.run_dir, ctx=ctx)
         dist.barrier()

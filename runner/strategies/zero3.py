@@ -52,6 +52,12 @@ class Zero3Trainer:
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         import deepspeed  # lazy: only ZeRO-3 runs pay its import
 
+        if ctx.device.type == "cpu":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (~90 s of g++)
+            # that only its inference_all_reduce uses (deepspeed/comm/torch.py). Training
+            # collectives go through torch.distributed/gloo as in every other engine, so mark
+            # the op unavailable rather than build it.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         self.spec = spec
         self.ctx = ctx
         model = GPT(spec.fixed.model).to(ctx.device)

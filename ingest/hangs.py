@@ -1,0 +1,122 @@
+"""Hang diagnosis from per-rank evidence: py-spy stack dumps and PyTorch flight-recorder dumps.
+
+Pure functions (text or already-unpickled dicts in, records out); the runner and ingest read
+the files. The question answered is the one DESIGN.md's triage asks: which rank is not in the
+same collective as the others, and which collective (with its sequence number) everyone waits in.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Mapping
+
+# py-spy dump frame: "    func (path/to/file.py:123)"; thread header: 'Thread 42 (idle): "MainThread"'
+_FRAME = re.compile(r"^\s+(?P<func>[^\s(][^(]*?) \((?P<file>[^():]+):(?P<line>\d+)\)\s*$")
+_THREAD = re.compile(r'^Thread (?P<tid>\S+)(?: \((?P<state>[^)]*)\))?(?:: "(?P<name>[^"]*)")?')
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "send",
+    "recv", "isend", "irecv", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "wait",
+    "batch_isend_irecv",
+})
+# Innermost Python frame -> what the rank is blocked in when the collective is issued from C++
+# Frames of libraries (py-spy prints paths relative to sys.path, or absolute for site-packages)
+_LIBRARY_FILE = re.compile(r"(^|/)(site-packages|dist-packages|torch|deepspeed|megatron|multiprocessing|concurrent)/"
+                           r"|^<frozen|(^|/)(threading|runpy)\.py$")
+IMPLICIT = {"_engine_run_backward": "backward (gradient all-reduce/reduce-scatter hooks)",
+            "backward": "backward (gradient all-reduce/reduce-scatter hooks)"}
+
+
+def parse_pyspy_dump(text: str) -> list[dict[str, Any]]:
+    """py-spy ``dump`` text -> threads [{tid, state, name, frames: [{func, file, line}]}],
+    frames innermost first. Tolerates a missing ``Process`` header and unnamed threads."""
+    threads: list[dict[str, Any]] = []
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        m = _THREAD.match(line.strip()) if line.strip().startswith("Thread ") else None
+        if m:
+            threads.append({"tid": m["tid"], "state": m["state"], "name": m["name"], "frames": []})
+            continue
+        f = _FRAME.match(line)
+        if f and threads:
+            threads[-1]["frames"].append({"func": f["func"].strip(), "file": f["file"], "line": int(f["line"])})
+    return threads
+
+
+def summarize_stack(threads: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the main thread is blocked: {"blocked_in": str, "frame": "func (file:line)", "user_frame": ...}.
+
+    blocked_in is the innermost collective call, else the implicit collective of a backward
+    pass, else the innermost frame. user_frame is the innermost frame outside torch/deepspeed/megatron
+    (the line of *our* code that issued it)."""
+    main = next((t for t in threads if t["name"] == "MainThread"), threads[0] if threads else None)
+    if not main or not main["frames"]:
+        return {"blocked_in": None, "frame": None, "user_frame": None}
+    frames = main["frames"]
+    hit = next((f for f in frames if f["func"] in COLLECTIVES), None)
+    if hit is not None:
+        blocked = hit["func"]
+    else:
+        hit = next((f for f in frames if f["func"] in IMPLICIT), frames[0])
+        blocked = IMPLICIT.get(hit["func"], hit["func"])
+    user = next((f for f in frames if not _LIBRARY_FILE.search(f["file"])), None)
+    fmt = lambda f: f"{f['func']} ({f['file']}:{f['line']})" if f else None  # noqa: E731
+    return {"blocked_in": blocked, "frame": fmt(hit), "user_frame": fmt(user)}
+
+
+def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Per-rank summaries (summarize_stack) -> (one-line cause, diagnosis dict).
+
+    The odd ones out are the ranks whose blocked_in differs from the majority's."""
+    if not per_rank:
+        return "no stack dumps could be taken", {"ranks": {}}
+    counts = Counter(s["blocked_in"] for s in per_rank.values())
+    (majority, top), *rest = counts.most_common()
+    where = lambda r: f"rank {r} in {per_rank[r]['blocked_in']} at {per_rank[r]['user_frame'] or per_rank[r]['frame']}"  # noqa: E731
+    if not rest:
+        odd, cause = [], f"all ranks wait in {majority}"
+    elif rest[0][1] == top:  # a tie (e.g. 2 ranks): no majority to call the others odd against
+        majority, odd = None, sorted(per_rank)
+        cause = "ranks are in different collectives: " + "; ".join(where(r) for r in odd)
+    else:
+        odd = sorted(r for r, s in per_rank.items() if s["blocked_in"] != majority)
+        others = sorted(set(per_rank) - set(odd))
+        cause = "; ".join(where(r) for r in odd) + f" while rank(s) {', '.join(map(str, others))} wait in {majority}"
+    return cause, {"source": "py-spy", "ranks": {str(r): s for r, s in sorted(per_rank.items())},
+                   "odd_ranks": odd, "majority_blocked_in": majority}
+
+
+def summarize_flight_recorder(dump: Mapping[str, Any]) -> dict[str, Any]:
+    """One rank's flight-recorder dump (unpickled) -> its last collective:
+    {"last_seq_id", "last_op", "last_state", "last_completed_seq_id", "num_entries"}."""
+    entries = list(dump.get("entries") or [])
+    if not entries:
+        return {"last_seq_id": None, "last_op": None, "last_state": None, "last_completed_seq_id": None,
+                "num_entries": 0}
+    colls = [e for e in entries if e.get("collective_seq_id") is not None and not e.get("is_p2p", False)] or entries
+    last = max(colls, key=lambda e: e.get("collective_seq_id") or 0)
+    done = [e.get("collective_seq_id") for e in colls if e.get("state") == "completed"]
+    return {"last_seq_id": last.get("collective_seq_id"), "last_op": last.get("profiling_name"),
+            "last_state": last.get("state"), "last_completed_seq_id": max(done) if done else None,
+            "num_entries": len(entries)}
+
+
+def diagnose_from_flight_recorder(per_rank: Mapping[int, dict[str, Any]], *, world_size: int) -> tuple[str, dict]:
+    """Per-rank FR summaries -> (cause, diagnosis). Ranks without a dump, or behind the highest
+    sequence number, are the ones missing from that collective."""
+    if not per_rank:
+        return "no flight-recorder dumps were written", {"source": "flight-recorder", "ranks": {}}
+    top = max((s["last_seq_id"] or 0) for s in per_rank.values())
+    lead = next(s for s in per_rank.values() if (s["last_seq_id"] or 0) == top)
+    missing = sorted(set(range(world_size)) - set(per_rank))
+    behind = sorted(r for r, s in per_rank.items() if (s["last_seq_id"] or 0) < top)
+    cause = f"collective #{top} ({lead['last_op']}) {lead['last_state']}"
+    if behind or missing:
+        cause += f"; rank(s) {', '.join(map(str, behind + missing))} never entered it"
+        if behind:
+            cause += " (last: " + ", ".join(f"rank {r} #{per_rank[r]['last_seq_id']} {per_rank[r]['last_op']}"
+                                            for r in behind) + ")"
+    elif lead["last_state"] != "completed":
+        cause += " on every rank: it was enqueued but never finished (a stuck kernel or peer)"
+    return cause, {"source": "flight-recorder", "ranks": {str(r): s for r, s in sorted(per_rank.items())},
+                   "max_seq_id": top, "behind_ranks": behind, "missing_ranks": missing}

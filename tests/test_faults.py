@@ -1,0 +1,157 @@
+"""A campaign survives its runs: injected OOM, crash, hang and straggler on real gloo DDP runs
+are classified; an interrupted campaign resumes without duplicates or stray processes."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ingest.hangs import diagnose_from_flight_recorder, summarize_flight_recorder
+
+FAULTS_MATRIX = """
+[campaign]
+name = "faults"
+preset = "tiny"
+stall_timeout_s = 20
+[fixed]
+steps = 8
+warmup_steps = 2
+[[runs]]
+name = "healthy"
+strategy = "ddp"
+[[runs]]
+name = "oom"
+strategy = "ddp"
+options = { fault = { kind = "oom", rank = 1, step = 3 } }
+[[runs]]
+name = "crash"
+strategy = "ddp"
+options = { fault = { kind = "crash", rank = 0, step = 3 } }
+[[runs]]
+name = "hang"
+strategy = "ddp"
+options = { fault = { kind = "hang", rank = 0, step = 3 } }
+[[runs]]
+name = "straggler"
+strategy = "ddp"
+options = { fault = { kind = "straggler", rank = 1, step = 2, seconds = 0.3 } }
+"""
+
+
+def _status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def _rows(run_dir: Path, rank: int) -> list[dict]:
+    path = run_dir / "metrics" / f"rank{rank}.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _train_processes(out: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "runner.train" in cmd and str(out) in cmd:
+            found.append(p)
+    return found
+
+
+@pytest.fixture(scope="module")
+def faults_campaign(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("faults")
+    (tmp / "faults.toml").write_text(FAULTS_MATRIX)
+    out = tmp / "camp"
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--matrix", str(tmp / "faults.toml"),
+                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out
+
+
+def test_every_fault_classified_and_healthy_run_complete(faults_campaign):
+    out = faults_campaign
+    assert _status(out / "healthy")["status"] == "ok"
+    assert [r["step"] for r in _rows(out / "healthy", 0)] == list(range(8))
+
+    oom = _status(out / "oom")
+    assert oom["status"] == "oom" and oom["cause"].startswith("rank 1: DefaultCPUAllocator: can't allocate memory")
+    assert "1125899906842624 bytes" in oom["cause"]  # the allocator's own numbers
+
+    crash = _status(out / "crash")
+    assert crash["status"] == "crash"
+    assert crash["cause"] == "rank 0: RuntimeError: injected fault: crash on rank 0 at step 3"
+
+    hang = _status(out / "hang")
+    assert hang["status"] == "hang"
+    ranks = hang["diagnosis"]["ranks"]
+    assert ranks["0"]["blocked_in"] == "all_gather" and "runner/faults.py" in ranks["0"]["user_frame"]
+    assert ranks["1"]["blocked_in"].startswith("backward")  # waiting in DDP's gradient all-reduce
+    assert (out / "hang" / "trace" / "stacks_rank0.txt").exists()
+    # rows written before the hang are kept
+    assert [r["step"] for r in _rows(out / "hang", 1)] == [0, 1, 2]
+
+    straggler = _status(out / "straggler")
+    assert straggler["status"] == "ok"
+    slow = [r["step_time_s"] for r in _rows(out / "straggler", 0) if r["step"] >= 3]
+    assert min(slow) >= 0.3  # rank 0 waits for the sleeping rank 1 at every all-reduce
+    assert not _train_processes(out)
+
+
+def test_note_lists_failed_runs_with_cause(faults_campaign, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(faults_campaign), "--out",
+                          str(tmp_path), "--format", "md"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "note.md").read_text()
+    for name, status in (("oom", "oom"), ("crash", "crash"), ("hang", "hang")):
+        assert f"| {name} | {status} |" in note
+    assert "injected fault: crash on rank 0 at step 3" in note
+
+
+def test_interrupt_then_resume(tmp_path):
+    matrix = tmp_path / "m.toml"
+    matrix.write_text('[campaign]\nname = "r"\npreset = "tiny"\n[fixed]\nsteps = 40\nwarmup_steps = 2\n'
+                      + "".join(f'[[runs]]\nname = "run{i}"\nstrategy = "ddp"\n' for i in range(3)))
+    out = tmp_path / "camp"
+    cmd = [sys.executable, "-m", "runner.cli", "all", "--matrix", str(matrix), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not _rows(out / "run1", 0) and time.monotonic() < deadline:  # run1 is training
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert _status(out / "run0")["status"] == "ok"
+    assert _status(out / "run1")["status"] == "interrupted"
+    assert not (out / "run2" / "status.json").exists()
+    time.sleep(1)
+    assert not _train_processes(out)  # the run's whole process group is gone
+
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--resume", str(out)],
+                         capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "run0: already ok, kept" in res.stdout
+    for name in ("run0", "run1", "run2"):
+        assert _status(out / name)["status"] == "ok"
+        for rank in (0, 1):
+            assert [r["step"] for r in _rows(out / name, rank)] == list(range(40))  # none missing, none twice
+    assert (out / "run1" / "attempt-1" / "status.json").exists()  # the interrupted attempt is kept
+    assert not _train_processes(out)
+
+
+def test_flight_recorder_diagnosis_names_the_missing_rank():
+    def dump(seqs, last_state):
+        entries = [{"collective_seq_id": s, "profiling_name": "nccl:all_reduce", "state": "completed"} for s in seqs]
+        entries[-1]["state"] = last_state
+        return {"version": "2.5", "entries": entries}
+
+    per_rank = {0: summarize_flight_recorder(dump([1, 2, 3], "completed")),
+                1: summarize_flight_recorder(dump([1, 2, 3, 4], "started")),
+                2: summarize_flight_recorder(dump([1, 2, 3, 4], "started"))}
+    cause, diagnosis = diagnose_from_flight_recorder(per_rank, world_size=4)
+    assert diagnosis["behind_ranks"] == [0] and diagnosis["missing_ranks"] == [3]
+    assert cause.startswith("collective #4 (nccl:all_reduce) started; rank(s) 0, 3 never entered it")
