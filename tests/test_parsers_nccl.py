@@ -140,3 +140,19 @@ def test_synthetic_warn_tuning_coll_versions_and_plugins():
     assert transports(r) == [("COLLNET/SHARP/5/GDRDMA", "COLLNET/SHARP", "receive"), ("NET/IBext_v8/2", "NET/IBext_v8", "send"),
                              ("NET/Socket/0", "NET/Socket", None), ("P2P/CUMEM/read", "P2P/CUMEM", None)]
     assert r.unparsed_lines == (16,)
+
+
+def test_bulk_fast_path_equals_per_line_path():
+    from ingest.parsers import run_parsers
+    from ingest.parsers.failures import FailureScanner
+    from ingest.parsers.nccl import NcclParser
+
+    for p in sorted(FIXTURES.glob("*nccl*.txt")):
+        text = p.read_text(encoding="utf-8")
+        fast = parse_nccl(text, source="s")
+        slow = run_parsers(text, [NcclParser("s"), FailureScanner("s")], kind="nccl")
+        key = lambda r: repr(sorted(r.items()))  # noqa: E731
+        assert sorted(map(key, fast.records)) == sorted(map(key, slow.records)), p.name
+        assert (fast.unparsed, fast.unparsed_lines, fast.num_lines) == (slow.unparsed, slow.unparsed_lines, slow.num_lines), p.name
+        streamed = parse_nccl(iter(text.split("\n")), source="s")
+        assert (streamed.records, streamed.unparsed_lines) == (fast.records, fast.unparsed_lines)

@@ -15,6 +15,7 @@ comm_topology, collectives, events, env); every record carries ``source`` and ``
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -191,38 +192,91 @@ class LineParser:
         pass
 
 
+class Runner:
+    """Feeds raw lines through the normaliser to ``parsers`` (first that recognises a line
+    wins) and keeps the counts. Parsers with a bulk fast path call ``raw`` for the lines it
+    does not take and ``recognised`` for those it does."""
+
+    def __init__(self, parsers: list[LineParser], *, kind: str) -> None:
+        self.parsers, self.kind = parsers, kind
+        self.feeds = [p.feed for p in parsers]
+        self.unparsed, self.linenos, self.num_lines, self.huge = 0, [], 0, 0
+        self.pending_ts: str | None = None
+
+    def miss(self, lineno: int) -> None:
+        self.unparsed += 1
+        if len(self.linenos) < MAX_UNPARSED_LINENOS:
+            self.linenos.append(lineno)
+
+    def raw(self, lineno: int, raw: str) -> None:
+        if len(raw) > MAX_LINE_CHARS:
+            self.huge += 1
+            self.num_lines = lineno
+            self.miss(lineno)
+            return
+        if "\x1b" in raw:
+            raw = _ANSI.sub("", raw)
+        line = raw.rstrip()
+        if not line:
+            return
+        rank = None
+        if line[0] in _PREFIX_START or "/" in line[:40]:
+            m = _PREFIX.match(line)
+            if m and m.end():
+                r = m.group("r1") or m.group("r2") or m.group("r3")
+                rank = int(r) if r else None
+                line = line[m.end():]
+                if not line:
+                    return
+        self.num_lines = lineno
+        if line[0].isdigit() and len(line) <= 35 and _ISO_TS.fullmatch(line):
+            self.pending_ts = line
+            return
+        ts, self.pending_ts = self.pending_ts, None
+        for feed in self.feeds:
+            try:
+                if feed(lineno, line, ts, rank):
+                    return
+            except (ValueError, IndexError, KeyError, OverflowError) as e:
+                self.parsers[0].warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
+                break
+        self.miss(lineno)
+
+    def result(self) -> ParseResult:
+        records, warnings = [], []
+        for p in self.parsers:
+            p.finish()
+            records.extend(p.records)
+            warnings.extend(p.warnings)
+        if self.huge:
+            warnings.append(f"{self.huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+        return ParseResult(records=records, unparsed=self.unparsed, warnings=warnings, kind=self.kind,
+                           unparsed_lines=tuple(self.linenos), num_lines=self.num_lines)
+
+
 def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
-    """Feed every normalised line to ``parsers`` in order (first that recognises it wins)."""
-    unparsed, linenos, num_lines, huge = 0, [], 0, 0
-    feeds = [p.feed for p in parsers]
-    for lineno, body, ts, rank in iter_lines(text):
-        num_lines = lineno
-        if body is None:
-            huge += 1
-            ok = False
-        else:
-            ok = False
-            for feed in feeds:
-                try:
-                    if feed(lineno, body, ts, rank):
-                        ok = True
-                        break
-                except (ValueError, IndexError, KeyError, OverflowError) as e:
-                    parsers[0].warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
-                    break
-        if not ok:
-            unparsed += 1
-            if len(linenos) < MAX_UNPARSED_LINENOS:
-                linenos.append(lineno)
-    records, warnings = [], []
-    for p in parsers:
-        p.finish()
-        records.extend(p.records)
-        warnings.extend(p.warnings)
-    if huge:
-        warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
-    return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
-                       unparsed_lines=tuple(linenos), num_lines=num_lines)
+    """Feed every line of ``text`` (a string or an iterable of lines) to ``parsers``."""
+    runner = Runner(parsers, kind=kind)
+    raw = runner.raw
+    for lineno, line in enumerate(text.split("\n") if isinstance(text, str) else text, start=1):
+        if line:
+            raw(lineno, line)
+    return runner.result()
+
+
+def iter_chunks(text: str | Iterable[str], *, num_lines: int = 20000) -> Iterator[list[str]]:
+    """Lines in batches (for bulk fast paths); a string is split once."""
+    if isinstance(text, str):
+        lines = text.split("\n")
+        for i in range(0, len(lines), num_lines):
+            yield lines[i:i + num_lines]
+        return
+    it = iter(text)
+    while True:
+        batch = list(itertools.islice(it, num_lines))
+        if not batch:
+            return
+        yield batch
 
 
 # ---------------------------------------------------------------- detection

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
+from ingest.parsers import _ISO_TS, MAX_LINE_CHARS, Col, LineParser, ParseResult, Runner, apply_rule, iter_chunks, rule
 from ingest.parsers.failures import FailureScanner
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -87,6 +87,7 @@ _TEST_ROW = re.compile(
     r"(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$"
 )
 _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
+_ENDPOINT = re.compile(r"\d+(?:\[[0-9a-fA-F]+\])?")
 _RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$")
 
 
@@ -99,8 +100,9 @@ class NcclParser(LineParser):
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
 
-    def _header(self, rec: dict, h: re.Match) -> dict:
-        rec["host"], rec["pid"], rec["cuda_dev"] = h.group("host"), int(h.group("pid")), rec.get("cuda_dev", int(h.group("dev")))
+    def _header(self, rec: dict, h: tuple) -> dict:
+        rec["host"], rec["pid"] = h[0], int(h[1])
+        rec.setdefault("cuda_dev", int(h[2]))
         return rec
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
@@ -114,40 +116,63 @@ class NcclParser(LineParser):
             if h is None:
                 return False
         level, _, msg = msg.partition(" ")
+        hdr = (h.group("host"), h.group("pid"), h.group("dev"))
         if level == "WARN":
             loc = h.group("loc") or ""
             file, _, ln = loc.rpartition(":")
+            hts = h.groupdict().get("ts")
             self.records.append({"table": "events", "source": self.source, "line": lineno, "event": "nccl_warn",
-                                 "rank": rank, "time": ts or h.group("ts") if "ts" in h.re.groupindex else ts,
-                                 "host": h.group("host"), "pid": int(h.group("pid")), "cuda_dev": int(h.group("dev")),
+                                 "rank": rank, "time": ts or hts, "host": hdr[0], "pid": int(hdr[1]), "cuda_dev": int(hdr[2]),
                                  "loc_file": file or None, "loc_line": int(ln) if ln else None, "detail": msg.strip()[:500]})
             return True
         if level != "INFO" and level != "TRACE":
             return False
-        stripped = msg.lstrip()
+        return self._msg(lineno, hdr, msg.lstrip(), ts, rank)
+
+    def _edge(self, lineno: int, hdr: tuple, g: tuple) -> None:
+        """g: (kind, channel, src, src_id, dst, dst_id, direction, transport) strings ('' = absent)."""
+        src = f"{g[2]}[{g[3]}]" if g[3] else g[2]
+        dst = (f"{g[4]}[{g[5]}]" if g[5] else g[4]) if g[4] else ""
+        key = (hdr[0], hdr[1], src, dst, g[6], g[7])
+        e = self._edges.get(key)
+        if e is None:
+            self._new_edge(lineno, hdr, key, g[1], g[0] == "CollNet")
+        else:
+            e["num_channels"] += 1
+            e["channels"] += "," + g[1]
+
+    def _fast_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str) -> bool:
+        """First sighting of an edge on the fast path; False if its tokens are not an edge."""
+        ch, _, conn = channel.partition("/")
+        if not (ch.isdigit() and (not conn or conn.isdigit()) and _ENDPOINT.fullmatch(key[2]) and _ENDPOINT.fullmatch(key[3])):
+            return False
+        self._new_edge(lineno, hdr, key, ch, False)
+        return True
+
+    def _new_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
+        src, _, src_id = key[2].partition("[")
+        dst, _, dst_id = key[3].partition("[")
+        self._edges[key] = {
+            "table": "comm_topology", "source": self.source, "line": lineno, "record": "transport",
+            "host": hdr[0], "pid": int(hdr[1]), "cuda_dev": int(hdr[2]), "rank": int(src),
+            "peer": int(dst) if dst else None, "rank_id": src_id.rstrip("]") or None, "peer_id": dst_id.rstrip("]") or None,
+            "direction": key[4] or None, "transport": key[5],
+            "transport_kind": _transport_kind(key[5]), "via_collnet": collnet,
+            "num_channels": 1, "channels": channel}
+
+    def _msg(self, lineno: int, hdr: tuple, stripped: str, ts, rank) -> bool:
         if stripped.startswith("Channel ") or stripped.startswith("CollNet "):
             m = _EDGE.match(stripped)
             if m:
-                key = (h.group("host"), h.group("pid"), m.group("src"), m.group("dst"), m.group("dir"), m.group("transport"))
-                e = self._edges.get(key)
-                if e is None:
-                    self._edges[key] = {
-                        "table": "comm_topology", "source": self.source, "line": lineno, "record": "transport",
-                        "host": key[0], "pid": int(key[1]), "cuda_dev": int(h.group("dev")), "rank": int(key[2]),
-                        "peer": int(key[3]) if key[3] else None, "rank_id": m.group("src_id"), "peer_id": m.group("dst_id"),
-                        "direction": m.group("dir"), "transport": key[5],
-                        "transport_kind": _transport_kind(key[5]), "via_collnet": m.group("kind") == "CollNet",
-                        "num_channels": 1, "channels": m.group("channel")}
-                else:
-                    e["num_channels"] += 1
-                    e["channels"] += "," + m.group("channel")
+                self._edge(lineno, hdr, tuple(x or "" for x in m.group("kind", "channel", "src", "src_id", "dst", "dst_id",
+                                                                        "dir", "transport")))
                 return True
             m = _RING.match(stripped)
             if m:
                 self.records.append(self._header({
                     "table": "comm_topology", "source": self.source, "line": lineno, "record": "ring",
                     "channel": int(m.group("channel")), "num_channels": int(m.group("num")),
-                    "ring": " ".join(m.group("ring").split())}, h))
+                    "ring": " ".join(m.group("ring").split())}, hdr))
                 return True
             return False
         word = stripped.split(" ", 1)[0]
@@ -156,17 +181,15 @@ class NcclParser(LineParser):
             if word.endswith(":") and " Bytes -> Algo " in stripped or stripped[:1].isdigit() and " Bytes -> " in stripped:
                 rules = _RULES["tuning"]
             elif word.endswith(":") and " opCount " in stripped:
-                return self._coll(lineno, stripped, h)
+                return self._coll(lineno, stripped, hdr)
             elif " -> " in stripped and ".c" in word:
                 rules = _RULES["unwind"]
             elif " set by environment to " in stripped:
                 rules = _RULES["env"]
             elif word.startswith("CPU/"):
                 rules = _RULES["CPU/"]
-            elif word.startswith("NET/"):
-                rules = _RULES.get(word.rstrip(":").rsplit("/", 0)[0]) or ()
             elif stripped[:1].isdigit() and " coll channels, " in stripped:
-                return self._channels(lineno, stripped, h)
+                return self._channels(lineno, stripped, hdr)
             else:
                 return False
         for r in rules:
@@ -187,7 +210,7 @@ class NcclParser(LineParser):
                     self._seen_env.add(k)
                     rec["kind"] = "nccl"
                 elif rec["table"] != "events":
-                    self._header(rec, h)
+                    self._header(rec, hdr)
                 self.records.append(rec)
                 return True
         return False
@@ -201,26 +224,26 @@ class NcclParser(LineParser):
             have["num_calls"] += 1
         return True
 
-    def _coll(self, lineno: int, msg: str, h: re.Match) -> bool:
+    def _coll(self, lineno: int, msg: str, hdr: tuple) -> bool:
         m = _COLL.match(msg)
         if not m:
             return False
         g = m.groupdict()
-        key = ("coll", h.group("host"), h.group("pid"), g["comm"], g["func"], g["count"], g["dt"], g["redop"], g["root"])
-        rec = {"table": "collectives", "source": self.source, "line": lineno, "record": "coll", "host": h.group("host"),
-               "pid": int(h.group("pid")), "cuda_dev": int(h.group("dev")), "comm": g["comm"], "func": g["func"],
+        key = ("coll", hdr[0], hdr[1], g["comm"], g["func"], g["count"], g["dt"], g["redop"], g["root"])
+        rec = {"table": "collectives", "source": self.source, "line": lineno, "record": "coll", "host": hdr[0],
+               "pid": int(hdr[1]), "cuda_dev": int(hdr[2]), "comm": g["comm"], "func": g["func"],
                "count": int(g["count"]), "datatype": int(g["dt"]), "redop": int(g["redop"]), "root": int(g["root"]),
                "num_ranks": int(g["nranks"]) if g["nranks"] else None, "first_op_count": int(g["op"], 16)}
         return self._agg(key, rec)
 
-    def _channels(self, lineno: int, msg: str, h: re.Match) -> bool:
+    def _channels(self, lineno: int, msg: str, hdr: tuple) -> bool:
         nums = dict((name, int(n)) for n, name in re.findall(r"(\d+) (coll|collnet|nvls|p2p) channels(?=,|$)", msg))
         per_peer = re.search(r"(\d+) p2p channels per peer", msg)
         self.records.append(self._header({
             "table": "comm_topology", "source": self.source, "line": lineno, "record": "channels",
             "num_coll_channels": nums.get("coll"), "num_collnet_channels": nums.get("collnet"),
             "num_nvls_channels": nums.get("nvls"), "num_p2p_channels": nums.get("p2p"),
-            "num_p2p_channels_per_peer": int(per_peer.group(1)) if per_peer else None}, h))
+            "num_p2p_channels_per_peer": int(per_peer.group(1)) if per_peer else None}, hdr))
         return True
 
     def _other(self, lineno: int, body: str) -> bool:
@@ -266,6 +289,66 @@ def _transport_kind(transport: str) -> str:
     return parts[0].split(" ")[0]
 
 
+# Fast path: plain (unprefixed, uncoloured) ``host:pid:tid [dev] NCCL INFO`` lines are split
+# with str methods, no regex; transport edges, the bulk of an INFO log, are aggregated from
+# their tokens. Anything else (WARN, launcher prefixes, glued text, timestamps, other
+# formats) takes the per-line path through the normaliser. Both paths build the same
+# records (tests check this).
+_DIRS = {"[send]": "send", "[receive]": "receive"}
+
+
 def parse_nccl(text, *, source: str) -> ParseResult:
-    """Parse NCCL_DEBUG output (see module doc for records). Pure; never raises on content."""
-    return run_parsers(text, [NcclParser(source), FailureScanner(source)], kind="nccl")
+    """Parse NCCL_DEBUG output (see module doc for records). Pure; never raises on content.
+
+    ``text``: a string or an iterable of lines (streamed in batches; memory is bounded by the
+    number of distinct edges / call shapes, not by the log size).
+    """
+    nccl = NcclParser(source)
+    runner = Runner([nccl, FailureScanner(source)], kind="nccl")
+    raw, msg_of, edges, fast_edge = runner.raw, nccl._msg, nccl._edges, nccl._fast_edge
+    lineno = 0
+    for batch in iter_chunks(text):
+        for line in batch:
+            lineno += 1
+            i = line.find(" NCCL INFO ")
+            if i < 0 and line[-1:] == "Z" and len(line) <= 30 and _ISO_TS.fullmatch(line):
+                runner.pending_ts = line  # CloudWatch: the timestamp of the next line, on its own line
+                continue
+            if i <= 0 or line[0] in _SLOW_START or len(line) > MAX_LINE_CHARS:
+                if line:
+                    raw(lineno, line)
+                continue
+            hpt, _, dev = line[:i].partition(" [")
+            parts = hpt.split(":")
+            if len(parts) != 3 or not dev.endswith("]") or not parts[1].isdigit():
+                raw(lineno, line)
+                continue
+            msg = line[i + 11:].rstrip()
+            if msg[:8] == "Channel " and " via " in msg:
+                left, _, transport = msg.partition(" via ")
+                tok = left.split()
+                n = len(tok)
+                if (n == 6 or n == 7) and tok[2] == ":" and tok[4] == "->" and transport:
+                    direction = _DIRS.get(tok[6]) if n == 7 else ""
+                    if direction is not None:
+                        key = (parts[0], parts[1], tok[3], tok[5], direction, transport)
+                        e = edges.get(key)
+                        if e is None:
+                            if not fast_edge(lineno, (parts[0], parts[1], dev[:-1]), key, tok[1]):
+                                raw(lineno, line)
+                                continue
+                        else:
+                            e["num_channels"] += 1
+                            e["channels"] += "," + tok[1].partition("/")[0]
+                        runner.num_lines = lineno
+                        continue
+            if msg_of(lineno, (parts[0], parts[1], dev[:-1]), msg.lstrip(), None, None):
+                runner.num_lines = lineno
+            else:
+                raw(lineno, line)
+    return runner.result()
+
+
+_SLOW_START = frozenset(" \t[(\x1b")
+
+
