@@ -24,6 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="campaign directory written by `runner all`, or third-party log files / folders")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/tables, or DIR/tables "
                         "next to the first third-party path)")
+    parser.add_argument("--model", metavar="K=V,...", default="",
+                        help="third-party logs: model shape and run facts the log does not print "
+                             "(num_layers, hidden_size, num_heads, ffn_hidden_size, seq_length, vocab_size, "
+                             "global_batch_size, world_size, tp_degree, pp_degree, micro_batch_size, dtype, gpu_name, "
+                             "position_embedding); with them runs.parquet is written for `report build`")
     parser.add_argument("--strict", action="store_true", help="third-party files: exit 1 if any line was not parsed, listing file:line")
     return parser
 
@@ -42,11 +47,24 @@ def run_thirdparty(args: argparse.Namespace) -> int:
     files = [thirdparty.ingest_file(p) for p in thirdparty.find_artifacts(args.paths)]
     first = Path(args.paths[0])
     out_dir = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "tables"
-    paths = thirdparty.write_thirdparty_tables(thirdparty.build_tables(files), out_dir)
+    tables = thirdparty.build_tables(files)
+    model = thirdparty.parse_model_flags(args.model)
+    paths, notes = [], []
+    try:
+        campaign = thirdparty.build_thirdparty_campaign(files, name=out_dir.resolve().parent.name, model=model)
+    except ToolError as e:
+        campaign = None
+        notes.append(f"no runs table for `report build`: {e}")
+    if campaign is not None:
+        paths += write_tables(thirdparty.merge_campaign_steps(campaign, tables), out_dir)
+        tables.pop("steps", None)
+    paths += thirdparty.write_thirdparty_tables(tables, out_dir)
     for f in files:
         print(thirdparty.summary_line(f))
         for w in f.result.warnings:
             print(f"  warning: {w}")
+    for note in notes:
+        print(f"note: {note}")
     for path in paths:
         print(f"wrote {path}")
     if args.strict:

@@ -9,6 +9,7 @@ metric computation (report).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -63,11 +64,14 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
 
 
 def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:
-    """Records of all files -> one DataFrame per table (columns: union of the records' keys)."""
+    """Records of all files -> one DataFrame per table (columns: union of the records' keys;
+    every row gets ``run`` = the file's stem)."""
     rows: dict[str, list[dict]] = {t: [] for t in TABLES}
     for f in files:
+        run = Path(f.path).stem
         for rec in f.result.records:
             rec = dict(rec)
+            rec.setdefault("run", run)
             rows.setdefault(rec.pop("table"), []).append(rec)
     tables = {name: pd.DataFrame(recs) for name, recs in rows.items() if recs}
     tables[FILES_TABLE] = pd.DataFrame([{
@@ -76,6 +80,17 @@ def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:
         "unparsed_lines": json.dumps(list(f.result.unparsed_lines)),
     } for f in files])
     return tables
+
+
+def merge_campaign_steps(campaign, tables: dict[str, pd.DataFrame]):
+    """The campaign's StepRow-shaped steps plus the raw steps rows of runs it does not hold
+    (e.g. a torchtitan log without a model shape), so one steps.parquet serves both."""
+    raw = tables.get("steps")
+    if raw is None:
+        return campaign
+    rest = raw[~raw["run"].isin(set(campaign.steps["run"]))]
+    steps = pd.concat([campaign.steps, rest], ignore_index=True) if not rest.empty else campaign.steps
+    return dataclasses.replace(campaign, steps=steps)
 
 
 def write_thirdparty_tables(tables: dict[str, pd.DataFrame], out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -111,3 +126,239 @@ def strict_problems(files: list[IngestedFile]) -> list[str]:
         if f.result.unparsed > MAX_STRICT_LINES:
             out.append(f"{f.path}: ... {f.result.unparsed - MAX_STRICT_LINES} more unparsed lines")
     return out
+
+
+# ---------------------------------------------------------------- third-party run -> Campaign
+
+MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_length", "vocab_size",
+              "global_batch_size", "world_size", "tp_degree", "pp_degree", "micro_batch_size")
+TEXT_KEYS = ("dtype", "gpu_name", "position_embedding")
+# Megatron argument dump -> our names (a new alias is one row).
+_MEGATRON_ARGS = {
+    "num_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
+    "ffn_hidden_size": "ffn_hidden_size", "seq_length": "seq_length", "padded_vocab_size": "padded_vocab_size",
+    "vocab_size": "vocab_size", "global_batch_size": "global_batch_size", "world_size": "world_size",
+    "tensor_model_parallel_size": "tp_degree", "pipeline_model_parallel_size": "pp_degree",
+    "micro_batch_size": "micro_batch_size", "position_embedding_type": "position_embedding",
+}
+
+
+def parse_model_flags(text: str) -> dict:
+    """``num_layers=24,hidden_size=2048,dtype=bf16`` -> dict. Raises ConfigError naming bad keys."""
+    from ingest.errors import ConfigError
+
+    out, bad = {}, []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in MODEL_KEYS + TEXT_KEYS:
+            bad.append(item)
+            continue
+        try:
+            out[key] = value if key in TEXT_KEYS else int(value)
+        except ValueError:
+            bad.append(item)
+    if bad:
+        raise ConfigError(f"--model: cannot use {', '.join(bad)}; write KEY=VALUE pairs with KEY in "
+                          f"{', '.join(MODEL_KEYS + TEXT_KEYS)}")
+    return out
+
+
+def _env_records(files: list[IngestedFile]) -> list[dict]:
+    return [r for f in files for r in f.result.records if r["table"] == "env"]
+
+
+def count_params(*, num_layers: int, hidden_size: int, ffn_hidden_size: int, vocab_size: int, seq_length: int,
+                 learned_positions: bool) -> tuple[int, int]:
+    """(parameters, position-embedding parameters) of a GPT (Megatron-LM / GPT-2 layout: biases,
+    two LayerNorms per layer plus a final one, tied input/output embedding counted once).
+    Per layer: 4H^2 + 4H (QKV + projection) + 2HF + F + H (MLP) + 4H (LayerNorms)."""
+    h, f = hidden_size, ffn_hidden_size
+    per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    pos = seq_length * h if learned_positions else 0
+    return num_layers * per_layer + vocab_size * h + 2 * h + pos, pos
+
+
+def _topology_text(files: list[IngestedFile]) -> str | None:
+    recs = [r for f in files for r in f.result.records if r["table"] == "comm_topology"]
+    if not recs:
+        return None
+    lines = []
+    comms: dict[str, list[dict]] = {}  # comm pointers are per rank: group by commId, else by shape
+    for r in recs:
+        if r.get("record") in ("comm_init", "init_complete"):
+            key = f"commId {r['comm_id']}" if r.get("comm_id") else f"nRanks {r.get('num_ranks')}"
+            comms.setdefault(key, []).append(r)
+    for key, rs in list(comms.items())[:8]:
+        nodes = next((x.get("num_nodes") for x in rs if x.get("num_nodes") is not None), None)
+        local = next((x.get("num_local_ranks") for x in rs if x.get("num_local_ranks") is not None), None)
+        seen = sorted({x["rank"] for x in rs if x.get("rank") is not None})
+        lines.append(f"NCCL communicator ({key}): {rs[0].get('num_ranks')} ranks"
+                     + (f", {nodes} nodes" if nodes is not None else "") + (f", {local} ranks per node" if local else "")
+                     + f"; ranks in the log: {', '.join(map(str, seen))}")
+    edges = [r for r in recs if r.get("record") == "transport"]
+    if edges:
+        kinds: dict[str, list[int]] = {}
+        for e in edges:
+            k = kinds.setdefault(e["transport"], [0, 0])
+            k[0] += 1
+            k[1] += e["num_channels"]
+        lines.append("NCCL transports seen: " + "; ".join(
+            f"{t} ({n} edges, {c} channel connections)" for t, (n, c) in sorted(kinds.items())))
+    rings = [r for r in recs if r.get("record") == "ring"]
+    if rings:
+        lines.append(f"NCCL rings: {len(rings)} channel rings logged, e.g. channel {rings[0]['channel']}: {rings[0]['ring']}")
+    ch = [r for r in recs if r.get("record") == "channels"]
+    if ch:
+        c = ch[0]
+        lines.append(f"NCCL channels: {c.get('num_coll_channels')} coll, {c.get('num_nvls_channels')} nvls, "
+                     f"{c.get('num_collnet_channels')} collnet, {c.get('num_p2p_channels')} p2p")
+    links = [r for r in recs if r.get("record") == "smi_link"]
+    if links:
+        devs = list(dict.fromkeys(r["device"] for r in links))
+        peers = list(dict.fromkeys(r["peer"] for r in links))
+        cell = {(r["device"], r["peer"]): r["link"] for r in links}
+        lines.append("nvidia-smi topo -m:")
+        lines.append("\t" + "\t".join(peers))
+        lines.extend(d + "\t" + "\t".join(cell.get((d, p), "") for p in peers) for d in devs)
+    return "\n".join(lines)
+
+
+def build_env_record(files: list[IngestedFile]) -> dict:
+    """An env.json-shaped dict (what report.view.build_env reads) from env/topology records."""
+    env = {}
+    for r in _env_records(files):
+        env.setdefault(r["key"], r["value"])
+    versions = {label: env[key] for label, key in (
+        ("NCCL", "nccl_version"), ("torch", "torch_version"), ("CUDA (torch build)", "cuda_build_version"),
+        ("CUDA runtime", "cuda_runtime_version"), ("CUDA driver (NCCL)", "cuda_driver_version"),
+        ("NVIDIA driver", "driver_version"), ("Python", "python_version"), ("NCCL network", "nccl_network"),
+        ("NCCL net plugin", "nccl_net_plugin")) if env.get(key)}
+    gpus = []
+    if env.get("gpu_models"):
+        for item in str(env["gpu_models"]).split("; "):
+            idx, _, name = item.partition(": ")
+            gpus.append({"index": int(idx.split()[-1]) if idx.split()[-1].isdigit() else None, "name": name or item,
+                         "driver_version": env.get("driver_version")})
+    env_vars = {k: v for k, v in env.items() if k.startswith(("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_"))}
+    return {"schema_version": SCHEMA_VERSION, "os": env.get("os"), "versions": versions, "gpus": gpus,
+            "topology": _topology_text(files), "env_vars": env_vars,
+            "launch_command": [env["launch_command"]] if env.get("launch_command") else None,
+            "sources": sorted({f.path for f in files})}
+
+
+def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: dict | None = None):
+    """A ``Campaign`` (ingest.io) with one run per training log that has iteration rows, so
+    ``report build`` renders third-party runs like ours. The model shape comes from the log's
+    argument dump, overridden by ``model`` (CLI ``--model``). Returns None when no file has
+    steps. Raises ConfigError when the shape needed for the note is unknown."""
+    from ingest.errors import ConfigError
+    from ingest.io import Campaign
+
+    train = [f for f in files if any(r["table"] == "steps" and r.get("step_time_s") is not None for r in f.result.records)]
+    if not train:
+        return None
+    shape: dict = {}
+    for r in _env_records(train):
+        if r["key"].startswith("megatron."):
+            k = _MEGATRON_ARGS.get(r["key"][len("megatron."):])
+            if k and k not in shape:
+                shape[k] = r["value"] if k in TEXT_KEYS else _int(r["value"])
+            if r["key"] in ("megatron.bf16", "megatron.fp16") and r["value"] == "True":
+                shape.setdefault("dtype", r["key"][len("megatron."):])
+    shape.update(model or {})
+    if not shape.get("vocab_size") and shape.get("padded_vocab_size"):
+        shape["vocab_size"] = shape["padded_vocab_size"]  # Megatron's dump: the embedding table's size
+    steps_all = [r for f in train for r in f.result.records if r["table"] == "steps" and r.get("step_time_s") is not None]
+    gbs = shape.get("global_batch_size") or next((r.get("global_batch_size") for r in steps_all if r.get("global_batch_size")), None)
+    if gbs:
+        shape["global_batch_size"] = gbs
+    world = shape.get("world_size") or max((r.get("num_ranks") or 0 for f in files for r in f.result.records
+                                            if r.get("record") in ("comm_init", "init_complete")), default=0) or None
+    missing = [k for k in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size", "global_batch_size")
+               if not shape.get(k)]
+    if missing or not world:
+        raise ConfigError(f"{name}: the training log does not say {', '.join(missing + ([] if world else ['world_size']))}; "
+                          f"pass them with `ingest ... --model KEY=VALUE,...` (keys: {', '.join(MODEL_KEYS + TEXT_KEYS)})")
+    ffn = shape.get("ffn_hidden_size") or 4 * shape["hidden_size"]
+    learned = shape.get("position_embedding", "learned_absolute") in ("learned", "learned_absolute")
+    num_params, pos = count_params(num_layers=shape["num_layers"], hidden_size=shape["hidden_size"], ffn_hidden_size=ffn,
+                                   vocab_size=shape["vocab_size"], seq_length=shape["seq_length"], learned_positions=learned)
+    tp, pp = shape.get("tp_degree") or 1, shape.get("pp_degree") or 1
+    world_note = None if shape.get("world_size") else f"{name}: world size {world} taken from the NCCL communicator in the same folder"
+    problems = [f"{f.path}: {f.result.unparsed} unparsed lines ({f.result.kind})" for f in files if f.result.unparsed]
+    if not shape.get("tp_degree") or not shape.get("pp_degree"):
+        problems.append(f"{name}: parallel layout not in the log; TP/PP shown as given or 1")
+    if world_note:
+        problems.append(world_note)
+    problems.append(f"{name}: parameter count computed from the model shape (GPT layout, tied embedding), not reported by the run")
+    env = build_env_record(files)
+    gpu_name = shape.get("gpu_name") or next((g["name"] for g in env["gpus"] if g.get("name")), None)
+    tokens_per_step = shape["global_batch_size"] * shape["seq_length"]
+    fixed = {"preset": "third-party log", "model": {
+        "num_layers": shape["num_layers"], "hidden_size": shape["hidden_size"], "num_heads": shape["num_heads"],
+        "ffn_hidden_size": ffn, "seq_length": shape["seq_length"], "vocab_size": shape["vocab_size"],
+        "padded_vocab_size": shape.get("padded_vocab_size") or shape["vocab_size"]},
+        "global_batch_size": shape["global_batch_size"], "dtype": shape.get("dtype"), "seed": None, "steps": None,
+        "warmup_steps": 0, "lr": None, "min_lr": None, "lr_warmup_steps": None, "weight_decay": None,
+        "adam_beta1": None, "adam_beta2": None, "grad_clip": None, "data": "as in the original run"}
+    runs, step_rows = [], []
+    for f in train:
+        run = Path(f.path).stem
+        rows = [r for r in f.result.records if r["table"] == "steps" and r.get("step_time_s") is not None]
+        fixed["steps"] = max(r["step"] for r in rows)
+        runs.append({"run": run, "campaign": name, "strategy": f"{f.result.kind} log", "engine": f.result.kind,
+                     "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": max(world // (tp * pp), 1),
+                     "micro_batch_size": shape.get("micro_batch_size"), "num_microbatches": 1, "device": "cuda",
+                     "backend": "nccl", "options": "{}", **{k: v for k, v in fixed.items() if k != "model"},
+                     **fixed["model"], "tokens_per_step": tokens_per_step, "status": "ok", "exit_code": None,
+                     "cause": None, "num_params": num_params, "num_params_position_embedding": pos,
+                     "device_name": gpu_name, "num_gpus": world, "num_metric_files": 1, "num_metric_rows": len(rows)})
+        wall = 0.0
+        for r in rows:
+            wall += r["step_time_s"]
+            raw = {k: v for k, v in r.items() if k != "table"}
+            step_rows.append({**raw, "schema_version": SCHEMA_VERSION, "run": run, "rank": r.get("rank") or 0, "step": r["step"],
+                              "step_time_s": r["step_time_s"], "tokens": tokens_per_step, "loss": r.get("loss"),
+                              "lr": r.get("lr"), "grad_norm": r.get("grad_norm"),
+                              "mem_peak_allocated_gib": r.get("mem_max_allocated_gib"),
+                              "mem_peak_reserved_gib": r.get("mem_max_reserved_gib"), "data_wait_s": None,
+                              "wall_time_s": wall, "engine": f.result.kind, "source": f.path, "line": r["line"],
+                              "framework_tflops_per_gpu": r.get("framework_tflops_per_gpu"),
+                              "framework_mfu": r.get("framework_mfu")})
+    campaign = {"schema_version": SCHEMA_VERSION, "name": name, "runs": [r["run"] for r in runs], "fixed": fixed,
+                "created_at": None, "tool_version": None, "source": "third-party logs"}
+    steps = pd.DataFrame(step_rows).astype({c: "float64" for c in ("loss", "lr", "grad_norm", "mem_peak_allocated_gib",
+                                                                    "mem_peak_reserved_gib", "data_wait_s",
+                                                                    "framework_tflops_per_gpu", "framework_mfu")})
+    runs_df = pd.DataFrame(runs)
+    for c in ("micro_batch_size", "exit_code", "seed", "steps", "lr_warmup_steps"):
+        runs_df[c] = runs_df[c].astype("Int64")
+    return Campaign(source=name, campaign=campaign, env=env, runs=runs_df, steps=steps, problems=tuple(problems))
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return None
+
+
+def is_thirdparty_folder(path: str | os.PathLike[str]) -> bool:
+    """A directory that is neither a campaign (campaign.json) nor a tables dir (runs.parquet)
+    but holds files: what ``report build`` hands to ``load_thirdparty_campaign``."""
+    root = Path(path)
+    return (root.is_dir() and not (root / "campaign.json").is_file() and not (root / "runs.parquet").is_file()
+            and any(f.is_file() for f in root.iterdir()))
+
+
+def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None = None):
+    """Parse every file of a folder of third-party logs into a Campaign (model shape from the
+    logs, or ``model``). Raises NoDataError (no training log with iteration times) or
+    ConfigError (shape unknown: says how to pass it)."""
+    files = [ingest_file(p) for p in find_artifacts([str(path)])]
+    campaign = build_thirdparty_campaign(files, name=Path(path).resolve().name, model=model)
+    if campaign is None:
+        kinds = ", ".join(f"{Path(f.path).name}: {f.result.kind}" for f in files)
+        raise NoDataError(f"{path}: no training log with iteration times among the files ({kinds}); "
+                          "add a Megatron-LM/DeepSpeed log or run `runner all`")
+    return merge_campaign_steps(campaign, build_tables(files))

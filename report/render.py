@@ -128,6 +128,13 @@ def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float) 
     )
 
 
+def _load_any(source: str | Path) -> Campaign:
+    """A campaign or tables dir (ingest.io), or a folder of third-party logs (ingest.thirdparty)."""
+    from ingest.thirdparty import is_thirdparty_folder, load_thirdparty_campaign
+
+    return load_thirdparty_campaign(source) if is_thirdparty_folder(source) else load_campaign(source)
+
+
 def build_report(source: str | Path, *, out_dir: str | Path | None = None,
                  formats: Sequence[str] = FORMATS) -> list[Path]:
     """Load a campaign or tables dir, write note.<fmt> (+ figures/) into out_dir
@@ -135,7 +142,7 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ConfigError(f"unknown --format {','.join(bad) or '(empty)'}; choose from {','.join(FORMATS)}")
-    campaign = load_campaign(source)
+    campaign = _load_any(source)
     if "fixed" not in campaign.campaign:
         raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
     out = Path(out_dir) if out_dir else Path(source) / "report"

@@ -1,0 +1,98 @@
+"""`report build` on a folder holding only a Megatron-LM log and an NCCL log (issue 3, done-when 4)."""
+from __future__ import annotations
+
+import statistics
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ingest.cli import main as ingest_main
+from ingest.errors import ConfigError
+from ingest.thirdparty import count_params
+from report.cli import main as report_main
+from report.hardware import lookup_peak
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+ARGS = """------------------------ arguments ------------------------
+  num_layers ...................................... 32
+  hidden_size ..................................... 4096
+  num_attention_heads ............................. 32
+  ffn_hidden_size ................................. 11008
+  seq_length ...................................... 4096
+  padded_vocab_size ............................... 32000
+  tensor_model_parallel_size ...................... 2
+  pipeline_model_parallel_size .................... 1
+  position_embedding_type ......................... rope
+  bf16 ............................................ True
+-------------------- end of arguments ---------------------
+"""
+STEP_TIMES = [86.5452, 87.8716, 89.4748, 89.0752]  # fixture 19's iterations 122-125
+
+
+def folder(tmp_path: Path, *, args: bool) -> Path:
+    d = tmp_path / "job"
+    d.mkdir()
+    megatron = (FIXTURES / "19_megatron_llm_fork_iteration_plain.txt").read_text(encoding="utf-8")
+    (d / "train.out").write_text((ARGS if args else "") + megatron, encoding="utf-8")
+    nccl = (FIXTURES / "12_nccl_tests_h20_cumem_ib_2node.txt").read_text(encoding="utf-8")
+    (d / "nccl.txt").write_text("host-a:1789224:1789224 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n" + nccl, encoding="utf-8")
+    return d
+
+
+def expected_mfu(*, layers, hidden, ffn, vocab, seq, gbs, world, learned, peak):
+    n, pos = count_params(num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, vocab_size=vocab,
+                          seq_length=seq, learned_positions=learned)
+    tokens_per_s = gbs * seq / statistics.median(STEP_TIMES)
+    fpt = 6 * (n - pos) + 12 * layers * hidden * seq
+    return tokens_per_s, tokens_per_s * fpt / (world * peak)
+
+
+def test_report_build_on_raw_folder_reads_shape_from_argument_dump(tmp_path, capsys):
+    d = folder(tmp_path, args=True)
+    assert report_main(["build", str(d), "--format", "md"]) == 0
+    note = (d / "report" / "note.md").read_text(encoding="utf-8")
+    assert "| NCCL | 2.21.5+cuda12.4 |" in note
+    assert "NCCL transports seen: NET/IB/2/GDRDMA (2 edges, 8 channel connections); NET/IB/3/GDRDMA" in note
+    assert "P2P/CUMEM (2 edges, 5 channel connections)" in note
+    assert "NCCL communicator (commId 0xf021d9037f9243d8): 4 ranks; ranks in the log: 0, 1, 2, 3" in note
+    assert "| train | ok | 4 | 88.47 s | 89.35 s | 47.4 k |" in note
+    # no GPU name in these logs: MFU is n/a with a caveat, never a fallback peak
+    row = next(line for line in note.splitlines() if line.startswith("| train | ok"))
+    assert row.split("|")[8].strip() == "n/a"
+    assert "32 layers, hidden 4096, 32 heads, FFN 11008, seq 4096" in note
+    assert "i.i.d. Zipf" not in note
+
+
+def test_ingest_with_model_flags_then_report_build_tables(tmp_path, capsys):
+    d = folder(tmp_path, args=False)
+    flags = "num_layers=32,hidden_size=4096,num_heads=32,ffn_hidden_size=11008,seq_length=4096,vocab_size=32000," \
+            "dtype=bf16,gpu_name=NVIDIA H100 80GB HBM3,world_size=8"
+    assert ingest_main([str(d), "--model", flags]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {d / 'tables' / 'runs.parquet'}" in out
+    steps = pd.read_parquet(d / "tables" / "steps.parquet")
+    assert steps["step_time_s"].round(4).tolist() == STEP_TIMES and set(steps["run"]) == {"train"}
+    assert steps["consumed_samples"].tolist() == [124928, 125952, 126976, 128000]  # raw columns kept
+    assert report_main(["build", str(d / "tables"), "--format", "md"]) == 0
+    note = (d / "tables" / "report" / "note.md").read_text(encoding="utf-8")
+    peak = lookup_peak("NVIDIA H100 80GB HBM3", "bf16").flops
+    tps, mfu = expected_mfu(layers=32, hidden=4096, ffn=11008, vocab=32000, seq=4096, gbs=1024, world=8, learned=True, peak=peak)
+    row = next(line for line in note.splitlines() if line.startswith("| train | ok")).split("|")
+    assert row[6].strip() == "47.4 k" and tps == pytest.approx(47407.5, rel=1e-4)
+    assert row[8].strip() == f"{mfu * 100:.1f}%"
+    assert "| NCCL | 2.21.5+cuda12.4 |" in note
+
+
+def test_raw_folder_without_shape_says_how_to_pass_it(tmp_path, capsys):
+    d = folder(tmp_path, args=False)
+    assert report_main(["build", str(d), "--format", "md"]) == 2
+    err = capsys.readouterr().err
+    assert "ingest ... --model KEY=VALUE" in err and "num_layers" in err
+    assert ingest_main([str(d)]) == 0  # ingest alone still writes the raw tables, with a note
+    assert "note: no runs table for `report build`" in capsys.readouterr().out
+    with pytest.raises(ConfigError):
+        from ingest.thirdparty import parse_model_flags
+        parse_model_flags("layers=3")
+    shutil.rmtree(d)
