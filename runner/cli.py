@@ -44,7 +44,8 @@ def _free_port() -> int:
 
 
 def _print_dry_run(campaign: Campaign, out: Path) -> None:
-    from runner.launch import build_command
+    from runner.env import collect_env_vars
+    from runner.launch import build_command, build_run_env
 
     print(f"campaign {campaign.name}: preset {campaign.preset}, device {campaign.device}, "
           f"global batch {campaign.fixed.global_batch_size} x seq {campaign.fixed.model.seq_length}, "
@@ -54,7 +55,13 @@ def _print_dry_run(campaign: Campaign, out: Path) -> None:
               f"tp={spec.tp_degree} pp={spec.pp_degree} dp={spec.dp_degree} "
               f"micro_batch_size={spec.micro_batch_size} num_microbatches={spec.num_microbatches}"
               + (f" options={dict(spec.options)}" if spec.options else ""))
-        print("    " + shlex.join(build_command(spec, run_dir=out / spec.name, master_port=29500)))
+        run_dir = out / spec.name
+        added = {k: v for k, v in collect_env_vars(build_run_env(spec, run_dir=run_dir, base={})).items()}
+        added["PYTHONUNBUFFERED"] = "1"
+        print("    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(added.items())) + " "
+              + shlex.join(build_command(spec, run_dir=run_dir, master_port=29500)))
+    print("(the master port is a free port picked at launch; runner.train reads <run-dir>/spec.json, "
+          "which `runner all` writes before launching)")
 
 
 FINAL_STATUSES = {"ok", "oom", "crash", "hang", "timeout", "skipped"}  # "interrupted" is re-run by --resume
@@ -63,7 +70,9 @@ FINAL_STATUSES = {"ok", "oom", "crash", "hang", "timeout", "skipped"}  # "interr
 def cmd_all(args: argparse.Namespace) -> int:
     if args.resume:
         return resume_campaign(args.resume)
-    num_gpus = count_gpus()
+    if args.gpus is not None and not args.dry_run:
+        raise ToolError("--gpus only applies to --dry-run (a real campaign uses the GPUs it finds)")
+    num_gpus = count_gpus() if args.gpus is None else args.gpus
     matrix_path = args.matrix or default_matrix(num_gpus)
     campaign = resolve_matrix(load_matrix(matrix_path), source=str(matrix_path), num_gpus=num_gpus,
                               overrides={"preset": args.preset, "steps": args.steps})
@@ -81,6 +90,11 @@ def cmd_all(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     launch_command = list(sys.orig_argv)
     env = collect_env(launch_command=launch_command, data_dir=out)
+    # what the ranks actually run with (NCCL_DEBUG, flight recorder, OMP threads), not the runner's own env
+    from runner.env import collect_env_vars
+    from runner.launch import build_run_env
+
+    env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>"))
     write_json_atomic(out / "env.json", env)
     supervision = {"run_timeout_s": campaign.run_timeout_s, "stall_timeout_s": campaign.stall_timeout_s,
                    "startup_timeout_s": campaign.startup_timeout_s}
@@ -112,11 +126,13 @@ def resume_campaign(out: Path) -> int:
 def run_campaign(out: Path, specs: list, supervision: dict) -> int:
     from runner.launch import Watchdog, archive_attempt, load_json, run_one
 
+    statuses = []
     for i, spec in enumerate(specs, 1):
         run_dir = out / spec.name
         status_path = run_dir / "status.json"
         if status_path.exists() and load_json(status_path).get("status") in FINAL_STATUSES:
-            print(f"[{i}/{len(specs)}] {spec.name}: already {load_json(status_path)['status']}, kept", flush=True)
+            statuses.append(load_json(status_path)["status"])
+            print(f"[{i}/{len(specs)}] {spec.name}: already {statuses[-1]}, kept", flush=True)
             continue
         archive_attempt(run_dir)
         print(f"[{i}/{len(specs)}] {spec.name}: {spec.strategy}/{spec.engine} on {spec.world_size} "
@@ -126,8 +142,9 @@ def run_campaign(out: Path, specs: list, supervision: dict) -> int:
         status = run_one(spec, run_dir=run_dir, watchdog=watchdog, master_port=_free_port())
         print(f"    {status.status} in {status.duration_s:.1f} s" + (f": {status.cause}" if status.cause else ""),
               flush=True)
-    print(f"done: report build {out}")
-    return 0
+        statuses.append(status.status)
+    print(f"done ({statuses.count('ok')}/{len(statuses)} runs ok): report build {out}")
+    return 0 if "ok" in statuses else 1  # a campaign where nothing ran is a failed job
 
 
 def _sigterm_to_interrupt(signum, frame):  # noqa: ARG001
@@ -143,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_all.add_argument("--dry-run", action="store_true", help="print resolved runs and exact commands; run nothing")
     p_all.add_argument("--preset", help="model preset (overrides the matrix): gpt-125m | tiny")
     p_all.add_argument("--steps", type=int, help="optimizer steps per run (overrides the matrix)")
+    p_all.add_argument("--gpus", type=int, help="with --dry-run: resolve as if this many GPUs were present")
     p_all.add_argument("--resume", type=Path, metavar="CAMPAIGN",
                        help="finish an existing campaign: run only the runs without a final status")
     p_all.set_defaults(func=cmd_all)
@@ -152,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    signal.signal(signal.SIGHUP, _sigterm_to_interrupt)
     try:
         return args.func(args)
     except ToolError as e:

@@ -85,23 +85,42 @@ def classify_failure(run_dir: Path, exit_code: int, *, world_size: int) -> tuple
     collective); allocator failures -> 'oom' (with the allocator's own numbers); else 'crash'
     naming the first rank that raised."""
     logs = _rank_logs(run_dir)
+    root_rank, root_exit = _torchrun_root_cause(run_dir / "logs" / "launcher.log")
+    if root_rank is not None and root_rank in logs:  # look at the first failed rank first
+        logs = {root_rank: logs[root_rank], **{r: t for r, t in logs.items() if r != root_rank}}
     dumps = load_flight_recorder_dumps(run_dir / "trace")
     if dumps or any(WATCHDOG_PATTERN.search(t) for t in logs.values()):
         cause, diagnosis = diagnose_from_flight_recorder(
             {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=world_size)
         return "hang", f"collective timeout (NCCL watchdog): {cause}", diagnosis
-    for rank, text in sorted(logs.items()):
+    if root_exit is not None and root_exit < 0:
+        sig = signal.Signals(-root_exit).name
+        hint = " (often the host's OOM killer; see dmesg)" if sig == "SIGKILL" else ""
+        return "crash", f"rank {root_rank} killed by {sig}{hint}", {"rank": root_rank, "signal": sig}
+    for rank, text in logs.items():
         m = OOM_PATTERN.search(text)
         if m:
             line = text[m.start():].splitlines()[0]
             return "oom", f"rank {rank}: {line[:400]}", {"rank": rank, "message": line[:2000]}
-    for rank, text in sorted(logs.items()):
+    for rank, text in logs.items():
         found = EXCEPTION_PATTERN.findall(text)
         if found:
             return "crash", f"rank {rank}: {found[-1][:300]}", {"rank": rank, "exception": found[-1][:2000]}
     if exit_code < 0:
         return "crash", f"killed by signal {signal.Signals(-exit_code).name}", None
     return "crash", f"exit code {exit_code}, no exception in the rank logs", None
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<exit>-?\d+)", re.DOTALL)
+
+
+def _torchrun_root_cause(launcher_log: Path) -> tuple[int | None, int | None]:
+    """(rank, exit code) of torchrun's "Root Cause (first observed failure)" block, if any."""
+    try:
+        m = _ROOT_CAUSE.search(launcher_log.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None, None
+    return (int(m["rank"]), int(m["exit"])) if m else (None, None)
 
 
 def load_flight_recorder_dumps(trace_dir: Path) -> dict[int, dict]:
@@ -154,6 +173,124 @@ def diagnose_stall(proc: subprocess.Popen, run_dir: Path, *, world_size: int) ->
     if missing:
         cause += f"; no stack for rank(s) {', '.join(map(str, missing))}"
     return cause, diagnosis
+
+
+def load_json(path: Path) -> dict:
+    """Read one of our JSON artifacts; ConfigError naming the file when missing or malformed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; is this a campaign directory written by `runner all`?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); the campaign is damaged") from None
+
+
+def archive_attempt(run_dir: Path) -> None:
+    """Move a previous attempt's artifacts (metrics, logs, trace, status) to attempt-<n>/ so a
+    re-run starts clean and nothing measured is lost."""
+    old = [run_dir / n for n in ("metrics", "logs", "trace", "status.json", "run_info.json") if (run_dir / n).exists()]
+    if not old:
+        return
+    n = 1
+    while (run_dir / f"attempt-{n}").exists():
+        n += 1
+    (run_dir / f"attempt-{n}").mkdir()
+    for path in old:
+        os.replace(path, run_dir / f"attempt-{n}" / path.name)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Watchdog:
+    """deadline_s: the run's hard limit. stall_timeout_s: no new step row for this long (after
+    the first row) means a hang; startup_timeout_s: the same before the first row."""
+
+    deadline_s: float
+    stall_timeout_s: float
+    startup_timeout_s: float
+    poll_s: float = 1.0
+
+
+def _metrics_bytes(run_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (run_dir / "metrics").glob("rank*.jsonl"))
+
+
+def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int) -> RunStatus:
+    """Launch one run, supervise it, classify how it ended and write status.json.
+
+    A stall (no new step row within the watchdog's limits) dumps every rank's Python stack
+    (py-spy) into trace/ before the group is killed; a deadline kills it as 'timeout'.
+    KeyboardInterrupt (SIGINT, or SIGTERM turned into it by the CLI) kills the group, records
+    'interrupted' and is re-raised.
+    """
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "trace").mkdir(exist_ok=True)
+    cmd = build_command(spec, run_dir=run_dir, master_port=master_port)
+    started, t0 = _now(), time.monotonic()
+    status, cause, code, diagnosis = "ok", None, None, None
+    with (run_dir / "logs" / "launcher.log").open("w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=build_run_env(spec, run_dir=run_dir), start_new_session=True)
+        try:
+            seen, last_progress = -1, t0
+            while code is None:
+                try:
+                    code = proc.wait(timeout=watchdog.poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now, size = time.monotonic(), _metrics_bytes(run_dir)
+                if size != seen:
+                    seen, last_progress = size, now
+                limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
+                if now - last_progress > limit:
+                    cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
+                    status = "hang"
+                    cause = f"no step row for {limit:.0f} s; {cause}"
+                    _kill_group(proc)
+                    break
+                if now - t0 > watchdog.deadline_s:
+                    _kill_group(proc)
+                    status, cause = "timeout", f"no exit within the {watchdog.deadline_s:.0f} s deadline; killed"
+                    break
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
+                          started, t0, cmd, None)
+            raise
+    if status == "ok" and code != 0:
+        status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size)
+    return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop torchrun and every rank: SIGTERM to the session and each descendant (ranks may
+    sit in process groups of their own), then SIGKILL whatever is left after 10 s."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for p in tree:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        tree = alive
+        if not alive:
+            break
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def load_json(path: Path) -> dict:

@@ -15,6 +15,7 @@ Deliberately not here: launching, hardware probing (the caller passes ``num_gpus
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,22 @@ FIXED_KEYS = MODEL_KEYS | {
 }
 RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options"}
 DTYPES = ("bf16", "fp32")
+# [fixed] key -> (type, minimum); bool is rejected where a number is expected
+FIXED_TYPES: dict[str, tuple[type, float | None]] = {
+    "num_layers": (int, 1), "hidden_size": (int, 1), "num_heads": (int, 1), "ffn_hidden_size": (int, 1),
+    "seq_length": (int, 1), "vocab_size": (int, 2), "global_batch_size": (int, 1), "seed": (int, 0),
+    "steps": (int, 1), "warmup_steps": (int, 0), "lr_warmup_steps": (int, 0), "lr": (float, 0.0),
+    "min_lr": (float, 0.0), "weight_decay": (float, 0.0), "adam_beta1": (float, 0.0), "adam_beta2": (float, 0.0),
+    "grad_clip": (float, 0.0), "dtype": (str, None), "data": (str, None),
+}
+# Engine knobs a run may set under [runs.options], per (strategy, engine); "fault" is for tests.
+OPTION_KEYS: dict[tuple[str, str], set[str]] = {
+    ("ddp", "torch-ddp"): {"bucket_cap_mb", "compile"},
+    ("zero3", "deepspeed"): {"zero"},
+    ("tp_pp", "torch"): set(),
+    ("tp_pp", "megatron"): {"use_distributed_optimizer", "init"},
+}
+COMMON_OPTION_KEYS = {"fault"}
 DEFAULT_FIXED = {"seed": 1234, "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "grad_clip": 1.0,
                  "data": "synthetic"}
 
@@ -72,8 +89,44 @@ def load_matrix(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: matrix file not found; pass --matrix with an existing TOML file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; pass --matrix with a TOML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; a matrix is a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax") from None
+
+
+def _check_shape(raw: Mapping[str, Any], source: str) -> None:
+    """Structural checks before any field is used: tables are tables, runs an array of tables."""
+    problems = []
+    for key in ("campaign", "fixed"):
+        if key in raw and not isinstance(raw[key], dict):
+            problems.append(f"{source}: [{key}] must be a table, got {type(raw[key]).__name__}")
+    runs = raw.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        problems.append(f"{source}: runs must be an array of tables ([[runs]]), got {type(runs).__name__}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _check_fixed_types(fixed_raw: Mapping[str, Any], where: str) -> list[str]:
+    problems = []
+    for key, value in fixed_raw.items():
+        if key not in FIXED_TYPES:
+            continue
+        kind, minimum = FIXED_TYPES[key]
+        name = f"--{key.replace('_', '-')}" if where == "--" else f"{where} {key}"
+        ok = isinstance(value, str) if kind is str else (
+            not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int))
+        if not ok:
+            problems.append(f"{name} must be {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
+                            f", got {value!r}")
+        elif minimum is not None and value < minimum:
+            problems.append(f"{name} must be >= {minimum}, got {value!r}")
+    return problems
 
 
 def _unknown(keys, valid, where: str) -> list[str]:
@@ -106,27 +159,40 @@ def resolve_matrix(
     problem, one per line.
     """
     overrides = dict(overrides or {})
+    _check_shape(raw, source)
     problems: list[str] = _unknown(raw.keys(), {"campaign", "fixed", "runs"}, source)
     camp = dict(raw.get("campaign", {}))
     problems += _unknown(camp.keys(), CAMPAIGN_KEYS, f"{source} [campaign]")
     fixed_raw = dict(raw.get("fixed", {}))
     problems += _unknown(fixed_raw.keys(), FIXED_KEYS, f"{source} [fixed]")
-    for key in ("preset",):
-        if overrides.get(key) is not None:
-            camp[key] = overrides.pop(key)
-    fixed_raw.update({k: v for k, v in overrides.items() if v is not None and k in FIXED_KEYS})
+    problems += _check_fixed_types(fixed_raw, f"{source} [fixed]")
+    cli = {k: v for k, v in overrides.items() if v is not None and k in FIXED_KEYS}
+    problems += _check_fixed_types(cli, "--")
+    fixed_raw.update(cli)
+    if not isinstance(camp.get("name", "campaign"), str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", camp.get("name", "x")):
+        problems.append(f"{source} [campaign] name must be letters, digits, '.', '-' or '_', got {camp.get('name')!r}")
+    if problems:
+        raise ConfigError("\n".join(problems))
 
     device = "cuda" if num_gpus > 0 else "cpu"
-    preset_name = camp.get("preset", "auto")
+    if overrides.get("preset") is not None:
+        preset_name, preset_where = overrides["preset"], "--preset"
+        if preset_name not in PRESETS:
+            raise ConfigError(f"--preset '{preset_name}' is unknown (valid: {', '.join(PRESETS)})")
+    else:
+        preset_name, preset_where = camp.get("preset", "auto"), f"{source} [campaign] preset"
     if preset_name == "auto":
         preset_name = "gpt-125m" if device == "cuda" else "tiny"
-    if preset_name not in PRESETS:
-        raise ConfigError(f"{source} [campaign] preset '{preset_name}' is unknown (valid: auto, {', '.join(PRESETS)})")
+    if not isinstance(preset_name, str) or preset_name not in PRESETS:
+        raise ConfigError(f"{preset_where} '{preset_name}' is unknown (valid: auto, {', '.join(PRESETS)})")
     preset = PRESETS[preset_name]
     base = {f.name: getattr(preset, f.name) for f in dataclasses.fields(preset)} | DEFAULT_FIXED
     values = base | fixed_raw
     if values["dtype"] not in DTYPES:
         problems.append(f"{source} [fixed] dtype '{values['dtype']}' is not supported (valid: {', '.join(DTYPES)})")
+    if values["steps"] <= values["warmup_steps"]:
+        problems.append(f"{source} [fixed] steps ({values['steps']}) must exceed warmup_steps ({values['warmup_steps']}),"
+                        " or no step is measured")
     if values["data"] != "synthetic":
         problems.append(f"{source} [fixed] data '{values['data']}' is not supported yet (valid: synthetic)")
     default_world = camp.get("world_size", "auto")
@@ -148,17 +214,18 @@ def resolve_matrix(
         name = run.get("name")
         if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
             problems.append(f"{where}: 'name' must be letters, digits, '-' or '_', got {name!r}")
-        elif name in names:
+            continue
+        if name in names:
             problems.append(f"{where}: duplicate run name '{name}'")
         names.add(str(name))
         strategy = run.get("strategy")
-        if strategy not in STRATEGY_ENGINES:
+        if not isinstance(strategy, str) or strategy not in STRATEGY_ENGINES:
             problems.append(f"{where}: unknown strategy {strategy!r} (valid: {', '.join(STRATEGY_ENGINES)})")
             continue
         engines = STRATEGY_ENGINES[strategy]
         default_engine = "torch" if (strategy == "tp_pp" and device == "cpu") else engines[0]
         engine = run.get("engine", default_engine)
-        if engine not in engines:
+        if not isinstance(engine, str) or engine not in engines:
             problems.append(f"{where}: engine {engine!r} is not one of {strategy}'s engines ({', '.join(engines)})")
         elif engine == "megatron" and device == "cpu":
             problems.append(f"{where}: engine 'megatron' needs CUDA (its pipeline schedules do); use engine = \"torch\" on CPU")
@@ -205,8 +272,9 @@ def resolve_matrix(
             problems.append(f"{where}: pp_degree {pp} must divide num_layers {model.num_layers}")
         per_dp = gbs // dp
         min_m = 4 * pp if pp > 1 else 1
-        mbs = lay["run"].get("micro_batch_size") or _default_micro_batch(
-            per_dp, cap=preset.micro_batch_size, min_microbatches=min_m)
+        mbs = lay["run"].get("micro_batch_size")
+        if mbs is None:
+            mbs = _default_micro_batch(per_dp, cap=preset.micro_batch_size, min_microbatches=min_m)
         if _int(mbs, f"{where} micro_batch_size", problems) is None:
             continue
         if per_dp % mbs:
@@ -219,9 +287,11 @@ def resolve_matrix(
         if not isinstance(options, dict):
             problems.append(f"{where}: 'options' must be a table, got {options!r}")
             continue
+        valid = OPTION_KEYS.get((lay["strategy"], lay["engine"]), set()) | COMMON_OPTION_KEYS
+        problems += _unknown(options.keys(), valid, f"{where} options")
         try:
             build_fault(options)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             problems.append(f"{where}: {e}")
         specs.append(RunSpec(
             campaign=str(camp.get("name", "campaign")), name=lay["run"]["name"], strategy=lay["strategy"],

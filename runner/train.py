@@ -88,31 +88,44 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     fault = build_fault(spec.options)
     with open_metrics_file(run_dir, ctx.rank) as out:
         recorder = StepRecorder(out, run=spec.name, engine=spec.engine, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
-        for step in range(f.steps):
-            recorder.begin_step()
-            t0 = time.perf_counter()
-            inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
-            tokens = data.tokens(step)
-            if pin:
-                tokens = tokens.pin_memory()
-            microbatches = [
-                (x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
-                for x, y in slice_batch(
-                    tokens,
-                    dp_rank=trainer.dp_rank,
-                    dp_degree=trainer.dp_degree,
-                    micro_batch_size=spec.micro_batch_size,
-                    num_microbatches=spec.num_microbatches,
-                )
-            ]
-            data_wait_s = time.perf_counter() - t0
-            lr = lr_at(step, f)
-            inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
-            out_step = trainer.train_step(microbatches, lr=lr)
-            recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s)
-            if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
-                print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
+        try:
+            _loop(spec, trainer, data, recorder, fault=fault, ctx=ctx, pin=pin)
+        except BaseException:
+            try:  # keep the last completed step's row; never mask the original error
+                recorder.close()
+            except Exception:  # noqa: BLE001
+                pass
+            raise
         recorder.close()
+
+
+def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder, *, fault, ctx: RankContext,
+          pin: bool) -> None:
+    f = spec.fixed
+    for step in range(f.steps):
+        recorder.begin_step()
+        t0 = time.perf_counter()
+        inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
+        tokens = data.tokens(step)
+        if pin:
+            tokens = tokens.pin_memory()
+        microbatches = [
+            (x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
+            for x, y in slice_batch(
+                tokens,
+                dp_rank=trainer.dp_rank,
+                dp_degree=trainer.dp_degree,
+                micro_batch_size=spec.micro_batch_size,
+                num_microbatches=spec.num_microbatches,
+            )
+        ]
+        data_wait_s = time.perf_counter() - t0
+        lr = lr_at(step, f)
+        inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
+        out_step = trainer.train_step(microbatches, lr=lr)
+        recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s)
+        if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
+            print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,3 +155,23 @@ def test_flight_recorder_diagnosis_names_the_missing_rank():
     cause, diagnosis = diagnose_from_flight_recorder(per_rank, world_size=4)
     assert diagnosis["behind_ranks"] == [0] and diagnosis["missing_ranks"] == [3]
     assert cause.startswith("collective #4 (nccl:all_reduce) started; rank(s) 0, 3 never entered it")
+
+
+def test_rank_killed_by_signal_is_named(tmp_path):
+    matrix = tmp_path / "m.toml"
+    matrix.write_text('[campaign]\nname = "k"\npreset = "tiny"\n[fixed]\nsteps = 200\nwarmup_steps = 2\n'
+                      '[[runs]]\nname = "victim"\nstrategy = "ddp"\n[[runs]]\nname = "after"\nstrategy = "ddp"\n')
+    out = tmp_path / "camp"
+    proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "all", "--matrix", str(matrix), "--out", str(out),
+                             "--steps", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while len(_rows(out / "victim", 1)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    victim = next(p for p in _train_processes(out / "victim") if p.environ().get("RANK") == "1")
+    victim.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=400)
+    status = _status(out / "victim")
+    assert status["status"] == "crash"
+    assert status["cause"].startswith("rank 1 killed by SIGKILL")
+    assert _status(out / "after")["status"] == "ok"  # the campaign went on
+    assert len(_rows(out / "victim", 0)) >= 3  # what was measured before the kill is kept

@@ -105,3 +105,48 @@ def test_dry_run_prints_each_run_and_its_command(tmp_path):
         assert f"--run-dir {tmp_path / 'c' / name}" in res.stdout
     assert "--nproc-per-node=4" in res.stdout
     assert not (tmp_path / "c").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"runs": {"name": "a"}}, "runs must be an array of tables"),
+        ({"runs": ["ddp"]}, "runs must be an array of tables"),
+        ({"campaign": "x", "runs": []}, "[campaign] must be a table"),
+        ({"fixed": 3, "runs": []}, "[fixed] must be a table"),
+        (_matrix({"strategy": "ddp"}), "'name' must be letters"),
+        (_matrix({"name": "a", "strategy": ["ddp"]}), "unknown strategy ['ddp']"),
+        (_matrix({"name": "a", "strategy": "ddp", "options": "x"}), "'options' must be a table"),
+        (_matrix({"name": "a", "strategy": "ddp", "options": {"bucket_cap": 10}}), "unknown key 'bucket_cap'"),
+        (_matrix({"name": "a", "strategy": "ddp"}, fixed={"global_batch_size": "16"}), "global_batch_size must be an integer"),
+        (_matrix({"name": "a", "strategy": "ddp"}, fixed={"steps": 0}), "steps must be >= 1"),
+        (_matrix({"name": "a", "strategy": "ddp"}, fixed={"steps": 5, "warmup_steps": 5}), "must exceed warmup_steps"),
+        (_matrix({"name": "a", "strategy": "ddp"}, fixed={"lr": "fast"}), "lr must be a number"),
+        (_matrix({"name": "a", "strategy": "ddp", "micro_batch_size": 0}), "micro_batch_size must be an integer >= 1"),
+        ({"campaign": {"name": "../../etc"}, "runs": [{"name": "a", "strategy": "ddp"}]}, "[campaign] name must be"),
+        ({"campaign": {"run_timeout_s": "ten"}, "runs": [{"name": "a", "strategy": "ddp"}]}, "run_timeout_s must be a positive"),
+    ],
+)
+def test_malformed_matrix_shapes_and_types(raw, fragment):
+    with pytest.raises(ConfigError) as err:
+        resolve_matrix(raw, source="m.toml", num_gpus=0)
+    assert fragment in str(err.value)
+
+
+def test_cli_overrides_are_validated(tmp_path):
+    res = _cli("all", "--dry-run", "--steps", "0", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == "runner: error: --steps must be >= 1, got 0"
+    res = _cli("all", "--dry-run", "--preset", "huge", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == "runner: error: --preset 'huge' is unknown (valid: gpt-125m, tiny)"
+    res = _cli("all", "--matrix", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 2 and "is a directory" in res.stderr and "Traceback" not in res.stderr
+    (tmp_path / "afile").write_text("x")
+    res = _cli("all", "--out", str(tmp_path / "afile"), cwd=tmp_path)
+    assert res.returncode == 2 and "not an empty directory" in res.stderr
+
+
+def test_dry_run_resolves_gpu_matrix_without_gpus(tmp_path):
+    res = _cli("all", "--dry-run", "--gpus", "8", "--matrix", str(ROOT / "examples/matrices/8gpu.toml"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "megatron-tp2-pp2-dp2: strategy=tp_pp engine=megatron world_size=8 tp=2 pp=2 dp=2" in res.stdout
+    assert "NCCL_DEBUG=INFO" in res.stdout and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in res.stdout
