@@ -7,8 +7,8 @@ A run's ``options.fault`` table: ``{kind, rank, step[, seconds]}`` with kind one
 - ``crash``: rank r raises at step k;
 - ``hang``: rank r enters a collective the other ranks never call at step k -- the classic
   "all_gather under ``if rank == 0``" while the others wait in the gradient all-reduce;
-- ``gpu_hang``: rank r's stream spins in a kernel for ``seconds`` before the step's
-  collectives (a stuck kernel; lets one GPU exercise the NCCL watchdog and flight recorder);
+- ``gpu_hang``: rank r's stream spins in a kernel for ``seconds`` and an all-reduce is queued
+  behind it (a stuck kernel; lets one GPU exercise the NCCL watchdog and flight recorder);
 - ``straggler``: rank r sleeps ``seconds`` before every step from step k;
 - ``slow_data``: rank r's data fetch sleeps ``seconds`` from step k.
 
@@ -70,3 +70,4 @@ def inject(fault: Fault | None, *, point: str, step: int, rank: int, device: tor
         dist.all_gather(out, torch.zeros(1, device=device))  # no other rank joins this one
     elif fault.kind == "gpu_hang":
         torch.cuda._sleep(int(fault.seconds * 2e9))  # ~cycles at ~2 GHz; the stream stalls
+        dist.all_reduce(torch.zeros(1, device=device))  # queued behind it: never starts in time
