@@ -248,9 +248,15 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
                 limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
                 if now - last_progress > limit:
                     cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
+                    _kill_group(proc)
+                    dumps = load_flight_recorder_dumps(run_dir / "trace")
+                    if dumps:  # the NCCL watchdog fired and dumped, but the ranks never exited
+                        stacks = diagnosis
+                        cause, diagnosis = diagnose_from_flight_recorder(
+                            {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=spec.world_size)
+                        diagnosis = {**diagnosis, "stacks": stacks}
                     status = "hang"
                     cause = f"no step row for {limit:.0f} s; {cause}"
-                    _kill_group(proc)
                     break
                 if now - t0 > watchdog.deadline_s:
                     _kill_group(proc)
@@ -366,9 +372,15 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
                 limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
                 if now - last_progress > limit:
                     cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
+                    _kill_group(proc)
+                    dumps = load_flight_recorder_dumps(run_dir / "trace")
+                    if dumps:  # the NCCL watchdog fired and dumped, but the ranks never exited
+                        stacks = diagnosis
+                        cause, diagnosis = diagnose_from_flight_recorder(
+                            {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=spec.world_size)
+                        diagnosis = {**diagnosis, "stacks": stacks}
                     status = "hang"
                     cause = f"no step row for {limit:.0f} s; {cause}"
-                    _kill_group(proc)
                     break
                 if now - t0 > watchdog.deadline_s:
                     _kill_group(proc)
