@@ -83,17 +83,23 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_record(path: Path, cls: type, problems: list[str]) -> dict[str, Any] | None:
-    """Read a JSON record file, validate it against the schema dataclass ``cls``."""
+    """Read a JSON record file of one run, validate it against the schema dataclass ``cls``.
+
+    Missing file -> None. Fields of the wrong type/name -> None and a caveat in ``problems``
+    (lenient: one run's bad record must not block the note). Malformed JSON -> ParseError."""
     if not path.is_file():
         return None
     data = _read_json(path)
+    where = f"{path.parent.name}/{path.name}"
     if not isinstance(data, dict):
-        raise ParseError(f"{path}: expected a JSON object, got {type(data).__name__}; regenerate it")
+        problems.append(f"{where}: expected a JSON object, got {type(data).__name__}; file ignored")
+        return None
     _check_version(path, data)
-    try:
-        return dataclasses.asdict(cls(**data))
-    except TypeError as e:
-        raise ParseError(f"{path}: does not match {cls.__name__} ({e}); regenerate it with this tool") from None
+    bad = _field_problems(cls, data)
+    if bad:
+        problems.append(f"{where}: does not match {cls.__name__} ({'; '.join(bad)}); file ignored")
+        return None
+    return dataclasses.asdict(cls(**data))
 
 
 def _check_version(path: Path, data: dict[str, Any], line: int | None = None) -> None:
@@ -105,23 +111,73 @@ def _check_version(path: Path, data: dict[str, Any], line: int | None = None) ->
         )
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
+def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
+    """Every way ``data`` (a parsed JSON object) fails the schema dataclass ``cls``: missing or
+    unknown fields and values of the wrong JSON type (nested records recursively), as
+    ``"field: what is wrong"`` strings. JSON's NaN/Infinity pass as floats (a diverged loss is data)."""
+    if not isinstance(data, dict):
+        return [f"{prefix.rstrip('.') or 'record'}: expected an object, got {type(data).__name__} {data!r:.40}"]
+    out = []
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if name not in data:
+            if required:
+                out.append(f"{prefix}{name}: missing")
+            continue
+        value, kind = data[name], str(f.type)
+        if value is None:
+            if "None" not in kind:
+                out.append(f"{prefix}{name}: null, expected {kind}")
+            continue
+        nested = {"ModelConfig": ModelConfig, "FixedConfig": FixedConfig}.get(kind)
+        if nested is not None:
+            out.extend(_field_problems(nested, value, f"{prefix}{name}."))
+            continue
+        base = kind.split(" | ")[0]
+        ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "str": lambda v: isinstance(v, str)}.get(base, lambda v: isinstance(v, (list, tuple)) if base.startswith(
+                  "tuple") else isinstance(v, dict) if base.startswith("Mapping") else True)
+        if not ok(value):
+            out.append(f"{prefix}{name}: expected {base}, got {type(value).__name__} {value!r:.40}")
+    out.extend(f"{prefix}{k}: unknown field" for k in data if k not in fields)
+    return out
+
+
+def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """StepRows of one rank's JSONL. A line with the wrong fields/types is skipped with a caveat
+    in ``problems`` naming file:line and field; so is a malformed LAST line (a crash mid-write).
+    A malformed line elsewhere means a damaged file: ParseError naming file and line."""
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    where = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ParseError(f"{path}: not UTF-8 text ({e.reason}); fix or delete the file") from None
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
+    skipped: list[str] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == last:
+                problems.append(f"{where}:{lineno}: truncated line skipped ({e.msg}; the run stopped mid-write?)")
                 continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ParseError(f"{path}:{lineno}: malformed JSON line ({e.msg}); fix or delete the line") from None
-            if not isinstance(data, dict):
-                raise ParseError(f"{path}:{lineno}: expected a JSON object per line; fix or delete the line")
-            _check_version(path, data, lineno)
-            try:
-                rows.append(dataclasses.asdict(StepRow(**data)))
-            except TypeError as e:
-                raise ParseError(f"{path}:{lineno}: not a StepRow ({e}); fix or delete the line") from None
+            raise ParseError(f"{path}:{lineno}: malformed JSON line ({e.msg}); fix or delete the line") from None
+        if not isinstance(data, dict):
+            skipped.append(f"{where}:{lineno}: expected a JSON object, got {type(data).__name__}")
+            continue
+        _check_version(path, data, lineno)
+        bad = _field_problems(StepRow, data)
+        if bad:
+            skipped.append(f"{where}:{lineno}: not a StepRow ({'; '.join(bad)})")
+            continue
+        rows.append(dataclasses.asdict(StepRow(**data)))
+    shown = skipped[:3] + ([f"{where}: {len(skipped) - 3} more such lines"] if len(skipped) > 3 else [])
+    problems.extend(f"{text}; line skipped" for text in shown)
     return rows
 
 
@@ -132,12 +188,15 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         return None
     raw = _read_json(spec_path)
     if not isinstance(raw, dict):
-        raise ParseError(f"{spec_path}: expected a JSON object; regenerate it")
+        problems.append(f"run {name}: {name}/spec.json is not a JSON object; left out of the note")
+        return None
     _check_version(spec_path, raw)
-    try:
-        spec = run_spec_from_dict(raw)
-    except (KeyError, TypeError) as e:
-        raise ParseError(f"{spec_path}: does not match RunSpec ({e!r}); regenerate it with this tool") from None
+    bad = _field_problems(RunSpec, raw)
+    if bad:
+        problems.append(f"run {name}: {name}/spec.json does not match RunSpec ({'; '.join(bad)}); "
+                        "left out of the note (regenerate it with `runner all`)")
+        return None
+    spec = run_spec_from_dict(raw)
     row: dict[str, Any] = {"run": spec.name}
     for key, value in dataclasses.asdict(spec).items():
         if key == "fixed":
@@ -148,15 +207,19 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     row["tokens_per_step"] = spec.tokens_per_step
     status = _read_record(run_dir / "status.json", RunStatus, problems)
     for f in dataclasses.fields(RunStatus):
-        if f.name not in ("run", "schema_version"):
+        if f.name not in ("run", "schema_version", "engine"):  # the spec's engine is what was asked
             value = status[f.name] if status else None
-            row[f.name] = json.dumps(list(value)) if f.name == "command" and status else value
+            if f.name == "command" and status:
+                value = json.dumps(list(value))
+            elif f.name == "diagnosis" and value is not None:
+                value = json.dumps(value, sort_keys=True)  # free-form evidence: text, so Parquet keeps one type
+            row[f.name] = value
     info = _read_record(run_dir / "run_info.json", RunInfo, problems)
     for f in dataclasses.fields(RunInfo):
         if f.name not in ("run", "schema_version", "engine"):
             row[f.name] = info[f.name] if info else None
     files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
-    steps = [r for p in files for r in _read_metrics(p)]
+    steps = [r for p in files for r in _read_metrics(p, problems)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:
         problems.append(f"run {name}: neither metrics nor status.json in {run_dir}; the run left no record")
@@ -183,6 +246,10 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     if not isinstance(campaign, dict) or not isinstance(campaign.get("runs", []), list):
         raise ParseError(f"{root / 'campaign.json'}: expected an object with a 'runs' list; regenerate it")
     _check_version(root / "campaign.json", campaign)
+    if "fixed" in campaign:  # the note's fixed variables: a wrong one would mislabel every number
+        bad = _field_problems(FixedConfig, campaign["fixed"], "fixed.")
+        if bad:
+            raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad)}; regenerate it with `runner all`")
     problems: list[str] = []
     env: Any = {}
     if (root / "env.json").is_file():
@@ -199,7 +266,9 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
             rows.append(loaded[0])
             steps.extend(loaded[1])
     if not any(r["num_metric_rows"] or r["status"] for r in rows):
-        raise NoDataError(f"{root}: no run has metrics (metrics/rank*.jsonl) or a status.json; run `runner all` first")
+        also = f" (problems: {'; '.join(problems)})" if problems else ""
+        raise NoDataError(f"{root}: no run has metrics (metrics/rank*.jsonl) or a status.json{also}; "
+                          "run `runner all` first")
     runs_df = pd.DataFrame(rows).astype({c: "Int64" for c in _INT_COLUMNS if rows and c in rows[0]})
     steps_df = pd.DataFrame(steps, columns=list(STEP_COLUMNS))
     steps_df = steps_df.astype({c: "float64" for c in ("loss", "grad_norm", "mem_peak_allocated_gib", "mem_peak_reserved_gib")})

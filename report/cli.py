@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # permission denied, disk full...: still one line, no traceback
         print(f"{parser.prog}: error: {e.filename or ''}: {e.strerror or e}; check the path and permissions", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - last resort: a bug must still end in one line, not a traceback
+        print(f"{parser.prog}: error: internal error {type(e).__name__}: {' '.join(str(e).split())} (please report)", file=sys.stderr)
+        return 2
     for path in paths:
         print(f"wrote {path}")
     return 0

@@ -66,6 +66,36 @@ def duration(seconds: float | None) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
+def sci(x: float | None, digits: int = 2) -> str:
+    """Plain number, scientific below 0.01: 0.000378 -> '3.8e-4', 0.0412 -> '0.041', 0 -> '0'; None -> 'n/a'."""
+    if _missing(x):
+        return NA
+    if x == 0:
+        return "0"
+    if abs(x) < 0.01 or abs(x) >= 1e6:
+        mantissa, exp = f"{x:.{digits - 1}e}".split("e")
+        return f"{mantissa}e{int(exp)}"
+    return f"{x:.{digits}g}"
+
+
+def nbytes(x: float | None) -> str:
+    """Bytes in binary units, three significant digits: 8.2e6 -> '7.82 MiB', 2e9 -> '1.86 GiB'; None -> 'n/a'."""
+    if _missing(x):
+        return NA
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def margin(m: float | None) -> str:
+    """Relative tokens/s margin (ratio - 1) as the reader reads it: 0.078 -> '+7.8% tokens/s',
+    2.09 -> '3.09× the tokens/s'; None -> 'n/a'."""
+    if _missing(m):
+        return NA
+    return f"+{m * 100:.1f}% tokens/s" if m < 0.5 else f"{1 + m:.2f}× the tokens/s"
+
+
 def count(n: int | None) -> str:
     """124439808 -> '124,439,808'; None -> 'n/a'."""
     return NA if _missing(n) else f"{int(n):,}"
@@ -81,7 +111,8 @@ def md_cell(v: Any) -> str:
     return NA if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
-FILTERS = {"pct": pct, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell}
+FILTERS = {"pct": pct, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
+           "sci": sci, "nbytes": nbytes, "margin": margin}
 
 
 def build_environment(*, html: bool) -> jinja2.Environment:
@@ -120,8 +151,9 @@ def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float) 
                           runs=list(campaign.runs["run"]), out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats)
     return (
         Figure(title="Loss vs step", path=paths["loss"].relative_to(out_dir).as_posix(),
-               caption="Mean over the ranks that compute the loss; dotted: entropy of the synthetic data (floor). "
-                       "Layouts trained on the same tokens should overlap."),
+               caption="Mean over the ranks that compute the loss; dotted: the data's entropy, the expected loss floor "
+                       "(a model can dip below it on a finite batch). Layouts trained on the same tokens should "
+                       "overlap."),
         Figure(title="Step-time distribution", path=paths["step_time"].relative_to(out_dir).as_posix(),
                caption=f"Per measured step (after {warmup} warm-up steps), the slowest rank's step time; "
                        "box: quartiles and median, whiskers 1.5 IQR, dots: individual steps."),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+import re
 from typing import Any
 
 THRESHOLDS: dict[str, float] = {
@@ -37,8 +38,10 @@ def _rel_spread(row: Mapping[str, Any]) -> float:
 
 
 def rule_fastest(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
-    """Fastest layout by tokens/s, its margin over each other run, and whether the margin to
-    the runner-up exceeds the step-time noise (relative p90-median spread)."""
+    """Fastest layout by tokens/s among runs that ended ok, its margin over each other run
+    (tokens/s ratio - 1, with both median step times), and whether the margin to the runner-up
+    exceeds the within-run step-to-step spread (relative p90-median) of the two runs. One run
+    per layout: run-to-run variation is not measured, and the wording says so."""
     ok = sorted((r for r in rows if r.get("tokens_per_s") is not None), key=lambda r: -r["tokens_per_s"])
     if not ok:
         return [Finding(kind="no_measured_runs")]
@@ -46,8 +49,9 @@ def rule_fastest(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> l
     if len(ok) == 1:
         return [Finding(kind="single_run", runs=(best["run"],), evidence={"tokens_per_s": best["tokens_per_s"]})]
     out = [Finding(kind="fastest", runs=(best["run"],), evidence={
-        "tokens_per_s": best["tokens_per_s"],
-        "margins": tuple((r["run"], best["tokens_per_s"] / r["tokens_per_s"] - 1) for r in ok[1:])})]
+        "tokens_per_s": best["tokens_per_s"], "step_time_median_s": best["step_time_median_s"],
+        "margins": tuple((r["run"], best["tokens_per_s"] / r["tokens_per_s"] - 1, r["step_time_median_s"])
+                         for r in ok[1:])})]
     second = ok[1]
     margin = best["tokens_per_s"] / second["tokens_per_s"] - 1
     noise = max(_rel_spread(best), _rel_spread(second))
@@ -57,8 +61,23 @@ def rule_fastest(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> l
     return out
 
 
-def rule_memory(rows: Sequence[Mapping[str, Any]], gpu_memory_gib: float | None, t: Mapping[str, float]) -> list[Finding]:
-    """Headroom = 1 - peak reserved / GPU memory per run; flags runs below the threshold."""
+def rule_partial(rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Runs that did not end ok but have measured steps: their numbers are in the table,
+    marked partial, and left out of the ranking. rows: summary rows with ``status`` (label)
+    and ``failed_at_step`` added."""
+    partial = [r for r in rows if r.get("tokens_per_s") is not None]
+    if not partial:
+        return []
+    return [Finding(kind="excluded_partial", runs=tuple(r["run"] for r in partial), evidence={
+        "statuses": tuple((r["run"], r["status"], r.get("failed_at_step")) for r in partial)})]
+
+
+def rule_memory(rows: Sequence[Mapping[str, Any]], gpu_memory_gib: float | None, t: Mapping[str, float],
+                *, on_gpu: bool = True) -> list[Finding]:
+    """Headroom = 1 - peak reserved / GPU memory per run; flags runs below the threshold.
+    on_gpu False (a CPU campaign): one ``memory_cpu`` finding (no device allocator to read)."""
+    if not on_gpu:
+        return [Finding(kind="memory_cpu")]
     measured = [r for r in rows if r.get("mem_peak_reserved_gib") is not None]
     if gpu_memory_gib is None or not measured:
         return [Finding(kind="memory_unknown")]
@@ -83,11 +102,33 @@ def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list
                     evidence={"loss_spread_nats": spread, "losses": tuple(losses)})]
 
 
+FAILURE_STATUSES = ("oom", "crash", "hang", "timeout")
+
+
 def rule_failed(runs: Sequence[Mapping[str, Any]]) -> list[Finding]:
-    """Runs that did not end ok are findings too (an OOM is an answer about memory)."""
-    return [Finding(kind="failed", runs=(r["run"],), evidence={
-        "status": r.get("status") or "no status.json", "exit_code": r.get("exit_code"), "cause": r.get("cause")})
-        for r in runs if r.get("status") != "ok"]
+    """Runs that failed (oom / crash / hang / timeout) are findings too: an OOM is an answer
+    about memory. runs: Campaign.runs records with ``diagnosis`` decoded to a dict (or None) and
+    ``failed_at_step`` (first step not completed by every rank, or None). Interrupted,
+    unfinished, skipped and unknown statuses are not findings about the layout (caveats)."""
+    out = []
+    for r in runs:
+        status = r.get("status")
+        if status not in FAILURE_STATUSES:
+            continue
+        diagnosis = r.get("diagnosis") or {}
+        ev: dict[str, Any] = {"status": status, "exit_code": r.get("exit_code"), "cause": r.get("cause"),
+                              "failed_at_step": r.get("failed_at_step"), "engine": r.get("engine")}
+        if status == "oom":
+            ev.update(rank=diagnosis.get("rank"), message=diagnosis.get("message") or r.get("cause"),
+                      strategy=r.get("strategy"), world_size=r.get("world_size"), tp_degree=r.get("tp_degree"),
+                      pp_degree=r.get("pp_degree"), dp_degree=r.get("dp_degree"),
+                      micro_batch_size=r.get("micro_batch_size"), device=r.get("device"))
+        elif status == "crash":
+            ev.update(rank=diagnosis.get("rank"), exception=diagnosis.get("exception"))
+        elif status == "hang":
+            ev.update(source=diagnosis.get("source"), num_ranks_diagnosed=len(diagnosis.get("ranks") or {}))
+        out.append(Finding(kind=status, runs=(r["run"],), evidence=ev))
+    return out
 
 
 def build_findings(
@@ -95,29 +136,67 @@ def build_findings(
     run_rows: Sequence[Mapping[str, Any]],
     *,
     gpu_memory_gib: float | None,
+    on_gpu: bool = True,
     thresholds: Mapping[str, float] | None = None,
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
-    NA as None; run_rows: Campaign.runs records. thresholds: overrides of ``THRESHOLDS``."""
+    NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: Campaign.runs records
+    (same order). Only runs with status "ok" are ranked; the others' numbers are partial.
+    thresholds: overrides of ``THRESHOLDS``."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") == "ok"]
-    return (rule_fastest(ok_rows, t) + rule_failed(run_rows) + rule_memory(ok_rows, gpu_memory_gib, t)
-            + rule_loss(ok_rows, t))
+    partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") != "ok"]
+    return (rule_fastest(ok_rows, t) + rule_partial(partial_rows) + rule_failed(run_rows)
+            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ok_rows, t))
+
+
+# Model-state bytes per parameter with Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1):
+# mixed precision 2 (bf16/fp16 weights) + 2 (grads) + 12 (fp32 master weights, m, v);
+# plain fp32 4 (weights) + 4 (grads) + 8 (m, v). Both 16 bytes/param.
+MODEL_STATE_BYTES = {"bf16": (("weights", 2), ("grads", 2), ("fp32 master weights, m and v", 12)),
+                     "fp16": (("weights", 2), ("grads", 2), ("fp32 master weights, m and v", 12)),
+                     "fp32": (("weights", 4), ("grads", 4), ("m and v", 8))}
+
+
+def _nvlink_in_topology(topology: str) -> tuple[str, ...]:
+    """NVLink cells (``NV<k>``) of the GPU rows of ``nvidia-smi topo -m`` (legend lines excluded)."""
+    cells = [c for line in topology.splitlines() if line.strip().startswith("GPU")
+             for c in line.split()[1:] if re.fullmatch(r"NV\d+", c)]
+    return tuple(sorted(set(cells)))
 
 
 def rule_conditions(
-    run_rows: Sequence[Mapping[str, Any]], *, gpu_memory_gib: float | None, topology: str | None, num_params: int | None
+    run_rows: Sequence[Mapping[str, Any]], *, gpu_memory_gib: float | None, topology: str | None,
+    num_params: int | None, num_gpus: int = 0, dtype: str | None = None,
 ) -> list[Finding]:
-    """Conditions under which the answer changes, each with the measured/derived numbers it
-    rests on: GPU count (world sizes measured), interconnect (topology recorded or not),
-    model size and memory (16 bytes/param model states vs GPU memory; ZeRO paper section 3.1)."""
+    """Conditions under which the answer changes. Each finding carries ``basis``: "rule of
+    thumb" (published, not measured here: its source in ``source``) or "computed" (from
+    recorded numbers), so the note never presents an unmeasured claim as measured.
+
+    - GPU count: ring all-reduce sends 2(n-1)/n x Psi gradient elements per GPU per step (the
+      NCCL bus-bandwidth factor; nccl-tests doc/PERFORMANCE.md), nearly constant in n; ZeRO-3
+      moves 1.5x DDP's volume (ZeRO paper section 7.2.2). The factor is computed for the
+      measured world sizes and for 8.
+    - Interconnect (GPU campaigns only): TP = 4 all-reduces per layer per micro-batch
+      (Megatron-LM, Shoeybi et al. 2019, section 3); NVLink seen in the recorded topology.
+    - Model size: 16 bytes/param of Adam model states (``MODEL_STATE_BYTES``) vs GPU memory."""
     world_sizes = tuple(sorted({int(r["world_size"]) for r in run_rows}))
-    out = [Finding(kind="condition_gpu_count", evidence={"world_sizes": world_sizes})]
-    out.append(Finding(kind="condition_interconnect", evidence={"topology_recorded": topology is not None}))
+    factors = tuple((n, 2 * (n - 1) / n) for n in sorted(set(world_sizes) | {8}))
+    out = [Finding(kind="condition_gpu_count", evidence={
+        "world_sizes": world_sizes, "allreduce_factors": factors, "basis": "rule of thumb",
+        "no_comm": world_sizes == (1,),
+        "on_gpu": num_gpus > 0})]
+    if num_gpus > 0:
+        out.append(Finding(kind="condition_interconnect", evidence={
+            "basis": "rule of thumb", "num_gpus": num_gpus, "topology_recorded": topology is not None,
+            "nvlink": _nvlink_in_topology(topology) if topology else ()}))
     if num_params is not None:
-        ev: dict[str, Any] = {"num_params": num_params, "model_states_gib": 16 * num_params / 2**30}
+        parts = MODEL_STATE_BYTES.get(dtype or "", MODEL_STATE_BYTES["bf16"])
+        per_param = sum(b for _, b in parts)
+        ev: dict[str, Any] = {"basis": "computed", "num_params": num_params, "dtype": dtype, "bytes_parts": parts,
+                              "bytes_per_param": per_param, "model_states_bytes": per_param * num_params}
         if gpu_memory_gib is not None:
             ev["gpu_memory_gib"] = gpu_memory_gib
-            ev["max_params_unsharded"] = gpu_memory_gib * 2**30 / 16
+            ev["max_params_unsharded"] = gpu_memory_gib * 2**30 / per_param
         out.append(Finding(kind="condition_model_size", evidence=ev))
     return out

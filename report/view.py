@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ingest.io import Campaign
+from ingest.schema import RUN_STATUSES
 from report import metrics
 from report.hardware import lookup_peak
 from report.rules import Finding, build_findings, rule_conditions
@@ -112,7 +113,9 @@ class RunConfig:
 @dataclass(frozen=True, kw_only=True)
 class MetricRow:
     run: str
-    status: str
+    status: str  # a RUN_STATUSES value, "unfinished" (no status.json) or "unknown" (see the caveat)
+    partial: bool  # numbers from a run that did not end ok: shown, never ranked
+    failed_at_step: int | None  # first step not completed by every rank (runs not ok), 0-based
     num_steps_measured: int
     step_time_median_s: float | None
     step_time_p90_s: float | None
@@ -137,6 +140,17 @@ class PeakUsed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HangRank:
+    """One rank of a hung run, from status.json's ``diagnosis.ranks`` (py-spy stacks or the
+    flight recorder)."""
+
+    run: str
+    rank: int | str
+    blocked_in: str | None
+    where: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Figure:
     title: str
     path: str  # relative to the note's directory
@@ -149,6 +163,8 @@ class Note:
     campaign: str
     created_at: str | None
     tool_version: str | None
+    tool_git_commit: str | None
+    per_unit: str  # "GPU" on GPU campaigns, "process" on CPU ones (tokens/s per ...)
     env: EnvSection
     model: ModelSection
     configs: tuple[RunConfig, ...]
@@ -159,6 +175,7 @@ class Note:
     not_measured: str
     figures: tuple[Figure, ...]
     findings: tuple[Finding, ...]
+    hang_ranks: tuple[HangRank, ...]
     conditions: tuple[Finding, ...]
     caveats: tuple[Finding, ...]
     formulas: tuple[tuple[str, str, str], ...]
@@ -175,8 +192,71 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _py(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
+_NUM = (int, float)
+_ENV_TYPES: dict[str, Any] = {
+    "hostname": str, "os": str, "host_memory_gib": _NUM, "topology": str, "tool_git_commit": str,
+    "gpu_count": int, "launch_command": list, "versions": dict, "env_vars": dict,
+    "cpu": {"model": str, "cores_logical": int, "cores_physical": int},
+    "disk": {"path": str, "total_gib": _NUM, "free_gib": _NUM},
+    "gpus": [{"index": int, "name": str, "memory_total_mib": _NUM, "driver_version": str, "power_limit_w": _NUM,
+              "clocks_sm_max_mhz": _NUM}],
+}
+
+
+def _type_ok(value: Any, kind: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, kind)
+
+
+def clean_env(env: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """env.json with every value of the wrong JSON type dropped (None), and one problem text per
+    drop naming the field: a bad field costs its cell in the note, never the note."""
+    out, problems = dict(env), []
+
+    def bad(field: str, value: Any, want: str) -> None:
+        problems.append(f"env.json: {field}: expected {want}, got {type(value).__name__} {value!r:.40}; ignored")
+
+    for key, kind in _ENV_TYPES.items():
+        value = env.get(key)
+        if value is None:
+            continue
+        if isinstance(kind, dict):
+            if not isinstance(value, dict):
+                bad(key, value, "an object")
+                out[key] = None
+                continue
+            out[key] = dict(value)
+            for sub, sub_kind in kind.items():
+                if value.get(sub) is not None and not _type_ok(value[sub], sub_kind):
+                    bad(f"{key}.{sub}", value[sub], getattr(sub_kind, "__name__", "a number"))
+                    out[key][sub] = None
+        elif isinstance(kind, list):
+            if not isinstance(value, list):
+                bad(key, value, "a list")
+                out[key] = None
+                continue
+            items = []
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    bad(f"{key}[{i}]", item, "an object")
+                    continue
+                item = dict(item)
+                for sub, sub_kind in kind[0].items():
+                    if item.get(sub) is not None and not _type_ok(item[sub], sub_kind):
+                        bad(f"{key}[{i}].{sub}", item[sub], getattr(sub_kind, "__name__", "a number"))
+                        item[sub] = None
+                items.append(item)
+            out[key] = items
+        elif not _type_ok(value, kind):
+            bad(key, value, {list: "a list", dict: "an object"}.get(kind, getattr(kind, "__name__", "a number")))
+            out[key] = None
+    for key in ("versions", "env_vars"):  # name -> text
+        if out.get(key):
+            out[key] = {str(k): (None if v is None else str(v)) for k, v in out[key].items()}
+    return out, problems
+
+
 def build_env(env: Mapping[str, Any]) -> EnvSection:
-    """Environment section from env.json (any value may be missing)."""
+    """Environment section from env.json cleaned by ``clean_env`` (any value may be missing)."""
     cpu, disk = env.get("cpu") or {}, env.get("disk") or {}
     gpus = tuple(
         Gpu(index=g.get("index"), name=g.get("name"), driver_version=g.get("driver_version"),
@@ -188,7 +268,7 @@ def build_env(env: Mapping[str, Any]) -> EnvSection:
         cores_physical=cpu.get("cores_physical"), host_memory_gib=env.get("host_memory_gib"),
         disk_path=disk.get("path"), disk_total_gib=disk.get("total_gib"), disk_free_gib=disk.get("free_gib"),
         gpus=gpus, topology=env.get("topology"), versions=tuple((env.get("versions") or {}).items()),
-        launch_command=" ".join(env["launch_command"]) if env.get("launch_command") else None,
+        launch_command=" ".join(map(str, env["launch_command"])) if env.get("launch_command") else None,
         tool_git_commit=env.get("tool_git_commit"), env_vars=tuple(sorted((env.get("env_vars") or {}).items())))
 
 
@@ -238,10 +318,81 @@ def _mfu(s: Mapping[str, Any], r: Mapping[str, Any], peak: float | None, convent
     return metrics.compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r["world_size"])
 
 
+def status_label(status: Any) -> str:
+    """status.json's status -> the note's: a RUN_STATUSES value, "unfinished" when status.json
+    is missing (the runner was stopped before the run ended), "unknown" for any other value."""
+    if status is None or not isinstance(status, str):
+        return "unfinished"
+    return status if status in RUN_STATUSES else "unknown"
+
+
+def compute_failed_at_step(steps: pd.DataFrame) -> int | None:
+    """First step not completed by every rank that wrote rows: min over ranks of the last step
+    recorded, + 1 (0-based). None when the run wrote no rows."""
+    if steps.empty:
+        return None
+    return int(steps.groupby("rank")["step"].max().min()) + 1
+
+
+def _diagnosis(r: Mapping[str, Any]) -> dict[str, Any]:
+    value = r.get("diagnosis")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
+    """Per-rank evidence of hung runs: py-spy (blocked_in, our innermost frame) or the flight
+    recorder (last collective and its state)."""
+    out = []
+    for r in runs:
+        if r.get("status") != "hang":
+            continue
+        d = r["diagnosis"]
+        for rank, s in sorted((d.get("ranks") or {}).items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+            if not isinstance(s, dict):
+                continue
+            if d.get("source") == "flight-recorder":
+                blocked = f"collective #{s.get('last_seq_id')} {s.get('last_op')} ({s.get('last_state')})"
+                where = f"flight recorder, last completed #{s.get('last_completed_seq_id')}"
+            else:
+                blocked, where = s.get("blocked_in"), s.get("user_frame") or s.get("frame")
+            out.append(HangRank(run=r["run"], rank=int(rank) if str(rank).isdigit() else str(rank),
+                                blocked_in=blocked, where=where))
+    return tuple(out)
+
+
 def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: ModelSection,
-                  peaks: Sequence[PeakUsed]) -> list[Finding]:
-    """Caveats the reader must see next to the numbers (the template words each kind)."""
-    out = [Finding(kind="load_problem", evidence={"text": p}) for p in campaign.problems]
+                  peaks: Sequence[PeakUsed], *, rows: Sequence[MetricRow] = (), env_problems: Sequence[str] = (),
+                  cores: int | None = None) -> list[Finding]:
+    """Caveats the reader must see next to the numbers (the template words each kind).
+    rows: the metric rows (same order as runs); cores: logical CPU cores from env.json."""
+    out = [Finding(kind="load_problem", evidence={"text": p}) for p in (*campaign.problems, *env_problems)]
+    for r, m in zip(runs, rows):
+        ev = {"num_steps_measured": m.num_steps_measured, "failed_at_step": m.failed_at_step}
+        if m.status == "unfinished":
+            out.append(Finding(kind="unfinished", runs=(r["run"],), evidence=ev))
+        elif m.status == "unknown":
+            out.append(Finding(kind="unknown_status", runs=(r["run"],),
+                               evidence={**ev, "status": r.get("status"), "known": RUN_STATUSES}))
+        elif m.status in ("interrupted", "skipped"):
+            out.append(Finding(kind=m.status, runs=(r["run"],), evidence={**ev, "cause": r.get("cause")}))
+        options = json.loads(r["options"]) if r.get("options") else {}
+        if isinstance(options, dict) and options.get("fault"):
+            out.append(Finding(kind="fault_injected", runs=(r["run"],), evidence={"fault": options["fault"]}))
+    ranked = [(r["run"], int(r["world_size"])) for r, m in zip(runs, rows)
+              if m.status == "ok" and m.tokens_per_s is not None]
+    if len({w for _, w in ranked}) > 1:
+        out.append(Finding(kind="world_sizes_differ", runs=tuple(n for n, _ in ranked),
+                           evidence={"world_sizes": tuple(ranked)}))
+    over = tuple((r["run"], int(r["world_size"])) for r in runs
+                 if r["device"] == "cpu" and cores is not None and int(r["world_size"]) > cores)
+    if over:
+        out.append(Finding(kind="oversubscribed", runs=tuple(n for n, _ in over),
+                           evidence={"world_sizes": over, "cores": cores}))
     for r in runs:
         if r["strategy"] == "zero3" and r["world_size"] == 1:
             out.append(Finding(kind="degenerate_zero3", runs=(r["run"],)))
@@ -265,11 +416,14 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     """The whole note's view-model. Raises KeyError only on a campaign.json without ``fixed``
     (ingest rejects those first)."""
     info, fixed = campaign.campaign, campaign.campaign["fixed"]
+    env_record, env_problems = clean_env(campaign.env)
     runs = _records(campaign.runs)
+    for r in runs:
+        r["diagnosis"] = _diagnosis(r)
     peaks: dict[str, float | None] = {}
     peak_notes: dict[tuple[str, str], PeakUsed] = {}
     for r in runs:
-        name = _gpu_name(r, campaign.env)
+        name = _gpu_name(r, env_record)
         peak = lookup_peak(name, r["dtype"]) if name else None
         peaks[r["run"]] = peak.flops if peak else None
         if name:
@@ -277,24 +431,37 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                                       source=peak and peak.source)
     summary = _records(metrics.summarize_runs(campaign.steps, campaign.runs, warmup_steps=fixed["warmup_steps"],
                                               peak_flops=peaks, convention=convention))
+    steps_by_run = dict(tuple(campaign.steps.groupby("run"))) if not campaign.steps.empty else {}
+    for s, r in zip(summary, runs):
+        s["status"] = status_label(r.get("status"))
+        s["failed_at_step"] = r["failed_at_step"] = (
+            None if s["status"] == "ok" else compute_failed_at_step(steps_by_run.get(r["run"], campaign.steps.iloc[0:0])))
     rows = tuple(
-        MetricRow(run=s["run"], status=r.get("status") or "no status.json", num_steps_measured=s["num_steps_measured"],
+        MetricRow(run=s["run"], status=s["status"], partial=s["status"] != "ok" and s["num_steps_measured"] > 0,
+                  failed_at_step=s["failed_at_step"], num_steps_measured=s["num_steps_measured"],
                   step_time_median_s=s["step_time_median_s"], step_time_p90_s=s["step_time_p90_s"],
                   tokens_per_s=s["tokens_per_s"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"], mfu=s["mfu"],
                   mfu_6n=_mfu(s, r, peaks[r["run"]], "6N"), mfu_causal=_mfu(s, r, peaks[r["run"]], "6N+6LHQT"),
                   mem_peak_allocated_gib=s["mem_peak_allocated_gib"], mem_peak_reserved_gib=s["mem_peak_reserved_gib"],
                   data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"])
         for s, r in zip(summary, runs))
-    env = build_env(campaign.env)
+    env = build_env(env_record)
     gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)
     model = build_model(fixed, runs)
     fpt = next((s["flops_per_token"] for s in summary if s["flops_per_token"] is not None), None)
+    on_gpu = any(r["device"] == "cuda" for r in runs)
+    commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
     return Note(
         title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
-        tool_version=info.get("tool_version"), env=env, model=model, configs=tuple(build_config(r) for r in runs),
+        tool_version=info.get("tool_version"), tool_git_commit=commit, per_unit="GPU" if on_gpu else "process",
+        env=env, model=model, configs=tuple(build_config(r) for r in runs),
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
-        findings=tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, thresholds=thresholds)),
+        findings=tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds)),
+        hang_ranks=build_hang_ranks(runs),
         conditions=tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
-                                         num_params=model.num_params[0] if model.num_params else None)),
-        caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()))), formulas=FORMULAS)
+                                         num_params=model.num_params[0] if model.num_params else None,
+                                         num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype)),
+        caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
+                                    env_problems=env_problems, cores=env.cores_logical or env.cores_physical)),
+        formulas=FORMULAS)

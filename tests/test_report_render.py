@@ -21,6 +21,9 @@ def test_filters():
     assert render.duration(0.13) == "130.0 ms" and render.duration(5e-4) == "500 µs"
     assert render.duration(200) == "3 min 20 s"
     assert render.count(124439808) == "124,439,808"
+    assert render.sci(0.000378) == "3.8e-4" and render.sci(0.05) == "0.05" and render.sci(0) == "0"
+    assert render.nbytes(16 * 269_696) == "4.12 MiB" and render.nbytes(16 * 124_475_904) == "1.85 GiB"
+    assert render.margin(0.078) == "+7.8% tokens/s" and render.margin(2.09) == "3.09× the tokens/s"
     assert render.md_cell("a|b\nc") == "a\\|b c" and render.md_cell(None) == "n/a"
 
 
@@ -34,8 +37,8 @@ def test_build_all_formats(tmp_path, device_name):
                     "## 5. Evidence", "## 6. Conclusion", "## Appendix: formulas"):
         assert heading in md
     assert "not measured yet" in md and "not captured yet" in md
-    assert "ended with status `oom`" in md  # the failed run is listed with its cause
-    assert "CUDA out of memory (synthetic)" in md
+    assert "Run **tp_pp** ran out of memory" in md and "does not fit at micro-batch 2" in md  # an answer about memory
+    assert "CUDA out of memory. Tried to allocate 2.00 GiB (synthetic)" in md  # the allocator's own message
     assert (out / "note.pdf").read_bytes().startswith(b"%PDF")
     html = (out / "note.html").read_text()
     assert "<b>tp_pp</b>" in html and "figures/loss.svg" in html
@@ -74,7 +77,7 @@ def test_view_numbers_and_findings(tmp_path):
     assert ddp.mfu is not None and ddp.mfu_6n < ddp.mfu < ddp.mfu * 1.5
     kinds = [f.kind for f in note.findings]
     assert kinds[0] == "fastest" and note.findings[0].runs == ("ddp",)
-    assert "failed" in kinds and "loss_agrees" in kinds
+    assert "oom" in kinds and "loss_agrees" in kinds
     assert {c.kind for c in note.conditions} >= {"condition_gpu_count", "condition_interconnect"}
     tp_pp = next(c for c in note.configs if c.run == "tp_pp")
     assert tp_pp.bubble_fraction == pytest.approx(1 / 5) and tp_pp.grad_accum_steps is None
