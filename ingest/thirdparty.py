@@ -41,7 +41,10 @@ def find_artifacts(paths: list[str]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            ours = {d for d in p.rglob("*") if d.is_dir() and ((d / "files.parquet").is_file() or (d / "note.md").is_file())}
+            out.extend(sorted(f for f in p.rglob("*") if f.is_file()
+                              and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                              and not any(d in ours for d in f.parents)  # our own tables/ and report/ outputs
                               and f.suffix not in (".parquet", ".pdf", ".html", ".png", ".svg", ".gz")))
         elif p.is_file():
             out.append(p)
@@ -347,8 +350,14 @@ def is_thirdparty_folder(path: str | os.PathLike[str]) -> bool:
     """A directory that is neither a campaign (campaign.json) nor a tables dir (runs.parquet)
     but holds files: what ``report build`` hands to ``load_thirdparty_campaign``."""
     root = Path(path)
-    return (root.is_dir() and not (root / "campaign.json").is_file() and not (root / "runs.parquet").is_file()
-            and any(f.is_file() for f in root.iterdir()))
+    if not root.is_dir() or (root / "campaign.json").is_file() or (root / "runs.parquet").is_file():
+        return False
+    try:
+        files = find_artifacts([str(root)])
+    except NoDataError:
+        return False
+    # a folder of unrelated files keeps the campaign loader's "not a campaign" error
+    return any(detect_kind(read_text_head(f, 8192)) is not None for f in files[:200])
 
 
 def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None = None):

@@ -63,6 +63,10 @@ def test_report_build_on_raw_folder_reads_shape_from_argument_dump(tmp_path, cap
     assert row.split("|")[8].strip() == "n/a"
     assert "32 layers, hidden 4096, 32 heads, FFN 11008, seq 4096" in note
     assert "i.i.d. Zipf" not in note
+    capsys.readouterr()
+    assert report_main(["build", str(d), "--format", "md"]) == 0  # its own report/ output is not read back as a log
+    from ingest.thirdparty import find_artifacts
+    assert [p.name for p in find_artifacts([str(d)])] == ["nccl.txt", "train.out"]
 
 
 def test_ingest_with_model_flags_then_report_build_tables(tmp_path, capsys):
@@ -96,3 +100,18 @@ def test_raw_folder_without_shape_says_how_to_pass_it(tmp_path, capsys):
         from ingest.thirdparty import parse_model_flags
         parse_model_flags("layers=3")
     shutil.rmtree(d)
+
+
+def test_folder_of_unrelated_files_keeps_the_campaign_error(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)))
+    assert report_main(["build", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a campaign" in err and "runner all" in err
+
+
+def test_folder_with_only_an_nccl_log_says_what_is_missing(tmp_path, capsys):
+    shutil.copy(FIXTURES / "04_nccl_ib_2node_rings_trees_mnnvl.txt", tmp_path / "nccl.log")
+    assert report_main(["build", str(tmp_path), "--format", "md"]) == 2
+    err = capsys.readouterr().err
+    assert "no training log with iteration times" in err and "nccl.log: nccl" in err
