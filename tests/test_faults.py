@@ -175,3 +175,19 @@ def test_rank_killed_by_signal_is_named(tmp_path):
     assert status["cause"].startswith("rank 1 killed by SIGKILL")
     assert _status(out / "after")["status"] == "ok"  # the campaign went on
     assert len(_rows(out / "victim", 0)) >= 3  # what was measured before the kill is kept
+
+
+def test_h200_nccl_hang_diagnosed_from_real_flight_recorder_dump():
+    """examples/h200-nccl-hang: a stuck kernel with an all-reduce queued behind it on the H200;
+    PyTorch's NCCL watchdog timed out and dumped the flight recorder; the runner classified it."""
+    from runner.launch import load_flight_recorder_dumps
+
+    run = Path(__file__).resolve().parent.parent / "examples" / "h200-nccl-hang" / "ddp-gpu-hang"
+    dumps = load_flight_recorder_dumps(run / "trace")
+    assert set(dumps) == {0} and dumps[0]["entries"][-1]["profiling_name"] == "nccl:all_reduce"
+    summary = summarize_flight_recorder(dumps[0])
+    assert summary["last_state"] == "scheduled" and summary["last_seq_id"] == summary["last_completed_seq_id"] + 1
+    status = _status(run)
+    assert status["status"] == "hang" and status["diagnosis"]["source"] == "flight-recorder"
+    assert status["diagnosis"]["ranks"]["0"] == summary
+    assert "Watchdog caught collective operation timeout" in (run / "logs" / "rank0.log").read_text()
