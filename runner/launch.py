@@ -205,17 +205,26 @@ def _now() -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Watchdog:
-    """deadline_s: the run's hard limit. stall_timeout_s: no new step row for this long (after
-    the first row) means a hang; startup_timeout_s: the same before the first row."""
+    """deadline_s: the run's hard limit. Once three steps are recorded the deadline tightens to
+    the time so far + remaining steps x the observed step time x ``deadline_factor`` +
+    ``deadline_margin_s``. stall_timeout_s: no new step row for this long (after the first
+    row) means a hang; startup_timeout_s: the same before the first row."""
 
     deadline_s: float
     stall_timeout_s: float
     startup_timeout_s: float
+    deadline_factor: float = 3.0
+    deadline_margin_s: float = 120.0
     poll_s: float = 1.0
 
 
-def _metrics_bytes(run_dir: Path) -> int:
-    return sum(p.stat().st_size for p in (run_dir / "metrics").glob("rank*.jsonl"))
+def _rank0_rows(run_dir: Path) -> tuple[int, int]:
+    """(bytes over all ranks' metrics files, complete rows in rank 0's)."""
+    files = list((run_dir / "metrics").glob("rank*.jsonl"))
+    size = sum(p.stat().st_size for p in files)
+    rank0 = run_dir / "metrics" / "rank0.jsonl"
+    rows = rank0.read_bytes().count(b"\n") if size and rank0.exists() else 0
+    return size, rows
 
 
 def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int) -> RunStatus:
@@ -230,38 +239,11 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     (run_dir / "trace").mkdir(exist_ok=True)
     cmd = build_command(spec, run_dir=run_dir, master_port=master_port)
     started, t0 = _now(), time.monotonic()
-    status, cause, code, diagnosis = "ok", None, None, None
     with (run_dir / "logs" / "launcher.log").open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=build_run_env(spec, run_dir=run_dir), start_new_session=True)
         try:
-            seen, last_progress = -1, t0
-            while code is None:
-                try:
-                    code = proc.wait(timeout=watchdog.poll_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                now, size = time.monotonic(), _metrics_bytes(run_dir)
-                if size != seen:
-                    seen, last_progress = size, now
-                limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
-                if now - last_progress > limit:
-                    cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
-                    _kill_group(proc)
-                    dumps = load_flight_recorder_dumps(run_dir / "trace")
-                    if dumps:  # the NCCL watchdog fired and dumped, but the ranks never exited
-                        stacks = diagnosis
-                        cause, diagnosis = diagnose_from_flight_recorder(
-                            {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=spec.world_size)
-                        diagnosis = {**diagnosis, "stacks": stacks}
-                    status = "hang"
-                    cause = f"no step row for {limit:.0f} s; {cause}"
-                    break
-                if now - t0 > watchdog.deadline_s:
-                    _kill_group(proc)
-                    status, cause = "timeout", f"no exit within the {watchdog.deadline_s:.0f} s deadline; killed"
-                    break
+            status, cause, code, diagnosis = _supervise(proc, spec, run_dir=run_dir, watchdog=watchdog)
         except KeyboardInterrupt:
             _kill_group(proc)
             _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
@@ -270,6 +252,42 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     if status == "ok" and code != 0:
         status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size)
     return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis)
+
+
+def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog: Watchdog):
+    """Wait for the run, enforcing the watchdog. -> (status, cause, exit code, diagnosis)."""
+    t0 = time.monotonic()
+    seen, last_progress, deadline, first_row_at = -1, t0, watchdog.deadline_s, None
+    while True:
+        try:
+            return "ok", None, proc.wait(timeout=watchdog.poll_s), None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        size, rows = _rank0_rows(run_dir)
+        if size != seen:
+            seen, last_progress = size, now
+        if rows and first_row_at is None:
+            first_row_at = now
+        if rows >= 3 and deadline == watchdog.deadline_s:
+            per_step = (now - first_row_at) / (rows - 1)
+            derived = (now - t0) + (spec.fixed.steps - rows) * per_step * watchdog.deadline_factor
+            deadline = min(watchdog.deadline_s, derived + watchdog.deadline_margin_s)
+        limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
+        if now - last_progress > limit:
+            cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
+            _kill_group(proc)
+            dumps = load_flight_recorder_dumps(run_dir / "trace")
+            if dumps:  # the NCCL watchdog fired and dumped, but the ranks never exited
+                stacks = diagnosis
+                cause, diagnosis = diagnose_from_flight_recorder(
+                    {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=spec.world_size)
+                diagnosis = {**diagnosis, "stacks": stacks}
+            return "hang", f"no step row for {limit:.0f} s; {cause}", None, diagnosis
+        if now - t0 > deadline:
+            _kill_group(proc)
+            return "timeout", f"no exit within the {deadline:.0f} s deadline (derived from the observed step time)" \
+                if deadline < watchdog.deadline_s else f"no exit within the {deadline:.0f} s deadline", None, None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

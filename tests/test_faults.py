@@ -191,3 +191,27 @@ def test_h200_nccl_hang_diagnosed_from_real_flight_recorder_dump():
     assert status["status"] == "hang" and status["diagnosis"]["source"] == "flight-recorder"
     assert status["diagnosis"]["ranks"]["0"] == summary
     assert "Watchdog caught collective operation timeout" in (run / "logs" / "rank0.log").read_text()
+
+
+def test_deadline_derived_from_observed_step_time(tmp_path):
+    """A straggler that makes every step 2 s: the deadline, derived after 3 steps from the observed
+    step time (x0.1 here, + 1 s), ends the run as 'timeout' long before the campaign's hard limit."""
+    from ingest.schema import run_spec_from_dict
+    from runner.launch import Watchdog, run_one
+    from runner.matrix import resolve_matrix
+    from ingest.schema import to_dict
+
+    raw = {"campaign": {"name": "d", "preset": "tiny"}, "fixed": {"steps": 30, "warmup_steps": 2},
+           "runs": [{"name": "slow", "strategy": "ddp",
+                     "options": {"fault": {"kind": "straggler", "rank": 1, "step": 0, "seconds": 2.0}}}]}
+    spec = resolve_matrix(raw, source="m", num_gpus=0).runs[0]
+    run_dir = tmp_path / "slow"
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(json.dumps(to_dict(spec)))
+    assert run_spec_from_dict(json.loads((run_dir / "spec.json").read_text())) == spec
+    t0 = time.monotonic()
+    status = run_one(spec, run_dir=run_dir, master_port=29731, watchdog=Watchdog(
+        deadline_s=600, stall_timeout_s=60, startup_timeout_s=120, deadline_factor=0.1, deadline_margin_s=1))
+    assert status.status == "timeout" and "derived from the observed step time" in status.cause
+    assert time.monotonic() - t0 < 120
+    assert not _train_processes(run_dir)
