@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from ingest.errors import NoDataError
 from ingest.io import iter_text_lines, read_text_head, write_bytes_atomic
-from ingest.parsers import HEAD_CHARS, ParseResult, detect_kind, parse_text
+from ingest.parsers import HEAD_CHARS, PARSED_KINDS, ParseResult, detect_kind, parse_text
 from ingest.schema import SCHEMA_VERSION
 
 TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env")
@@ -352,12 +352,7 @@ def is_thirdparty_folder(path: str | os.PathLike[str]) -> bool:
     root = Path(path)
     if not root.is_dir() or (root / "campaign.json").is_file() or (root / "runs.parquet").is_file():
         return False
-    try:
-        files = find_artifacts([str(root)])
-    except NoDataError:
-        return False
-    # a folder of unrelated files keeps the campaign loader's "not a campaign" error
-    return any(detect_kind(read_text_head(f, 8192)) is not None for f in files[:200])
+    return any(f.is_file() for f in root.rglob("*"))
 
 
 def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None = None):
@@ -365,6 +360,10 @@ def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None
     logs, or ``model``). Raises NoDataError (no training log with iteration times) or
     ConfigError (shape unknown: says how to pass it)."""
     files = [ingest_file(p) for p in find_artifacts([str(path)])]
+    if not any(f.result.kind in PARSED_KINDS for f in files):
+        raise NoDataError(f"{path}: is not a campaign (no campaign.json) nor a tables dir (no runs.parquet), and none of "
+                          "its files is a log ingest reads; run `runner all`, or pass a folder of NCCL / Megatron-LM / "
+                          "DeepSpeed / torchtitan logs")
     campaign = build_thirdparty_campaign(files, name=Path(path).resolve().name, model=model)
     if campaign is None:
         kinds = ", ".join(f"{Path(f.path).name}: {f.result.kind}" for f in files)

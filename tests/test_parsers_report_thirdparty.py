@@ -107,7 +107,7 @@ def test_folder_of_unrelated_files_keeps_the_campaign_error(tmp_path, capsys):
     (tmp_path / "data.bin").write_bytes(bytes(range(256)))
     assert report_main(["build", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "not a campaign" in err and "runner all" in err
+    assert "not a campaign" in err and "run `runner all`" in err and len(err.strip().splitlines()) == 1
 
 
 def test_folder_with_only_an_nccl_log_says_what_is_missing(tmp_path, capsys):
