@@ -80,6 +80,8 @@ def _read_json(path: Path) -> Any:
         raise ParseError(
             f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg}); fix or regenerate the file"
         ) from None
+    except RecursionError:  # hostile input: nesting deeper than the decoder's stack
+        raise ParseError(f"{path}: JSON nested too deeply to read; not an artifact of ours") from None
 
 
 def _read_record(path: Path, cls: type, problems: list[str]) -> dict[str, Any] | None:
@@ -162,6 +164,8 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
             continue
         try:
             data = json.loads(line)
+        except RecursionError:
+            raise ParseError(f"{path}:{lineno}: JSON nested too deeply to read; not a StepRow") from None
         except json.JSONDecodeError as e:
             if lineno == last:
                 problems.append(f"{where}:{lineno}: truncated line skipped ({e.msg}; the run stopped mid-write?)")
@@ -181,6 +185,9 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+_POSITIVE_SPEC_FIELDS = ("world_size", "tp_degree", "pp_degree", "dp_degree", "micro_batch_size", "num_microbatches")
+
+
 def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     spec_path = run_dir / "spec.json"
     if not spec_path.is_file():
@@ -192,6 +199,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         return None
     _check_version(spec_path, raw)
     bad = _field_problems(RunSpec, raw)
+    bad += [f"{k}: must be >= 1, got {raw[k]!r}" for k in _POSITIVE_SPEC_FIELDS
+            if not bad and isinstance(raw.get(k), int) and raw[k] < 1]
     if bad:
         problems.append(f"run {name}: {name}/spec.json does not match RunSpec ({'; '.join(bad)}); "
                         "left out of the note (regenerate it with `runner all`)")
@@ -246,10 +255,11 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     if not isinstance(campaign, dict) or not isinstance(campaign.get("runs", []), list):
         raise ParseError(f"{root / 'campaign.json'}: expected an object with a 'runs' list; regenerate it")
     _check_version(root / "campaign.json", campaign)
-    if "fixed" in campaign:  # the note's fixed variables: a wrong one would mislabel every number
-        bad = _field_problems(FixedConfig, campaign["fixed"], "fixed.")
-        if bad:
-            raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad)}; regenerate it with `runner all`")
+    if "fixed" not in campaign:
+        raise ParseError(f"{root / 'campaign.json'}: no 'fixed' (the campaign's fixed variables); regenerate it")
+    bad = _field_problems(FixedConfig, campaign["fixed"], "fixed.")  # a wrong one mislabels every number
+    if bad:
+        raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad)}; regenerate it with `runner all`")
     problems: list[str] = []
     env: Any = {}
     if (root / "env.json").is_file():

@@ -1,0 +1,28 @@
+"""A small, seeded slice of benchmarks/fuzz.py in CI: mutated fixtures through every parser and
+mutated campaign files through the report builder raise nothing but ToolError. The full run
+(>= 10,000 inputs each) is recorded in benchmarks/results/fuzz.json."""
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fuzz_module():
+    spec = importlib.util.spec_from_file_location("fuzz", ROOT / "benchmarks" / "fuzz.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parsers_survive_mutations():
+    result = _fuzz_module().fuzz_parsers(400, random.Random(7))
+    assert result["inputs"] >= 400 and result["uncaught"] == 0, result["failures"]
+
+
+def test_report_builder_survives_mutated_artifacts():
+    result = _fuzz_module().fuzz_report(60, random.Random(11))
+    assert result["uncaught"] == 0, result["failures"]
+    assert result["note"] > 0 and result["tool_error"] > 0  # both outcomes were exercised
