@@ -228,6 +228,9 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         if f.name not in ("run", "schema_version", "engine"):
             row[f.name] = info[f.name] if info else None
     files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
+    outside = [p for p in files if not p.resolve().is_relative_to(run_dir.resolve())]
+    problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)
+    files = [p for p in files if p not in outside]
     steps = [r for p in files for r in _read_metrics(p, problems)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:
