@@ -20,6 +20,7 @@ from ingest.io import Campaign
 from ingest.schema import RUN_STATUSES
 from report import metrics
 from report.hardware import lookup_peak
+from report.placement import RunPlacement, compute_placements
 from report.rules import Finding, build_findings, rule_conditions
 from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
 
@@ -49,6 +50,19 @@ class Gpu:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeInfo:
+    """One node of a multi-node campaign (env_node<K>.json, folded into env.json by the runner)."""
+
+    node_rank: int
+    hostname: str | None
+    cpu_model: str | None
+    cores_logical: int | None
+    host_memory_gib: float | None
+    gpu_count: int | None
+    gpu_name: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvSection:
     hostname: str | None
     os: str | None
@@ -65,6 +79,8 @@ class EnvSection:
     launch_command: str | None
     tool_git_commit: str | None
     env_vars: tuple[tuple[str, str], ...]
+    num_nodes: int | None = None  # multi-node campaigns only (env.json "num_nodes")
+    nodes: tuple[NodeInfo, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +192,7 @@ class Note:
     figures: tuple[Figure, ...]
     findings: tuple[Finding, ...]
     hang_ranks: tuple[HangRank, ...]
+    placements: tuple[RunPlacement, ...]  # multi-node runs with a placement record
     conditions: tuple[Finding, ...]
     caveats: tuple[Finding, ...]
     formulas: tuple[tuple[str, str, str], ...]
@@ -200,6 +217,9 @@ _ENV_TYPES: dict[str, Any] = {
     "disk": {"path": str, "total_gib": _NUM, "free_gib": _NUM},
     "gpus": [{"index": int, "name": str, "memory_total_mib": _NUM, "driver_version": str, "power_limit_w": _NUM,
               "clocks_sm_max_mhz": _NUM}],
+    "num_nodes": int, "placement": dict,
+    "nodes": [{"node_rank": int, "hostname": str, "host_memory_gib": _NUM, "gpu_count": int, "cpu": dict,
+               "gpus": list}],
 }
 
 
@@ -269,7 +289,13 @@ def build_env(env: Mapping[str, Any]) -> EnvSection:
         disk_path=disk.get("path"), disk_total_gib=disk.get("total_gib"), disk_free_gib=disk.get("free_gib"),
         gpus=gpus, topology=env.get("topology"), versions=tuple((env.get("versions") or {}).items()),
         launch_command=" ".join(map(str, env["launch_command"])) if env.get("launch_command") else None,
-        tool_git_commit=env.get("tool_git_commit"), env_vars=tuple(sorted((env.get("env_vars") or {}).items())))
+        tool_git_commit=env.get("tool_git_commit"), env_vars=tuple(sorted((env.get("env_vars") or {}).items())),
+        num_nodes=env.get("num_nodes"), nodes=tuple(
+            NodeInfo(node_rank=n["node_rank"], hostname=n.get("hostname"), cpu_model=(n.get("cpu") or {}).get("model"),
+                     cores_logical=(n.get("cpu") or {}).get("cores_logical"), host_memory_gib=n.get("host_memory_gib"),
+                     gpu_count=n.get("gpu_count"),
+                     gpu_name=next((g.get("name") for g in n.get("gpus") or () if isinstance(g, dict)), None))
+            for n in env.get("nodes") or () if n.get("node_rank") is not None))
 
 
 def build_model(fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> ModelSection:
@@ -367,7 +393,7 @@ def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
 
 def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: ModelSection,
                   peaks: Sequence[PeakUsed], *, rows: Sequence[MetricRow] = (), env_problems: Sequence[str] = (),
-                  cores: int | None = None) -> list[Finding]:
+                  cores: int | None = None, placements: Sequence[RunPlacement] = ()) -> list[Finding]:
     """Caveats the reader must see next to the numbers (the template words each kind).
     rows: the metric rows (same order as runs); cores: logical CPU cores from env.json."""
     out = [Finding(kind="load_problem", evidence={"text": p}) for p in (*campaign.problems, *env_problems)]
@@ -405,6 +431,11 @@ def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: 
     for p in peaks:
         if p.flops is None:
             out.append(Finding(kind="unknown_peak", evidence={"gpu_name": p.gpu_name, "dtype": p.dtype}))
+    for p in placements:  # TP all-reduces on the critical path over the inter-node network
+        if p.num_tp_groups_crossing:
+            out.append(Finding(kind="tp_crosses_nodes", runs=(p.run,),
+                               evidence={"crossing": p.num_tp_groups_crossing, "total": p.num_tp_groups,
+                                         "num_nodes": p.num_nodes}))
     if len(model.num_params) > 1:
         out.append(Finding(kind="param_mismatch", runs=tuple(r["run"] for r in runs),
                            evidence={"num_params": model.num_params}))
@@ -450,6 +481,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     model = build_model(fixed, runs)
     fpt = next((s["flops_per_token"] for s in summary if s["flops_per_token"] is not None), None)
     on_gpu = any(r["device"] == "cuda" for r in runs)
+    placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
     return Note(
         title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
@@ -458,10 +490,11 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         findings=tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds)),
-        hang_ranks=build_hang_ranks(runs),
+        hang_ranks=build_hang_ranks(runs), placements=placements,
         conditions=tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
                                          num_params=model.num_params[0] if model.num_params else None,
                                          num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype)),
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
-                                    env_problems=env_problems, cores=env.cores_logical or env.cores_physical)),
+                                    env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
+                                    placements=placements)),
         formulas=FORMULAS)

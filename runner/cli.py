@@ -1,10 +1,14 @@
 """`runner` command line.
 
     runner all [--matrix FILE] [--out DIR] [--dry-run] [--preset NAME] [--steps N]
+    runner all --nnodes N --node-rank K --rdzv-endpoint HOST:PORT --out DIR [--print-node-commands]
+    runner collect CAMPAIGN_DIR NODE_DIR...
+    runner slurm --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]
 
 Resolves the matrix (embedded default picked by the GPUs found), records the environment
-and launches one torchrun per run, in order, into a campaign directory. User errors print
-one line per problem and exit 2.
+and launches one torchrun per run, in order, into a campaign directory; on several nodes
+each node runs the same command with its own --node-rank (runner.nodes says who writes
+what). User errors print one line per problem and exit 2.
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ from ingest.errors import ToolError
 from ingest.schema import SCHEMA_VERSION, run_spec_from_dict, to_dict
 from runner import __version__
 from runner.matrix import Campaign, load_matrix, resolve_matrix
+from runner.nodes import (
+    ENV_NODE_PATTERN, NodeLaunch, build_node_launch, check_divisible, collect_node_dirs, env_node_path,
+    refresh_env_record, status_path_for,
+)
 
 MATRIX_DIR = Path(__file__).resolve().parent.parent / "examples" / "matrices"
 DEFAULT_MATRICES = {0: "cpu.toml", 1: "1gpu.toml", 2: "2gpu.toml", 8: "8gpu.toml"}
@@ -43,23 +51,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _print_dry_run(campaign: Campaign, out: Path) -> None:
+def _print_dry_run(campaign: Campaign, out: Path, node: NodeLaunch | None = None) -> None:
     from runner.env import collect_env_vars
     from runner.launch import build_command, build_run_env
 
     print(f"campaign {campaign.name}: preset {campaign.preset}, device {campaign.device}, "
           f"global batch {campaign.fixed.global_batch_size} x seq {campaign.fixed.model.seq_length}, "
           f"{campaign.fixed.steps} steps, dtype {campaign.fixed.dtype}")
-    for spec in campaign.runs:
+    if node is not None:
+        print(f"node {node.node_rank} of {node.nnodes}: c10d rendezvous at {node.rdzv_host}:{node.rdzv_port}"
+              f" + run index")
+    for i, spec in enumerate(campaign.runs):
         print(f"- {spec.name}: strategy={spec.strategy} engine={spec.engine} world_size={spec.world_size} "
               f"tp={spec.tp_degree} pp={spec.pp_degree} dp={spec.dp_degree} "
               f"micro_batch_size={spec.micro_batch_size} num_microbatches={spec.num_microbatches}"
               + (f" options={dict(spec.options)}" if spec.options else ""))
         run_dir = out / spec.name
-        added = {k: v for k, v in collect_env_vars(build_run_env(spec, run_dir=run_dir, base={})).items()}
+        added = {k: v for k, v in collect_env_vars(build_run_env(spec, run_dir=run_dir, base={}, node=node)).items()}
         added["PYTHONUNBUFFERED"] = "1"
+        if node is not None:
+            added["RUNNER_NODE_RANK"] = str(node.node_rank)
         print("    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(added.items())) + " "
-              + shlex.join(build_command(spec, run_dir=run_dir, master_port=29500)))
+              + shlex.join(build_command(spec, run_dir=run_dir, master_port=29500, node=node, run_index=i)))
     print("(the master port is a free port picked at launch; runner.train reads <run-dir>/spec.json, "
           "which `runner all` writes before launching)")
 
@@ -67,24 +80,62 @@ def _print_dry_run(campaign: Campaign, out: Path) -> None:
 FINAL_STATUSES = {"ok", "oom", "crash", "hang", "timeout", "skipped"}  # "interrupted" is re-run by --resume
 
 
+def node_command(argv: list[str], *, node_rank: int) -> list[str]:
+    """The `runner all` command line for one node: ``argv`` with --node-rank set to node_rank and
+    --print-node-commands / --dry-run dropped."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--print-node-commands", "--dry-run"):
+            continue
+        if a == "--node-rank":
+            skip = True
+            continue
+        if a.startswith("--node-rank="):
+            continue
+        out.append(a)
+    return [*out, "--node-rank", str(node_rank)]
+
+
 def cmd_all(args: argparse.Namespace) -> int:
+    node = build_node_launch(nnodes=args.nnodes, node_rank=args.node_rank if args.node_rank is not None else (
+        0 if args.print_node_commands else None), rdzv_endpoint=args.rdzv_endpoint)
     if args.resume:
+        if node is not None:
+            raise ToolError("--resume is single-node only for now; re-run the whole multi-node campaign into a new --out")
         return resume_campaign(args.resume)
     if args.gpus is not None and not args.dry_run:
         raise ToolError("--gpus only applies to --dry-run (a real campaign uses the GPUs it finds)")
-    num_gpus = count_gpus() if args.gpus is None else args.gpus
-    matrix_path = args.matrix or default_matrix(num_gpus)
-    campaign = resolve_matrix(load_matrix(matrix_path), source=str(matrix_path), num_gpus=num_gpus,
+    if node is not None and args.out is None:
+        raise ToolError("--out DIR is required with --nnodes: every node must write into the same campaign directory")
+    num_gpus = count_gpus() if args.gpus is None else args.gpus  # per node
+    nnodes = node.nnodes if node else 1
+    matrix_path = args.matrix or default_matrix(num_gpus * nnodes)
+    campaign = resolve_matrix(load_matrix(matrix_path), source=str(matrix_path), num_gpus=num_gpus * nnodes,
                               overrides={"preset": args.preset, "steps": args.steps})
+    if node is not None:
+        check_divisible(campaign.runs, nnodes=node.nnodes)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("runs") / f"{campaign.name}-{stamp}"
-    if args.dry_run:
-        _print_dry_run(campaign, out)
+    if args.print_node_commands:
+        if node is None:
+            raise ToolError("--print-node-commands needs --nnodes N and --rdzv-endpoint HOST:PORT")
+        argv = [*_prog(), *sys.argv[1:]]
+        for k in range(node.nnodes):
+            print(f"# node {k}" + (" (writes campaign.json, env.json, status.json)" if k == 0 else ""))
+            print(shlex.join(node_command(argv, node_rank=k)))
         return 0
+    if args.dry_run:
+        _print_dry_run(campaign, out, node)
+        return 0
+    if node is not None and node.node_rank > 0:
+        return join_campaign(out, campaign, node)
     from runner.env import collect_env
     from runner.launch import write_json_atomic
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or not _may_start_in(out, campaign, node)):
         raise ToolError(f"{out}: output path exists and is not an empty directory; choose another --out "
                         "(or --resume it)")
     out.mkdir(parents=True, exist_ok=True)
@@ -94,22 +145,78 @@ def cmd_all(args: argparse.Namespace) -> int:
     from runner.env import collect_env_vars
     from runner.launch import build_run_env
 
-    env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>"))
+    env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node))
+    if node is not None:
+        write_json_atomic(env_node_path(out, 0), {**env, "node_rank": 0})
     write_json_atomic(out / "env.json", env)
     supervision = {"run_timeout_s": campaign.run_timeout_s, "stall_timeout_s": campaign.stall_timeout_s,
                    "startup_timeout_s": campaign.startup_timeout_s}
     for spec in campaign.runs:  # every spec up front, so --resume knows the whole campaign
-        (out / spec.name).mkdir()
+        (out / spec.name).mkdir(exist_ok=node is not None)
         write_json_atomic(out / spec.name / "spec.json", to_dict(spec))
-    write_json_atomic(out / "campaign.json", {
+    meta = {
         "schema_version": SCHEMA_VERSION, "name": campaign.name,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "tool_version": __version__, "tool_git_commit": env["tool_git_commit"], "matrix_path": str(matrix_path),
         "launch_command": launch_command, "device": campaign.device, "supervision": supervision,
         "fixed": to_dict(campaign.fixed), "runs": [s.name for s in campaign.runs],
-    })
-    print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, preset {campaign.preset})", flush=True)
-    return run_campaign(out, list(campaign.runs), supervision)
+    }
+    if node is not None:
+        meta["nodes"] = {"nnodes": node.nnodes, "rdzv_endpoint": f"{node.rdzv_host}:{node.rdzv_port}",
+                         "rdzv_port_rule": "base port + run index"}
+    write_json_atomic(out / "campaign.json", meta)
+    print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, preset {campaign.preset}"
+          + (f", node 0 of {node.nnodes}" if node else "") + ")", flush=True)
+    return run_campaign(out, list(campaign.runs), supervision, node=node)
+
+
+def _prog() -> list[str]:
+    """How this process was started, for printing commands to run elsewhere."""
+    if Path(sys.argv[0]).name in ("runner", "runner.exe"):
+        return ["runner"]
+    return [sys.executable, "-m", "runner.cli"]
+
+
+def _may_start_in(out: Path, campaign: Campaign, node: NodeLaunch | None) -> bool:
+    """Node 0 (or a single node) starts only in an empty directory; on several nodes it may
+    find what other nodes already wrote there (their env_node<K>.json and run directories),
+    but never another campaign."""
+    entries = list(out.iterdir())
+    if node is None or not entries:
+        return not entries
+    runs = {s.name for s in campaign.runs}
+    return all((e.is_file() and ENV_NODE_PATTERN.match(e.name) and e.name != env_node_path(out, 0).name)
+               or (e.is_dir() and e.name in runs and not (e / "spec.json").exists()) for e in entries)
+
+
+def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
+    """Node K > 0: write only this node's files (env_node<K>.json, <run>/spec_node<K>.json) and
+    launch this node's agent of every run. Works on a shared directory (node 0's campaign.json
+    must then list the same runs) and on a node-local one (merge with `runner collect`)."""
+    from runner.env import collect_env, collect_env_vars
+    from runner.launch import build_run_env, load_json, write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    mine = env_node_path(out, node.node_rank)
+    if mine.exists():
+        raise ToolError(f"{mine}: node {node.node_rank} already ran in {out}; choose another --out")
+    names = [s.name for s in campaign.runs]
+    if (out / "campaign.json").exists():
+        theirs = load_json(out / "campaign.json")
+        if theirs.get("name") != campaign.name or theirs.get("runs") != names:
+            raise ToolError(f"{out}/campaign.json is campaign {theirs.get('name')!r} with runs {theirs.get('runs')}, "
+                            f"not this matrix's {campaign.name!r} {names}; every node needs the same --matrix")
+    env = collect_env(launch_command=list(sys.orig_argv), data_dir=out)
+    env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node))
+    write_json_atomic(mine, {**env, "node_rank": node.node_rank})
+    for spec in campaign.runs:
+        (out / spec.name).mkdir(exist_ok=True)
+        write_json_atomic(out / spec.name / f"spec_node{node.node_rank}.json", to_dict(spec))
+    supervision = {"run_timeout_s": campaign.run_timeout_s, "stall_timeout_s": campaign.stall_timeout_s,
+                   "startup_timeout_s": campaign.startup_timeout_s}
+    print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, node {node.node_rank} of {node.nnodes})",
+          flush=True)
+    return run_campaign(out, list(campaign.runs), supervision, node=node)
 
 
 def resume_campaign(out: Path) -> int:
@@ -123,28 +230,70 @@ def resume_campaign(out: Path) -> int:
     return run_campaign(out, specs, meta["supervision"])
 
 
-def run_campaign(out: Path, specs: list, supervision: dict) -> int:
+def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None = None) -> int:
     from runner.launch import Watchdog, archive_attempt, load_json, run_one
 
     statuses = []
     for i, spec in enumerate(specs, 1):
         run_dir = out / spec.name
-        status_path = run_dir / "status.json"
+        status_path = status_path_for(run_dir, node)
         if status_path.exists() and load_json(status_path).get("status") in FINAL_STATUSES:
             statuses.append(load_json(status_path)["status"])
             print(f"[{i}/{len(specs)}] {spec.name}: already {statuses[-1]}, kept", flush=True)
             continue
-        archive_attempt(run_dir)
+        if node is None:  # on a shared directory another node's files of this run are not ours to move
+            archive_attempt(run_dir)
         print(f"[{i}/{len(specs)}] {spec.name}: {spec.strategy}/{spec.engine} on {spec.world_size} "
               f"process(es) ...", flush=True)
         watchdog = Watchdog(deadline_s=supervision["run_timeout_s"], stall_timeout_s=supervision["stall_timeout_s"],
                             startup_timeout_s=supervision["startup_timeout_s"])
-        status = run_one(spec, run_dir=run_dir, watchdog=watchdog, master_port=_free_port())
+        status = run_one(spec, run_dir=run_dir, watchdog=watchdog, master_port=_free_port(),
+                         node=node, run_index=i - 1)
         print(f"    {status.status} in {status.duration_s:.1f} s" + (f": {status.cause}" if status.cause else ""),
               flush=True)
         statuses.append(status.status)
+        if node is not None and node.node_rank == 0:
+            refresh_env_record(out, [s.name for s in specs])
     print(f"done ({statuses.count('ok')}/{len(statuses)} runs ok): report build {out}")
     return 0 if "ok" in statuses else 1  # a campaign where nothing ran is a failed job
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    copied = collect_node_dirs(args.campaign_dir, list(args.node_dirs))
+    print(f"collected {len(copied)} file(s) into {args.campaign_dir}: report build {args.campaign_dir}")
+    return 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from runner.slurm import submit_sbatch
+
+    script, path = build_slurm_script(args)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    return submit_sbatch(script, path=path)
+
+
+def build_slurm_script(args: argparse.Namespace) -> tuple[str, Path]:
+    """Validate the matrix for nodes x gpus_per_node GPUs and build the script. -> (text, path to write)."""
+    from runner.slurm import build_sbatch_script
+
+    problems = []
+    if args.nodes < 1:
+        problems.append(f"--nodes must be >= 1, got {args.nodes}")
+    if args.gpus_per_node < 1:
+        problems.append(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if problems:
+        raise ToolError("\n".join(problems))
+    total = args.nodes * args.gpus_per_node
+    matrix_path = args.matrix or default_matrix(total)
+    campaign = resolve_matrix(load_matrix(matrix_path), source=str(matrix_path), num_gpus=total)
+    check_divisible(campaign.runs, nnodes=args.nodes)
+    out = args.out or Path("runs") / f"{campaign.name}-{args.nodes}x{args.gpus_per_node}"
+    script = build_sbatch_script(campaign, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                 partition=args.partition, time_limit=args.time, matrix=matrix_path, out=out,
+                                 port=args.port, python=sys.executable, workdir=Path.cwd())
+    return script, out.parent / f"{out.name}.sbatch"
 
 
 def _sigterm_to_interrupt(signum, frame):  # noqa: ARG001
@@ -163,7 +312,27 @@ def build_parser() -> argparse.ArgumentParser:
     p_all.add_argument("--gpus", type=int, help="with --dry-run: resolve as if this many GPUs were present")
     p_all.add_argument("--resume", type=Path, metavar="CAMPAIGN",
                        help="finish an existing campaign: run only the runs without a final status")
+    p_all.add_argument("--nnodes", type=int, help="nodes in a multi-node campaign (world_size in the matrix is the total)")
+    p_all.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (node 0 writes campaign.json)")
+    p_all.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                       help="c10d rendezvous endpoint reachable from every node; run i uses PORT + i")
+    p_all.add_argument("--print-node-commands", action="store_true",
+                       help="with --nnodes: print the command to run on each node; run nothing")
     p_all.set_defaults(func=cmd_all)
+    p_col = sub.add_parser("collect", help="merge nodes' campaign directories into node 0's")
+    p_col.add_argument("campaign_dir", type=Path, help="node 0's campaign directory (has campaign.json)")
+    p_col.add_argument("node_dirs", type=Path, nargs="+", help="the other nodes' --out directories")
+    p_col.set_defaults(func=cmd_collect)
+    p_sl = sub.add_parser("slurm", help="write (and submit) an sbatch script running the campaign on N nodes")
+    p_sl.add_argument("--nodes", type=int, required=True)
+    p_sl.add_argument("--gpus-per-node", type=int, required=True)
+    p_sl.add_argument("--partition")
+    p_sl.add_argument("--time", help="job time limit HH:MM:SS (default: the partition's)")
+    p_sl.add_argument("--matrix", type=Path, help="experiment matrix TOML (default: embedded, by total GPUs)")
+    p_sl.add_argument("--out", type=Path, help="campaign directory on the shared filesystem")
+    p_sl.add_argument("--port", type=int, default=29500, help="base rendezvous port (run i uses port + i)")
+    p_sl.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
+    p_sl.set_defaults(func=cmd_slurm)
     return parser
 
 

@@ -30,6 +30,7 @@ from ingest.hangs import (
 )
 from ingest.errors import ConfigError
 from ingest.schema import RunSpec, RunStatus, to_dict
+from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_path_for
 
 OOM_PATTERN = re.compile(r"(CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory)")
 WATCHDOG_PATTERN = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(SeqNum=\d+")
@@ -38,17 +39,31 @@ EXCEPTION_PATTERN = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:\.\w+)*(?:Error|Excep
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH"}
 
 
-def build_command(spec: RunSpec, *, run_dir: Path, master_port: int) -> list[str]:
-    """The exact torchrun command line for one run (single node, static rendezvous)."""
+def build_command(spec: RunSpec, *, run_dir: Path, master_port: int, node: NodeLaunch | None = None,
+                  run_index: int = 0) -> list[str]:
+    """The exact torchrun command line for one run: single node with a static rendezvous on
+    loopback, or (``node`` given) this node's agent of a c10d rendezvous at the endpoint's host
+    and port + run_index, with world_size / nnodes processes per node. master_port is
+    ignored for multi-node runs."""
+    train = ["-m", "runner.train", "--run-dir", str(run_dir)]
+    if node is None:
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nproc-per-node={spec.world_size}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={master_port}",
+            *train,
+        ]
     return [
         sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={spec.world_size}", "--nnodes=1",
-        "--master-addr=127.0.0.1", f"--master-port={master_port}",
-        "-m", "runner.train", "--run-dir", str(run_dir),
+        f"--nnodes={node.nnodes}", f"--nproc-per-node={spec.world_size // node.nnodes}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={node.rdzv_host}:{node.port_for(run_index)}",
+        f"--rdzv-id={spec.campaign}-{spec.name}", "--max-restarts=0",
+        *train, "--spec", str(spec_path_for(run_dir, node)),
     ]
 
 
-def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None = None,
+                  node: NodeLaunch | None = None) -> dict[str, str]:
     """The run's environment: NCCL debug output and the flight recorder (dumped into trace/ on a
     collective timeout) on CUDA; one OpenMP thread per rank."""
     env = dict(os.environ if base is None else base)
@@ -63,6 +78,8 @@ def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None =
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron: TP comm/compute ordering
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    if node is not None:  # the runner's node rank, recorded in placement.json (torchrun's GROUP_RANK may differ)
+        env["RUNNER_NODE_RANK"] = str(node.node_rank)
     return env
 
 
@@ -78,14 +95,15 @@ def _rank_logs(run_dir: Path) -> dict[int, str]:
             for p in (run_dir / "logs").glob("rank*.log") if p.stem[4:].isdigit()}
 
 
-def classify_failure(run_dir: Path, exit_code: int, *, world_size: int) -> tuple[str, str, dict | None]:
+def classify_failure(run_dir: Path, exit_code: int, *, world_size: int,
+                     launcher_log: str = "launcher.log") -> tuple[str, str, dict | None]:
     """(status, cause, diagnosis) for a run that exited non-zero, from its rank logs and trace/.
 
     NCCL watchdog timeouts with flight-recorder dumps -> 'hang' (who is missing from which
     collective); allocator failures -> 'oom' (with the allocator's own numbers); else 'crash'
     naming the first rank that raised."""
     logs = _rank_logs(run_dir)
-    root_rank, root_exit = _torchrun_root_cause(run_dir / "logs" / "launcher.log")
+    root_rank, root_exit = _torchrun_root_cause(run_dir / "logs" / launcher_log)
     if root_rank is not None and root_rank in logs:  # look at the first failed rank first
         logs = {root_rank: logs[root_rank], **{r: t for r, t in logs.items() if r != root_rank}}
     dumps = load_flight_recorder_dumps(run_dir / "trace")
@@ -219,39 +237,43 @@ class Watchdog:
 
 
 def _rank0_rows(run_dir: Path) -> tuple[int, int]:
-    """(bytes over all ranks' metrics files, complete rows in rank 0's)."""
-    files = list((run_dir / "metrics").glob("rank*.jsonl"))
-    size = sum(p.stat().st_size for p in files)
-    rank0 = run_dir / "metrics" / "rank0.jsonl"
-    rows = rank0.read_bytes().count(b"\n") if size and rank0.exists() else 0
+    """(bytes over all ranks' metrics files here, complete rows in the lowest rank's file here).
+    On one node that rank is 0; on node K > 0 without a shared directory, its first local rank."""
+    files = {int(p.stem[4:]): p for p in (run_dir / "metrics").glob("rank*.jsonl") if p.stem[4:].isdigit()}
+    size = sum(p.stat().st_size for p in files.values())
+    rows = files[min(files)].read_bytes().count(b"\n") if size else 0
     return size, rows
 
 
-def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int) -> RunStatus:
+def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int, node: NodeLaunch | None = None,
+            run_index: int = 0) -> RunStatus:
     """Launch one run, supervise it, classify how it ended and write status.json.
 
     A stall (no new step row within the watchdog's limits) dumps every rank's Python stack
     (py-spy) into trace/ before the group is killed; a deadline kills it as 'timeout'.
     KeyboardInterrupt (SIGINT, or SIGTERM turned into it by the CLI) kills the group, records
-    'interrupted' and is re-raised.
+    'interrupted' and is re-raised. With ``node`` (multi-node), this node's agent only: node K > 0
+    writes logs/launcher_node<K>.log and status_node<K>.json, never node 0's files.
     """
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "trace").mkdir(exist_ok=True)
-    cmd = build_command(spec, run_dir=run_dir, master_port=master_port)
+    cmd = build_command(spec, run_dir=run_dir, master_port=master_port, node=node, run_index=run_index)
+    status_path = status_path_for(run_dir, node)
     started, t0 = _now(), time.monotonic()
-    with (run_dir / "logs" / "launcher.log").open("w", encoding="utf-8") as log:
+    with (run_dir / "logs" / launcher_log_name(node)).open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=build_run_env(spec, run_dir=run_dir), start_new_session=True)
+                                env=build_run_env(spec, run_dir=run_dir, node=node), start_new_session=True)
         try:
             status, cause, code, diagnosis = _supervise(proc, spec, run_dir=run_dir, watchdog=watchdog)
         except KeyboardInterrupt:
             _kill_group(proc)
             _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
-                          started, t0, cmd, None)
+                          started, t0, cmd, None, path=status_path)
             raise
     if status == "ok" and code != 0:
-        status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size)
-    return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis)
+        status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size,
+                                                    launcher_log=launcher_log_name(node))
+    return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
 
 
 def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog: Watchdog):
@@ -317,9 +339,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis) -> RunStatus:
+def _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, *, path=None) -> RunStatus:
     rs = RunStatus(run=spec.name, status=status, exit_code=code, cause=cause, started_at=started,
                    ended_at=_now(), duration_s=time.monotonic() - t0, command=tuple(cmd),
                    engine=spec.engine, diagnosis=diagnosis)
-    write_json_atomic(run_dir / "status.json", to_dict(rs))
+    write_json_atomic(path or run_dir / "status.json", to_dict(rs))
     return rs

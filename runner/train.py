@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
 from runner.faults import build_fault, inject
 from runner.launch import write_json_atomic
+from runner.nodes import placement_record
 from runner.data import SyntheticBatches, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
@@ -128,16 +130,32 @@ def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder
             print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
 
 
+def write_placement(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
+    """Every rank says where it lives (runner node rank, hostname, local rank, torchrun's group
+    rank); rank 0 writes <run>/placement.json. With c10d rendezvous torchrun orders nodes by its
+    own rule, not by --node-rank, so which global ranks share a node is only known here."""
+    record = {"node_rank": int(os.environ["RUNNER_NODE_RANK"]),
+              "group_rank": int(os.environ.get("GROUP_RANK", "0")), "hostname": socket.gethostname(),
+              "local_rank": ctx.local_rank}
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, record)
+    if ctx.rank == 0:
+        write_json_atomic(run_dir / "placement.json", placement_record(run=spec.name, ranks=gathered))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.train")
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--spec", type=Path, help="spec file (default: RUN_DIR/spec.json; node K > 0: spec_node<K>.json)")
     args = parser.parse_args(argv)
-    spec = run_spec_from_dict(json.loads((args.run_dir / "spec.json").read_text(encoding="utf-8")))
+    spec = run_spec_from_dict(json.loads((args.spec or args.run_dir / "spec.json").read_text(encoding="utf-8")))
     rank = int(os.environ["RANK"])
     _redirect_output(args.run_dir, rank)
     ctx = _rank_context(spec)
     dist.init_process_group(backend=spec.backend, timeout=dt.timedelta(seconds=spec.collective_timeout_s))
     try:
+        if "RUNNER_NODE_RANK" in os.environ:  # multi-node launch (runner.launch sets it); one node: nothing to place
+            write_placement(spec, run_dir=args.run_dir, ctx=ctx)
         train(spec, run_dir=args.run_dir, ctx=ctx)
         dist.barrier()
     finally:

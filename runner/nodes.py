@@ -1,0 +1,199 @@
+"""Multi-node campaigns: the launch plan of one node, its files, and merging nodes' directories.
+
+A multi-node campaign is ``runner all --nnodes N --node-rank K --rdzv-endpoint HOST:PORT`` run
+on every node with the same matrix and ``--out``. Each run is one torchrun per node joined
+through torchrun's c10d rendezvous at HOST:(PORT + run index), so consecutive runs never share
+a rendezvous store. Who writes what:
+
+- node 0: campaign.json, env.json, <run>/spec.json, <run>/status.json, logs/launcher.log
+  (exactly the single-node files), and after each run folds the nodes' records into env.json;
+- every node K: env_node<K>.json (its hardware), <run>/spec_node<K>.json (what its ranks read),
+  logs/launcher_node<K>.log and, for K > 0, <run>/status_node<K>.json;
+- every rank: its own metrics/rank<r>.jsonl and logs/rank<r>.log (global ranks, so no clashes);
+  global rank 0 also writes <run>/run_info.json and <run>/placement.json (rank -> node).
+
+So node K > 0 never writes a file node 0 writes: the directory can be shared, or each node's
+directory merged afterwards with ``runner collect`` (``collect_node_dirs``). Deliberately not
+here: the torchrun command itself (runner.launch) and the Slurm script (runner.slurm).
+"""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ingest.errors import ConfigError
+from ingest.schema import SCHEMA_VERSION
+
+ENV_NODE_PATTERN = re.compile(r"^env_node(\d+)\.json$")
+# Written by node 0 only; a node directory brought to `runner collect` may hold its own copy.
+NODE0_FILES = {"campaign.json", "env.json"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLaunch:
+    """This node's place in a multi-node campaign. rdzv_port: the base port; run i uses port + i."""
+
+    nnodes: int
+    node_rank: int
+    rdzv_host: str
+    rdzv_port: int
+
+    def port_for(self, run_index: int) -> int:
+        return self.rdzv_port + run_index
+
+
+def parse_rdzv_endpoint(text: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port). Raises ConfigError with the expected form."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--rdzv-endpoint {text!r} must be HOST:PORT (e.g. node001:29500)")
+    return host, int(port)
+
+
+def build_node_launch(*, nnodes: int | None, node_rank: int | None, rdzv_endpoint: str | None) -> NodeLaunch | None:
+    """The node's launch plan from the CLI flags; None for a single-node campaign.
+    Raises ConfigError listing every missing or invalid flag."""
+    if nnodes in (None, 1) and node_rank in (None, 0) and rdzv_endpoint is None:
+        return None
+    problems = []
+    if nnodes is None or nnodes < 1:
+        problems.append(f"--nnodes must be an integer >= 1 for a multi-node campaign, got {nnodes!r}")
+    if node_rank is None:
+        problems.append("--node-rank K is required with --nnodes (0 on the node that writes campaign.json)")
+    elif nnodes is not None and not 0 <= node_rank < max(nnodes, 1):
+        problems.append(f"--node-rank {node_rank} must be in 0..{nnodes - 1} for --nnodes {nnodes}")
+    if rdzv_endpoint is None:
+        problems.append("--rdzv-endpoint HOST:PORT is required with --nnodes (a host every node reaches, "
+                        "usually node 0's)")
+    host, port = "", 0
+    if rdzv_endpoint is not None:
+        try:
+            host, port = parse_rdzv_endpoint(rdzv_endpoint)
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return NodeLaunch(nnodes=nnodes, node_rank=node_rank, rdzv_host=host, rdzv_port=port)
+
+
+def check_divisible(specs, *, nnodes: int) -> None:
+    """Every run's world_size (the total over nodes) must split evenly over the nodes.
+    Raises ConfigError, one line per run that does not."""
+    bad = [f"run '{s.name}': world_size {s.world_size} is not divisible by --nnodes {nnodes}; "
+           f"processes per node = world_size / nnodes" for s in specs if s.world_size % nnodes]
+    if bad:
+        raise ConfigError("\n".join(bad))
+
+
+def env_node_path(out: Path, node_rank: int) -> Path:
+    return out / f"env_node{node_rank}.json"
+
+
+def spec_path_for(run_dir: Path, node: NodeLaunch | None) -> Path:
+    """The spec file this node's ranks read: node 0 (and single-node) spec.json, node K spec_node<K>.json."""
+    return run_dir / ("spec.json" if node is None or node.node_rank == 0 else f"spec_node{node.node_rank}.json")
+
+
+def status_path_for(run_dir: Path, node: NodeLaunch | None) -> Path:
+    return run_dir / ("status.json" if node is None or node.node_rank == 0 else f"status_node{node.node_rank}.json")
+
+
+def launcher_log_name(node: NodeLaunch | None) -> str:
+    return "launcher.log" if node is None or node.node_rank == 0 else f"launcher_node{node.node_rank}.log"
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None  # half-collected directories are normal; the note says what is missing
+
+
+def build_node_record(out: Path, run_names: list[str]) -> dict[str, Any]:
+    """{"num_nodes", "nodes", "placement"} from env_node<K>.json files and <run>/placement.json.
+
+    nodes: one entry per node (node_rank, hostname, cpu, host_memory_gib, gpu_count, gpus), by
+    node rank. placement: {run: {"<global rank>": {node_rank, hostname, local_rank, group_rank}}}.
+    Unreadable files are skipped (a node not yet collected)."""
+    nodes = []
+    for path in sorted(out.glob("env_node*.json")):
+        m = ENV_NODE_PATTERN.match(path.name)
+        data = _load(path) if m else None
+        if isinstance(data, dict):
+            nodes.append({"node_rank": int(m.group(1)), **{k: data.get(k) for k in (
+                "hostname", "cpu", "host_memory_gib", "gpu_count", "gpus")}})
+    nodes.sort(key=lambda n: n["node_rank"])
+    placement = {}
+    for name in run_names:
+        data = _load(out / name / "placement.json")
+        if isinstance(data, dict) and isinstance(data.get("ranks"), dict):
+            placement[name] = data["ranks"]
+    num_nodes = len({n["node_rank"] for n in nodes}) or None
+    for ranks in placement.values():
+        seen = {r.get("node_rank") for r in ranks.values() if isinstance(r, dict)}
+        num_nodes = max(num_nodes or 0, len(seen))
+    return {"num_nodes": num_nodes, "nodes": nodes, "placement": placement}
+
+
+def refresh_env_record(out: Path, run_names: list[str]) -> None:
+    """Fold the nodes' records (build_node_record) into env.json, atomically. No env.json: no-op."""
+    from runner.launch import write_json_atomic
+
+    env = _load(out / "env.json")
+    if not isinstance(env, dict):
+        return
+    env.update(build_node_record(out, run_names))
+    write_json_atomic(out / "env.json", env)
+
+
+def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
+    """Merge nodes' campaign directories into ``campaign_dir`` (node 0's, with campaign.json):
+    copy every file it lacks; identical files are skipped; node 0's campaign.json/env.json are
+    never replaced. Returns the copied paths (relative). Raises ConfigError listing every
+    conflict (same path, different bytes) before copying anything."""
+    problems = []
+    if not (campaign_dir / "campaign.json").is_file():
+        problems.append(f"{campaign_dir}: no campaign.json; the first argument is node 0's campaign directory")
+    for d in node_dirs:
+        if not d.is_dir():
+            problems.append(f"{d}: not a directory; pass each node's --out directory")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    plan: list[tuple[Path, Path]] = []
+    planned: dict[Path, Path] = {}
+    for d in node_dirs:
+        for src in sorted(p for p in d.rglob("*") if p.is_file()):
+            rel = src.relative_to(d)
+            if rel.name.endswith(".tmp") or (len(rel.parts) == 1 and rel.name in NODE0_FILES) or rel.parts[0] == "report":
+                continue
+            dst = campaign_dir / rel
+            if rel in planned:
+                if not filecmp.cmp(planned[rel], src, shallow=False):
+                    problems.append(f"{rel}: differs between {planned[rel].parent} and {d}; remove the wrong copy")
+            elif dst.exists():
+                if not filecmp.cmp(dst, src, shallow=False):
+                    problems.append(f"{rel}: {src} differs from {dst}; remove the wrong copy and collect again")
+            else:
+                planned[rel] = src
+                plan.append((src, dst))
+    if problems:
+        raise ConfigError("\n".join(["refusing to merge (nothing was copied):", *problems]))
+    for src, dst in plan:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    meta = _load(campaign_dir / "campaign.json") or {}
+    refresh_env_record(campaign_dir, [str(n) for n in meta.get("runs", [])])
+    return [dst.relative_to(campaign_dir) for _, dst in plan]
+
+
+def placement_record(*, run: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """<run>/placement.json content from the all-gathered per-rank records (index = global rank)."""
+    return {"schema_version": SCHEMA_VERSION, "run": run, "ranks": {str(r): rec for r, rec in enumerate(ranks)}}
