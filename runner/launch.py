@@ -264,7 +264,8 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 env=build_run_env(spec, run_dir=run_dir, node=node), start_new_session=True)
         try:
-            status, cause, code, diagnosis = _supervise(proc, spec, run_dir=run_dir, watchdog=watchdog)
+            status, cause, code, diagnosis = _supervise(proc, spec, run_dir=run_dir, watchdog=watchdog, node=node,
+                                                        run_index=run_index)
         except KeyboardInterrupt:
             _kill_group(proc)
             _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
@@ -276,7 +277,8 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
 
 
-def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog: Watchdog):
+def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog: Watchdog,
+               node: NodeLaunch | None = None, run_index: int = 0):
     """Wait for the run, enforcing the watchdog. -> (status, cause, exit code, diagnosis)."""
     t0 = time.monotonic()
     seen, last_progress, deadline, first_row_at = -1, t0, watchdog.deadline_s, None
@@ -296,6 +298,12 @@ def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog
             derived = (now - t0) + (spec.fixed.steps - rows) * per_step * watchdog.deadline_factor
             deadline = min(watchdog.deadline_s, derived + watchdog.deadline_margin_s)
         limit = watchdog.stall_timeout_s if size > 0 else watchdog.startup_timeout_s
+        if now - last_progress > limit and node is not None and size == 0 and not _rank_processes(proc):
+            # torchrun's agent is still waiting in the c10d rendezvous: a node is missing, not a hang in training
+            _kill_group(proc)
+            return "hang", (f"no rank started within {limit:.0f} s: the c10d rendezvous at {node.rdzv_host}:"
+                            f"{node.port_for(run_index)} did not complete; are all {node.nnodes} nodes running "
+                            "`runner all` with the same matrix and --rdzv-endpoint?"), None, {"source": "rendezvous"}
         if now - last_progress > limit:
             cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
             _kill_group(proc)

@@ -262,3 +262,31 @@ def test_node0_refuses_another_campaigns_dir_but_node1_may_arrive_first(tmp_path
     (out / "ddp" / "spec.json").write_text("{}")  # node 0 already ran here
     assert not _may_start_in(out, camp, node0)
     assert not _may_start_in(out, camp, None)  # single node: empty directories only, as before
+
+
+def test_missing_node_is_named_as_an_incomplete_rendezvous(tmp_path):
+    """Node 0 alone: torchrun waits in the rendezvous; the startup watchdog says so instead of
+    blaming training."""
+    (tmp_path / "m.toml").write_text(MATRIX.replace('preset = "tiny"', 'preset = "tiny"\nstartup_timeout_s = 8')
+                                     .split("[[runs]]")[0] + "[[runs]]" + MATRIX.split("[[runs]]")[1])
+    port = _free_base_port(1)
+    res = _cli("all", "--matrix", str(tmp_path / "m.toml"), "--out", str(tmp_path / "c"), "--nnodes", "2",
+               "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}", timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = json.loads((tmp_path / "c" / "ddp" / "status.json").read_text())
+    assert status["status"] == "hang" and "rendezvous" in status["cause"] and "all 2 nodes" in status["cause"]
+
+
+def test_note_warns_when_a_tp_group_crosses_nodes(campaign, tmp_path):
+    """Same campaign, placement record rewritten as if ranks alternated between nodes."""
+    copy = tmp_path / "camp"
+    shutil.copytree(campaign, copy, ignore=shutil.ignore_patterns("report"))
+    env = json.loads((copy / "env.json").read_text())
+    env["placement"]["tp2-pp2"] = _ranks([0, 1, 0, 1])
+    (copy / "env.json").write_text(json.dumps(env))
+    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(copy), "--format", "md"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    md = (copy / "report" / "note.md").read_text()
+    assert "0 of 2 (**TP crosses nodes**)" in md
+    assert "tp2-pp2: 2 of 2 TP groups span more than one node (2 nodes)" in md
