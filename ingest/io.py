@@ -284,7 +284,8 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
                           "run `runner all` first")
     runs_df = pd.DataFrame(rows).astype({c: "Int64" for c in _INT_COLUMNS if rows and c in rows[0]})
     steps_df = pd.DataFrame(steps, columns=list(STEP_COLUMNS))
-    steps_df = steps_df.astype({c: "float64" for c in ("loss", "grad_norm", "mem_peak_allocated_gib", "mem_peak_reserved_gib")})
+    steps_df = steps_df.astype({c: "float64" for c in ("loss", "grad_norm", "mem_peak_allocated_gib", "mem_peak_reserved_gib",
+                                              "step_entry_time_s")})
     return Campaign(source=str(root), campaign=campaign, env=env, runs=runs_df, steps=steps_df, problems=tuple(problems))
 
 

@@ -114,6 +114,9 @@ class StepRow:
     data_wait_s: float
     wall_time_s: float  # monotonic seconds since the rank's training loop began
     engine: str | None = None  # every artifact names its engine (None in rows written before schema 1.1)
+    # wall clock (epoch s) when this rank had its batch and entered the step's compute: the
+    # spread across ranks of one step is the straggler skew (same host clock; NTP across nodes)
+    step_entry_time_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

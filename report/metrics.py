@@ -17,8 +17,10 @@ SUMMARY_COLUMNS = (
     "run", "num_steps_measured", "step_time_median_s", "step_time_p90_s", "tokens_per_step", "tokens_per_s",
     "tokens_per_s_per_gpu", "flops_per_token", "mfu", "mem_peak_allocated_gib", "mem_peak_reserved_gib",
     "data_wait_median_s", "loss_first", "loss_last", "num_params",
+    "straggler_rank", "straggler_lag_median_s", "straggler_last_share",
 )
-_FLOAT_COLUMNS = tuple(c for c in SUMMARY_COLUMNS if c not in ("run", "num_steps_measured", "tokens_per_step", "num_params"))
+_FLOAT_COLUMNS = tuple(c for c in SUMMARY_COLUMNS
+                       if c not in ("run", "num_steps_measured", "tokens_per_step", "num_params", "straggler_rank"))
 
 
 def compute_flops_per_token(
@@ -108,7 +110,33 @@ def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak
         )
     row["mfu"] = compute_mfu(row["tokens_per_s"], flops_per_token=row["flops_per_token"], peak_flops=peak,
                              num_gpus=int(run["world_size"]))
+    row.update(compute_straggler(measured))
     return row
+
+
+def compute_straggler(steps: pd.DataFrame) -> dict:
+    """The rank that enters the step last: per step, each rank's lag = its ``step_entry_time_s``
+    minus the earliest rank's; the straggler is the rank with the largest median lag.
+
+    Returns straggler_rank (int), straggler_lag_median_s (s), straggler_last_share (fraction of
+    steps in which it entered last), or all None with fewer than 2 ranks or no entry times.
+    A lag here is host-side: a slow data loader, CPU contention, GC or a slow previous step on
+    that rank; GPU-side slowness shows in collective entry skew in profiler traces instead
+    (DESIGN.md slow-run triage: "one rank enters collectives last")."""
+    none = {"straggler_rank": None, "straggler_lag_median_s": None, "straggler_last_share": None}
+    if "step_entry_time_s" not in steps:
+        return none
+    entries = steps.dropna(subset=["step_entry_time_s"])
+    if entries.empty or entries["rank"].nunique() < 2:
+        return none
+    table = entries.pivot_table(index="step", columns="rank", values="step_entry_time_s", aggfunc="first").dropna()
+    if table.empty:
+        return none
+    lag = table.sub(table.min(axis=1), axis=0)
+    medians = lag.median(axis=0)
+    rank = int(medians.idxmax())
+    last_share = float((table.idxmax(axis=1) == rank).mean())
+    return {"straggler_rank": rank, "straggler_lag_median_s": float(medians[rank]), "straggler_last_share": last_share}
 
 
 def summarize_runs(

@@ -19,6 +19,10 @@ THRESHOLDS: dict[str, float] = {
     "memory_headroom_min": 0.10,
     # final losses of the same data/seed/steps should agree within this many nats
     "loss_agreement_nats": 0.05,
+    # a rank is a straggler when it enters the step this long after the first rank (median over
+    # steps), both in seconds and as a fraction of the median step time
+    "straggler_lag_min_s": 0.005,
+    "straggler_lag_min_fraction": 0.05,
 }
 
 
@@ -147,7 +151,22 @@ def build_findings(
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") == "ok"]
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") != "ok"]
     return (rule_fastest(ok_rows, t) + rule_partial(partial_rows) + rule_failed(run_rows)
-            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ok_rows, t))
+            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ok_rows, t)
+            + rule_straggler(summary_rows, t))
+
+
+def rule_straggler(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
+    """A rank that enters the step last by more than the thresholds (report.metrics.compute_straggler)."""
+    out = []
+    for r in rows:
+        lag, median = r.get("straggler_lag_median_s"), r.get("step_time_median_s")
+        if lag is None or not median:
+            continue
+        if lag >= t["straggler_lag_min_s"] and lag / median >= t["straggler_lag_min_fraction"]:
+            out.append(Finding(kind="straggler", runs=(r["run"],), threshold=t["straggler_lag_min_fraction"],
+                               evidence={"rank": r["straggler_rank"], "lag_median_s": lag, "lag_fraction": lag / median,
+                                         "last_share": r["straggler_last_share"], "step_time_median_s": median}))
+    return out
 
 
 # Model-state bytes per parameter with Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1):

@@ -30,6 +30,7 @@ class _Pending:
     grad_norm: torch.Tensor | float | None
     lr: float
     data_wait_s: float
+    entry_time_s: float | None
     mem_alloc_gib: float | None
     mem_reserved_gib: float | None
 
@@ -64,13 +65,14 @@ class StepRecorder:
             torch.cuda.reset_peak_memory_stats()
 
     def end_step(
-        self, *, step: int, loss: torch.Tensor | None, grad_norm, lr: float, data_wait_s: float
+        self, *, step: int, loss: torch.Tensor | None, grad_norm, lr: float, data_wait_s: float,
+        entry_time_s: float | None = None,
     ) -> None:
         mem_a = mem_r = None
         if self._cuda:  # allocator counters are host-side: no sync
             mem_a = torch.cuda.max_memory_allocated() / GIB
             mem_r = torch.cuda.max_memory_reserved() / GIB
-        pending = _Pending(step, self._mark(), loss, grad_norm, lr, data_wait_s, mem_a, mem_r)
+        pending = _Pending(step, self._mark(), loss, grad_norm, lr, data_wait_s, entry_time_s, mem_a, mem_r)
         if self._pending is not None:
             self._write(self._pending)
         self._pending = pending
@@ -103,6 +105,7 @@ class StepRecorder:
             data_wait_s=p.data_wait_s,
             wall_time_s=time.perf_counter() - self._t0,
             engine=self._engine,
+            step_entry_time_s=p.entry_time_s,
         )
         self._out.write(json.dumps(to_dict(row)) + "\n")
         self._out.flush()

@@ -124,8 +124,10 @@ def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder
         data_wait_s = time.perf_counter() - t0
         lr = lr_at(step, f)
         inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
+        entry_time_s = time.time()  # wall clock: comparable across ranks of one host
         out_step = trainer.train_step(microbatches, lr=lr)
-        recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s)
+        recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s,
+                            entry_time_s=entry_time_s)
         if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
             print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
 

@@ -110,6 +110,9 @@ def test_note_lists_failed_runs_with_cause(faults_campaign, tmp_path):
     for name, status in (("oom", "oom"), ("crash", "crash"), ("hang", "hang")):
         assert f"| {name} | {status} |" in note
     assert "injected fault: crash on rank 0 at step 3" in note
+    # the straggler (rank 1 sleeps 0.3 s before each step) is named from the ranks' step entry times
+    assert "Straggler in **straggler**: rank 1 enters the step last in 100.0% of measured steps" in note
+    assert "Straggler in **healthy**" not in note
 
 
 def test_interrupt_then_resume(tmp_path):
