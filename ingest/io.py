@@ -137,12 +137,14 @@ def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
             out.extend(_field_problems(nested, value, f"{prefix}{name}."))
             continue
         base = kind.split(" | ")[0]
-        ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63,  # Parquet int64
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "str": lambda v: isinstance(v, str)}.get(base, lambda v: isinstance(v, (list, tuple)) if base.startswith(
                   "tuple") else isinstance(v, dict) if base.startswith("Mapping") else True)
         if not ok(value):
-            out.append(f"{prefix}{name}: expected {base}, got {type(value).__name__} {value!r:.40}")
+            got = "an integer beyond int64" if isinstance(value, int) and not isinstance(value, bool) else \
+                f"{type(value).__name__} {value!r:.40}"
+            out.append(f"{prefix}{name}: expected {base}, got {got}")
     out.extend(f"{prefix}{k}: unknown field" for k in data if k not in fields)
     return out
 

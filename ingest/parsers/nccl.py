@@ -320,7 +320,8 @@ def parse_nccl(text, *, source: str) -> ParseResult:
                 continue
             hpt, _, dev = line[:i].partition(" [")
             parts = hpt.split(":")
-            if len(parts) != 3 or not dev.endswith("]") or not parts[1].isdigit():
+            # isdecimal, not isdigit: int() rejects superscripts and other "digits"
+            if len(parts) != 3 or not dev.endswith("]") or not parts[1].isdecimal() or not dev[:-1].isdecimal():
                 raw(lineno, line)
                 continue
             msg = line[i + 11:].rstrip()
