@@ -192,6 +192,26 @@ class LineParser:
         pass
 
 
+class StepRowParser(LineParser):
+    """A LineParser whose step rows are assembled from several lines (iteration line, timers,
+    memory): one row per (rank, step), created on first sight and flushed by ``finish``."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._steps: dict[tuple, dict] = {}
+
+    def _step_row(self, rank, step: int, lineno: int) -> dict:
+        row = self._steps.get((rank, step))
+        if row is None:
+            row = self._steps[(rank, step)] = {"table": "steps", "source": self.source, "line": lineno,
+                                               "kind": self.kind, "rank": rank, "step": step}
+        return row
+
+    def finish(self) -> None:
+        self.records.extend(self._steps.values())
+        self._steps = {}
+
+
 class Runner:
     """Feeds raw lines through the normaliser to ``parsers`` (first that recognises a line
     wins) and keeps the counts. Parsers with a bulk fast path call ``raw`` for the lines it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers, to_gib, to_num
+from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_gib, to_num
 from ingest.parsers.failures import FailureScanner
 
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
@@ -43,12 +43,11 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
     return out
 
 
-class DeepSpeedParser(LineParser):
+class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
-        self._steps: dict[tuple, dict] = {}
         self._last_step = None
         self._mem_label: tuple[int, str] | None = None
         self._mem: dict | None = None
@@ -59,12 +58,8 @@ class DeepSpeedParser(LineParser):
             rank = self._last_rank
         else:
             self._last_rank = rank
-        row = self._steps.get((rank, step))
-        if row is None:
-            row = self._steps[(rank, step)] = {"table": "steps", "source": self.source, "line": lineno,
-                                               "kind": "deepspeed", "rank": rank, "step": step}
         self._last_step = step
-        return row
+        return self._step_row(rank, step, lineno)
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         p = _PREFIX.match(body) if body[:1] == "[" else None
@@ -138,11 +133,6 @@ class DeepSpeedParser(LineParser):
                 self._mem.update(cpu_mem_used_gib=float(m.group("used")), cpu_mem_pct=float(m.group("pct")))
             return True
         return False
-
-    def finish(self) -> None:
-        self.records.extend(self._steps.values())
-        self._steps = {}
-
 
 def parse_deepspeed(text, *, source: str) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""

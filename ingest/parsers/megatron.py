@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
+from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -60,28 +60,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
 
 
-class MegatronParser(LineParser):
+class MegatronParser(StepRowParser):
     kind = "megatron"
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
-        self._steps: dict[tuple, dict] = {}
         self._last_step: int | None = None
         self._unknown: set[str] = set()
-
-    def _row(self, rank, step: int, lineno: int) -> dict:
-        row = self._steps.get((rank, step))
-        if row is None:
-            row = self._steps[(rank, step)] = {"table": "steps", "source": self.source, "line": lineno,
-                                               "kind": "megatron", "rank": rank, "step": step}
-        return row
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if "iteration" in body:
             m = _ITER.match(body)
             if m:
                 step = int(m.group("step"))
-                row = self._row(rank, step, lineno)
+                row = self._step_row(rank, step, lineno)
                 row["time"] = m.group("ts") or ts
                 row["num_steps_total"] = int(m.group("total"))
                 for seg in m.group("rest").split("|"):
@@ -114,7 +106,7 @@ class MegatronParser(LineParser):
         if "memory (MB)" in body:
             m = _MEM.match(body)
             if m:
-                row = self._row(int(m.group("rank")), int(m.group("step")), lineno)
+                row = self._step_row(int(m.group("rank")), int(m.group("step")), lineno)
                 for seg in m.group("rest").split("|"):
                     key, _, value = seg.partition(":")
                     col = MEM_FIELDS.get(key.strip())
@@ -137,11 +129,6 @@ class MegatronParser(LineParser):
             if rx.match(body):
                 return True
         return False
-
-    def finish(self) -> None:
-        self.records.extend(self._steps.values())
-        self._steps = {}
-
 
 def parse_megatron(text, *, source: str) -> ParseResult:
     """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
