@@ -56,6 +56,11 @@ class FixedConfig:
     adam_beta2: float
     grad_clip: float
     data: str  # "synthetic"
+    # torch.profiler window (issue 4): one warm-up step at profile_start_step - 1, then
+    # profile_num_steps traced steps; all of them are marked ``profiled`` and kept out of the
+    # metric table. profile_num_steps == 0 disables tracing.
+    profile_start_step: int = 0
+    profile_num_steps: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +122,8 @@ class StepRow:
     # wall clock (epoch s) when this rank had its batch and entered the step's compute: the
     # spread across ranks of one step is the straggler skew (same host clock; NTP across nodes)
     step_entry_time_s: float | None = None
+    # inside the profiler window (its warm-up step included): excluded from the metric table
+    profiled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +157,79 @@ class RunStatus:
     engine: str | None = None
     # hang/oom/crash evidence: per-rank stacks or flight-recorder summary, allocator numbers
     diagnosis: Mapping[str, Any] | None = None
+
+
+# Categories of a step's time on one rank; they partition the step's interval, so
+# compute + exposed_comm + bubble + data_stall + other == step interval (by construction).
+BREAKDOWN_CATEGORIES = ("compute", "exposed_comm", "bubble", "data_stall", "other")
+KERNEL_CLASSES = ("gemm", "attention", "elementwise", "comm", "memory", "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBreakdownRow:
+    """Where one profiled step's time went on one rank, measured from its profiler trace.
+
+    timeline: "gpu" (CUDA kernels/memcpy on all streams of the rank's device) or "cpu" (host
+    ops of the training thread, for CPU/gloo runs). step_time_s: the step's interval on that
+    timeline (GPU: first kernel launched by step k to first kernel launched by step k+1; CPU:
+    the ProfilerStep#k range). The five category fields partition step_time_s:
+
+    * compute_s: time some compute kernel (or host compute op) runs;
+    * exposed_comm_s: communication with no concurrent compute (collectives; on PP ranks
+      the P2P send/recv time is counted as bubble instead);
+    * bubble_s: on pipeline ranks, idle or P2P-wait time between micro-batches;
+    * data_stall_s: device idle while the host is inside the step's ``data`` range;
+    * other_s: the rest (exposed memcpy/memset, launch gaps, host overhead).
+
+    hidden_comm_s (comm overlapped by compute) and idle_s (no kernel at all) are extra views,
+    not part of the partition. Reference: HolisticTraceAnalysis temporal breakdown
+    (hta/analyzers/breakdown_analysis.py) for the idle/compute/non-compute split.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    rank: int
+    step: int
+    timeline: str
+    step_time_s: float
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    data_stall_s: float
+    other_s: float
+    hidden_comm_s: float
+    idle_s: float
+    num_kernels: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelSummaryRow:
+    """One kernel (or host op on CPU timelines) name on one rank, summed over the analysed
+    steps. kernel_class: one of KERNEL_CLASSES. total_s: summed durations (not a union)."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    rank: int
+    name: str
+    kernel_class: str
+    num_calls: int
+    total_s: float
+    num_steps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineSpanRow:
+    """A merged busy span of one category in one step on one rank, for the timeline figure.
+    start_s/end_s: seconds from the step's start on that timeline. category: one of
+    BREAKDOWN_CATEGORIES or "hidden_comm"."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    rank: int
+    step: int
+    category: str
+    start_s: float
+    end_s: float
 
 
 def to_dict(record: Any) -> dict[str, Any]:
