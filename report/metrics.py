@@ -77,8 +77,17 @@ def _na(value: object) -> object:
     return None if value is None or pd.isna(value) else value
 
 
+def select_measured(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
+    """The steps the metric table uses: step >= warmup_steps and outside the profiler window
+    (rows with ``profiled`` true; a missing column or NA counts as not profiled)."""
+    keep = steps["step"] >= warmup_steps
+    if "profiled" in steps:
+        keep &= ~steps["profiled"].fillna(False).astype(bool)
+    return steps[keep]
+
+
 def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak: float | None, convention: str) -> dict:
-    measured = steps[steps["step"] >= warmup_steps]
+    measured = select_measured(steps, warmup_steps=warmup_steps)
     per_step = measured.groupby("step").agg(
         step_time_s=("step_time_s", "max"), data_wait_s=("data_wait_s", "max"), tokens=("tokens", "max")
     )
@@ -154,7 +163,7 @@ def summarize_runs(
     ``num_params_position_embedding`` may be NA). peak_flops: run -> dense peak FLOP/s of one of
     its GPUs, or None (no MFU).
 
-    Steps < warmup_steps are dropped. The step time of a step is the max over ranks of
+    Steps < warmup_steps and steps inside the profiler window are dropped. The step time of a step is the max over ranks of
     step_time_s (the slowest rank gates the optimizer step); median and p90 over measured
     steps use numpy.percentile(method="linear"). tokens_per_s = tokens per step / median step
     time; tokens_per_s_per_gpu divides by world_size. data_wait_median_s: median over steps of
@@ -176,8 +185,9 @@ def summarize_runs(
 
 
 def compute_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
-    """Per (run, step >= warmup_steps): step_time_s = max over ranks. Columns run, step, step_time_s."""
-    measured = steps[steps["step"] >= warmup_steps]
+    """Per measured (run, step) (see select_measured): step_time_s = max over ranks.
+    Columns run, step, step_time_s."""
+    measured = select_measured(steps, warmup_steps=warmup_steps)
     return measured.groupby(["run", "step"], as_index=False, sort=True)["step_time_s"].max()
 
 

@@ -58,6 +58,9 @@ def _print_dry_run(campaign: Campaign, out: Path, node: NodeLaunch | None = None
     print(f"campaign {campaign.name}: preset {campaign.preset}, device {campaign.device}, "
           f"global batch {campaign.fixed.global_batch_size} x seq {campaign.fixed.model.seq_length}, "
           f"{campaign.fixed.steps} steps, dtype {campaign.fixed.dtype}")
+    f = campaign.fixed
+    print(f"profiler window: steps {f.profile_start_step}..{f.profile_start_step + f.profile_num_steps - 1} after one"
+          f" warm-up step (excluded from the metric table)" if f.profile_num_steps else "profiler window: none")
     if node is not None:
         print(f"node {node.node_rank} of {node.nnodes}: c10d rendezvous at {node.rdzv_host}:{node.rdzv_port}"
               f" + run index")

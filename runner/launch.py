@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import gzip
 import os
 import pickle
 import shutil
@@ -36,7 +37,7 @@ OOM_PATTERN = re.compile(r"(CUDA out of memory|OutOfMemoryError|DefaultCPUAlloca
 WATCHDOG_PATTERN = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(SeqNum=\d+")
 EXCEPTION_PATTERN = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:\.\w+)*(?:Error|Exception)\b.*)$", re.MULTILINE)
 # Debug output the campaign records (DESIGN.md: NCCL debug output per rank).
-NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH"}
+NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,TUNING"}
 
 
 def build_command(spec: RunSpec, *, run_dir: Path, master_port: int, node: NodeLaunch | None = None,
@@ -245,6 +246,24 @@ def _rank0_rows(run_dir: Path) -> tuple[int, int]:
     return size, rows
 
 
+def compress_traces(run_dir: Path) -> list[Path]:
+    """Gzip every profiler trace the ranks exported (trace/profile_rank<r>.json ->
+    .json.gz), after the run, so compression never sits inside the timed loop. Atomic per
+    file: the .json is removed only once its .gz is complete."""
+    done = []
+    for path in sorted((run_dir / "trace").glob("profile_rank*.json")):
+        if not re.fullmatch(r"profile_rank\d+\.json", path.name):
+            continue
+        target = path.with_name(path.name + ".gz")
+        tmp = target.with_name(target.name + ".tmp")
+        with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, target)
+        path.unlink()
+        done.append(target)
+    return done
+
+
 def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int, node: NodeLaunch | None = None,
             run_index: int = 0) -> RunStatus:
     """Launch one run, supervise it, classify how it ended and write status.json.
@@ -274,6 +293,7 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     if status == "ok" and code != 0:
         status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size,
                                                     launcher_log=launcher_log_name(node))
+    compress_traces(run_dir)
     return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
 
 

@@ -45,7 +45,7 @@ TIMEOUT_DEFAULTS = {
 MODEL_KEYS = {"num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "seq_length", "vocab_size"}
 FIXED_KEYS = MODEL_KEYS | {
     "global_batch_size", "dtype", "seed", "steps", "warmup_steps", "lr", "min_lr", "lr_warmup_steps",
-    "weight_decay", "adam_beta1", "adam_beta2", "grad_clip", "data",
+    "weight_decay", "adam_beta1", "adam_beta2", "grad_clip", "data", "profile_start_step", "profile_num_steps",
 }
 RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options"}
 DTYPES = ("bf16", "fp32")
@@ -56,7 +56,9 @@ FIXED_TYPES: dict[str, tuple[type, float | None]] = {
     "steps": (int, 1), "warmup_steps": (int, 0), "lr_warmup_steps": (int, 0), "lr": (float, 0.0),
     "min_lr": (float, 0.0), "weight_decay": (float, 0.0), "adam_beta1": (float, 0.0), "adam_beta2": (float, 0.0),
     "grad_clip": (float, 0.0), "dtype": (str, None), "data": (str, None),
+    "profile_start_step": (int, 1), "profile_num_steps": (int, 0),
 }
+DEFAULT_PROFILE_NUM_STEPS = 3  # traced steps per run; one warm-up step precedes them
 # Engine knobs a run may set under [runs.options], per (strategy, engine); "fault" is for tests.
 OPTION_KEYS: dict[tuple[str, str], set[str]] = {
     ("ddp", "torch-ddp"): {"bucket_cap_mb", "compile"},
@@ -67,6 +69,27 @@ OPTION_KEYS: dict[tuple[str, str], set[str]] = {
 COMMON_OPTION_KEYS = {"fault"}
 DEFAULT_FIXED = {"seed": 1234, "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "grad_clip": 1.0,
                  "data": "synthetic"}
+
+
+def _profile_window(values: dict[str, Any], given: dict[str, Any], source: str) -> list[str]:
+    """Fill the profiler window into ``values`` and return its problems.
+
+    Default: DEFAULT_PROFILE_NUM_STEPS steps in the middle of the measured steps, after one
+    warm-up step; it must leave at least one measured step outside it. A default window that
+    does not fit (very short runs) is dropped (profile_num_steps 0); a window the matrix set
+    explicitly that does not fit is an error.
+    """
+    steps, warmup = values["steps"], values["warmup_steps"]
+    num = values.get("profile_num_steps", DEFAULT_PROFILE_NUM_STEPS)
+    start = values.get("profile_start_step", max(warmup + 1, (warmup + steps) // 2))
+    fits = num == 0 or (start - 1 >= warmup and start + num <= steps and steps - warmup - (num + 1) >= 1)
+    if not fits and ("profile_num_steps" in given or "profile_start_step" in given):
+        return [f"{source} [fixed] profiler window (warm-up step {start - 1}, steps {start}..{start + num - 1}) must lie"
+                f" within steps {warmup}..{steps - 1} after warmup_steps and leave a measured step outside it;"
+                " move profile_start_step or set profile_num_steps = 0"]
+    values["profile_num_steps"] = num if fits else 0
+    values["profile_start_step"] = start if fits else 0
+    return []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +216,7 @@ def resolve_matrix(
     if values["steps"] <= values["warmup_steps"]:
         problems.append(f"{source} [fixed] steps ({values['steps']}) must exceed warmup_steps ({values['warmup_steps']}),"
                         " or no step is measured")
+    problems += _profile_window(values, fixed_raw, source)
     if values["data"] != "synthetic":
         problems.append(f"{source} [fixed] data '{values['data']}' is not supported yet (valid: synthetic)")
     default_world = camp.get("world_size", "auto")

@@ -31,6 +31,7 @@ class _Pending:
     lr: float
     data_wait_s: float
     entry_time_s: float | None
+    profiled: bool
     mem_alloc_gib: float | None
     mem_reserved_gib: float | None
 
@@ -66,13 +67,13 @@ class StepRecorder:
 
     def end_step(
         self, *, step: int, loss: torch.Tensor | None, grad_norm, lr: float, data_wait_s: float,
-        entry_time_s: float | None = None,
+        entry_time_s: float | None = None, profiled: bool = False,
     ) -> None:
         mem_a = mem_r = None
         if self._cuda:  # allocator counters are host-side: no sync
             mem_a = torch.cuda.max_memory_allocated() / GIB
             mem_r = torch.cuda.max_memory_reserved() / GIB
-        pending = _Pending(step, self._mark(), loss, grad_norm, lr, data_wait_s, entry_time_s, mem_a, mem_r)
+        pending = _Pending(step, self._mark(), loss, grad_norm, lr, data_wait_s, entry_time_s, profiled, mem_a, mem_r)
         if self._pending is not None:
             self._write(self._pending)
         self._pending = pending
@@ -83,6 +84,12 @@ class StepRecorder:
         if self._pending is not None:
             self._write(self._pending)
             self._pending = None
+
+    def restart_clock(self) -> None:
+        """Write the pending row, then start the next step's clock now: host work between
+        steps (the profiler's trace export) is kept out of every step's time."""
+        self.close()
+        self._last_end = self._mark()
 
     def _write(self, p: _Pending) -> None:
         if self._cuda:
@@ -106,6 +113,7 @@ class StepRecorder:
             wall_time_s=time.perf_counter() - self._t0,
             engine=self._engine,
             step_entry_time_s=p.entry_time_s,
+            profiled=p.profiled,
         )
         self._out.write(json.dumps(to_dict(row)) + "\n")
         self._out.flush()

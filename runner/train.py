@@ -28,6 +28,7 @@ from runner.nodes import placement_record
 from runner.data import SyntheticBatches, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
+from runner.strategies.common import phase
 
 
 def lr_at(step: int, fixed: FixedConfig) -> float:
@@ -38,6 +39,50 @@ def lr_at(step: int, fixed: FixedConfig) -> float:
     span = max(1, fixed.steps - fixed.lr_warmup_steps)
     ratio = min(1.0, (step - fixed.lr_warmup_steps) / span)
     return fixed.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (fixed.lr - fixed.min_lr)
+
+
+def trace_path(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its profiler window (Chrome trace JSON; the runner gzips it
+    after the run, outside the timed loop)."""
+    return run_dir / "trace" / f"profile_rank{rank}.json"
+
+
+def profiled_steps(fixed: FixedConfig) -> range:
+    """Steps inside the profiler window: its warm-up step, then the traced steps."""
+    if fixed.profile_num_steps == 0:
+        return range(0)
+    return range(fixed.profile_start_step - 1, fixed.profile_start_step + fixed.profile_num_steps)
+
+
+def build_profiler(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> torch.profiler.profile | None:
+    """A torch.profiler whose schedule traces steps profile_start_step .. +profile_num_steps-1
+    after one warm-up step, so ``ProfilerStep#k`` is the loop's step k (prof.step() is called
+    once at the end of every step from step 0). The trace is exported when the window closes;
+    export seconds go to trace/profile_meta_rank<r>.json for the note's cost line."""
+    f = spec.fixed
+    if f.profile_num_steps == 0:
+        return None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if ctx.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    path = trace_path(run_dir, ctx.rank)
+
+    def export(prof: torch.profiler.profile) -> None:
+        t0 = time.perf_counter()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        write_json_atomic(path.with_name(f"profile_meta_rank{ctx.rank}.json"), {
+            "run": spec.name, "rank": ctx.rank, "warmup_step": f.profile_start_step - 1,
+            "traced_steps": list(range(f.profile_start_step, f.profile_start_step + f.profile_num_steps)),
+            "export_s": time.perf_counter() - t0, "trace_bytes": path.stat().st_size,
+        })
+
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(skip_first=f.profile_start_step - 1, wait=0, warmup=1,
+                                         active=f.profile_num_steps, repeat=1),
+        on_trace_ready=export, record_shapes=False, with_stack=False, profile_memory=False,
+    )
 
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
@@ -90,8 +135,9 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     fault = build_fault(spec.options)
     with open_metrics_file(run_dir, ctx.rank) as out:
         recorder = StepRecorder(out, run=spec.name, engine=spec.engine, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
+        profiler = build_profiler(spec, run_dir=run_dir, ctx=ctx)
         try:
-            _loop(spec, trainer, data, recorder, fault=fault, ctx=ctx, pin=pin)
+            _loop(spec, trainer, data, recorder, fault=fault, ctx=ctx, pin=pin, profiler=profiler)
         except BaseException:
             try:  # keep the last completed step's row; never mask the original error
                 recorder.close()
@@ -102,32 +148,42 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
 
 
 def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder, *, fault, ctx: RankContext,
-          pin: bool) -> None:
+          pin: bool, profiler: torch.profiler.profile | None) -> None:
     f = spec.fixed
+    window = profiled_steps(f)
+    if profiler is not None:
+        profiler.start()
     for step in range(f.steps):
         recorder.begin_step()
         t0 = time.perf_counter()
-        inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
-        tokens = data.tokens(step)
-        if pin:
-            tokens = tokens.pin_memory()
-        microbatches = [
-            (x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
-            for x, y in slice_batch(
-                tokens,
-                dp_rank=trainer.dp_rank,
-                dp_degree=trainer.dp_degree,
-                micro_batch_size=spec.micro_batch_size,
-                num_microbatches=spec.num_microbatches,
-            )
-        ]
+        with phase("data"):
+            inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
+            tokens = data.tokens(step)
+            if pin:
+                tokens = tokens.pin_memory()
+            microbatches = [
+                (x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
+                for x, y in slice_batch(
+                    tokens,
+                    dp_rank=trainer.dp_rank,
+                    dp_degree=trainer.dp_degree,
+                    micro_batch_size=spec.micro_batch_size,
+                    num_microbatches=spec.num_microbatches,
+                )
+            ]
         data_wait_s = time.perf_counter() - t0
         lr = lr_at(step, f)
         inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
         entry_time_s = time.time()  # wall clock: comparable across ranks of one host
         out_step = trainer.train_step(microbatches, lr=lr)
         recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s,
-                            entry_time_s=entry_time_s)
+                            entry_time_s=entry_time_s, profiled=step in window)
+        if profiler is not None:
+            profiler.step()  # exports the trace after the window's last step, outside any step's timing
+            if step == window[-1]:
+                profiler.stop()
+                profiler = None
+                recorder.restart_clock()
         if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
             print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
 

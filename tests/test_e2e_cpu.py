@@ -3,6 +3,7 @@ TP+PP over gloo), then `report build`; the note's metric table is checked agains
 JSONL, recomputed here independently of report.metrics."""
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import subprocess
@@ -77,7 +78,7 @@ def test_metric_table_equals_recomputation_from_jsonl(campaign):
     assert set(table) == set(RUNS)
     for name in RUNS:
         spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
-        rows = [r for r in _rows(campaign / name) if r["step"] >= spec.fixed.warmup_steps]
+        rows = [r for r in _rows(campaign / name) if r["step"] >= spec.fixed.warmup_steps and not r["profiled"]]
         steps = sorted({r["step"] for r in rows})
         step_time = [max(r["step_time_s"] for r in rows if r["step"] == s) for s in steps]
         data_wait = [max(r["data_wait_s"] for r in rows if r["step"] == s) for s in steps]
@@ -86,7 +87,8 @@ def test_metric_table_equals_recomputation_from_jsonl(campaign):
         tokens_per_s = spec.tokens_per_step / median
         cells = table[name]
         assert cells[1] == "ok"
-        assert cells[2] == str(len(steps)) == str(spec.fixed.steps - spec.fixed.warmup_steps)
+        window = spec.fixed.profile_num_steps + 1  # traced steps and their warm-up step
+        assert cells[2] == str(len(steps)) == str(spec.fixed.steps - spec.fixed.warmup_steps - window)
         assert cells[3] == duration(median)
         assert cells[4] == duration(p90)
         assert cells[5] == si(tokens_per_s)
@@ -94,6 +96,28 @@ def test_metric_table_equals_recomputation_from_jsonl(campaign):
         assert cells[7] == "n/a"  # CPU: no peak, never a guessed one
         assert cells[8] == cells[9] == "n/a"  # no device allocator on CPU
         assert cells[10] == duration(statistics.median(data_wait))
+
+
+def test_profiler_window_traced_on_every_rank_and_marked(campaign):
+    for name in RUNS:
+        spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
+        f = spec.fixed
+        assert f.profile_num_steps == 3 and f.profile_start_step > f.warmup_steps
+        window = set(range(f.profile_start_step - 1, f.profile_start_step + f.profile_num_steps))
+        for row in _rows(campaign / name):
+            assert row["profiled"] == (row["step"] in window), row
+        for rank in range(spec.world_size):
+            trace = campaign / name / "trace" / f"profile_rank{rank}.json.gz"
+            with gzip.open(trace, "rt") as fp:
+                doc = json.load(fp)
+            names = {e.get("name") for e in doc["traceEvents"]}
+            assert {f"ProfilerStep#{k}" for k in range(f.profile_start_step, f.profile_start_step + f.profile_num_steps)} <= names
+            assert {"data", "optimizer"} <= names
+            assert ({"forward", "backward"} <= names) or ("forward_backward" in names)
+            meta = json.loads((campaign / name / "trace" / f"profile_meta_rank{rank}.json").read_text())
+            assert meta["traced_steps"] == list(range(f.profile_start_step, f.profile_start_step + f.profile_num_steps))
+            assert meta["export_s"] > 0
+        assert not list((campaign / name / "trace").glob("profile_rank*.json"))  # all gzipped after the run
 
 
 def test_same_model_and_same_math_across_layouts(campaign):

@@ -150,3 +150,15 @@ def test_dry_run_resolves_gpu_matrix_without_gpus(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "megatron-tp2-pp2-dp2: strategy=tp_pp engine=megatron world_size=8 tp=2 pp=2 dp=2" in res.stdout
     assert "NCCL_DEBUG=INFO" in res.stdout and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in res.stdout
+
+
+def test_profiler_window_defaults_to_mid_run_and_rejects_a_window_that_does_not_fit(tmp_path):
+    from runner.matrix import resolve_matrix
+    raw = {"runs": [{"name": "ddp", "strategy": "ddp"}]}
+    fixed = resolve_matrix(raw, source="m.toml", num_gpus=0).fixed
+    assert (fixed.profile_start_step, fixed.profile_num_steps) == (17, 3)  # tiny: 30 steps, 5 warm-up
+    short = resolve_matrix(raw, source="m.toml", num_gpus=0, overrides={"steps": 7}).fixed
+    assert short.profile_num_steps == 0  # a default window that does not fit is dropped
+    bad = {"fixed": {"profile_start_step": 29, "profile_num_steps": 3}, **raw}
+    with pytest.raises(ConfigError, match="profiler window"):
+        resolve_matrix(bad, source="m.toml", num_gpus=0)

@@ -40,3 +40,15 @@ def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextM
     if spec.fixed.dtype == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+# Phase names every engine annotates (torch.profiler record_function ranges, NVTX under
+# nsys); ingest.traces reads them to split a step's time. Engines whose schedule interleaves
+# forward and backward (pipeline 1F1B) annotate the whole schedule as "forward_backward".
+PHASES = ("data", "forward", "backward", "forward_backward", "optimizer")
+
+
+def phase(name: str) -> torch.profiler.record_function:
+    """A profiler range named after one of PHASES (near-free when no profiler is active)."""
+    assert name in PHASES, name
+    return torch.profiler.record_function(name)

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ingest.schema import RunSpec
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
-from runner.strategies.common import autocast, build_adamw, build_param_groups, set_lr
+from runner.strategies.common import autocast, build_adamw, build_param_groups, phase, set_lr
 
 
 class DDPTrainer:
@@ -41,15 +41,17 @@ class DDPTrainer:
             # all-reduce only on the last micro-batch (gradient accumulation)
             sync = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()
             with sync:
-                with autocast(self.spec, self.ctx.device):
+                with phase("forward"), autocast(self.spec, self.ctx.device):
                     logits = self.forward(inputs)
-                loss = lm_loss(logits, labels) / n
-                loss.backward()
+                    loss = lm_loss(logits, labels) / n
+                with phase("backward"):
+                    loss.backward()
             total += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.fixed.grad_clip)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.fixed.grad_clip)
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(loss=total, grad_norm=grad_norm)
 
 

@@ -61,6 +61,7 @@ import torch.distributed as dist
 from ingest.schema import ModelConfig, RunSpec
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.megatron_attention import build_gpt_block_spec, gelu_tanh
+from runner.strategies.common import phase
 
 INIT_STD = 0.02
 
@@ -298,17 +299,19 @@ class MegatronTPPPTrainer:
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], *, lr: float) -> StepOutput:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        losses = self._forward_backward(
-            forward_step_func=partial(_forward_step, position_ids=self._position_ids),
-            data_iterator=iter(microbatches),
-            model=[self.model],
-            num_microbatches=len(microbatches),
-            seq_length=self.spec.fixed.model.seq_length,
-            micro_batch_size=self.spec.micro_batch_size,
-            forward_only=False,
-        )
-        self._set_lr_and_wd(lr)
-        update_successful, grad_norm, _ = self.optimizer.step()
+        with phase("forward_backward"):
+            losses = self._forward_backward(
+                forward_step_func=partial(_forward_step, position_ids=self._position_ids),
+                data_iterator=iter(microbatches),
+                model=[self.model],
+                num_microbatches=len(microbatches),
+                seq_length=self.spec.fixed.model.seq_length,
+                micro_batch_size=self.spec.micro_batch_size,
+                forward_only=False,
+            )
+        with phase("optimizer"):
+            self._set_lr_and_wd(lr)
+            update_successful, grad_norm, _ = self.optimizer.step()
         if not update_successful:  # only possible with fp16 loss scaling, which we never use
             raise RuntimeError("Megatron optimizer skipped the update")
         loss = torch.stack([d["lm loss"] for d in losses]).mean() if self.is_last_stage else None

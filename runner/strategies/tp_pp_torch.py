@@ -42,7 +42,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from ingest.schema import RunSpec
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
-from runner.strategies.common import autocast, build_adamw, build_param_groups, set_lr
+from runner.strategies.common import autocast, build_adamw, build_param_groups, phase, set_lr
 
 # Megatron-LM split of one Block (paper section 3, figure 3): f before qkv/fc, g after the projections.
 BLOCK_TP_PLAN = {
@@ -220,21 +220,23 @@ class TPPPTorchTrainer:
         labels = torch.cat([y for _, y in microbatches])
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.stage.is_first else ()
-        if self.stage.is_last:
-            self.schedule.step(*args, target=labels, losses=losses)
-        else:
-            self.schedule.step(*args)
-        self._sync_grads()
-        grad_norm = self._grad_norm()
-        # Same clip rule as torch.nn.utils.clip_grad_norm_ (the DDP engine's).
-        clip_coef = torch.clamp(self.spec.fixed.grad_clip / (grad_norm + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in self.stage_module.parameters():
-                if p.grad is not None:
-                    _local(p.grad).mul_(clip_coef)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("forward_backward"):
+            if self.stage.is_last:
+                self.schedule.step(*args, target=labels, losses=losses)
+            else:
+                self.schedule.step(*args)
+        with phase("optimizer"):
+            self._sync_grads()
+            grad_norm = self._grad_norm()
+            # Same clip rule as torch.nn.utils.clip_grad_norm_ (the DDP engine's).
+            clip_coef = torch.clamp(self.spec.fixed.grad_clip / (grad_norm + 1e-6), max=1.0)
+            with torch.no_grad():
+                for p in self.stage_module.parameters():
+                    if p.grad is not None:
+                        _local(p.grad).mul_(clip_coef)
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         loss = torch.stack(losses).mean().detach() if self.stage.is_last else None
         return StepOutput(loss=loss, grad_norm=grad_norm)
 

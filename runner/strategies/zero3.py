@@ -16,7 +16,7 @@ import torch
 from ingest.schema import RunSpec
 from runner.model import GPT, lm_loss
 from runner.strategies import RankContext, StepOutput
-from runner.strategies.common import build_adamw, build_param_groups, set_lr
+from runner.strategies.common import build_adamw, build_param_groups, phase, set_lr
 
 # DeepSpeed ZeRO config keys (deepspeed.runtime.zero.config.DeepSpeedZeroConfig).
 ZERO3_DEFAULTS: dict[str, Any] = {
@@ -78,9 +78,12 @@ class Zero3Trainer:
         set_lr(self.optimizer, lr)
         total = torch.zeros((), device=self.ctx.device)
         for inputs, labels in microbatches:
-            loss = lm_loss(self.engine(inputs), labels)
-            self.engine.backward(loss)  # DeepSpeed scales by 1/gradient_accumulation_steps
-            self.engine.step()  # updates only at the accumulation boundary
+            with phase("forward"):
+                loss = lm_loss(self.engine(inputs), labels)
+            with phase("backward"):
+                self.engine.backward(loss)  # DeepSpeed scales by 1/gradient_accumulation_steps
+            with phase("optimizer"):
+                self.engine.step()  # updates only at the accumulation boundary
             total += loss.detach()
         return StepOutput(loss=total / len(microbatches), grad_norm=self.engine.get_global_grad_norm())
 
