@@ -35,7 +35,7 @@ _LINES = (
     rule("thread", r'Thread (?P<tid>0x[0-9A-Fa-f]+|\d+)(?: \((?P<state>[\w+]+)\))?(?:: "(?P<name>[^"]*)")?$', "thread",
          Col("tid", "thread_id", S), Col("state", "state", S), Col("name", "thread_name", S)),
     rule("frame", r"(?P<func>\S.*?) \((?P<file>[^()]+?):(?P<ln>\d+)\)$", "frame",
-         Col("func", "func", S), Col("file", "file", S), Col("ln", "line", int)),
+         Col("func", "func", S), Col("file", "file", S), Col("ln", "frame_line", int)),
     rule("native_frame", r"(?P<func>0x[0-9a-fA-F]+|\S.*?) \((?P<file>[^():]+\.(?:so|dylib|dll)[\w.]*)\)$", "frame",
          Col("func", "func", S), Col("file", "file", S)),
     rule("locals_header", r"(?:Arguments|Locals):$", "locals"),
@@ -84,7 +84,7 @@ class PySpyParser(LineParser):
             if self._thread is None:
                 return False  # a frame-looking line outside any thread
             self._in_locals = False
-            self._frames.append((rec["func"], rec["file"], rec.get("line")))
+            self._frames.append((rec["func"], rec["file"], rec.get("frame_line")))
             return True
         if r.table == "locals":
             self._in_locals = self._thread is not None
