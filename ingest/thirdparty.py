@@ -2,7 +2,8 @@
 
 Each file's kind is detected by content (``ingest.parsers.detect_kind``), its lines streamed
 through the matching pure parser, and the records gathered into tables: ``steps``,
-``memory``, ``timers``, ``comm_topology``, ``collectives``, ``events``, ``env``, plus
+``memory``, ``timers``, ``comm_topology``, ``collectives``, ``events``, ``env``, ``kernels``
+(profiler tables, nsys stats), ``stacks`` (py-spy), ``flops_profile`` (DeepSpeed), plus
 ``files`` (one row per input: kind, records, unparsed lines, warnings). Every table's
 Parquet metadata carries ``schema_version``. Deliberately not here: file reading (ingest.io),
 metric computation (report).
@@ -24,7 +25,8 @@ from ingest.io import iter_text_lines, read_text_head, write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, PARSED_KINDS, ParseResult, detect_kind, parse_text
 from ingest.schema import SCHEMA_VERSION
 
-TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env")
+TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
+          "flops_profile")
 FILES_TABLE = "files"
 MAX_STRICT_LINES = 20  # file:line entries listed per file by --strict
 

@@ -31,10 +31,11 @@ def test_folder_of_logs_to_tables(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{d / 'artifact_19.log'}: megatron, 4 records, 0 unparsed lines" in out
     assert f"{d / 'artifact_12.log'}: nccl, 19 records, 2 unparsed lines" in out
-    assert f"{d / 'artifact_36.log'}: flight_recorder, 0 records, 57 unparsed lines, 1 warnings" in out
-    assert "warning: kind 'flight_recorder' has no parser yet" in out
+    assert f"{d / 'artifact_36.log'}: flight_recorder, 3 records, 0 unparsed lines, 1 warnings" in out
+    assert "warning: 1 entry elided ('...') in the dump" in out
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert names == ["comm_topology.parquet", "env.parquet", "events.parquet", "files.parquet", "steps.parquet"]
+    assert names == ["collectives.parquet", "comm_topology.parquet", "env.parquet", "events.parquet", "files.parquet",
+                     "steps.parquet"]
     for p in (tmp_path / "out").iterdir():
         assert json.loads(pq.read_schema(p).metadata[b"schema_version"]) == SCHEMA_VERSION
     steps = pd.read_parquet(tmp_path / "out" / "steps.parquet")
@@ -43,7 +44,7 @@ def test_folder_of_logs_to_tables(tmp_path, capsys):
     env = pd.read_parquet(tmp_path / "out" / "env.parquet")
     assert env.set_index("key").loc["torch_version", "value"] == "1.7.0+cu101"
     events = pd.read_parquet(tmp_path / "out" / "events.parquet")
-    assert events["event"].tolist() == ["nccl_timeout"] * 5
+    assert events["event"].tolist() == ["fr_pg_status", "fr_pg_config"] + ["nccl_timeout"] * 5  # files sorted by name
     files = pd.read_parquet(tmp_path / "out" / "files.parquet")
     assert files.set_index("kind").loc["nccl", "num_unparsed_lines"] == 2
 

@@ -8,7 +8,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ingest.parsers import MAX_LINE_CHARS, PARSED_KINDS, iter_lines, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
-TEXTS = {p.name: p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("*.txt"))}
+# Every parsed kind (PARSED_KINDS: incl. profiler_table, nsys_stats, flight_recorder, pyspy, nccl_ras)
+# meets every real fixture and the constructed ones (nsys CSV, DeepSpeed flops/comms tables).
+TEXTS = {p.name: p.read_text(encoding="utf-8")
+         for p in sorted(FIXTURES.glob("*.txt")) + sorted(FIXTURES.parent.glob("*_constructed.txt"))}
 NAMES = sorted(TEXTS)
 PREFIXES = st.sampled_from(["", "[rank3]:", "[1,3]<stdout>:", "[0] ", "trainer/0 [0]:", "[default3]:", "      ",
                             "\x1b[32m", "[80746] [rank0]:", "(RayWorkerWrapper pid=1, ip=192.0.2.1) "])

@@ -115,3 +115,34 @@ def test_folder_with_only_an_nccl_log_says_what_is_missing(tmp_path, capsys):
     assert report_main(["build", str(tmp_path), "--format", "md"]) == 2
     err = capsys.readouterr().err
     assert "no training log with iteration times" in err and "nccl.log: nccl" in err
+
+
+PROFILING = ("15_nccl_ras_client_mismatch_2.26.txt", "27_profiler_table_2020_left_aligned_old_cols.txt",
+             "33_nsys_stats_2025_text_nvtx_osrt_api.txt", "36_flight_recorder_dump_unpickled_v2.5.txt",
+             "38_pyspy_dump_zero3_allgather_hang.txt")
+
+
+def test_report_build_with_profiler_nsys_fr_pyspy_ras_files_in_the_folder(tmp_path, capsys):
+    """New tables (kernels, stacks, flops_profile...) must not break `report build`; the note is
+    built from the training log, the other files are ingested alongside (issue 3)."""
+    d = folder(tmp_path, args=True)
+    for n in PROFILING:
+        shutil.copy(FIXTURES / n, d / f"artifact_{n[:2]}.log")
+    assert report_main(["build", str(d), "--format", "md"]) == 0
+    note = (d / "report" / "note.md").read_text(encoding="utf-8")
+    assert "| train | ok | 4 | 88.47 s | 89.35 s | 47.4 k |" in note
+    capsys.readouterr()
+    assert ingest_main([str(d), "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    for line in ("artifact_15.log: nccl_ras, 9 records, 0 unparsed lines", "artifact_27.log: profiler_table, 2 records, 0 unparsed",
+                 "artifact_33.log: nsys_stats, 9 records, 1 unparsed lines", "artifact_36.log: flight_recorder, 3 records, 0 unparsed",
+                 "artifact_38.log: pyspy, 7 records, 1 unparsed lines"):
+        assert line in out
+    kernels = pd.read_parquet(tmp_path / "t" / "kernels.parquet")
+    assert sorted(kernels["kind"].value_counts().items()) == [("nsys_stats", 9), ("profiler_table", 2)]
+    stacks = pd.read_parquet(tmp_path / "t" / "stacks.parquet")
+    assert stacks["collective"].dropna().tolist() == ["all_gather_into_tensor", "all_gather_coalesced"]
+    assert ingest_main([str(d), "--strict", "--out", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert f"{d / 'artifact_33.log'}:18: unparsed (nsys_stats)" in err
+    assert f"{d / 'artifact_38.log'}:31: unparsed (pyspy)" in err

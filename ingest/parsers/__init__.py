@@ -10,7 +10,7 @@ Deliberately not here: opening files (ingest.io), writing tables (ingest.thirdpa
 any analysis of the records.
 
 Records are plain dicts; ``record["table"]`` names the output table (steps, memory, timers,
-comm_topology, collectives, events, env); every record carries ``source`` and ``line``
+comm_topology, collectives, events, env, kernels, stacks); every record carries ``source`` and ``line``
 (1-based line of the input it came from, the first one for aggregated records).
 """
 from __future__ import annotations
@@ -308,7 +308,8 @@ _SIGNATURES: tuple[tuple[str, re.Pattern], ...] = tuple((k, re.compile(p, re.M))
     ("flight_recorder", r"[\"']pg_config[\"']\s*:|[\"']entries[\"']\s*:\s*\["),
     ("pyspy", r"^Thread \d+ \((?:idle|active)"),
     ("profiler_table", r"Self CPU(?: total)? %|# of Calls|Number of Calls"),
-    ("nsys_stats", r"^Processing \[.*\] with \[|^ ?\*\* .*\(\w+\):$|^CUDA API Statistics|nsys-rep|\.qdrep"),
+    ("nsys_stats", r"^Processing \[.*\] with \[|^ ?\*\* .*\(\w+\):$|^CUDA API Statistics|nsys-rep|\.qdrep"
+                   r"|^\[\d+/\d+\] Executing '\w+' stats report|^\"?Time \(%\)\"?,\"?Total Time"),
     ("torchtitan", r"\[titan\] |- root - INFO - step:\s"),
     ("megatron", r"^(?:\[[\d\- :]+\] )?iteration\s+\d+/\s*\d+ \||\(after \d+ iterations\) memory \(MB\)"
                  r"|^-+ arguments -+$|^> building \w+ datasets"),
@@ -331,9 +332,8 @@ def normalised_head(text_head: str) -> str:
 def detect_kind(text_head: str) -> str | None:
     """The artifact kind of a text, by its content (first 64 KiB), or None if unknown.
 
-    Kinds with a parser: see ``PARSERS``; other kinds are recognised so ingest can say what
-    a file is and that it is not parsed yet (chrome_trace, flight_recorder, pyspy,
-    profiler_table, nsys_stats, nccl_ras).
+    Kinds with a parser: see ``PARSED_KINDS``; other kinds are recognised so ingest can say
+    what a file is and that it is not parsed yet (chrome_trace).
     """
     head = normalised_head(text_head)
     for kind, sig in _SIGNATURES:
@@ -343,7 +343,8 @@ def detect_kind(text_head: str) -> str | None:
 
 
 def _parsers() -> dict[str, Callable[..., ParseResult]]:
-    from ingest.parsers import collect_env, deepspeed, failures, megatron, nccl, nvidia_smi, torchtitan
+    from ingest.parsers import (collect_env, deepspeed, failures, flight_recorder, megatron, nccl, nccl_ras, nsys_stats,
+                                nvidia_smi, profiler_table, pyspy, torchtitan)
     return {
         "nccl": nccl.parse_nccl,
         "megatron": megatron.parse_megatron,
@@ -353,6 +354,11 @@ def _parsers() -> dict[str, Callable[..., ParseResult]]:
         "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q,
         "collect_env": collect_env.parse_collect_env,
         "failures": failures.parse_failures,
+        "profiler_table": profiler_table.parse_profiler_table,
+        "nsys_stats": nsys_stats.parse_nsys_stats,
+        "flight_recorder": flight_recorder.parse_flight_recorder,
+        "pyspy": pyspy.parse_pyspy,
+        "nccl_ras": nccl_ras.parse_nccl_ras,
     }
 
 
@@ -378,4 +384,4 @@ class _Nothing(LineParser):
 
 
 PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q",
-                "collect_env", "failures")
+                "collect_env", "failures", "profiler_table", "nsys_stats", "flight_recorder", "pyspy", "nccl_ras")

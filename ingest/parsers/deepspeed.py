@@ -136,4 +136,5 @@ class DeepSpeedParser(StepRowParser):
 
 def parse_deepspeed(text, *, source: str) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [DeepSpeedParser(source), FailureScanner(source)], kind="deepspeed")
+    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
+    return run_parsers(text, [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)], kind="deepspeed")

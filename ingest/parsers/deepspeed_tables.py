@@ -1,0 +1,181 @@
+"""The two tables DeepSpeed prints (with ``print``, no log prefix) inside its logs.
+
+Flops profiler (deepspeed/profiling/flops_profiler/profiler.py, ``print_model_profile``):
+a ``DeepSpeed Flops Profiler`` banner, ``Profile Summary at step N:``, a ``Notations:`` block,
+then ``'{:<60}  {:<8}'`` rows ``fwd latency:  80.71 ms`` (values from number_to_string:
+``11.69 M``, ``29.03 GMACs``, ``81.9 TFLOPS``, ``2.39 B`` params), an ``Aggregated Profile``
+and optional ``Detailed Profile`` section, closed by a rule of 78 dashes. -> one
+``flops_profile`` record per summary (step, world_size, dp_degree, mp_degree,
+micro_batch_size, num_params_per_gpu, fwd_macs_per_gpu, fwd_flops_per_gpu,
+fwd/bwd/step/iter latency ``*_latency_s``, achieved ``*_flops_per_s_per_gpu``,
+samples_per_s); the aggregated/detailed module lines are recognised, not recorded.
+
+Comms logger (deepspeed/utils/comms_logging.py, ``CommsLogger.log_all``): a header of
+20-wide columns ``Comm. Op  Message Size  Count  Total Latency(ms)  Avg Latency(ms)
+tput_avg (Gbps)  busbw_avg (Gbps)``, an op-name line (``all_reduce``, or with debug
+``all_reduce | [Caller Func: step]``), then one row per message size; optionally the
+``Breakdown with straggler effect`` table. Verbose per-op lines ``comm op: X | time (ms): ..
+| msg size: .. | algbw (Gbps): .. | busbw (Gbps): ..`` (log_dist, with the log prefix) too.
+-> ``collectives`` records (``collective``, ``caller``, ``msg_size_bytes`` (from the
+rounded printed size, 1024-based as convert_size prints it), ``num_calls``,
+``total_latency_s``, ``avg_latency_s``, ``algbw_gbps``, ``busbw_gbps``; straggler rows:
+``total_straggler_s``, ``avg_straggler_s``). Bandwidths are as DeepSpeed prints them:
+gigabits per second (calc_bw_log multiplies bytes by 8), unlike nccl-tests' GB/s.
+Deliberately not here: the module tree of the detailed profile.
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import LineParser
+
+_SI = {"T": 1e12, "G": 1e9, "B": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_SIZE = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "PB": 2**50}
+
+
+def to_si(text: str) -> float:
+    """'29.03 GMACs' / '81.9 TFLOPS' / '80.71 ms' / '2.39 B' (params) / '58.18 G' -> a number."""
+    m = re.fullmatch(r"(-?[\d.]+(?:[eE][+-]?\d+)?)\s*([TGBMKkmun]?)\s*(?:MACs|FLOPS|FLOPs|s)?", text.strip())
+    if not m:
+        raise ValueError(text)
+    return float(m.group(1)) * _SI[m.group(2)]
+
+
+def to_bytes(text: str) -> int:
+    """convert_size output '678.86 MB' / '0B' -> bytes (approximate: printed with 2 decimals)."""
+    m = re.fullmatch(r"([\d.]+)\s*([KMGTP]?B)", text.strip())
+    if not m:
+        raise ValueError(text)
+    return round(float(m.group(1)) * _SIZE[m.group(2)])
+
+
+# Pattern table of the flops-profiler summary: key (lower case, as printed before ':') ->
+# (column, converter). Older DeepSpeed prints "flops", newer "FLOPs": keys are lower-cased.
+FLOPS_FIELDS = {
+    "world size": ("world_size", int), "data parallel size": ("dp_degree", int),
+    "model parallel size": ("mp_degree", int), "batch size per gpu": ("micro_batch_size", int),
+    "device": ("device", str), "input shape": ("input_shape", str),
+    "params per gpu": ("num_params_per_gpu", to_si),
+    "params of model = params per gpu * mp_size": ("num_params", to_si),
+    "fwd macs per gpu": ("fwd_macs_per_gpu", to_si), "fwd flops per gpu": ("fwd_flops_per_gpu", to_si),
+    "fwd flops of model = fwd flops per gpu * mp_size": ("fwd_flops", to_si),
+    "fwd latency": ("fwd_latency_s", to_si),
+    "fwd flops per gpu = fwd flops per gpu / fwd latency": ("fwd_flops_per_s_per_gpu", to_si),
+    "bwd latency": ("bwd_latency_s", to_si),
+    "bwd flops per gpu = 2 * fwd flops per gpu / bwd latency": ("bwd_flops_per_s_per_gpu", to_si),
+    "fwd+bwd flops per gpu = 3 * fwd flops per gpu / (fwd+bwd latency)": ("fwd_bwd_flops_per_s_per_gpu", to_si),
+    "step latency": ("step_latency_s", to_si), "iter latency": ("iter_latency_s", to_si),
+    "flops per gpu = 3 * fwd flops per gpu / iter latency": ("flops_per_s_per_gpu", to_si),
+    "samples/second": ("samples_per_s", float),
+}
+_BANNER = re.compile(r"-+ DeepSpeed Flops Profiler -+$")
+_SECTION = re.compile(r"-+ (?:Aggregated|Detailed) Profile(?: per GPU)? -+$")
+_CLOSE = re.compile(r"-{60,}$")
+_STEP = re.compile(r"Profile Summary at step (?P<step>\d+):$")
+_KV = re.compile(r"(?P<key>[A-Za-z][^:]*?):\s+(?P<value>\S.*)$")
+_NOTATION = re.compile(r"Notations:$|.*\([\w ,+]+\)(?:, .*)?,?$")
+
+_COMMS_HEADER = re.compile(r"Comm\. Op\s+Message Size\s+Count\s+(?P<kind>Total Latency\(ms\)|Total comm lat\(ms\))")
+_COMMS_OP = re.compile(r"(?P<op>[A-Za-z_][\w.]*)(?: \| \[Caller Func: (?P<caller>[^\]]*)\])?$")
+_NUM = r"(-?[\d.]+(?:[eE][+-]?\d+)?)"
+_COMMS_ROW = re.compile(rf"(?P<size>[\d.]+ ?[KMGTP]?B)\s+(?P<count>\d+)\s+{_NUM}\s+{_NUM}\s+{_NUM}\s+{_NUM}$")
+_STRAGGLER = re.compile(r"_{10,}$|Breakdown with straggler effect$|-{10,}$")
+_VERBOSE = re.compile(r"comm op: (?P<op>.+?) \| time \(ms\): (?P<t>[\d.]+) \| msg size: (?P<size>[\d.]+ ?[KMGTP]?B) \| "
+                      r"algbw \(Gbps\): (?P<alg>[\d.]+) \| busbw \(Gbps\): (?P<bus>[\d.]+)")
+
+
+class FlopsProfileParser(LineParser):
+    kind = "deepspeed"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._rec: dict | None = None
+        self._modules = False  # inside the aggregated/detailed part: every line is the profiler's
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        if _BANNER.match(body):
+            self._rec = {"table": "flops_profile", "source": self.source, "line": lineno, "record": "ds_flops_profile",
+                         "kind": self.kind, "rank": rank, "step": None}
+            self.records.append(self._rec)
+            self._modules = False
+            return True
+        if self._rec is None:
+            return False
+        if _CLOSE.match(body):
+            self._rec, self._modules = None, False
+            return True
+        if _SECTION.match(body):
+            self._modules = True
+            return True
+        if self._modules:
+            return True
+        m = _STEP.match(body)
+        if m:
+            self._rec["step"] = int(m.group("step"))
+            return True
+        m = _KV.match(body)
+        if m:
+            key = re.sub(r"\s+", " ", m.group("key").strip().lower())
+            spec = FLOPS_FIELDS.get(key)
+            if spec is not None:
+                col, conv = spec
+                try:
+                    self._rec[col] = conv(m.group("value").strip())
+                except ValueError:
+                    self._rec[col] = None
+                return True
+        return bool(_NOTATION.match(body))
+
+
+class CommsLogParser(LineParser):
+    kind = "deepspeed"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._table: str | None = None  # "summary" | "straggler" while inside a table
+        self._op: tuple[str, str | None] | None = None
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        m = _VERBOSE.search(body)
+        if m:
+            r = re.search(r"\[Rank (\d+)\] comm op:", body)
+            rank = int(r.group(1)) if r else rank
+            self.records.append(self._record(lineno, rank, "ds_comm_op", m.group("op"), None, m.group("size"), 1,
+                                             algbw_gbps=float(m.group("alg")), busbw_gbps=float(m.group("bus")),
+                                             latency_s=float(m.group("t")) * 1e-3))
+            return True
+        m = _COMMS_HEADER.match(body)
+        if m:
+            self._table = "summary" if m.group("kind").startswith("Total Latency") else "straggler"
+            self._op = None
+            return True
+        if self._table is None:
+            return False
+        m = _COMMS_ROW.match(body)
+        if m and self._op is not None:
+            a, b, c, d = (float(m.group(i)) for i in (3, 4, 5, 6))
+            if self._table == "summary":
+                extra = dict(total_latency_s=a * 1e-3, avg_latency_s=b * 1e-3, algbw_gbps=c, busbw_gbps=d)
+            else:
+                extra = dict(total_latency_s=a * 1e-3, total_straggler_s=b * 1e-3, avg_latency_s=c * 1e-3,
+                             avg_straggler_s=d * 1e-3)
+            self.records.append(self._record(lineno, rank, f"ds_comms_{self._table}", *self._op, m.group("size"),
+                                             int(m.group("count")), **extra))
+            return True
+        if _STRAGGLER.match(body):
+            return True
+        m = _COMMS_OP.match(body)
+        if m:
+            self._op = (m.group("op"), m.group("caller"))
+            return True
+        self._table = self._op = None  # anything else ends the table
+        return False
+
+    def _record(self, lineno, rank, record, op, caller, size, count, **extra) -> dict:
+        try:
+            size_bytes = to_bytes(size)
+        except (ValueError, KeyError):
+            size_bytes = None
+        return {"table": "collectives", "source": self.source, "line": lineno, "record": record, "kind": self.kind,
+                "rank": rank, "collective": op, "caller": caller, "msg_size_bytes": size_bytes, "num_calls": count,
+                **extra}

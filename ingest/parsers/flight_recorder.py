@@ -1,0 +1,214 @@
+"""A printed (unpickled) PyTorch flight-recorder dump: a Python dict literal, not JSON.
+
+``{"version": "2.5", "pg_config": {...}, "pg_status": {...}, "entries": [{...}, ...]}`` with
+tuples (``("0", "default_pg")``), ``None`` or JSON's ``null``/``true``/``false``, and ``...``
+where a paste elided entries. Read with ``ast`` (``ast.parse`` + ``ast.literal_eval`` per
+value: nothing is executed), after the line normaliser, so launcher prefixes and paste
+indentation do not matter. A truncated dump is cut at its last complete element and the open
+brackets closed, so the entries before the cut are kept (warning ``truncated``).
+
+Records: ``collectives`` (one per entry: ``pg_id``, ``pg`` and ``pg_desc`` from
+``process_group``, ``record_id``, ``collective_seq_id``, ``p2p_seq_id``, ``op_id``,
+``profiling_name``, ``collective`` (the name without ``nccl:``), ``state``,
+``time_created_ns``, ``time_discovered_started_ns``, ``time_discovered_completed_ns``,
+``duration_s``, ``timeout_s``, ``is_p2p``, ``retired``, ``input_sizes``/``output_sizes`` and
+dtypes as text, ``num_frames``, ``top_frame``); ``events`` (``fr_pg_status`` per process
+group with its last enqueued/started/completed sequence ids, ``fr_pg_config`` with its
+ranks). Lines before the dict and after its end are counted unparsed. Deliberately not here:
+deciding which rank hung (ingest.hangs compares dumps of several ranks).
+"""
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from typing import Iterable
+
+from ingest.parsers import MAX_LINE_CHARS, MAX_UNPARSED_LINENOS, ParseResult, iter_lines
+
+_NAMES = {"null": None, "None": None, "true": True, "True": True, "false": False, "False": False}
+_OPEN, _CLOSE = "([{", ")]}"
+MAX_REPAIR_TRIES = 20
+
+# Entry key -> (column, scale); a new field is one row. Values are copied as-is (scaled if numeric).
+ENTRY_FIELDS = {
+    "pg_id": ("pg_id", None), "record_id": ("record_id", None), "collective_seq_id": ("collective_seq_id", None),
+    "p2p_seq_id": ("p2p_seq_id", None), "op_id": ("op_id", None), "profiling_name": ("profiling_name", None),
+    "state": ("state", None), "time_created_ns": ("time_created_ns", None),
+    "time_discovered_started_ns": ("time_discovered_started_ns", None),
+    "time_discovered_completed_ns": ("time_discovered_completed_ns", None),
+    "duration_ms": ("duration_s", 1e-3), "timeout_ms": ("timeout_s", 1e-3), "is_p2p": ("is_p2p", None),
+    "retired": ("retired", None),
+}
+TEXT_FIELDS = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+
+
+class _Literals(ast.NodeTransformer):
+    """JSON's null/true/false (and Python's names) -> constants, so literal_eval accepts them."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in _NAMES:
+            return ast.copy_location(ast.Constant(_NAMES[node.id]), node)
+        return node
+
+
+def _value(node: ast.AST):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _dict_items(node: ast.AST) -> dict:
+    """An ast.Dict -> {key: value node} (keys that are not literals are skipped)."""
+    if not isinstance(node, ast.Dict):
+        return {}
+    out = {}
+    for k, v in zip(node.keys, node.values):
+        key = _value(k) if k is not None else None
+        if isinstance(key, (str, int)):
+            out[key] = v
+    return out
+
+
+def _scan(text: str) -> tuple[int | None, tuple[int, int] | None, tuple[int, int, str] | None]:
+    """Tokenize the literal: (end row of the outermost dict if it closes, else None;
+    last safe cut (row, col) after a ',' or opening bracket; its closing suffix)."""
+    stack: list[str] = []
+    cut = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
+                break
+            if tok.type != tokenize.OP:
+                continue
+            s = tok.string
+            if s in _OPEN:
+                stack.append(_CLOSE[_OPEN.index(s)])
+                cut = (*tok.end, "".join(reversed(stack)))
+            elif s in _CLOSE:
+                if not stack or stack[-1] != s:
+                    break
+                stack.pop()
+                if not stack:
+                    return tok.end[0], None, None
+            elif s == "," and stack:
+                cut = (*tok.end, "".join(reversed(stack)))
+    except (tokenize.TokenError, SyntaxError, IndentationError, ValueError):
+        pass
+    return None, None, cut
+
+
+def _parse_literal(lines: list[str]) -> tuple[ast.AST | None, int, bool]:
+    """(root node, number of lines it spans, truncated?) of the dict literal in ``lines``."""
+    text = "\n".join(lines)
+    end_row, _, cut = _scan(text)
+    if end_row is not None:
+        try:
+            return _Literals().visit(ast.parse("\n".join(lines[:end_row]), mode="eval")).body, end_row, False
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            pass
+    tries = 0
+    while cut is not None and tries < MAX_REPAIR_TRIES:  # truncated: close what is open after the last element
+        row, col, closers = cut
+        head = lines[:row - 1] + [lines[row - 1][:col]]
+        try:
+            return _Literals().visit(ast.parse("\n".join(head) + closers, mode="eval")).body, row, True
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            tries += 1
+            _, _, cut = _scan("\n".join(head)[:-1] if col else "\n".join(lines[:row - 1]))
+    return None, 0, False
+
+
+def _frame_text(frame) -> str | None:
+    if not isinstance(frame, dict):
+        return None
+    return f"{frame.get('name')} ({frame.get('filename')}:{frame.get('line')})"
+
+
+def parse_flight_recorder(text: str | Iterable[str], *, source: str) -> ParseResult:
+    """Parse a printed flight-recorder dump (see module doc). Pure; never raises on content."""
+    numbered = [(n, body) for n, body, _, _ in iter_lines(text)]
+    start = next((i for i, (_, body) in enumerate(numbered) if body is not None and body.startswith("{")), None)
+    records: list[dict] = []
+    warnings: list[str] = []
+    used: set[int] = set()
+    if start is not None:
+        block = numbered[start:]
+        cut_at = next((i for i, (_, body) in enumerate(block) if body is None), len(block))  # a huge line ends it
+        block = block[:cut_at]
+        root, num_rows, truncated = _parse_literal([body for _, body in block])
+        if isinstance(root, ast.Dict):
+            linenos = [n for n, _ in block]
+            used = set(linenos[:num_rows])
+            if truncated:
+                warnings.append(f"line {linenos[num_rows - 1]}: dump truncated; entries up to here kept")
+            records = _records(root, linenos, source=source, warnings=warnings)
+        else:
+            warnings.append("no complete dict literal found: not a printed flight-recorder dump")
+    missed = [n for n, body in numbered if n not in used]
+    huge = sum(1 for _, body in numbered if body is None)
+    if huge:
+        warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+    return ParseResult(records=records, unparsed=len(missed), warnings=warnings, kind="flight_recorder",
+                       unparsed_lines=tuple(missed[:MAX_UNPARSED_LINENOS]),
+                       num_lines=numbered[-1][0] if numbered else 0)
+
+
+def _records(root: ast.Dict, linenos: list[int], *, source: str, warnings: list[str]) -> list[dict]:
+    def line_of(node: ast.AST) -> int:
+        return linenos[min(max(getattr(node, "lineno", 1), 1), len(linenos)) - 1]
+
+    top = _dict_items(root)
+    version = _value(top["version"]) if "version" in top else None
+    rank = _value(top["rank"]) if "rank" in top else None
+    rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+    base = {"source": source, "kind": "flight_recorder", "rank": rank, "fr_version": version if isinstance(version, str) else None}
+    out: list[dict] = []
+    entries = top.get("entries")
+    elided = 0
+    for node in entries.elts if isinstance(entries, (ast.List, ast.Tuple)) else ():
+        if isinstance(node, ast.Constant) and node.value is Ellipsis:
+            elided += 1
+            continue
+        fields = _dict_items(node)
+        if not fields:
+            continue
+        rec = {"table": "collectives", "line": line_of(node), "record": "fr_entry", **base}
+        for key, (col, scale) in ENTRY_FIELDS.items():
+            v = _value(fields[key]) if key in fields else None
+            if scale is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = v * scale
+            rec[col] = v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+        pg = _value(fields["process_group"]) if "process_group" in fields else None
+        pg = tuple(pg) if isinstance(pg, (tuple, list)) else (pg,)
+        rec["pg"] = str(pg[0]) if pg and pg[0] is not None else None
+        rec["pg_desc"] = str(pg[1]) if len(pg) > 1 and pg[1] is not None else None
+        name = rec["profiling_name"] if isinstance(rec["profiling_name"], str) else None
+        rec["collective"] = name.split(":", 1)[-1] if name else None
+        for key in TEXT_FIELDS:
+            v = _value(fields[key]) if key in fields else None
+            rec[key] = None if v is None else str(v)
+        frames = _value(fields["frames"]) if "frames" in fields else None
+        frames = [f for f in frames if isinstance(f, dict)] if isinstance(frames, (list, tuple)) else []
+        rec["num_frames"] = len(frames) if "frames" in fields else None
+        rec["top_frame"] = _frame_text(frames[0]) if frames else None
+        out.append(rec)
+    if elided:
+        warnings.append(f"{elided} entr{'y' if elided == 1 else 'ies'} elided ('...') in the dump")
+    for key, event in (("pg_status", "fr_pg_status"), ("pg_config", "fr_pg_config")):
+        for pg_id, node in _dict_items(top.get(key)).items():
+            values = {k: _value(v) for k, v in _dict_items(node).items()}
+            rec = {"table": "events", "line": line_of(node), "event": event, **base, "pg_id": str(pg_id)}
+            if event == "fr_pg_status":
+                for k in ("last_enqueued_collective", "last_started_collective", "last_completed_collective"):
+                    rec[k] = values.get(k) if isinstance(values.get(k), int) else None
+                rec["detail"] = (f"pg {pg_id}: last enqueued #{rec['last_enqueued_collective']}, started "
+                                 f"#{rec['last_started_collective']}, completed #{rec['last_completed_collective']}")
+            else:
+                rec.update(pg=None if values.get("name") is None else str(values.get("name")),
+                           pg_desc=None if values.get("desc") is None else str(values.get("desc")),
+                           ranks=None if values.get("ranks") is None else str(values.get("ranks")))
+                rec["detail"] = f"pg {pg_id} ({rec['pg_desc']}): ranks {rec['ranks']}"
+            out.append(rec)
+    return out

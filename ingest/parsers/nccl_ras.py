@@ -1,0 +1,134 @@
+"""NCCL RAS client output (``ncclras`` / ``echo status | nc localhost 28028``, NCCL >= 2.24).
+
+Sections ``Job summary``, ``Communicators... (0.00s)``, ``Errors``, ``Warnings`` underlined
+with ``=``; fixed-width tables whose column headers span two rows (``Group     Comms ...`` over
+``    #  in group ...``); detail blocks ``#0-0 (fa93daea854b060b) MISMATCH`` (also INCOMPLETE,
+ERROR) or bare ``INCOMPLETE`` / ``DEAD`` headers, followed by message lines and per-rank or
+per-process lines (``Rank 12 -- GPU 4 managed by process 323032 on node 192.0.2.24``,
+``Process 323032 on node 192.0.2.24 managing GPUs 0,1``). Formats from NCCL's
+src/ras/client_support.cc (rasClientRunInit / rasClientRunComms).
+
+Records: ``env`` (nccl_version, cuda_runtime_version, cuda_driver_version),
+``comm_topology`` (``ras_job``: the job-summary row; ``ras_comm_group``: one per
+communicator-group row, columns named by both header rows), ``events`` (``ras_<status>``
+per detail block, e.g. ``ras_mismatch``, with ``comm_hash``, ``comm_group`` and the message
+lines in ``detail``; ``ras_rank`` per rank line and ``ras_process`` per process line, with
+``rank``/``gpu``/``pid``/``node`` and the block's ``status``). Deliberately not here: the JSON
+output format (``set format json``; counted unparsed) and deciding which rank is at fault.
+"""
+from __future__ import annotations
+
+import re
+
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
+from ingest.parsers.failures import FailureScanner
+
+S = str
+_SPLIT = re.compile(r"\s{2,}")
+
+_LINES = (
+    rule("nccl_version", r"NCCL version (?P<v>\S+)(?: compiled with CUDA (?P<cuda>\S+))?$", "env",
+         Col("v", "value", S), key="nccl_version", kind="nccl_ras"),
+    rule("cuda_versions", r"CUDA runtime version (?P<rt>\d+), driver version (?P<drv>\d+)$", "versions"),
+    rule("section", r"(?P<section>Job summary|Communicators\.\.\.|Errors|Warnings)(?: \([\d.]+s\))?$", "section"),
+    rule("underline", r"=+$", None),
+    rule("block", r"#(?P<group>\d+-\d+) \((?P<hash>[0-9a-fA-F]+)\) (?P<status>[A-Z,]+)$", "block"),
+    rule("bare_block", r"(?P<status>INCOMPLETE|DEAD)$", "block"),
+    rule("rank", r"Rank (?P<rank>\d+) -- (?:GPU (?P<gpu>\S+) managed by process (?P<pid>\d+) on node (?P<node>\S+)"
+         r"|\[process information not found\])$", "events",
+         Col("rank", "rank", int), Col("gpu", "gpu", S), Col("pid", "pid", int), Col("node", "node", S), event="ras_rank"),
+    rule("process", r"Process (?P<pid>\d+) on node (?P<node>\S+) managing GPUs? (?P<gpu>.+)$", "events",
+         Col("pid", "pid", int), Col("node", "node", S), Col("gpu", "gpu", S), event="ras_process"),
+    rule("outlier_node", r"Node (?P<node>\S+) running process(?:es)? (?P<pids>[\d,]+)$", "events",
+         Col("node", "node", S), Col("pids", "detail", S), event="ras_outlier_node"),
+    rule("no_data", r"No communicator data collected!$", None),
+)
+# Two-row headers -> our column names (joined "row1 row2"); a new column is one row.
+COLUMNS = {
+    "Nodes (total)": "num_nodes", "Processes per node": "num_processes_per_node",
+    "GPUs per process": "num_gpus_per_process", "Processes (total)": "num_processes", "GPUs (total)": "num_gpus",
+    "Group #": "comm_group", "Comms in group": "num_comms", "Nodes per comm": "num_nodes_per_comm",
+    "Ranks per node": "ranks_per_node", "Ranks per comm": "num_ranks_per_comm", "Ranks in group": "num_ranks_in_group",
+    "Status": "status", "Errors": "errors",
+}
+_HEADER1 = re.compile(r"(?:Nodes|Group|Processes)\s{2,}\S")
+_HEADER2 = re.compile(r"(?:\(total\)|#|per process)(?:\s{2,}\S|$)")
+_VALUES = re.compile(r"\d+(?:\s+[\w,\-]+)*$")
+
+
+def _value(text: str):
+    return int(text) if text.isdigit() else text
+
+
+class RasParser(LineParser):
+    kind = "nccl_ras"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._section: str | None = None
+        self._head1: list[str] | None = None
+        self._cols: list[str] | None = None
+        self._block: dict | None = None
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        r, m = match_rules(_LINES, body)
+        if r is not None:
+            return self._rule(r, m, lineno)
+        if _HEADER1.match(body):
+            self._head1, self._cols = _SPLIT.split(body), None
+            return True
+        if self._head1 is not None and _HEADER2.match(body):
+            head2 = _SPLIT.split(body)
+            head2 += [""] * (len(self._head1) - len(head2))
+            names = [f"{a} {b}".strip() for a, b in zip(self._head1, head2)]
+            self._cols = [COLUMNS.get(n, re.sub(r"\W+", "_", n.lower()).strip("_")) for n in names]
+            self._head1 = None
+            return True
+        if self._cols is not None and _VALUES.match(body):
+            return self._table_row(lineno, body.split())
+        if self._block is not None and re.match(r"[\w\[(]", body):  # the block's message lines
+            self._block["detail"] = f"{self._block['detail']}; {body}" if self._block["detail"] else body
+            return True
+        return False
+
+    def _rule(self, r, m, lineno: int) -> bool:
+        rec = apply_rule(r, m, source=self.source, lineno=lineno)
+        g = m.groupdict()
+        if r.table == "env":
+            self.records.append(rec)
+            if g.get("cuda"):
+                self.records.append({**rec, "record": "cuda_build_version", "key": "cuda_build_version", "value": g["cuda"]})
+        elif r.table == "versions":
+            for key, grp in (("cuda_runtime_version", "rt"), ("cuda_driver_version", "drv")):
+                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": key,
+                                     "kind": self.kind, "key": key, "value": g[grp]})
+        elif r.table == "section":
+            self._section, self._cols, self._head1, self._block = g["section"].rstrip("."), None, None, None
+        elif r.table == "block":
+            status = g["status"]
+            self._block = {"table": "events", "source": self.source, "line": lineno, "record": "ras_block",
+                           "kind": self.kind, "event": "ras_" + status.split(",")[0].lower(), "status": status,
+                           "comm_group": g.get("group"), "comm_hash": g.get("hash"), "section": self._section,
+                           "rank": None, "detail": ""}
+            self.records.append(self._block)
+            self._cols = None
+        elif rec is not None:  # per-rank / per-process lines belong to the block above them
+            rec.update(kind=self.kind, status=self._block["status"] if self._block else None,
+                       comm_hash=self._block["comm_hash"] if self._block else None, section=self._section)
+            rec.setdefault("rank", None)
+            self.records.append(rec)
+        return True
+
+    def _table_row(self, lineno: int, cells: list[str]) -> bool:
+        if len(cells) != len(self._cols):
+            return False
+        row = dict(zip(self._cols, map(_value, cells)))
+        record = "ras_job" if "num_gpus" in row or "num_nodes" in row else "ras_comm_group"
+        self.records.append({"table": "comm_topology", "source": self.source, "line": lineno, "record": record,
+                             "kind": self.kind, **row})
+        return True
+
+
+def parse_nccl_ras(text, *, source: str) -> ParseResult:
+    """Parse NCCL RAS client output (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [RasParser(source), FailureScanner(source)], kind="nccl_ras")

@@ -1,0 +1,151 @@
+"""torch.profiler ``key_averages().table()`` text: lower-resolution evidence of where time went.
+
+Both header generations: old left-aligned (``Self CPU total %``, ``CUDA total``, ``Number of
+Calls``; torch <= 1.7) and modern right-aligned (``Self CPU %``, ``Self CUDA``, ``# of Calls``),
+optional memory / FLOPs / input-shape columns, dashed rule lines, trailing spaces, and the
+``Self CPU time total:`` / ``Self CUDA time total:`` footers.
+
+Records: ``kernels`` (one per row: ``name``, times in seconds ``self_cpu_s``, ``cpu_total_s``,
+``cpu_avg_s``, ``self_cuda_s``, ``cuda_total_s``, ``cuda_avg_s``, percentages ``*_pct``,
+``num_calls``, memory ``*_mem_bytes``, ``total_flops``, ``input_shapes``; ``columns``: the
+printed header cells joined by ``|``, so a reader knows which were present), ``events`` for
+the footers (``duration_s``). Cells are split on runs of two or more spaces, as the profiler
+pads them, so alignment (and the normaliser's stripping of leading blanks) does not matter.
+Deliberately not here: summing rows (nested ops double count; report decides) or guessing
+columns of a row seen before any header (counted unparsed).
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
+from ingest.parsers.failures import FailureScanner
+
+_SPLIT = re.compile(r"\s{2,}")
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_MEM_UNITS = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30}  # torch's format_memory: 1024-based
+_FLOP_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def to_seconds(text: str) -> float:
+    """'890.805us' / '5.234ms' / '1.203s' / '-3.000us' -> seconds."""
+    m = re.fullmatch(r"(-?[\d.,]+)\s*(ns|us|ms|s)", text)
+    if not m:
+        raise ValueError(text)
+    return to_num(m.group(1)) * _TIME_UNITS[m.group(2)]
+
+
+def to_pct(text: str) -> float:
+    if not text.endswith("%"):
+        raise ValueError(text)
+    return to_num(text[:-1])
+
+
+def to_bytes(text: str) -> int:
+    """'1.25 Gb' / '-512 b' -> bytes (as torch prints them: Gb/Mb/Kb are binary multiples)."""
+    m = re.fullmatch(r"(-?[\d.,]+)\s*([KMG]?b)", text, re.I)
+    if not m:
+        raise ValueError(text)
+    return round(to_num(m.group(1)) * _MEM_UNITS[m.group(2).lower()])
+
+
+# Pattern table of header cells: (regex, column template, converter). Templates use the
+# named groups: dev (cpu/cuda/xpu/...), so "Self CUDA %" -> self_cuda_pct.
+HEADERS: tuple[tuple[re.Pattern, str | Callable[[re.Match], str], Callable], ...] = tuple(
+    (re.compile(p, re.I), col, conv) for p, col, conv in (
+        (r"Name", "name", str),
+        (r"Self (?P<dev>\w+)(?: total)? %", "self_{dev}_pct", to_pct),
+        (r"Self (?P<dev>\w+)(?: total)?", "self_{dev}_s", to_seconds),
+        (r"(?P<dev>\w+) total %", "{dev}_total_pct", to_pct),
+        (r"(?P<dev>\w+) total", "{dev}_total_s", to_seconds),
+        (r"(?P<dev>\w+) time avg", "{dev}_avg_s", to_seconds),
+        (r"Self (?P<dev>\w+) Mem", "self_{dev}_mem_bytes", to_bytes),
+        (r"(?P<dev>\w+) Mem", "{dev}_mem_bytes", to_bytes),
+        (r"(?:# of|Number of) Calls", "num_calls", lambda t: int(t.replace(",", ""))),
+        (r"Input Shapes", "input_shapes", str),
+        (r"Source Location", "source_location", str),
+        (r"Node ID", "node_id", int),
+    ))
+STANDARD = ("self_cpu_s", "cpu_total_s", "self_cuda_s", "cuda_total_s", "num_calls")  # None when not printed
+_FLOPS = re.compile(r"Total (?P<unit>[KMGTP]?)FLOPs", re.I)
+
+_LINES = (
+    rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None),
+    rule("self_time_total", r"Self (?P<dev>\w+) time total: (?P<t>-?[\d.,]+\s*(?:ns|us|ms|s))$", "events",
+         Col("dev", "device", str.lower), Col("t", "duration_s", to_seconds), event="profiler_self_time_total"),
+)
+
+
+def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
+    """Header cells -> [(column, converter)], or None if this is not a profiler header."""
+    if not cells or cells[0] != "Name":
+        return None
+    out = []
+    for cell in cells:
+        m = _FLOPS.fullmatch(cell)
+        if m:
+            scale = _FLOP_UNITS[m.group("unit").upper()]
+            out.append(("total_flops", lambda t, s=scale: to_num(t) * s))
+            continue
+        for rx, col, conv in HEADERS:
+            h = rx.fullmatch(cell)
+            if h:
+                dev = (h.groupdict().get("dev") or "").lower()
+                out.append((col.format(dev=dev), conv))
+                break
+        else:
+            out.append((re.sub(r"\W+", "_", cell.strip().lower()).strip("_") or "column", str))
+    return out if len(out) >= 2 else None
+
+
+class ProfilerTableParser(LineParser):
+    kind = "profiler_table"
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._cols: list[tuple[str, Callable]] | None = None
+        self._header = ""
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        r, m = match_rules(_LINES, body)
+        if r is not None:
+            rec = apply_rule(r, m, source=self.source, lineno=lineno)
+            if rec is not None:
+                rec.update(kind=self.kind, rank=rank)
+                self.records.append(rec)
+                self._cols = None  # a footer ends the table
+            return True
+        cells = _SPLIT.split(body)
+        cols = _header_columns(cells)
+        if cols is not None:
+            self._cols, self._header = cols, "|".join(cells)
+            return True
+        if self._cols is None or len(cells) < 2:
+            return False
+        extra = len(cells) - len(self._cols)
+        if extra > 0:  # a name with double spaces inside
+            cells = ["  ".join(cells[:extra + 1])] + cells[extra + 1:]
+        rec = {"table": "kernels", "source": self.source, "line": lineno, "record": "profiler_row", "kind": self.kind,
+               "rank": rank, "columns": self._header}
+        numbers = 0
+        for (col, conv), cell in zip(self._cols, cells):
+            if conv is str:
+                rec[col] = cell
+                continue
+            try:
+                rec[col] = conv(cell)
+                numbers += 1
+            except (ValueError, TypeError, OverflowError):
+                rec[col] = None  # '--' (no FLOPs), blank or mangled cell
+        for col in STANDARD + tuple(c for c, _ in self._cols):
+            rec.setdefault(col, None)
+        if not numbers or not rec.get("name"):
+            return False
+        self.records.append(rec)
+        return True
+
+
+def parse_profiler_table(text, *, source: str) -> ParseResult:
+    """Parse torch.profiler key_averages tables (see module doc). Pure; never raises on content."""
+    return run_parsers(text, [ProfilerTableParser(source), FailureScanner(source)], kind="profiler_table")
