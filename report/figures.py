@@ -1,8 +1,7 @@
 """SVG figures for the note's evidence section (matplotlib, Agg backend).
 
 Inputs are tables already computed by report.metrics; this module only plots them. Files
-are written through ingest.io (atomic). Deliberately not here: any statistic, any profiler
-timeline (not captured yet).
+are written through ingest.io (atomic). Deliberately not here: any statistic.
 """
 from __future__ import annotations
 
@@ -16,6 +15,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ingest.io import write_bytes_atomic  # noqa: E402
+from ingest.schema import BREAKDOWN_CATEGORIES  # noqa: E402
+
+# one colour per category, the same in both profiler figures
+CATEGORY_COLORS = {"compute": "tab:green", "exposed_comm": "tab:red", "bubble": "tab:purple",
+                   "data_stall": "tab:orange", "other": "tab:gray", "hidden_comm": "tab:pink"}
+CATEGORY_LABELS = {"compute": "compute", "exposed_comm": "exposed comm", "bubble": "pipeline bubble",
+                   "data_stall": "data stall", "other": "other (memcpy, launch gaps, host)",
+                   "hidden_comm": "comm hidden under compute"}
 
 plt.rcParams.update({"svg.hashsalt": "report", "svg.fonttype": "none", "font.size": 9})
 
@@ -69,3 +76,50 @@ def write_figures(loss_curve: pd.DataFrame, step_times: pd.DataFrame, *, runs: l
         "loss": write_bytes_atomic(out_dir / "loss.svg", render_loss_figure(loss_curve, loss_floor_nats=loss_floor_nats)),
         "step_time": write_bytes_atomic(out_dir / "step_time.svg", render_step_time_figure(step_times, runs=runs)),
     }
+
+
+def render_breakdown_figure(summary: pd.DataFrame) -> bytes:
+    """Stacked horizontal bar per run: mean step interval split into BREAKDOWN_CATEGORIES.
+    summary: report.evidence.summarize_breakdown (columns run, <category>_s). -> SVG bytes."""
+    fig, ax = plt.subplots(figsize=(6.0, 0.6 + 0.45 * max(1, len(summary))))
+    runs = list(summary["run"])[::-1]
+    left = [0.0] * len(runs)
+    rows = summary.set_index("run").loc[runs] if runs else summary
+    for c in BREAKDOWN_CATEGORIES:
+        widths = [float(v) * 1e3 for v in rows[f"{c}_s"]] if runs else []
+        ax.barh(runs, widths, left=left, color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c], height=0.6)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_xlabel("mean step time on the profiled steps (ms)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(runs) < 3 else -0.2),
+              frameon=False)
+    return _svg(fig)
+
+
+def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str]) -> bytes:
+    """One representative step per run, ranks as rows: merged busy spans per category.
+    spans: TimelineSpanRow columns (run, rank, step, category, start_s, end_s). -> SVG bytes."""
+    present = [r for r in runs if (spans["run"] == r).any()]
+    num_rows = sum(int(spans.loc[spans["run"] == r, "rank"].nunique()) for r in present)
+    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, 0.6 + 0.32 * max(1, num_rows) + 0.35 * len(present)),
+                             squeeze=False)
+    for ax, run in zip(axes[:, 0], present):
+        df = spans[spans["run"] == run]
+        ranks = sorted(df["rank"].unique())
+        for y, rank in enumerate(ranks):
+            r = df[df["rank"] == rank]
+            for cat, c in r.groupby("category"):
+                lane = (y - 0.3, 0.6) if cat != "hidden_comm" else (y - 0.3, 0.15)
+                ax.broken_barh(list(zip(c["start_s"] * 1e3, (c["end_s"] - c["start_s"]) * 1e3)), lane,
+                               facecolors=CATEGORY_COLORS.get(cat, "black"))
+        step = int(df["step"].iloc[0])
+        ax.set_yticks(range(len(ranks)), [f"rank {k}" for k in ranks])
+        ax.set_title(f"{run} (step {step})", fontsize=8, loc="left")
+        ax.grid(alpha=0.3, axis="x")
+    axes[-1, 0].set_xlabel("ms from the step's start")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=CATEGORY_COLORS[c]) for c in CATEGORY_COLORS]
+    axes[-1, 0].legend(handles, [CATEGORY_LABELS[c] for c in CATEGORY_COLORS], fontsize=7, ncol=3,
+                       loc="upper center", bbox_to_anchor=(0.5, -0.6), frameon=False)
+    if not present:
+        axes[0, 0].text(0.5, 0.5, "no profiler timeline", ha="center", va="center", transform=axes[0, 0].transAxes)
+    return _svg(fig)

@@ -219,3 +219,57 @@ def rule_conditions(
             ev["max_params_unsharded"] = gpu_memory_gib * 2**30 / per_param
         out.append(Finding(kind="condition_model_size", evidence=ev))
     return out
+
+
+# ---------------------------------------------------------------- stage-2 knowledge map
+# One row per topic (issue 4): symptom, the campaign's own numbers, the tuning action and its
+# side effect. Rules pick the numbers; the template words each topic.
+KNOWLEDGE_MAP_TOPICS = ("nccl", "ddp", "zero", "tp_pp", "data", "kernels")
+
+
+def build_knowledge_map(
+    breakdown_rows: Sequence[Mapping[str, Any]],
+    summary_rows: Sequence[Mapping[str, Any]],
+    run_rows: Sequence[Mapping[str, Any]],
+    *,
+    kernel_rows: Sequence[Mapping[str, Any]] = (),
+    nccl_transports: Sequence[str] = (),
+) -> list[Finding]:
+    """One Finding per KNOWLEDGE_MAP_TOPICS (kind ``map_<topic>``) whose evidence holds this
+    campaign's numbers for the runs the topic concerns. breakdown_rows:
+    report.evidence.summarize_breakdown records (+ ``bubble_expected``); summary_rows /
+    run_rows: as build_findings (same order); kernel_rows: report.evidence.summarize_kernel_classes
+    records; nccl_transports: transport names seen in the runs' NCCL logs."""
+    by_run = {b["run"]: b for b in breakdown_rows}
+    runs = {r["run"]: r for r in run_rows}
+    summary = {s["run"]: s for s in summary_rows}
+    ddp = next((s for s in summary_rows if runs.get(s["run"], {}).get("strategy") == "ddp"
+                and s.get("step_time_median_s")), None)
+
+    def share(run: str, cat: str) -> float | None:
+        return by_run.get(run, {}).get(f"{cat}_share")
+
+    comm = [(r, share(r, "exposed_comm"), by_run[r]["hidden_comm_s"] / by_run[r]["step_time_s"]
+             if by_run[r]["step_time_s"] else None) for r in by_run]
+    out = [Finding(kind="map_nccl", runs=tuple(by_run), evidence={"transports": tuple(nccl_transports),
+                                                                  "comm": tuple(comm)})]
+    ddp_runs = [r for r in by_run if runs.get(r, {}).get("strategy") == "ddp"]
+    out.append(Finding(kind="map_ddp", runs=tuple(ddp_runs), evidence={"comm": tuple(c for c in comm if c[0] in ddp_runs)}))
+    zero = []
+    for r, row in runs.items():
+        if row.get("strategy") == "zero3" and summary.get(r, {}).get("step_time_median_s"):
+            ratio = (summary[r]["step_time_median_s"] / ddp["step_time_median_s"]) if ddp else None
+            zero.append((r, ratio, share(r, "exposed_comm"), share(r, "other"), summary[r].get("mem_peak_reserved_gib")))
+    out.append(Finding(kind="map_zero", runs=tuple(z[0] for z in zero),
+                       evidence={"runs": tuple(zero), "ddp_run": ddp["run"] if ddp else None,
+                                 "ddp_mem_peak_reserved_gib": ddp.get("mem_peak_reserved_gib") if ddp else None}))
+    tp_pp = [(r, runs[r].get("tp_degree"), runs[r].get("pp_degree"), share(r, "bubble"), by_run[r].get("bubble_expected"),
+              by_run[r].get("compute_imbalance"), share(r, "exposed_comm"))
+             for r in by_run if runs.get(r, {}).get("strategy") == "tp_pp"]
+    out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
+    data = [(r, share(r, "data_stall"), summary.get(r, {}).get("data_wait_median_s")) for r in by_run]
+    out.append(Finding(kind="map_data", runs=tuple(by_run), evidence={"runs": tuple(data)}))
+    kernels = [(k["run"], k.get("gemm_share"), k.get("attention_share"), k.get("elementwise_share"), k.get("top_kernel"),
+                k.get("top_kernel_share")) for k in kernel_rows]
+    out.append(Finding(kind="map_kernels", runs=tuple(k[0] for k in kernels), evidence={"runs": tuple(kernels)}))
+    return out

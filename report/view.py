@@ -18,10 +18,11 @@ import pandas as pd
 
 from ingest.io import Campaign
 from ingest.schema import RUN_STATUSES
+from report import evidence as ev
 from report import metrics
 from report.hardware import lookup_peak
 from report.placement import RunPlacement, compute_placements
-from report.rules import Finding, build_findings, rule_conditions
+from report.rules import Finding, build_findings, build_knowledge_map, rule_conditions
 from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
 
 NOT_MEASURED = "not measured yet"
@@ -174,6 +175,53 @@ class Figure:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BreakdownRow:
+    """Section 5, one run: mean seconds per analysed (rank, step) of each category on the
+    profiled steps, their shares, and the cross-checks (report.evidence)."""
+
+    run: str
+    timeline: str  # "gpu" | "cpu"
+    num_ranks: int
+    num_steps: int
+    step_time_s: float
+    recorded_step_time_s: float | None
+    sum_error: float | None
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    data_stall_s: float
+    other_s: float
+    compute_share: float | None
+    exposed_comm_share: float | None
+    bubble_share: float | None
+    data_stall_share: float | None
+    other_share: float | None
+    hidden_comm_s: float
+    idle_s: float
+    pp_degree: int
+    num_microbatches: int
+    bubble_expected: float | None  # (p-1)/(m+p-1) when pp_degree > 1
+    compute_imbalance: float | None
+    compute_min_rank: int | None
+    compute_max_rank: int | None
+    top_kernels: tuple[tuple[str, str, float], ...]  # (name, class, share of kernel time)
+    class_shares: tuple[tuple[str, float | None], ...]  # (kernel class, share)
+    profile_cost_s: float | None
+    profile_cost_share: float | None
+    export_s: float | None
+    nccl: tuple[str, ...]  # NCCL topology/transport lines from the run's rank logs
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvidenceSection:
+    rows: tuple[BreakdownRow, ...]
+    runs_without_trace: tuple[str, ...]
+    warnings: tuple[str, ...]
+    knowledge_map: tuple[Finding, ...]
+    straggler: tuple[Finding, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Note:
     title: str
     campaign: str
@@ -190,6 +238,7 @@ class Note:
     convention: str
     not_measured: str
     figures: tuple[Figure, ...]
+    evidence: EvidenceSection
     findings: tuple[Finding, ...]
     hang_ranks: tuple[HangRank, ...]
     placements: tuple[RunPlacement, ...]  # multi-node runs with a placement record
@@ -442,8 +491,48 @@ def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: 
     return out
 
 
+def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping[str, Any]],
+                   summary: Sequence[Mapping[str, Any]], findings: Sequence[Finding]) -> EvidenceSection:
+    """Section 5 from the trace tables (ingest.io.TraceTables or None when the source has no
+    traces: third-party folders, campaigns run before profiling)."""
+    straggler = tuple(f for f in findings if f.kind == "straggler")
+    if trace_tables is None:
+        return EvidenceSection(rows=(), runs_without_trace=tuple(r["run"] for r in runs), warnings=(),
+                               knowledge_map=(), straggler=straggler)
+    bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
+    classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
+    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta))}
+    by_name = {r["run"]: r for r in runs}
+    rows = []
+    for b in bd:
+        r = by_name.get(b["run"], {})
+        pp, m = int(r.get("pp_degree") or 1), int(r.get("num_microbatches") or 1)
+        b["bubble_expected"] = metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m) if pp > 1 else None
+        top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
+        k = classes.get(b["run"], {})
+        c = cost.get(b["run"], {})
+        rows.append(BreakdownRow(
+            **{f: b[f] for f in ("run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s",
+                                 "sum_error", "compute_s", "exposed_comm_s", "bubble_s", "data_stall_s", "other_s",
+                                 "compute_share", "exposed_comm_share", "bubble_share", "data_stall_share",
+                                 "other_share", "hidden_comm_s", "idle_s", "compute_imbalance", "compute_min_rank",
+                                 "compute_max_rank", "bubble_expected")},
+            pp_degree=pp, num_microbatches=m,
+            top_kernels=tuple((t["name"], t["kernel_class"], t["share"]) for t in top),
+            class_shares=tuple((cls, k.get(f"{cls}_share")) for cls in ("gemm", "attention", "elementwise", "comm",
+                                                                        "memory", "other")),
+            profile_cost_s=c.get("cost_s"), profile_cost_share=c.get("share"), export_s=c.get("export_s"),
+            nccl=tuple(trace_tables.nccl.get(b["run"], ())),
+        ))
+    transports = tuple(sorted({t for lines in trace_tables.nccl_transports.values() for t in lines}))
+    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports)
+    traced = {b["run"] for b in bd}
+    return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
+                           warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler)
+
+
 def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = metrics.DEFAULT_CONVENTION,
-               thresholds: Mapping[str, float] | None = None) -> Note:
+               thresholds: Mapping[str, float] | None = None, trace_tables: Any = None) -> Note:
     """The whole note's view-model. Raises KeyError only on a campaign.json without ``fixed``
     (ingest rejects those first)."""
     info, fixed = campaign.campaign, campaign.campaign["fixed"]
@@ -483,13 +572,15 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     on_gpu = any(r["device"] == "cuda" for r in runs)
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
+    findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds))
     return Note(
         title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
         tool_version=info.get("tool_version"), tool_git_commit=commit, per_unit="GPU" if on_gpu else "process",
         env=env, model=model, configs=tuple(build_config(r) for r in runs),
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
-        findings=tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds)),
+        evidence=build_evidence(trace_tables, campaign, runs, summary, findings),
+        findings=findings,
         hang_ranks=build_hang_ranks(runs), placements=placements,
         conditions=tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
                                          num_params=model.num_params[0] if model.num_params else None,
