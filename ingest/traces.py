@@ -85,6 +85,7 @@ _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 _HOST_CATS = frozenset({"cpu_op", "user_annotation"})
 _STEP_PREFIX = "ProfilerStep#"
 NS_PER_US = 1000
+_MAX_US = 1e15  # |ts|, dur bound (31 years): differences stay inside int64 nanoseconds
 
 
 # --- streaming reader ---------------------------------------------------------------------------
@@ -277,6 +278,8 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
         try:
             ts = float(ev["ts"])
             dur = float(ev.get("dur", 0.0))
+            if not (-_MAX_US < ts < _MAX_US and 0.0 <= dur < _MAX_US):  # also rejects NaN
+                raise ValueError(ts, dur)
             if cat in _LAUNCH_CATS:
                 corr = ev["args"]["correlation"]
                 lts(ts)
@@ -399,7 +402,7 @@ class TraceBreakdown:
     """Result of ``compute_step_breakdown`` for one rank's trace.
 
     steps: one StepBreakdownRow per analysed step, by step number. kernels: one KernelSummaryRow
-    per kernel (GPU) or leaf host op (CPU) name, by total time descending. spans: TimelineSpanRow
+    per kernel (GPU) or leaf host op (CPU) name, by total time descending, then name. spans: TimelineSpanRow
     of the representative (median-duration) step. timeline: "gpu", "cpu" or None (nothing to
     analyse). warnings: why steps or events were left out (caveats for the note).
     """
@@ -445,7 +448,7 @@ def _kernel_rows(*, run: str, rank: int, names: list[str], classes: list[str], n
     calls = np.bincount(name_ids, minlength=len(names))
     total = np.bincount(name_ids, weights=dur_ns.astype(np.float64), minlength=len(names))
     used = np.flatnonzero(calls)
-    used = used[np.lexsort((used, -total[used]))]
+    used = sorted(used.tolist(), key=lambda i: (-total[i], names[i]))
     return tuple(KernelSummaryRow(run=run, rank=rank, name=names[i], kernel_class=classes[i],
                                   num_calls=int(calls[i]), total_s=float(total[i]) / 1e9, num_steps=num_steps)
                  for i in used)
