@@ -247,3 +247,41 @@ def test_cpu_gloo_ddp_wait_on_worker_thread_is_exposed_comm():
     assert [round(s.exposed_comm_s * 1e3, 3) for s in r.steps] == [8.91, 1.296, 10.744, 3.455]
     assert [round(s.hidden_comm_s * 1e3, 3) for s in r.steps] == [0.598, 1.257, 0.913, 0.21]
     assert all(s.bubble_s == 0 for s in r.steps)
+
+
+# --- agreement with HolisticTraceAnalysis on real GPU trace windows -----------------------------
+
+GPU_WINDOWS = sorted(TRACES.glob("h200_*.json.gz"))
+
+
+def hta_breakdown(path: Path, tmp_path: Path, monkeypatch, *, rounding: bool) -> dict:
+    """HTA's temporal breakdown of one trace file, in percent of its kernel time."""
+    hta_analysis = pytest.importorskip("hta.trace_analysis")
+    trace_dir = tmp_path / ("rounded" if rounding else "exact")
+    trace_dir.mkdir()
+    (trace_dir / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "0" if rounding else "1")
+    row = hta_analysis.TraceAnalysis(trace_dir=str(trace_dir)).get_temporal_breakdown(visualize=False).iloc[0]
+    total = row["kernel_time(us)"]
+    return {c: 100 * row[f"{c}_time(us)"] / total for c in ("compute", "non_compute", "idle")}
+
+
+def ours_percent(path: Path) -> dict:
+    r = compute_step_breakdown(open_trace_events(path), run="r", rank=0, pp_degree=1)
+    total = sum(s.step_time_s for s in r.steps)
+    compute, idle = sum(s.compute_s for s in r.steps), sum(s.idle_s for s in r.steps)
+    # HTA non_compute = comm/memory/other kernels not under compute = our exposed_comm + the
+    # busy part of other (exposed memcpy/memset): step time - compute - idle
+    return {"compute": 100 * compute / total, "idle": 100 * idle / total,
+            "non_compute": 100 * (total - compute - idle) / total}
+
+
+@pytest.mark.parametrize("path", GPU_WINDOWS, ids=lambda p: p.name)
+def test_agrees_with_hta_temporal_breakdown(path, tmp_path, monkeypatch):
+    ours = ours_percent(path)
+    # same timestamps (HTA's ceil/floor to whole us disabled): the same numbers
+    exact = hta_breakdown(path, tmp_path, monkeypatch, rounding=False)
+    assert {c: round(v, 2) for c, v in ours.items()} == {c: round(v, 2) for c, v in exact.items()}
+    # HTA's defaults: within one percentage point per category
+    rounded = hta_breakdown(path, tmp_path, monkeypatch, rounding=True)
+    assert all(abs(ours[c] - rounded[c]) <= 1.0 for c in ours), (ours, rounded)
