@@ -84,6 +84,7 @@ _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 _HOST_CATS = frozenset({"cpu_op", "user_annotation"})
 _STEP_PREFIX = "ProfilerStep#"
+_EVENT_KEYS = frozenset({"ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "id", "bp", "s"})
 NS_PER_US = 1000
 _MAX_US = 1e15  # |ts|, dur bound (31 years): differences stay inside int64 nanoseconds
 
@@ -137,7 +138,11 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
     head = fp.read(1 << 16)
     stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     src = _HeadThenRest(head, fp)
-    if stripped.startswith(b"[") or (stripped.startswith(b"{") and re.search(rb'"traceEvents"\s*:', head)):
+    first_key = re.match(rb'\{\s*"([^"\\]{0,64})"', stripped)
+    # an object whose first key is not an event field is a trace document (Kineto writes
+    # schemaVersion, deviceProperties, distributedInfo... before traceEvents)
+    document = first_key is not None and first_key.group(1).decode("ascii", "replace") not in _EVENT_KEYS
+    if stripped.startswith(b"[") or document or re.search(rb'"traceEvents"\s*:', head):
         counts.reader = "ijson"
         prefix = "item" if stripped.startswith(b"[") else "traceEvents.item"
         try:

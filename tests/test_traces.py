@@ -285,3 +285,12 @@ def test_agrees_with_hta_temporal_breakdown(path, tmp_path, monkeypatch):
     # HTA's defaults: within one percentage point per category
     rounded = hta_breakdown(path, tmp_path, monkeypatch, rounding=True)
     assert all(abs(ours[c] - rounded[c]) <= 1.0 for c in ours), (ours, rounded)
+
+
+def test_reader_document_with_late_trace_events_key_streams():
+    """traceEvents after >64 KiB of header (many process groups) is still streamed, not read whole."""
+    doc = {"schemaVersion": 1, "distributedInfo": {"pg_config": ["x" * 100] * 1000},
+           "traceEvents": [{"ph": "X", "name": "a"}]}
+    counts = TraceReadCounts()
+    assert read(json.dumps(doc).encode(), counts) == [{"ph": "X", "name": "a"}]
+    assert counts.reader == "ijson"
