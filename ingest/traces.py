@@ -461,6 +461,7 @@ def _kernel_rows(*, run: str, rank: int, names: list[str], classes: list[str], n
 
 def _span_rows(*, run: str, rank: int, step: int, lo: int, hi: int,
                sets: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> tuple[TimelineSpanRow, ...]:
+    assert set(sets) == {*BREAKDOWN_CATEGORIES, "hidden_comm"}, sorted(sets)
     spans = {cat: _clip(s, lo, hi) for cat, s in sets.items()}
     spans = _coarsen(spans, max_spans)
     rows = []
