@@ -382,3 +382,31 @@ def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> 
             return f.read(num_chars)
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_trace_events(path: str | os.PathLike[str], *, counts=None):
+    """Yield the events of a Chrome trace file (torch.profiler / Kineto, NCCL profiler plugin,
+    pasted fragments), streamed: gzip is detected by its magic bytes (1f 8b), not by the name.
+
+    counts: an ``ingest.traces.TraceReadCounts`` to receive events read, items skipped and
+    truncation. Raises ParseError if the file cannot be opened or is a corrupt gzip stream.
+    """
+    import gzip
+
+    from ingest.traces import iter_trace_events
+
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
+    with raw:
+        magic = raw.read(2)
+        raw.seek(0)
+        fp = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
+        try:
+            yield from iter_trace_events(fp, counts=counts)
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise ParseError(f"{path}: corrupt gzip stream ({e}); re-copy the trace") from None

@@ -1,0 +1,734 @@
+"""Step-time breakdown from torch.profiler (Kineto) Chrome traces, one trace per rank.
+
+Records in, records out: ``iter_trace_events`` turns a binary stream of a Chrome trace into event
+dicts (streamed with ijson, never the whole file in memory); ``compute_step_breakdown`` reduces
+those events to ``StepBreakdownRow`` / ``KernelSummaryRow`` / ``TimelineSpanRow`` records
+(ingest/schema.py). Files are opened only by ``ingest.io.open_trace_events``.
+
+Two timelines:
+
+* **GPU** (the trace has ``kernel`` / ``gpu_memcpy`` / ``gpu_memset`` events): every GPU event is
+  assigned to the profiler step whose CPU ``ProfilerStep#k`` range holds the CUDA runtime/driver
+  call that launched it (matched by ``args.correlation``); the last ProfilerStep is dropped, as
+  HolisticTraceAnalysis does (hta/common/trace.py ``_filter_irrelevant_gpu_kernels``) because its
+  kernels may run past the end of the trace. Kernel classes follow HTA's hta/utils/utils.py
+  (``get_kernel_type``: communication = ``^nccl.*Kernel``, memory = ``^Memcpy|^Memset|^dma``,
+  computation = neither and not matching ``NCCL_COMPUTE_KERNEL_RE``; the remainder, e.g. names
+  holding ``Sync``, are "other" kernels that count as busy but neither compute nor comm).
+* **CPU** (no GPU events: gloo runs): the host ops of the thread that records ``ProfilerStep#k``.
+
+Deliberately not here: opening files, plotting, rounding, and any per-collective analysis
+(ingest/thirdparty.py and the NCCL parsers own that). Times are integer nanoseconds internally
+(exact partition arithmetic) and seconds in the records.
+"""
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from dataclasses import dataclass, field
+from typing import IO, Any, Iterable, Iterator
+
+import numpy as np
+
+from ingest.schema import BREAKDOWN_CATEGORIES, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+
+# --- patterns (one table; a new kernel family is one line) -----------------------------------
+
+# HTA hta/utils/utils.py, verbatim: NCCL_KERNEL_RE, MEMORY_KERNEL_RE, NCCL_COMPUTE_KERNEL_RE.
+COMM_KERNEL_RE = re.compile(r"^nccl.*Kernel")
+MEMORY_KERNEL_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+NON_COMPUTE_KERNEL_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+# Point-to-point NCCL kernels (pipeline activations): ncclKernel_SendRecv_*, ncclDevKernel_SendRecv,
+# ncclKernel_Send*/Recv*.
+P2P_KERNEL_RE = re.compile(r"SendRecv|Send|Recv")
+
+# KernelSummaryRow.kernel_class, first match wins (comm and memory as above, then):
+#  attention: FlashAttention (flash_fwd/bwd, flash::), xFormers/cutlass "fmha", cuDNN SDPA
+#    ("cudnn_generated_fort_native_sdpa", "sdpa"), PyTorch mem-efficient attention
+#    ("_efficient_attention", "attention_kernel"), Megatron fused softmax of attention scores
+#    ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax").
+#  gemm: cuBLAS/cuBLASLt/CUTLASS matmuls: "gemm", "gemv", "cutlass", "cublas", "xmma"
+#    (sm80/sm90_xmma_*), "nvjet" (Hopper cuBLAS), "wgmma", "matmul", "splitKreduce".
+#  elementwise: PyTorch TensorIterator and friends: "elementwise", "vectorized", "unrolled",
+#    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm, (log)softmax,
+#    dropout, fills/copies/index/cat/scatter/gather, fused optimizers ("multi_tensor_apply").
+KERNEL_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("comm", COMM_KERNEL_RE),
+    ("memory", MEMORY_KERNEL_RE),
+    ("attention", re.compile(
+        r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang", re.I)),
+    ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|matmul|splitKreduce", re.I)),
+    ("elementwise", re.compile(
+        r"elementwise|vectorized|unrolled|reduce|pointwise|triton_(poi|red|per)|norm|softmax|"
+        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam", re.I)),
+)
+# Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names.
+HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("comm", re.compile(r"^(c10d::|_?c10d_functional::|gloo:|nccl:|record_param_comms)")),
+    ("memory", re.compile(r"^aten::(copy_|to|_to_copy|empty|empty_strided|clone|zero_|zeros)$")),
+    ("attention", re.compile(r"attention|scaled_dot_product|flash", re.I)),
+    ("gemm", re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$")),
+    ("elementwise", re.compile(r"^aten::")),
+)
+
+# CPU timeline: communication ops of the training thread (gloo / c10d / functional collectives,
+# the profiler's record_param_comms) and, on other threads, the gloo worker ranges
+# ("gloo:all_reduce" on pt_gloo_runloop threads). P2P: send/recv (pipeline stages).
+CPU_COMM_RE = HOST_CLASS_PATTERNS[0][1]
+CPU_P2P_RE = re.compile(r"send|recv", re.I)
+CPU_COMPUTE_RANGES = frozenset({"forward", "backward", "optimizer"})
+DATA_RANGE = "data"
+
+_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+_HOST_CATS = frozenset({"cpu_op", "user_annotation"})
+_STEP_PREFIX = "ProfilerStep#"
+_EVENT_KEYS = frozenset({"ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "id", "bp", "s"})
+NS_PER_US = 1000
+_MAX_US = 1e15  # |ts|, dur bound (31 years): differences stay inside int64 nanoseconds
+
+
+# --- streaming reader ---------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class TraceReadCounts:
+    """Filled in by ``iter_trace_events`` while it streams (mutable on purpose: the generator
+    reports into it). num_events: dicts yielded; num_skipped: items or fragments that were not a
+    JSON object; truncated: the stream ended inside the JSON (crashed writer, cut file);
+    reader: "ijson" or "lines" (fragment fallback)."""
+
+    num_events: int = 0
+    num_skipped: int = 0
+    truncated: bool = False
+    reader: str = ""
+
+
+class _HeadThenRest:
+    """A read()-able that replays ``head`` before the rest of ``fp`` (we sniff the format)."""
+
+    def __init__(self, head: bytes, fp: IO[bytes]):
+        self._head, self._fp = head, fp
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n is None or n < 0:
+                out, self._head = self._head + self._fp.read(), b""
+                return out
+            out, self._head = self._head[:n], self._head[n:]
+            return out
+        return self._fp.read(n)
+
+
+def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the events (JSON objects) of a Chrome trace read from the binary stream ``fp``.
+
+    Accepts the object form ``{"traceEvents": [...], ...}`` (Kineto), the bare array form
+    ``[{...}, ...]`` with or without its closing ``]`` (NCCL profiler plugin), and fragments:
+    one or more event objects separated by commas, possibly with a trailing ``},``. Objects are
+    streamed with ijson (C backend, floats as float); fragments use a line-wise reader that
+    splits at top-level braces. Never raises on content: items that are not objects and
+    fragments that are not JSON are counted in ``counts.num_skipped``; a stream that ends
+    inside the JSON sets ``counts.truncated`` (the events before the cut are yielded).
+    Raises only what ``fp.read`` raises (OSError, gzip.BadGzipFile).
+    """
+    import ijson  # imported here so that importing this module stays cheap
+
+    counts = counts if counts is not None else TraceReadCounts()
+    head = fp.read(1 << 16)
+    stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    src = _HeadThenRest(head, fp)
+    first_key = re.match(rb'\{\s*"([^"\\]{0,64})"', stripped)
+    # an object whose first key is not an event field is a trace document (Kineto writes
+    # schemaVersion, deviceProperties, distributedInfo... before traceEvents)
+    document = first_key is not None and first_key.group(1).decode("ascii", "replace") not in _EVENT_KEYS
+    if stripped.startswith(b"[") or document or re.search(rb'"traceEvents"\s*:', head):
+        counts.reader = "ijson"
+        prefix = "item" if stripped.startswith(b"[") else "traceEvents.item"
+        try:
+            for item in ijson.items(src, prefix, use_float=True):
+                if isinstance(item, dict):
+                    counts.num_events += 1
+                    yield item
+                else:
+                    counts.num_skipped += 1
+        except ijson.JSONError:
+            counts.truncated = True
+        return
+    counts.reader = "lines"
+    yield from _iter_fragment_events(src, counts)
+
+
+def _brace_delta(line: str, in_string: bool) -> tuple[int, bool]:
+    """Net ``{``/``[`` minus ``}``/``]`` outside strings on one line, and the string state after it."""
+    depth, escaped = 0, False
+    for ch in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+    return depth, in_string
+
+
+def _iter_fragment_events(src: _HeadThenRest, counts: TraceReadCounts) -> Iterator[dict[str, Any]]:
+    """Line-wise reader for pasted fragments: accumulate lines until braces balance, strip the
+    separating comma, json-decode. A leading unmatched ``[`` (array without ``]``) is ignored."""
+    buf: list[str] = []
+    depth, in_string, rest = 0, False, b""
+
+    def flush(text: str) -> Iterator[dict[str, Any]]:
+        text = text.strip().strip(",").strip()
+        if not text or text in ("[", "]"):
+            return
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            counts.num_skipped += 1
+            return
+        items = obj.get("traceEvents") if isinstance(obj, dict) and "traceEvents" in obj else [obj]
+        for item in items if isinstance(items, list) else [items]:
+            if isinstance(item, dict):
+                counts.num_events += 1
+                yield item
+            else:
+                counts.num_skipped += 1
+
+    while True:
+        chunk = src.read(1 << 20)
+        data = rest + chunk
+        lines = data.split(b"\n")
+        rest = lines.pop() if chunk else b""
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            if depth == 0 and not buf:
+                s = line.strip()
+                if s.startswith("[") and not s.startswith("[{"):  # opening of a bare array
+                    line = s[1:]
+                elif s in ("]", "],", ""):
+                    continue
+            delta, in_string = _brace_delta(line, in_string)
+            depth += delta
+            buf.append(line)
+            if depth <= 0:
+                yield from flush("\n".join(buf))
+                buf, depth, in_string = [], 0, False
+        if not chunk:
+            break
+    if buf and "".join(buf).strip():
+        counts.truncated = True
+        counts.num_skipped += 1
+
+
+# --- collection: one pass over the events, keep only what the analysis needs -------------------
+
+class _Names:
+    """Interns event names to small ints (arrays hold ids, not strings)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def id(self, name: str) -> int:
+        i = self.ids.get(name)
+        if i is None:
+            i = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+
+@dataclass
+class _Collected:
+    names: _Names = field(default_factory=_Names)
+    # GPU events: start (us, float), duration (us), launch correlation (-1: none), name id
+    # (array.array: 8 bytes a value instead of a Python float object and a list slot)
+    g_ts: array = field(default_factory=lambda: array("d"))
+    g_dur: array = field(default_factory=lambda: array("d"))
+    g_corr: array = field(default_factory=lambda: array("q"))
+    g_name: array = field(default_factory=lambda: array("q"))
+    # CUDA runtime/driver launches: start (us), correlation
+    l_ts: array = field(default_factory=lambda: array("d"))
+    l_corr: array = field(default_factory=lambda: array("q"))
+    # host ops (cpu_op/user_annotation): start, duration, thread, name id, is-annotation
+    h_ts: array = field(default_factory=lambda: array("d"))
+    h_dur: array = field(default_factory=lambda: array("d"))
+    h_tid: array = field(default_factory=lambda: array("q"))
+    h_name: array = field(default_factory=lambda: array("q"))
+    h_annot: array = field(default_factory=lambda: array("b"))
+    # ProfilerStep#k ranges: (k, start, end, tid)
+    steps: list[tuple[int, float, float, int]] = field(default_factory=list)
+    num_ignored: int = 0
+
+
+def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
+    c = _Collected()
+    gts, gdur, gcorr, gname = c.g_ts.append, c.g_dur.append, c.g_corr.append, c.g_name.append
+    lts, lcorr = c.l_ts.append, c.l_corr.append
+    hts, hdur, htid, hname, hannot = (c.h_ts.append, c.h_dur.append, c.h_tid.append, c.h_name.append,
+                                      c.h_annot.append)
+    intern = c.names.id
+    tids: dict[Any, int] = {}
+    for ev in events:
+        cat = ev.get("cat")
+        if ev.get("ph") != "X" or cat is None:
+            continue
+        try:
+            ts = float(ev["ts"])
+            dur = float(ev.get("dur", 0.0))
+            if not (-_MAX_US < ts < _MAX_US and 0.0 <= dur < _MAX_US):  # also rejects NaN
+                raise ValueError(ts, dur)
+            if cat in _LAUNCH_CATS:
+                corr = ev["args"]["correlation"]
+                lts(ts)
+                lcorr(int(corr))
+            elif cat in _GPU_CATS:
+                args = ev.get("args") or {}
+                gts(ts)
+                gdur(dur)
+                gcorr(int(args.get("correlation", -1)))
+                gname(intern(str(ev["name"])))
+            elif cat in _HOST_CATS:
+                name = str(ev["name"])
+                tid = ev.get("tid")
+                t = tids.get(tid)
+                if t is None:
+                    t = tids[tid] = len(tids)
+                if name.startswith(_STEP_PREFIX):
+                    c.steps.append((int(name[len(_STEP_PREFIX):]), ts, ts + dur, t))
+                    continue
+                hts(ts)
+                hdur(dur)
+                htid(t)
+                hname(intern(name))
+                hannot(cat == "user_annotation")
+        except (KeyError, TypeError, ValueError, OverflowError):
+            c.num_ignored += 1
+    return c
+
+
+# --- interval algebra on int64 nanoseconds (sorted, disjoint, half-open [s, e)) ------------------
+
+_I64 = np.int64
+_EMPTY = (np.zeros(0, _I64), np.zeros(0, _I64))
+_NEG, _POS = np.iinfo(np.int64).min // 4, np.iinfo(np.int64).max // 4
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge possibly overlapping intervals into sorted disjoint ones (touching ones fuse)."""
+    keep = ends > starts
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return _EMPTY
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(s.size, bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], reach[last]
+
+
+def _union_of(*sets: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return _union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
+
+
+def _intersect(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Intersection of two sorted disjoint interval sets (a sweep over the 4 boundary kinds)."""
+    if a[0].size == 0 or b[0].size == 0:
+        return _EMPTY
+    pos = np.concatenate([a[0], b[0], a[1], b[1]])
+    delta = np.concatenate([np.ones(a[0].size + b[0].size, np.int8), -np.ones(a[1].size + b[1].size, np.int8)])
+    order = np.lexsort((delta, pos))  # at equal positions ends (-1) first: half-open intervals
+    pos, depth = pos[order], np.cumsum(delta[order])
+    both = np.flatnonzero(depth[:-1] == 2)
+    return _union(pos[both], pos[both + 1])
+
+
+def _complement(a: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    s = np.concatenate([[_NEG], a[1]]).astype(_I64)
+    e = np.concatenate([a[0], [_POS]]).astype(_I64)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def _minus(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    if a[0].size == 0 or b[0].size == 0:
+        return a
+    return _intersect(a, _complement(b))
+
+
+def _measure(a: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """|a ∩ [lo_i, hi_i)| for each window i (ns), vectorised: F(hi) - F(lo), F(t) = |a ∩ (-inf, t)|."""
+    lo, hi = np.asarray(lo, _I64), np.asarray(hi, _I64)
+    s, e = a
+    if s.size == 0:
+        return np.zeros(lo.shape, _I64)
+    cum = np.concatenate([[0], np.cumsum(e - s)])
+
+    def f(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(s, t, side="right") - 1
+        ic = np.maximum(i, 0)
+        inside = np.clip(t - s[ic], 0, e[ic] - s[ic])
+        return np.where(i >= 0, cum[ic] + inside, 0)
+
+    return np.maximum(f(hi) - f(lo), 0)
+
+
+def _clip(a: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    return _intersect(a, (np.array([lo], _I64), np.array([hi], _I64)))
+
+
+def _coarsen(spans: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Merge gaps shorter than a doubling threshold (1 us, 2 us, ...) until <= max_spans spans
+    remain in all categories together. Display only: the merged spans over-cover by the gaps."""
+    gap = 1000
+    while sum(s.size for s, _ in spans.values()) > max_spans:
+        spans = {k: _union(s, e + gap) if s.size else (s, e) for k, (s, e) in spans.items()}
+        spans = {k: (s, e - gap) for k, (s, e) in spans.items()}
+        gap *= 2
+    return spans
+
+
+# --- analysis -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class TraceBreakdown:
+    """Result of ``compute_step_breakdown`` for one rank's trace.
+
+    steps: one StepBreakdownRow per analysed step, by step number. kernels: one KernelSummaryRow
+    per kernel (GPU) or leaf host op (CPU) name, by total time descending, then name. spans: TimelineSpanRow
+    of the representative (median-duration) step. timeline: "gpu", "cpu" or None (nothing to
+    analyse). warnings: why steps or events were left out (caveats for the note).
+    """
+
+    steps: tuple[StepBreakdownRow, ...]
+    kernels: tuple[KernelSummaryRow, ...]
+    spans: tuple[TimelineSpanRow, ...]
+    timeline: str | None
+    warnings: tuple[str, ...] = ()
+
+
+def _ns(us: np.ndarray, base: float) -> np.ndarray:
+    return np.rint((us - base) * NS_PER_US).astype(_I64)
+
+
+def _profiler_steps(c: _Collected) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+    """ProfilerStep#k ranges of the training thread (the thread holding most of them): step
+    numbers, starts and ends (us, float), sorted by start; one range per step number."""
+    if not c.steps:
+        return np.zeros(0, _I64), np.zeros(0), np.zeros(0), None
+    tids = [t for *_, t in c.steps]
+    tid = max(set(tids), key=tids.count)
+    seen: dict[int, tuple[float, float]] = {}
+    for k, s, e, t in c.steps:
+        if t == tid and k not in seen:
+            seen[k] = (s, e)
+    rows = sorted(seen.items(), key=lambda kv: kv[1][0])
+    return (np.array([k for k, _ in rows], _I64), np.array([v[0] for _, v in rows]),
+            np.array([v[1] for _, v in rows]), tid)
+
+
+def _classify(names: list[str], table: tuple[tuple[str, re.Pattern[str]], ...]) -> list[str]:
+    out = []
+    for name in names:
+        out.append(next((cls for cls, pat in table if pat.search(name)), "other"))
+    return out
+
+
+def _kernel_rows(*, run: str, rank: int, names: list[str], classes: list[str], name_ids: np.ndarray,
+                 dur_ns: np.ndarray, num_steps: int) -> tuple[KernelSummaryRow, ...]:
+    if name_ids.size == 0:
+        return ()
+    calls = np.bincount(name_ids, minlength=len(names))
+    total = np.bincount(name_ids, weights=dur_ns.astype(np.float64), minlength=len(names))
+    used = np.flatnonzero(calls)
+    used = sorted(used.tolist(), key=lambda i: (-total[i], names[i]))
+    return tuple(KernelSummaryRow(run=run, rank=rank, name=names[i], kernel_class=classes[i],
+                                  num_calls=int(calls[i]), total_s=float(total[i]) / 1e9, num_steps=num_steps)
+                 for i in used)
+
+
+def _span_rows(*, run: str, rank: int, step: int, lo: int, hi: int,
+               sets: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> tuple[TimelineSpanRow, ...]:
+    assert set(sets) == {*BREAKDOWN_CATEGORIES, "hidden_comm"}, sorted(sets)
+    spans = {cat: _clip(s, lo, hi) for cat, s in sets.items()}
+    spans = _coarsen(spans, max_spans)
+    rows = []
+    for cat, (s, e) in spans.items():
+        for a, b in zip(((s - lo) / 1e9).tolist(), ((e - lo) / 1e9).tolist()):
+            rows.append(TimelineSpanRow(run=run, rank=rank, step=step, category=cat, start_s=a, end_s=b))
+    rows.sort(key=lambda r: (r.start_s, r.category))
+    return tuple(rows)
+
+
+def _median_index(durations: np.ndarray) -> int:
+    """Index of the lower-median duration (a real step, not an average of two)."""
+    order = np.argsort(durations, kind="stable")
+    return int(order[(durations.size - 1) // 2])
+
+
+def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: int, pp_degree: int,
+                           max_spans: int = 2000) -> TraceBreakdown:
+    """Where each profiled step's time went on one rank: GPU timeline if the trace has GPU
+    events, else the CPU timeline of the training thread.
+
+    events: the trace's event dicts (``iter_trace_events``), consumed once; only GPU events,
+    launch (runtime/driver) calls and host ops are kept, as flat arrays. pp_degree: the run's
+    pipeline degree; bubble_s is 0 unless pp_degree > 1. max_spans: cap on TimelineSpanRow
+    records (gaps below a doubling threshold, from 1 us, are merged until it holds).
+
+    GPU step k (launched inside ProfilerStep#k; the last ProfilerStep is dropped as in HTA):
+    interval [first GPU event start of k, first GPU event start of the next analysed step); the
+    last analysed step ends at the last end of any analysed GPU event. Sets over all analysed
+    GPU events, clipped to the interval: C = compute kernels, M = comm (``^nccl.*Kernel``),
+    P = P2P comm kernels, A = all, D = host ``data`` ranges. Then compute = |C|,
+    exposed_comm = |M \\ C| - bubble's P2P part, hidden_comm = |M ∩ C|, idle = |W \\ A|,
+    data_stall = |(W \\ A) ∩ D|, bubble (pp > 1) = |P \\ C| + |(R \\ A) \\ D| with R the span
+    from the step's first to its last compute kernel, other = the rest (exposed memcpy/memset,
+    other kernels, idle outside R and the data range). Summed over the steps, compute and idle
+    equal HTA's get_temporal_breakdown (hta/analyzers/breakdown_analysis.py) compute_time and
+    idle_time, and step_time - compute - idle its non_compute_time (up to HTA's rounding of
+    timestamps to whole microseconds).
+
+    CPU step k: the ProfilerStep#k range W on the training thread. comm = the thread's
+    communication ops (CPU_COMM_RE) plus gloo worker-thread comm ranges while the training
+    thread runs no op (a blocked wait, as DDP's reducer does); on pp ranks the send/recv part
+    of comm is bubble; data_stall = the ``data`` range; compute = forward/backward/optimizer
+    ranges minus comm and data; other = the rest. hidden_comm = worker-thread comm while the
+    training thread runs an op; idle = time the training thread runs no op.
+
+    Never raises on content: steps without events and malformed events become warnings.
+    Returns TraceBreakdown (times in seconds).
+    """
+    if pp_degree < 1:
+        raise ValueError(f"pp_degree must be >= 1, got {pp_degree}")
+    c = _collect(events)
+    warnings: list[str] = []
+    if c.num_ignored:
+        warnings.append(f"{c.num_ignored} complete events without usable ts/dur/name/args were ignored")
+    step_k, step_s, step_e, tid = _profiler_steps(c)
+    if step_k.size == 0:
+        warnings.append("no ProfilerStep#<k> range in the trace: cannot split it into steps "
+                        "(profile with torch.profiler's schedule and call prof.step())")
+        return TraceBreakdown(steps=(), kernels=(), spans=(), timeline=None, warnings=tuple(warnings))
+    if len(c.g_ts):
+        return _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
+                              max_spans=max_spans, warnings=warnings)
+    return _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
+                          max_spans=max_spans, warnings=warnings)
+
+
+def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e: np.ndarray, *,
+                   run: str, rank: int, pp_degree: int, max_spans: int, warnings: list[str]) -> TraceBreakdown:
+    g_ts, g_dur = np.frombuffer(c.g_ts, np.float64), np.frombuffer(c.g_dur, np.float64)
+    g_corr, g_name = np.frombuffer(c.g_corr, np.int64), np.frombuffer(c.g_name, np.int64)
+    l_ts, l_corr = np.frombuffer(c.l_ts, np.float64), np.frombuffer(c.l_corr, np.int64)
+    if step_k.size > 1:  # HTA: kernels of the last ProfilerStep may be cut off by the trace end
+        step_k, step_s, step_e = step_k[:-1], step_s[:-1], step_e[:-1]
+    else:
+        warnings.append("only one ProfilerStep in the trace; it is analysed although its last "
+                        "kernels may be cut off (HTA warns the same)")
+    # launch time of each GPU event via its correlation id
+    order = np.argsort(l_corr, kind="stable")
+    lc, lt = l_corr[order], l_ts[order]
+    pos = np.clip(np.searchsorted(lc, g_corr), 0, max(lc.size - 1, 0))
+    matched = (lc.size > 0) & (lc[pos] == g_corr) if lc.size else np.zeros(g_corr.size, bool)
+    launch = np.where(matched, lt[pos] if lc.size else 0.0, np.nan)
+    # the step whose ProfilerStep range holds the launch
+    si = np.searchsorted(step_s, launch, side="right") - 1
+    sic = np.maximum(si, 0)
+    in_step = matched & (si >= 0) & (launch < step_e[sic])
+    num_unlaunched = int((~matched).sum())
+    if num_unlaunched:
+        warnings.append(f"{num_unlaunched} GPU events have no launch (correlation) in the trace; left out")
+    num_outside = int((matched & ~in_step).sum())
+    if num_outside:
+        warnings.append(f"{num_outside} GPU events were launched outside the analysed ProfilerSteps "
+                        "(before the first, or in the last one); left out as in HTA")
+    if not in_step.any():
+        warnings.append("no GPU event was launched inside an analysed ProfilerStep")
+        return TraceBreakdown(steps=(), kernels=(), spans=(), timeline="gpu", warnings=tuple(warnings))
+    ev_step, ts_us, dur_us, name = sic[in_step], g_ts[in_step], g_dur[in_step], g_name[in_step]
+    base = float(ts_us.min())
+    start = _ns(ts_us, base)
+    end = start + np.maximum(np.rint(dur_us * NS_PER_US).astype(_I64), 0)
+
+    names = c.names.names
+    is_comm = np.array([bool(COMM_KERNEL_RE.match(n)) for n in names], bool)
+    is_mem = np.array([bool(MEMORY_KERNEL_RE.match(n)) for n in names], bool)
+    is_compute = np.array([not NON_COMPUTE_KERNEL_RE.match(n) for n in names], bool) & ~is_comm & ~is_mem
+    is_p2p = is_comm & np.array([bool(P2P_KERNEL_RE.search(n)) for n in names], bool)
+
+    # analysed steps: those that launched at least one GPU event, in step order
+    used = np.unique(ev_step)
+    first = np.full(step_k.size, np.iinfo(np.int64).max, _I64)
+    np.minimum.at(first, ev_step, start)
+    lo = np.maximum.accumulate(first[used])
+    hi = np.append(lo[1:], end.max())
+    num_kernels = np.bincount(ev_step, minlength=step_k.size)[used]
+    if used.size < step_k.size:
+        missing = sorted(set(step_k.tolist()) - set(step_k[used].tolist()))
+        warnings.append(f"ProfilerStep(s) {missing} launched no GPU event; not analysed")
+
+    A = _union(start, end)
+    cm = is_compute[name]
+    C = _union(start[cm], end[cm])
+    mm = is_comm[name]
+    M = _union(start[mm], end[mm])
+    MC = _union_of(M, C)
+    # host data-loading ranges (any thread; the runner annotates them on the training thread)
+    data_id = c.names.ids.get(DATA_RANGE)
+    h_name = np.frombuffer(c.h_name, np.int64)
+    dm = (h_name == data_id) if data_id is not None else np.zeros(h_name.size, bool)
+    d_ts = np.frombuffer(c.h_ts, np.float64)[dm]
+    D = _union(_ns(d_ts, base), _ns(d_ts + np.frombuffer(c.h_dur, np.float64)[dm], base))
+    DA = _intersect(D, A)
+
+    length = hi - lo
+    compute = _measure(C, lo, hi)
+    exposed_all = _measure(MC, lo, hi) - compute
+    hidden = _measure(M, lo, hi) + compute - _measure(MC, lo, hi)
+    busy = _measure(A, lo, hi)
+    idle = length - busy
+    data_stall = _measure(D, lo, hi) - _measure(DA, lo, hi)
+    bubble = np.zeros_like(length)
+    span_sets: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    exposed_set = _minus(M, C)
+    idle_set_data = _minus(D, A)
+    if pp_degree > 1:
+        pm = is_p2p[name]
+        P = _union(start[pm], end[pm])
+        p2p_exposed = _measure(_union_of(P, C), lo, hi) - compute
+        # R: from the first to the last compute kernel inside each window
+        cs, ce = C
+        i0 = np.searchsorted(ce, lo, side="right")
+        i1 = np.searchsorted(cs, hi, side="left") - 1
+        ok = (i0 <= i1) & (i0 < cs.size) & (i1 >= 0)
+        r0 = np.where(ok, np.maximum(cs[np.minimum(i0, cs.size - 1)] if cs.size else lo, lo), lo)
+        r1 = np.where(ok, np.minimum(ce[np.maximum(i1, 0)] if cs.size else lo, hi), lo)
+        r1 = np.maximum(r1, r0)
+        idle_r = (r1 - r0) - _measure(A, r0, r1)
+        stall_r = _measure(D, r0, r1) - _measure(DA, r0, r1)
+        bubble = p2p_exposed + idle_r - stall_r
+        exposed_comm = exposed_all - p2p_exposed
+        R = _union(r0[ok], r1[ok])
+        bubble_set = _union_of(_minus(P, C), _minus(_minus(R, A), D))
+        exposed_set = _minus(exposed_set, P)
+    else:
+        exposed_comm = exposed_all
+        bubble_set = _EMPTY
+    other = length - compute - exposed_comm - bubble - data_stall
+    assert (other >= 0).all() and (idle >= 0).all() and (data_stall >= 0).all(), "partition broke"
+
+    rows = tuple(
+        StepBreakdownRow(run=run, rank=rank, step=int(step_k[u]), timeline="gpu",
+                         step_time_s=int(length[i]) / 1e9, compute_s=int(compute[i]) / 1e9,
+                         exposed_comm_s=int(exposed_comm[i]) / 1e9, bubble_s=int(bubble[i]) / 1e9,
+                         data_stall_s=int(data_stall[i]) / 1e9, other_s=int(other[i]) / 1e9,
+                         hidden_comm_s=int(hidden[i]) / 1e9, idle_s=int(idle[i]) / 1e9,
+                         num_kernels=int(num_kernels[i]))
+        for i, u in enumerate(used))
+    classes = _classify(names, KERNEL_CLASS_PATTERNS)
+    kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=name,
+                           dur_ns=end - start, num_steps=len(rows))
+    j = _median_index(length)
+    lo_j, hi_j = int(lo[j]), int(hi[j])
+    window = (np.array([lo_j], _I64), np.array([hi_j], _I64))
+    sets = {"compute": C, "hidden_comm": _intersect(M, C), "exposed_comm": exposed_set,
+            "bubble": bubble_set, "data_stall": idle_set_data}
+    sets["other"] = _minus(window, _union_of(C, exposed_set, bubble_set, idle_set_data))
+    spans = _span_rows(run=run, rank=rank, step=int(step_k[used[j]]), lo=lo_j, hi=hi_j, sets=sets,
+                       max_spans=max_spans)
+    return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="gpu", warnings=tuple(warnings))
+
+
+def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e: np.ndarray, tid: int | None,
+                   *, run: str, rank: int, pp_degree: int, max_spans: int, warnings: list[str]) -> TraceBreakdown:
+    base = float(step_s[0])
+    lo, hi = _ns(step_s, base), _ns(step_e, base)
+    h_ts, h_dur = np.frombuffer(c.h_ts, np.float64), np.frombuffer(c.h_dur, np.float64)
+    h_tid, h_name = np.frombuffer(c.h_tid, np.int64), np.frombuffer(c.h_name, np.int64)
+    h_annot = np.frombuffer(c.h_annot, np.int8).astype(bool)
+    start = _ns(h_ts, base)
+    end = start + np.maximum(np.rint(h_dur * NS_PER_US).astype(_I64), 0)
+    names = c.names.names
+    name_comm = np.array([bool(CPU_COMM_RE.search(n)) for n in names], bool)
+    name_p2p = name_comm & np.array([bool(CPU_P2P_RE.search(n)) for n in names], bool)
+    name_fbo = np.array([n in CPU_COMPUTE_RANGES for n in names], bool)
+    name_data = np.array([n == DATA_RANGE for n in names], bool)
+    if not names:
+        name_comm = name_p2p = name_fbo = name_data = np.zeros(1, bool)
+        h_name = np.zeros(0, np.int64)
+
+    on_t = h_tid == tid
+    ops_t = on_t & ~h_annot
+    comm_t = on_t & name_comm[h_name]
+    comm_bg = ~on_t & name_comm[h_name]
+    B = _union(np.concatenate([start[ops_t], start[comm_t]]), np.concatenate([end[ops_t], end[comm_t]]))
+    bg = _union(start[comm_bg], end[comm_bg])
+    comm = _union_of(_union(start[comm_t], end[comm_t]), _minus(bg, B))
+    p2p_t, p2p_bg = comm_t & name_p2p[h_name], comm_bg & name_p2p[h_name]
+    P = _union_of(_union(start[p2p_t], end[p2p_t]), _minus(_union(start[p2p_bg], end[p2p_bg]), B))
+    dm = on_t & h_annot & name_data[h_name]
+    D = _union(start[dm], end[dm])
+    fm = on_t & h_annot & name_fbo[h_name]
+    F = _union(start[fm], end[fm])
+
+    comm_nd = _minus(comm, D)
+    bubble_set = _minus(P, D) if pp_degree > 1 else _EMPTY
+    exposed_set = _minus(comm_nd, bubble_set)
+    compute_set = _minus(_minus(F, D), comm)
+    length = hi - lo
+    data_stall = _measure(D, lo, hi)
+    bubble = _measure(bubble_set, lo, hi)
+    exposed = _measure(exposed_set, lo, hi)
+    compute = _measure(compute_set, lo, hi)
+    other = length - compute - exposed - bubble - data_stall
+    hidden = _measure(_intersect(bg, B), lo, hi)
+    idle = length - _measure(B, lo, hi)
+    assert (other >= 0).all(), "partition broke"
+
+    op_start = start[ops_t]
+    si = np.searchsorted(lo, op_start, side="right") - 1
+    in_step = (si >= 0) & (op_start < hi[np.maximum(si, 0)])
+    num_ops = np.bincount(si[in_step], minlength=lo.size)
+    rows = tuple(
+        StepBreakdownRow(run=run, rank=rank, step=int(step_k[i]), timeline="cpu",
+                         step_time_s=int(length[i]) / 1e9, compute_s=int(compute[i]) / 1e9,
+                         exposed_comm_s=int(exposed[i]) / 1e9, bubble_s=int(bubble[i]) / 1e9,
+                         data_stall_s=int(data_stall[i]) / 1e9, other_s=int(other[i]) / 1e9,
+                         hidden_comm_s=int(hidden[i]) / 1e9, idle_s=int(idle[i]) / 1e9,
+                         num_kernels=int(num_ops[i]))
+        for i in range(step_k.size))
+    # kernel summary: leaf host ops of the training thread (no op nested inside), so that
+    # durations are self times and do not double count aten::linear -> aten::addmm
+    idx = np.flatnonzero(ops_t)
+    idx = idx[np.argsort(start[idx], kind="stable")]
+    s_t, e_t = start[idx], end[idx]
+    leaf = np.ones(idx.size, bool)
+    if idx.size > 1:
+        leaf[:-1] = s_t[1:] >= e_t[:-1]
+    sl = np.searchsorted(lo, s_t, side="right") - 1
+    keep = leaf & (sl >= 0) & (s_t < hi[np.maximum(sl, 0)])
+    classes = _classify(names, HOST_CLASS_PATTERNS)
+    kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=h_name[idx][keep],
+                           dur_ns=(e_t - s_t)[keep], num_steps=len(rows))
+    j = _median_index(length)
+    lo_j, hi_j = int(lo[j]), int(hi[j])
+    window = (np.array([lo_j], _I64), np.array([hi_j], _I64))
+    sets = {"compute": compute_set, "hidden_comm": _intersect(bg, B), "exposed_comm": exposed_set,
+            "bubble": bubble_set, "data_stall": D}
+    sets["other"] = _minus(window, _union_of(compute_set, exposed_set, bubble_set, D))
+    spans = _span_rows(run=run, rank=rank, step=int(step_k[j]), lo=lo_j, hi=hi_j, sets=sets, max_spans=max_spans)
+    return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="cpu", warnings=tuple(warnings))
