@@ -11,6 +11,7 @@ computation, any formatting.
 from __future__ import annotations
 
 import dataclasses
+import re
 import json
 import os
 import tempfile
@@ -410,3 +411,85 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None):
             yield from iter_trace_events(fp, counts=counts)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise ParseError(f"{path}: corrupt gzip stream ({e}); re-copy the trace") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceTables:
+    """Section 5's inputs for a campaign dir, from each run's trace/ and logs/.
+
+    breakdown / kernels / spans: StepBreakdownRow / KernelSummaryRow / TimelineSpanRow columns
+    (ingest.traces over trace/profile_rank<r>.json[.gz]); meta: one row per rank's
+    trace/profile_meta_rank<r>.json (run, rank, export_s, trace_bytes...); nccl: run -> lines
+    summarising the NCCL communicators and transports in logs/rank*.log; nccl_transports:
+    run -> transport names; warnings: what could not be read or analysed (caveats)."""
+
+    breakdown: pd.DataFrame
+    kernels: pd.DataFrame
+    spans: pd.DataFrame
+    meta: pd.DataFrame
+    nccl: dict[str, list[str]]
+    nccl_transports: dict[str, list[str]]
+    warnings: tuple[str, ...] = ()
+
+
+def load_trace_tables(campaign: Campaign) -> TraceTables | None:
+    """Analyse every run's profiler traces and NCCL rank logs (see TraceTables). None when no
+    run of the campaign has a trace/ or a rank log (tables dirs, third-party folders).
+    Never raises on content: unreadable traces become warnings."""
+    from ingest.parsers import parse_text
+    from ingest.schema import KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+    from ingest.thirdparty import nccl_transports, summarize_nccl_topology
+    from ingest.traces import compute_step_breakdown
+
+    root = Path(campaign.source)
+    if not root.is_dir() or campaign.runs.empty:
+        return None
+    steps, kernels, spans, metas, warnings = [], [], [], [], []
+    nccl: dict[str, list[str]] = {}
+    transports: dict[str, list[str]] = {}
+    found = False
+    for run in campaign.runs.to_dict("records"):
+        name = str(run["run"])
+        run_dir = root / name
+        pp = int(run["pp_degree"]) if not pd.isna(run.get("pp_degree")) else 1
+        for path in sorted((run_dir / "trace").glob("profile_rank*.json*"), key=lambda p: p.name):
+            m = re.fullmatch(r"profile_rank(\d+)\.json(\.gz)?", path.name)
+            if not m or path.is_symlink():
+                continue
+            found = True
+            try:
+                result = compute_step_breakdown(open_trace_events(path), run=name, rank=int(m.group(1)), pp_degree=pp)
+            except ParseError as e:
+                warnings.append(str(e))
+                continue
+            steps += result.steps
+            kernels += result.kernels
+            spans += result.spans
+            warnings += [f"{name}/trace/{path.name}: {w}" for w in result.warnings]
+        for path in sorted((run_dir / "trace").glob("profile_meta_rank*.json")):
+            found = True
+            data = _read_json(path)
+            if isinstance(data, dict) and isinstance(data.get("export_s"), (int, float)):
+                metas.append({"run": name, "rank": data.get("rank"), "export_s": float(data["export_s"]),
+                              "trace_bytes": data.get("trace_bytes")})
+            else:
+                warnings.append(f"{path}: not a profiler-window record; its export time is not counted")
+        recs = []
+        for path in sorted((run_dir / "logs").glob("rank*.log")):
+            found = True
+            text = read_text_head(path, 1 << 22)
+            recs += [r for r in parse_text(text, source=path.name, kind="nccl").records if r["table"] == "comm_topology"]
+        if recs:
+            nccl[name] = summarize_nccl_topology(recs)
+            transports[name] = nccl_transports(recs)
+    if not found:
+        return None
+
+    def frame(rows: list, cls: type) -> pd.DataFrame:
+        cols = [f.name for f in dataclasses.fields(cls)]
+        return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=cols)
+
+    return TraceTables(breakdown=frame(steps, StepBreakdownRow), kernels=frame(kernels, KernelSummaryRow),
+                       spans=frame(spans, TimelineSpanRow),
+                       meta=pd.DataFrame(metas, columns=["run", "rank", "export_s", "trace_bytes"]),
+                       nccl=nccl, nccl_transports=transports, warnings=tuple(warnings))

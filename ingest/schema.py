@@ -159,6 +159,11 @@ class RunStatus:
     diagnosis: Mapping[str, Any] | None = None
 
 
+# Phase ranges every engine annotates (torch.profiler record_function; NVTX under nsys):
+# the runner writes them, ingest.traces reads them. Pipeline schedules that interleave forward
+# and backward annotate the whole schedule as "forward_backward".
+PHASE_RANGES = ("data", "forward", "backward", "forward_backward", "optimizer")
+
 # Categories of a step's time on one rank; they partition the step's interval, so
 # compute + exposed_comm + bubble + data_stall + other == step interval (by construction).
 BREAKDOWN_CATEGORIES = ("compute", "exposed_comm", "bubble", "data_stall", "other")

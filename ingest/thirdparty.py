@@ -185,8 +185,20 @@ def count_params(*, num_layers: int, hidden_size: int, ffn_hidden_size: int, voc
 
 def _topology_text(files: list[IngestedFile]) -> str | None:
     recs = [r for f in files for r in f.result.records if r["table"] == "comm_topology"]
+    lines = summarize_nccl_topology(recs)
+    return "\n".join(lines) if lines else None
+
+
+def nccl_transports(recs: list[dict]) -> list[str]:
+    """Transport names (P2P/CUMEM, SHM, NET/IB...) of the ``transport`` records, sorted."""
+    return sorted({r["transport"] for r in recs if r.get("record") == "transport"})
+
+
+def summarize_nccl_topology(recs: list[dict]) -> list[str]:
+    """Lines describing NCCL communicators, transports, rings and channels (and an
+    nvidia-smi topology matrix) from ``comm_topology`` records of the parsers. [] if none."""
     if not recs:
-        return None
+        return []
     lines = []
     comms: dict[str, list[dict]] = {}  # comm pointers are per rank: group by commId, else by shape
     for r in recs:
@@ -225,7 +237,7 @@ def _topology_text(files: list[IngestedFile]) -> str | None:
         lines.append("nvidia-smi topo -m:")
         lines.append("\t" + "\t".join(peers))
         lines.extend(d + "\t" + "\t".join(cell.get((d, p), "") for p in peers) for d in devs)
-    return "\n".join(lines)
+    return lines
 
 
 def build_env_record(files: list[IngestedFile]) -> dict:

@@ -31,7 +31,7 @@ from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
-from ingest.schema import BREAKDOWN_CATEGORIES, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+from ingest.schema import BREAKDOWN_CATEGORIES, PHASE_RANGES, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
 
 # --- patterns (one table; a new kernel family is one line) -----------------------------------
 
@@ -77,8 +77,8 @@ HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # ("gloo:all_reduce" on pt_gloo_runloop threads). P2P: send/recv (pipeline stages).
 CPU_COMM_RE = HOST_CLASS_PATTERNS[0][1]
 CPU_P2P_RE = re.compile(r"send|recv", re.I)
-CPU_COMPUTE_RANGES = frozenset({"forward", "backward", "optimizer"})
 DATA_RANGE = "data"
+CPU_COMPUTE_RANGES = frozenset(PHASE_RANGES) - {DATA_RANGE}
 
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
@@ -489,8 +489,8 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     records (gaps below a doubling threshold, from 1 us, are merged until it holds).
 
     GPU step k (launched inside ProfilerStep#k; the last ProfilerStep is dropped as in HTA):
-    interval [first GPU event start of k, first GPU event start of the next analysed step); the
-    last analysed step ends at the last end of any analysed GPU event. Sets over all analysed
+    interval [end of the previous analysed step, last end of k's GPU events] -- the boundaries
+    of the recorder's CUDA end events; the first analysed step starts at its first GPU event. Sets over all analysed
     GPU events, clipped to the interval: C = compute kernels, M = comm (``^nccl.*Kernel``),
     P = P2P comm kernels, A = all, D = host ``data`` ranges. Then compute = |C|,
     exposed_comm = |M \\ C| - bubble's P2P part, hidden_comm = |M ∩ C|, idle = |W \\ A|,
@@ -574,8 +574,14 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     used = np.unique(ev_step)
     first = np.full(step_k.size, np.iinfo(np.int64).max, _I64)
     np.minimum.at(first, ev_step, start)
-    lo = np.maximum.accumulate(first[used])
-    hi = np.append(lo[1:], end.max())
+    # Step k ends when its last GPU event ends (where the recorder's CUDA end event sits) and
+    # starts where step k-1 ended, so the idle gap while the host builds step k's batch belongs
+    # to step k (its data stall). The first analysed step starts at its first GPU event: the
+    # profiler's warm-up step before it is not in the trace.
+    last = np.full(step_k.size, np.iinfo(np.int64).min, _I64)
+    np.maximum.at(last, ev_step, end)
+    hi = np.maximum.accumulate(last[used])
+    lo = np.append(min(int(first[used][0]), int(hi[0])), hi[:-1])
     num_kernels = np.bincount(ev_step, minlength=step_k.size)[used]
     if used.size < step_k.size:
         missing = sorted(set(step_k.tolist()) - set(step_k[used].tolist()))

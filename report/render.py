@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import pandas as pd
 from markupsafe import Markup
 
 from ingest.errors import ConfigError
-from ingest.io import Campaign, load_campaign, write_bytes_atomic
+from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
 from report import metrics
-from report.figures import write_figures
+from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -111,7 +112,29 @@ def md_cell(v: Any) -> str:
     return NA if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
-FILTERS = {"pct": pct, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
+def kernel_name(name: Any, width: int = 60) -> str:
+    """A CUDA kernel's name without return type, template arguments and parameter list
+    ('void at::native::elementwise_kernel<128, 4, ...>(int, ...)' ->
+    'at::native::elementwise_kernel'), cut to ``width`` characters (HTA shorten_name does
+    the same for its tables)."""
+    if _missing(name):
+        return NA
+    s = str(name)
+    if s.startswith("void "):
+        s = s[5:]
+    out, depth = [], 0
+    for ch in s:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    short = "".join(out).replace("::::", "::").strip() or s
+    return short if len(short) <= width else short[: width - 1] + "…"
+
+
+FILTERS = {"pct": pct, "kernel_name": kernel_name, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
            "sci": sci, "nbytes": nbytes, "margin": margin}
 
 
@@ -160,6 +183,26 @@ def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float) 
     )
 
 
+def build_evidence_figures(note: Note, trace_tables, out_dir: Path) -> tuple[Figure, ...]:
+    """Section 5's stacked bar (one bar per traced run) and one-step timeline (ranks as rows)."""
+    if trace_tables is None or not note.evidence.rows:
+        return ()
+    summary = pd.DataFrame([dataclasses.asdict(b) for b in note.evidence.rows])
+    runs = [b.run for b in note.evidence.rows]
+    bar = write_bytes_atomic(out_dir / "figures" / "breakdown.svg", render_breakdown_figure(summary))
+    timeline = write_bytes_atomic(out_dir / "figures" / "timeline.svg",
+                                  render_timeline_figure(trace_tables.spans, runs=runs))
+    return (
+        Figure(title="Where the step time goes", path=bar.relative_to(out_dir).as_posix(),
+               caption="Mean over the traced steps and ranks of each run: compute, exposed communication, pipeline "
+                       "bubble, data stall and other partition the step's interval on its timeline (GPU kernels, or "
+                       "the training thread's host ops on CPU runs)."),
+        Figure(title="One traced step per run", path=timeline.relative_to(out_dir).as_posix(),
+               caption="The median-length traced step of each rank, merged busy spans per category (thin pink lane: "
+                       "communication hidden under compute). Gaps are idle time on that timeline."),
+    )
+
+
 def _load_any(source: str | Path) -> Campaign:
     """A campaign or tables dir (ingest.io), or a folder of third-party logs (ingest.thirdparty)."""
     from ingest.thirdparty import is_thirdparty_folder, load_thirdparty_campaign
@@ -178,8 +221,11 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     if "fixed" not in campaign.campaign:
         raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
     out = Path(out_dir) if out_dir else Path(source) / "report"
-    note = build_note(campaign)
-    note = dataclasses.replace(note, figures=build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats))
+    trace_tables = load_trace_tables(campaign)
+    note = build_note(campaign, trace_tables=trace_tables)
+    figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats)
+    figures += build_evidence_figures(note, trace_tables, out)
+    note = dataclasses.replace(note, figures=figures)
     written = []
     if "md" in formats:
         written.append(write_bytes_atomic(out / "note.md", render_markdown(note).encode()))

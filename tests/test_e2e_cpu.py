@@ -40,7 +40,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _metric_table(note_md: str) -> dict[str, list[str]]:
-    lines = note_md.split("## 4. Metrics", 1)[1].splitlines()
+    lines = note_md.split("## 4. Metrics", 1)[1].split("## 5.", 1)[0].splitlines()
     table = [ln for ln in lines if ln.startswith("| ")][1:]  # drop header
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in table]
     return {c[0]: c for c in cells if c[0] in RUNS}
@@ -118,6 +118,31 @@ def test_profiler_window_traced_on_every_rank_and_marked(campaign):
             assert meta["traced_steps"] == list(range(f.profile_start_step, f.profile_start_step + f.profile_num_steps))
             assert meta["export_s"] > 0
         assert not list((campaign / name / "trace").glob("profile_rank*.json"))  # all gzipped after the run
+
+
+def _evidence_table(note_md: str) -> dict[str, list[str]]:
+    section = note_md.split("## 5. Evidence", 1)[1].split("## 6.", 1)[0]
+    lines = section.split("| Run | Timeline |", 1)[1].splitlines()[2:]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ")]
+    return {c[0]: c for c in cells}
+
+
+def test_section5_breakdown_for_every_run_adds_up_to_the_recorded_step_time(campaign):
+    table = _evidence_table((campaign / "report" / "note.md").read_text())
+    assert set(table) == set(RUNS)
+    for name, cells in table.items():
+        shares = [float(cells[i].split("%")[0]) for i in (4, 5, 6, 7, 8)]  # compute .. other
+        assert abs(sum(shares) - 100.0) <= 0.3, (name, shares)  # a partition, up to rounding
+        error = float(cells[3].rsplit("(", 1)[1].rstrip("%)"))
+        assert error <= 2.0, (name, cells[3])  # trace intervals vs the recorder, same steps
+        assert cells[10] != "n/a"  # the profiling cost is measured
+    assert "/ 11.1%" in table["tp2-pp2"][6]  # bubble measured vs (p-1)/(m+p-1), p=2, m=8
+    md = (campaign / "report" / "note.md").read_text()
+    assert "## Appendix: stage-2 knowledge map" in md
+    for topic in ("| NCCL |", "| DDP |", "| ZeRO-3 |", "| TP / PP |", "| Data pipeline |", "| Kernels / profiling |"):
+        assert topic in md
+    assert (campaign / "report" / "figures" / "breakdown.svg").exists()
+    assert (campaign / "report" / "figures" / "timeline.svg").exists()
 
 
 def test_same_model_and_same_math_across_layouts(campaign):

@@ -42,7 +42,7 @@ def test_gpu_campaign_is_real_and_complete():
 
 def test_mfu_golden_from_jsonl(note_md):
     table = {}
-    for line in note_md.split("## 4. Metrics", 1)[1].splitlines():
+    for line in note_md.split("## 4. Metrics", 1)[1].split("## 5.", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] in RUNS:
             table[cells[0]] = cells
@@ -62,3 +62,18 @@ def test_mfu_golden_from_jsonl(note_md):
         assert table[run][5] == si(tokens_per_s)
         assert table[run][7] == pct(mfu)
     assert "989 TFLOP/s dense" in note_md
+
+
+def test_section5_breakdown_on_the_h200_traces(note_md):
+    section = note_md.split("## 5. Evidence", 1)[1].split("## 6.", 1)[0]
+    rows = [ln for ln in section.split("| Run | Timeline |", 1)[1].splitlines()[2:] if ln.startswith("| ")]
+    table = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in rows)}
+    assert set(table) == set(RUNS)
+    for run, cells in table.items():
+        assert cells[1] == "gpu ×1"
+        shares = [float(cells[i].rstrip("%").split("%")[0]) for i in (4, 5, 6, 7, 8)]
+        assert abs(sum(shares) - 100.0) <= 0.3, (run, shares)
+        assert float(cells[3].rsplit("(", 1)[1].rstrip("%)")) <= 2.0, cells[3]
+        assert float(cells[10].rstrip("%")) <= 2.0, cells[10]  # profiled steps cost <= 2% (issue 4)
+    # ZeRO-3 on one GPU is host-bound: most of its step is not kernel time
+    assert float(table["zero3"][8].rstrip("%")) > 50.0

@@ -3,6 +3,7 @@ are classified; an interrupted campaign resumes without duplicates or stray proc
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -112,6 +113,9 @@ def test_note_lists_failed_runs_with_cause(faults_campaign, tmp_path):
     assert "injected fault: crash on rank 0 at step 3" in note
     # the straggler (rank 1 sleeps 0.3 s before each step) is named from the ranks' step entry times
     assert "Straggler in **straggler**: rank 1 enters the step last in 100.0% of measured steps" in note
+    lag = re.search(r"Straggler in \*\*straggler\*\*:.*?a median ([\d.]+) (ms|s) after the first rank", note)
+    lag_s = float(lag.group(1)) * (1e-3 if lag.group(2) == "ms" else 1.0)
+    assert abs(lag_s - 0.3) <= 0.2 * 0.3, lag_s  # the injected delay, within 20% (issue 4)
     assert "Straggler in **healthy**" not in note
 
 

@@ -36,7 +36,7 @@ def test_build_all_formats(tmp_path, device_name):
     for heading in ("## 1. Environment", "## 2. Model and data", "## 3. Configurations", "## 4. Metrics",
                     "## 5. Evidence", "## 6. Conclusion", "## Appendix: formulas"):
         assert heading in md
-    assert "not measured yet" in md and "not captured yet" in md
+    assert "not measured yet" in md and "No profiler trace in this source" in md
     assert "Run **tp_pp** ran out of memory" in md and "does not fit at micro-batch 2" in md  # an answer about memory
     assert "CUDA out of memory. Tried to allocate 2.00 GiB (synthetic)" in md  # the allocator's own message
     assert (out / "note.pdf").read_bytes().startswith(b"%PDF")

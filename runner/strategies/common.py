@@ -7,7 +7,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ingest.schema import RunSpec
+from ingest.schema import PHASE_RANGES, RunSpec
 
 
 def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weight_decay: float) -> list[dict]:
@@ -42,10 +42,7 @@ def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextM
     return contextlib.nullcontext()
 
 
-# Phase names every engine annotates (torch.profiler record_function ranges, NVTX under
-# nsys); ingest.traces reads them to split a step's time. Engines whose schedule interleaves
-# forward and backward (pipeline 1F1B) annotate the whole schedule as "forward_backward".
-PHASES = ("data", "forward", "backward", "forward_backward", "optimizer")
+PHASES = PHASE_RANGES  # ingest.schema: the contract between these annotations and ingest.traces
 
 
 def phase(name: str) -> torch.profiler.record_function:
