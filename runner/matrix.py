@@ -59,6 +59,7 @@ FIXED_TYPES: dict[str, tuple[type, float | None]] = {
     "profile_start_step": (int, 1), "profile_num_steps": (int, 0),
 }
 DEFAULT_PROFILE_NUM_STEPS = 3  # traced steps per run; one warm-up step precedes them
+MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
 # Engine knobs a run may set under [runs.options], per (strategy, engine); "fault" is for tests.
 OPTION_KEYS: dict[tuple[str, str], set[str]] = {
     ("ddp", "torch-ddp"): {"bucket_cap_mb", "compile"},
@@ -75,15 +76,18 @@ def _profile_window(values: dict[str, Any], given: dict[str, Any], source: str) 
     """Fill the profiler window into ``values`` and return its problems.
 
     Default: DEFAULT_PROFILE_NUM_STEPS steps in the middle of the measured steps, after one
-    warm-up step; it must leave at least one measured step outside it. A default window that
-    does not fit (very short runs) is dropped (profile_num_steps 0); a window the matrix set
-    explicitly that does not fit is an error.
+    warm-up step, leaving MIN_MEASURED_OUTSIDE_WINDOW measured steps outside it; in shorter
+    runs it is dropped (profile_num_steps 0). A window the matrix sets explicitly must leave
+    one measured step, or it is an error.
     """
     steps, warmup = values["steps"], values["warmup_steps"]
     num = values.get("profile_num_steps", DEFAULT_PROFILE_NUM_STEPS)
     start = values.get("profile_start_step", max(warmup + 1, (warmup + steps) // 2))
-    fits = num == 0 or (start - 1 >= warmup and start + num <= steps and steps - warmup - (num + 1) >= 1)
-    if not fits and ("profile_num_steps" in given or "profile_start_step" in given):
+    explicit = "profile_num_steps" in given or "profile_start_step" in given
+    # a default window must leave MIN_MEASURED_OUTSIDE_WINDOW measured steps; an explicit one, one
+    left = MIN_MEASURED_OUTSIDE_WINDOW if not explicit else 1
+    fits = num == 0 or (start - 1 >= warmup and start + num <= steps and steps - warmup - (num + 1) >= left)
+    if not fits and explicit:
         return [f"{source} [fixed] profiler window (warm-up step {start - 1}, steps {start}..{start + num - 1}) must lie"
                 f" within steps {warmup}..{steps - 1} after warmup_steps and leave a measured step outside it;"
                 " move profile_start_step or set profile_num_steps = 0"]
