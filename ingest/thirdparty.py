@@ -271,7 +271,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     from ingest.errors import ConfigError
     from ingest.io import Campaign
 
-    train = [f for f in files if any(r["table"] == "steps" and r.get("step_time_s") is not None for r in f.result.records)]
+    train = [f for f in files if any(r["table"] == "steps" and _has_timing(r) for r in f.result.records)]
     if not train:
         return None
     shape: dict = {}
@@ -285,7 +285,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     shape.update(model or {})
     if not shape.get("vocab_size") and shape.get("padded_vocab_size"):
         shape["vocab_size"] = shape["padded_vocab_size"]  # Megatron's dump: the embedding table's size
-    steps_all = [r for f in train for r in f.result.records if r["table"] == "steps" and r.get("step_time_s") is not None]
+    steps_all = [r for f in train for r in f.result.records if r["table"] == "steps" and _has_timing(r)]
     gbs = shape.get("global_batch_size") or next((r.get("global_batch_size") for r in steps_all if r.get("global_batch_size")), None)
     if gbs:
         shape["global_batch_size"] = gbs
@@ -321,7 +321,12 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     runs, step_rows = [], []
     for f in train:
         run = Path(f.path).stem
-        rows = [r for r in f.result.records if r["table"] == "steps" and r.get("step_time_s") is not None]
+        rows, derived = derive_step_times([r for r in f.result.records if r["table"] == "steps" and _has_timing(r)],
+                                          global_batch_size=shape["global_batch_size"],
+                                          seq_length=shape["seq_length"], world_size=world)
+        if derived:
+            problems.append(f"{run}: the log prints no iteration time; step time derived from {derived} "
+                            "(tokens per step ÷ the framework's throughput), so tokens/s and MFU restate its throughput")
         fixed["steps"] = max(r["step"] for r in rows)
         runs.append({"run": run, "campaign": name, "strategy": f"{f.result.kind} log", "engine": f.result.kind,
                      "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": max(world // (tp * pp), 1),
@@ -351,6 +356,32 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     for c in ("micro_batch_size", "exit_code", "seed", "steps", "lr_warmup_steps"):
         runs_df[c] = runs_df[c].astype("Int64")
     return Campaign(source=name, campaign=campaign, env=env, runs=runs_df, steps=steps, problems=tuple(problems))
+
+
+def _has_timing(r: dict) -> bool:
+    return any(r.get(k) is not None for k in ("step_time_s", "tokens_per_s_per_gpu", "samples_per_s"))
+
+
+def derive_step_times(rows: list[dict], *, global_batch_size: int, seq_length: int,
+                      world_size: int) -> tuple[list[dict], str | None]:
+    """Step rows with ``step_time_s``; rows that only carry the framework's throughput get a
+    step time derived from it: torchtitan ``tps`` (tokens/s per GPU) -> global_batch_size x
+    seq_length / (tps x world_size); DeepSpeed ``SamplesPerSec`` (global samples/s, ThroughputTimer
+    in deepspeed/utils/timer.py) -> global_batch_size / samples_per_s. Returns (rows, what it
+    was derived from, or None when every row had a measured time)."""
+    out, derived = [], None
+    for r in rows:
+        if r.get("step_time_s") is None:
+            if r.get("tokens_per_s_per_gpu"):
+                r = {**r, "step_time_s": global_batch_size * seq_length / (r["tokens_per_s_per_gpu"] * world_size)}
+                derived = "torchtitan's tps (tokens/s per GPU)"
+            elif r.get("samples_per_s"):
+                r = {**r, "step_time_s": global_batch_size / r["samples_per_s"]}
+                derived = "DeepSpeed's SamplesPerSec"
+            else:
+                continue
+        out.append(r)
+    return out, derived
 
 
 def _int(text: str) -> int | None:

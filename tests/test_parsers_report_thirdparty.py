@@ -146,3 +146,23 @@ def test_report_build_with_profiler_nsys_fr_pyspy_ras_files_in_the_folder(tmp_pa
     err = capsys.readouterr().err
     assert f"{d / 'artifact_33.log'}:18: unparsed (nsys_stats)" in err
     assert f"{d / 'artifact_38.log'}:31: unparsed (pyspy)" in err
+
+
+def test_torchtitan_log_alone_gives_a_metric_row_from_its_tps(tmp_path, capsys):
+    """torchtitan prints no iteration time: the step time is derived from its tps (tokens/s per
+    GPU) and the note says so; our MFU is computed from it with our formula and peak."""
+    d = tmp_path / "titan"
+    d.mkdir()
+    shutil.copy(FIXTURES / "25_torchtitan_2025_rank0_prefix_gc_profiler.txt", d / "titan.log")
+    flags = ("num_layers=32,hidden_size=4096,num_heads=32,seq_length=8192,vocab_size=128256,global_batch_size=8,"
+             "world_size=8,dtype=bf16,gpu_name=NVIDIA H100 80GB HBM3")
+    assert ingest_main([str(d), "--model", flags]) == 0
+    steps = pd.read_parquet(d / "tables" / "steps.parquet")
+    tps = steps.set_index("step")["tokens_per_s_per_gpu"]
+    assert steps.set_index("step")["step_time_s"].tolist() == pytest.approx((8 * 8192 / (tps * 8)).tolist())
+    assert report_main(["build", str(d / "tables"), "--format", "md"]) == 0
+    note = (d / "tables" / "report" / "note.md").read_text(encoding="utf-8")
+    row = next(line for line in note.splitlines() if line.startswith("| titan | ok")).split("|")
+    median_tps = statistics.median(tps.tolist())
+    assert row[7].strip() == f"{median_tps / 1e3:.2f} k"  # tokens/s per GPU restates the log's median tps
+    assert "step time derived from torchtitan's tps" in note
