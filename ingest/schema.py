@@ -87,6 +87,7 @@ class RunSpec:
     fixed: FixedConfig
     options: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (e.g. ZeRO buckets)
     collective_timeout_s: float = 1800.0  # process-group timeout (NCCL watchdog / gloo)
+    nsys: bool = False  # run under `nsys profile` (NVTX ranges for the phases), report in trace/
 
     @property
     def tokens_per_step(self) -> int:

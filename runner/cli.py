@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import shlex
+import shutil
 import signal
 import socket
 import sys
 from pathlib import Path
 
-from ingest.errors import ToolError
+from ingest.errors import ConfigError, ToolError
 from ingest.schema import SCHEMA_VERSION, run_spec_from_dict, to_dict
 from runner import __version__
 from runner.matrix import Campaign, load_matrix, resolve_matrix
@@ -133,6 +134,9 @@ def cmd_all(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_dry_run(campaign, out, node)
         return 0
+    if any(spec.nsys for spec in campaign.runs) and shutil.which("nsys") is None:
+        raise ConfigError(f"{args.matrix or 'the matrix'}: [campaign] nsys = true but `nsys` is not on PATH; "
+                          "install Nsight Systems or set nsys = false")
     if node is not None and node.node_rank > 0:
         return join_campaign(out, campaign, node)
     from runner.env import collect_env

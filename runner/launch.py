@@ -40,6 +40,18 @@ EXCEPTION_PATTERN = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:\.\w+)*(?:Error|Excep
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,TUNING"}
 
 
+def nsys_prefix(spec: RunSpec, *, run_dir: Path, node: NodeLaunch | None = None) -> list[str]:
+    """``nsys profile ...`` around torchrun when the campaign asks for it (``[campaign] nsys``):
+    CUDA, NVTX (the phase ranges) and OS-runtime tracing of the whole process tree, one report
+    per node in trace/nsys_node<k>.nsys-rep. [] otherwise. The runner checks nsys is on PATH
+    before launching (runner.cli)."""
+    if not spec.nsys:
+        return []
+    out = run_dir / "trace" / f"nsys_node{node.node_rank if node else 0}"
+    return ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--sample=none", "--force-overwrite=true",
+            f"--output={out}"]
+
+
 def build_command(spec: RunSpec, *, run_dir: Path, master_port: int, node: NodeLaunch | None = None,
                   run_index: int = 0) -> list[str]:
     """The exact torchrun command line for one run: single node with a static rendezvous on
@@ -49,12 +61,14 @@ def build_command(spec: RunSpec, *, run_dir: Path, master_port: int, node: NodeL
     train = ["-m", "runner.train", "--run-dir", str(run_dir)]
     if node is None:
         return [
+            *nsys_prefix(spec, run_dir=run_dir),
             sys.executable, "-m", "torch.distributed.run",
             f"--nproc-per-node={spec.world_size}", "--nnodes=1",
             "--master-addr=127.0.0.1", f"--master-port={master_port}",
             *train,
         ]
     return [
+        *nsys_prefix(spec, run_dir=run_dir, node=node),
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={node.nnodes}", f"--nproc-per-node={spec.world_size // node.nnodes}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={node.rdzv_host}:{node.port_for(run_index)}",

@@ -32,7 +32,7 @@ from runner.faults import build_fault
 from runner.presets import PRESETS, build_model_config
 
 CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
-                 "collective_timeout_s"}
+                 "collective_timeout_s", "nsys"}
 # Supervision defaults per device (seconds). On CUDA the NCCL collective timeout fires first so the
 # flight recorder dumps before the runner's stall watchdog kills the group; gloo has no flight
 # recorder, so on CPU the stall watchdog (with py-spy stack dumps) fires first.
@@ -227,6 +227,10 @@ def resolve_matrix(
     if default_world == "auto":
         default_world = num_gpus if num_gpus > 0 else 2
 
+    nsys = camp.get("nsys", False)
+    if not isinstance(nsys, bool):
+        problems.append(f"{source} [campaign] nsys must be true or false, got {nsys!r}")
+        nsys = False
     runs_raw = raw.get("runs", [])
     if not runs_raw:
         problems.append(f"{source}: no [[runs]]; add at least one run table")
@@ -326,7 +330,7 @@ def resolve_matrix(
             engine=lay["engine"], world_size=lay["world"], tp_degree=tp, pp_degree=pp, dp_degree=dp,
             micro_batch_size=mbs, num_microbatches=per_dp // mbs, device=device,
             backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=dict(options),
-            collective_timeout_s=timeouts["collective_timeout_s"],
+            collective_timeout_s=timeouts["collective_timeout_s"], nsys=nsys,
         ))
     if problems:
         raise ConfigError("\n".join(problems))

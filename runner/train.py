@@ -28,7 +28,7 @@ from runner.nodes import placement_record
 from runner.data import SyntheticBatches, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
-from runner.strategies.common import phase
+from runner.strategies.common import enable_nvtx, phase
 
 
 def lr_at(step: int, fixed: FixedConfig) -> float:
@@ -115,6 +115,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     print(f"[runner] run {spec.name}: strategy {spec.strategy}, engine {spec.engine}, rank {ctx.rank}/{ctx.world_size}"
           f" (tp {spec.tp_degree}, pp {spec.pp_degree}, dp {spec.dp_degree})", flush=True)
     torch.manual_seed(f.seed)
+    enable_nvtx(spec.nsys and ctx.device.type == "cuda")
     trainer = build_trainer(spec, ctx=ctx)
     if ctx.rank == 0:
         info = RunInfo(

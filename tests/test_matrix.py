@@ -162,3 +162,22 @@ def test_profiler_window_defaults_to_mid_run_and_rejects_a_window_that_does_not_
     bad = {"fixed": {"profile_start_step": 29, "profile_num_steps": 3}, **raw}
     with pytest.raises(ConfigError, match="profiler window"):
         resolve_matrix(bad, source="m.toml", num_gpus=0)
+
+
+def test_nsys_wraps_torchrun_and_needs_nsys_on_path(tmp_path):
+    from runner.launch import build_command
+    matrix = tmp_path / "m.toml"
+    matrix.write_text('[campaign]\nname = "n"\nnsys = true\n[[runs]]\nname = "ddp"\nstrategy = "ddp"\n')
+    campaign = resolve_matrix({"campaign": {"name": "n", "nsys": True}, "runs": [{"name": "ddp", "strategy": "ddp"}]},
+                              source="m.toml", num_gpus=1)
+    cmd = build_command(campaign.runs[0], run_dir=tmp_path / "ddp", master_port=1)
+    assert cmd[:2] == ["nsys", "profile"] and f"--output={tmp_path / 'ddp' / 'trace' / 'nsys_node0'}" in cmd
+    assert cmd.index("torch.distributed.run") > cmd.index("profile")
+    with pytest.raises(ConfigError, match="nsys must be true or false"):
+        resolve_matrix({"campaign": {"nsys": "yes"}, "runs": [{"name": "ddp", "strategy": "ddp"}]}, source="m.toml",
+                       num_gpus=0)
+    env = {"PATH": str(tmp_path)}  # no nsys there: refused before anything is written, exit 2
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--matrix", str(matrix), "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2 and "`nsys` is not on PATH" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()

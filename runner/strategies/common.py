@@ -45,7 +45,23 @@ def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextM
 PHASES = PHASE_RANGES  # ingest.schema: the contract between these annotations and ingest.traces
 
 
-def phase(name: str) -> torch.profiler.record_function:
-    """A profiler range named after one of PHASES (near-free when no profiler is active)."""
+_NVTX = {"on": False}
+
+
+def enable_nvtx(on: bool) -> None:
+    """Also emit each phase as an NVTX range (runs under nsys; set once per process by
+    runner.train from RunSpec.nsys)."""
+    _NVTX["on"] = on
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """A profiler range named after one of PHASES (near-free when no profiler is active), and
+    an NVTX range of the same name when enable_nvtx(True)."""
     assert name in PHASES, name
-    return torch.profiler.record_function(name)
+    with torch.profiler.record_function(name):
+        if _NVTX["on"]:
+            with torch.cuda.nvtx.range(name):
+                yield
+        else:
+            yield
