@@ -62,6 +62,13 @@ def _slug(text: str) -> str:
 
 class MegatronParser(StepRowParser):
     kind = "megatron"
+    hints = ("iteration", "time (ms)", "memory (MB)", "...", "datetime: ", "arguments", "(min, max)")
+    fast_lines = (  # the frequent lines, handed to feed without the per-line normaliser
+        ("iteration", r"(?:\[[0-9\-: .]+\] |)iteration +[0-9]+/ *[0-9]+ \|(?:.*\S|)"),
+        ("timers", r"time \(ms\)(?:.*\S|)"),
+        ("memory", r"\[Rank [0-9]+\] \(after [0-9]+ iterations\) memory \(MB\) \|(?:.*\S|)"),
+        ("datetime", r"(?:\[[^\]\n]*\] |)datetime: [0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]"),
+    )
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -76,12 +83,15 @@ class MegatronParser(StepRowParser):
                 row = self._step_row(rank, step, lineno)
                 row["time"] = m.group("ts") or ts
                 row["num_steps_total"] = int(m.group("total"))
+                fields = ITER_FIELDS
                 for seg in m.group("rest").split("|"):
                     key, sep, value = seg.partition(":")
-                    key, value = key.strip(), value.strip()
-                    if not sep or not value:
+                    if not sep:
                         continue
-                    spec = ITER_FIELDS.get(key)
+                    key, value = key.strip(), value.strip()
+                    if not value:
+                        continue
+                    spec = fields.get(key)
                     if spec is None:
                         if key.endswith(" loss") or key.endswith("_loss"):
                             spec = (_slug(key), to_num, 1)
@@ -130,6 +140,6 @@ class MegatronParser(StepRowParser):
                 return True
         return False
 
-def parse_megatron(text, *, source: str) -> ParseResult:
+def parse_megatron(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron")
+    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron", fast=fast)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
+from ingest.parsers import LineParser, ParseResult, fast_rank, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -33,9 +33,37 @@ _EVENTS = (
     ("profiler_dump_done", re.compile(r"Finished dumping profiler traces in (?P<s>[\d.]+) seconds")),
 )
 
+# Fast line: the usual layout of a step line. Values are taken loosely (single-class repeats
+# are what the regex engine runs fast) and converted with float()/int(); a value that does
+# not convert sends the line to feed, so fast_step gives what _KV and STEP_FIELDS give.
+_FAST_HEAD = r"(?:\[titan\] |)(?P<{}>[0-9]{{4}}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+) - \w+ - [A-Z]+ - "
+_FAST_STEP = (
+    _FAST_HEAD.format("t_ts") +
+    r"step: +(?P<t_step>[0-9]+) +loss: +(?P<t_loss>\S+)(?: +grad_norm: +(?P<t_gn>\S+)|) +memory: +(?P<t_gib>[0-9.]+)GiB"
+    r"\((?P<t_pct>[0-9.]+)%\) +[tw]ps: +(?P<t_tps>[0-9,]+) +tflops: +(?P<t_tflops>\S+) +mfu: +(?P<t_mfu>\S+)%"
+)
+
 
 class TorchtitanParser(LineParser):
     kind = "torchtitan"
+    hints = (" - ",)
+    fast_lines = (("step", _FAST_STEP), ("line", _FAST_HEAD.format("l_ts") + r".*\S"))
+
+    def fast_step(self, lineno: int, m, ts) -> bool:
+        step, loss, gn, gib, pct, tps, tflops, mfu = m.group("t_step", "t_loss", "t_gn", "t_gib", "t_pct", "t_tps",
+                                                             "t_tflops", "t_mfu")
+        try:
+            row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": fast_rank(m),
+                   "time": m.group("t_ts"), "step": int(step), "loss": float(loss)}
+            if gn is not None:
+                row["grad_norm"] = float(gn)
+            row["mem_max_reserved_gib"], row["mem_max_reserved_pct"] = float(gib), float(pct)
+            row["tokens_per_s_per_gpu"], row["framework_tflops_per_gpu"] = to_num(tps), float(tflops)
+            row["framework_mfu"] = float(mfu) * STEP_FIELDS["mfu"][2]
+        except ValueError:
+            return False
+        self.records.append(row)
+        return True
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _LINE.match(body)
@@ -79,6 +107,6 @@ class TorchtitanParser(LineParser):
         return False
 
 
-def parse_torchtitan(text, *, source: str) -> ParseResult:
+def parse_torchtitan(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a torchtitan log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan")
+    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan", fast=fast)
