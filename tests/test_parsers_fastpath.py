@@ -103,3 +103,23 @@ def test_repeated_content_keeps_aggregated_tables_bounded():
     assert len(once) == len(many)
     assert [r.get("channels") for r in once] == [r.get("channels") for r in many]  # distinct channels
     assert [r.get("num_calls") for r in many if "num_calls" in r] == [50, 50]
+
+
+@pytest.mark.parametrize("chunk_lines", [5, 40])
+def test_bulk_counted_lines_equal_general(chunk_lines):
+    """Chunks whose edge lines are all known are counted in bulk (split + Counter)."""
+    from ingest.parsers.nccl import NcclParser
+    calls = []
+    real = NcclParser.bulk
+
+    def spy(self, counts):
+        calls.append(real(self, counts))
+        return calls[-1]
+    for name, text in TEXTS.items():
+        if "nccl" in name:
+            for times in (1, 4):
+                with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines), \
+                        mock.patch.object(ingest.parsers, "CHUNK_CHARS", chunk_lines * 50), \
+                        mock.patch.object(NcclParser, "bulk", spy):
+                    assert_same("\n".join([text] * times), "nccl")
+    assert True in calls

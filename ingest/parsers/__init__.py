@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -188,11 +189,18 @@ class LineParser:
     line shapes of the format; a matched line goes to ``fast_<name>(lineno, m, ts)`` if the
     parser has one, else to ``feed`` with the line (the regex's group ``name``). Only the
     first parser of a chain has fast lines: a line they match is one it recognises.
+    ``bulk_line``: the name of a fast row whose lines ``bulk`` can count per chunk at once.
     """
 
     kind = ""
     hints: tuple[str, ...] | None = None
     fast_lines: tuple[tuple[str, str], ...] = ()
+    bulk_line: str | None = None
+
+    def bulk(self, counts: dict[tuple, int]) -> bool:
+        """Apply counts of ``bulk_line`` rows (key: the row's groups) if that adds no new row
+        or order-dependent value; else change nothing and return False."""
+        return False
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -254,6 +262,14 @@ def fast_regex(parser_type: type) -> re.Pattern | None:
     return _FAST_CACHE[parser_type]
 
 
+def bulk_regex(parser_type: type) -> re.Pattern | None:
+    """The split regex of a parser's ``bulk_line`` row: an optional timestamp line, then the row."""
+    if parser_type.bulk_line is None:
+        return None
+    row = dict(parser_type.fast_lines)[parser_type.bulk_line]
+    return re.compile(f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|)(?:{row})[^\\S\\n]*$", re.M)
+
+
 def fast_rank(m: re.Match) -> int | None:
     r = m.group("rank")
     return int(r) if r else None
@@ -278,6 +294,7 @@ class Runner:
         hints = [p.hints for p in parsers]
         self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
         self.fast = fast_regex(type(parsers[0])) if fast else None
+        self.bulk = bulk_regex(type(parsers[0])) if fast else None
         first = parsers[0]
         self.handlers = {name: getattr(first, f"fast_{name}", None) or self._feed_first(name)
                          for name, _ in first.fast_lines}
@@ -343,7 +360,31 @@ class Runner:
             text = _ANSI.sub("", text)  # no escape sequence spans a newline: same as per line
         if self.fast is None:
             self._gap(text, 0, len(text), start)
-            return
+        elif self.bulk is None or not self._bulk(text, start):
+            self._scan(text, start)
+
+    def _bulk(self, text: str, start: int) -> bool:
+        """Aggregate the first parser's bulk lines of a chunk in one split + Counter (no Python
+        per line), if its ``bulk`` accepts the counts (it does when they add nothing new, so
+        order does not matter); the lines between them take ``_scan``."""
+        parts = self.bulk.split(text)
+        step = self.bulk.groups + 1  # per match: the timestamp line before it (or None), then the row's groups
+        if len(parts) == 1 or not self.parsers[0].bulk(Counter(zip(*(parts[i::step] for i in range(2, step))))):
+            return False
+        lineno = start
+        for piece, ts in zip(parts[::step], parts[1::step]):
+            if piece:
+                lineno = self._scan(piece, lineno)
+            lineno += 1 if ts is None else 2
+            self.pending_ts = None
+        if lineno > self.num_lines:
+            self.num_lines = lineno
+        if parts[-1]:
+            self._scan(parts[-1], lineno)
+        return True
+
+    def _scan(self, text: str, start: int) -> int:
+        """Lines of text (each after a newline) numbered from start + 1; returns the last number."""
         lineno, pos, last = start, 0, 0
         handlers = self.handlers
         for m in self.fast.finditer(text):
@@ -362,8 +403,8 @@ class Runner:
             try:
                 if handlers[name](lineno, m, ts):
                     continue
-            except (ValueError, IndexError, KeyError, OverflowError) as e:
-                self.parsers[0].warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
+            except (ValueError, IndexError, KeyError, OverflowError) as err:
+                self.parsers[0].warnings.append(f"line {lineno}: not understood ({type(err).__name__})")
                 self.miss(lineno)
                 continue
             self.pending_ts = ts  # not recognised after all: the general path decides
@@ -371,7 +412,8 @@ class Runner:
         if last > self.num_lines:
             self.num_lines = last
         if pos < len(text):
-            self._gap(text, pos, len(text), lineno)
+            lineno = self._gap(text, pos, len(text), lineno)
+        return lineno
 
     def _gap(self, text: str, a: int, b: int, lineno: int) -> int:
         """Lines text[a + 1:b] (a: the newline before them); returns the last line number."""
@@ -387,7 +429,10 @@ class Runner:
         else:
             for i, line in enumerate(seg[1:].split("\n"), lineno + 1):
                 if line:
-                    self.raw(i, line)
+                    if n > 1 and self._unrecognisable("\n" + line):
+                        self._misses(i - 1, 1)
+                    else:
+                        self.raw(i, line)
         return lineno + n
 
     def _unrecognisable(self, seg: str) -> bool:
@@ -429,23 +474,27 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
 
 
 def iter_chunks(text: str | Iterable[str]) -> Iterator[list[str]]:
-    """Lines in batches of about CHUNK_CHARS characters / CHUNK_LINES lines (a string is cut
-    at newlines chunk by chunk: never one list of all its lines)."""
+    """Lines in batches growing to about CHUNK_CHARS characters / CHUNK_LINES lines (a string
+    is cut at newlines chunk by chunk: never one list of all its lines). The first batches are
+    small: a log's new keys (edges, call shapes) come early, and a chunk with new ones is not
+    counted in bulk."""
+    grow = 1 / 16
     if isinstance(text, str):
         start = 0
         while start <= len(text):
-            end = text.find("\n", start + CHUNK_CHARS)
+            end = text.find("\n", start + max(1, int(CHUNK_CHARS * grow)))
             if end < 0:
                 end = len(text)
             yield text[start:end].split("\n")
-            start = end + 1
+            start, grow = end + 1, min(1, grow * 2)
         return
     it = iter(text)
     while True:
-        batch = list(itertools.islice(it, CHUNK_LINES))
+        batch = list(itertools.islice(it, max(1, int(CHUNK_LINES * grow))))
         if not batch:
             return
         yield batch
+        grow = min(1, grow * 2)
 
 
 # ---------------------------------------------------------------- detection

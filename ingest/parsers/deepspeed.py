@@ -74,14 +74,15 @@ class DeepSpeedParser(StepRowParser):
         return self._message(lineno, m.group("d_ts"), m.group("d_func"), m.group("d_msg").strip(), fast_rank(m))
 
     def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
-        """The message of a ``[ts] [LEVEL] [file.py:line:func]`` line."""
-        rm = _RANK.match(msg)
+        """The message of a ``[ts] [LEVEL] [file.py:line:func]`` line. (The ``in`` tests are
+        literals each regex needs: most messages are none of these.)"""
+        rm = _RANK.match(msg) if msg[:6] == "[Rank " else None
         if rm:
             rank, msg = int(rm.group(1)), msg[rm.end():]
         if func == "see_memory_usage":
             self._mem_label = (lineno, msg)
             return True
-        m = _STEP.match(msg)
+        m = _STEP.match(msg) if "step=" in msg else None
         if m:
             r = int(m.group("rank")) if m.group("rank") else rank
             row = self._row(r, int(m.group("step")), lineno)
@@ -91,7 +92,7 @@ class DeepSpeedParser(StepRowParser):
             except ValueError:
                 pass
             return True
-        m = _NEW_TIMER.match(msg) or _OLD_TIMER.match(msg)
+        m = (_NEW_TIMER.match(msg) or _OLD_TIMER.match(msg)) if "SamplesPerSec=" in msg else None
         if m:
             g = m.groupdict()
             row = self._row(rank, int(g["step"]), lineno)
@@ -107,7 +108,7 @@ class DeepSpeedParser(StepRowParser):
             self.records.extend(timer_records(msg, source=self.source, lineno=lineno, step=self._last_step,
                                               rank=rank, kind="deepspeed"))
             return True
-        m = _PIPE.match(msg)
+        m = _PIPE.match(msg) if msg[:7] == "steps: " else None
         if m:
             row = self._row(rank, int(m.group("step")), lineno)
             row.update(time=ts, step_time_s=float(m.group("t")), samples_per_s=float(m.group("sps")),
@@ -117,7 +118,7 @@ class DeepSpeedParser(StepRowParser):
             self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "launch_command",
                                  "kind": "deepspeed", "key": "launch_command", "value": msg[6:]})
             return True
-        m = _CFG.match(msg)
+        m = _CFG.match(msg) if " .." in msg else None
         if m:
             self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "config",
                                  "kind": "deepspeed", "key": f"deepspeed.{m.group('key')}", "value": m.group("value").strip()})

@@ -19,6 +19,7 @@ from ingest.parsers.failures import FailureScanner
 _ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
 _MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
+_SEGMENTS = re.compile(r"\|([^|:]*):([^|]*)")  # "| key: value" -> (key, value): split at "|", then at the first ":"
 _MINMAX = re.compile(r"(?P<name>[\w\-/ ]+?) \.{2,}: \((?P<min>[\d.]+), (?P<max>[\d.]+)\)$")
 
 # Pattern table for ``key: value`` segments of an iteration line: key -> (column, type, unit scale).
@@ -84,10 +85,7 @@ class MegatronParser(StepRowParser):
                 row["time"] = m.group("ts") or ts
                 row["num_steps_total"] = int(m.group("total"))
                 fields = ITER_FIELDS
-                for seg in m.group("rest").split("|"):
-                    key, sep, value = seg.partition(":")
-                    if not sep:
-                        continue
+                for key, value in _SEGMENTS.findall("|" + m.group("rest")):
                     key, value = key.strip(), value.strip()
                     if not value:
                         continue

@@ -105,6 +105,7 @@ class NcclParser(LineParser):
                  rf"(?P<e_dst>{_FAST_ENDPOINT})(?P<e_dir> \[send\]| \[receive\]|) via (?P<e_via>.*\S)"),
         ("info", _FAST_HEADER.format("i_") + r"(?P<i_msg>\S(?:.*\S)?)"),
     )
+    bulk_line = "edge"
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -157,6 +158,18 @@ class NcclParser(LineParser):
     def fast_info(self, lineno: int, m, ts) -> bool:
         host, pid, dev, msg, rank = m.group("i_host", "i_pid", "i_dev", "i_msg", "rank")
         return self._msg(lineno, (host, pid, dev), msg, ts, int(rank) if rank else None)
+
+    def bulk(self, counts: dict[tuple, int]) -> bool:
+        """counts: edge-row groups (host, pid, dev, channel, src, dst, direction, via) -> lines."""
+        adds = []
+        for (host, pid, _dev, ch, src, dst, direction, via), n in counts.items():
+            key = (host, pid, src, dst, _FAST_DIRECTION[direction], via)
+            if ch not in self._edge_channels.get(key, ()):
+                return False  # a new edge or channel: its first line and order matter
+            adds.append((key, n))
+        for key, n in adds:
+            self._edges[key]["num_channels"] += n
+        return True
 
     def _add_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
         """key: (host, pid, src, dst, direction, transport); one row per key, counting channels."""

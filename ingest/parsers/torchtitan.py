@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, fast_rank, run_parsers, to_int, to_num
+from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -50,11 +50,11 @@ class TorchtitanParser(LineParser):
     fast_lines = (("step", _FAST_STEP), ("line", _FAST_HEAD.format("l_ts") + r".*\S"))
 
     def fast_step(self, lineno: int, m, ts) -> bool:
-        step, loss, gn, gib, pct, tps, tflops, mfu = m.group("t_step", "t_loss", "t_gn", "t_gib", "t_pct", "t_tps",
-                                                             "t_tflops", "t_mfu")
+        rank, time, step, loss, gn, gib, pct, tps, tflops, mfu = m.group(
+            "rank", "t_ts", "t_step", "t_loss", "t_gn", "t_gib", "t_pct", "t_tps", "t_tflops", "t_mfu")
         try:
-            row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": fast_rank(m),
-                   "time": m.group("t_ts"), "step": int(step), "loss": float(loss)}
+            row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan",
+                   "rank": int(rank) if rank else None, "time": time, "step": int(step), "loss": float(loss)}
             if gn is not None:
                 row["grad_norm"] = float(gn)
             row["mem_max_reserved_gib"], row["mem_max_reserved_pct"] = float(gib), float(pct)
