@@ -14,7 +14,17 @@ from ingest.parsers import PARSED_KINDS, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 TEXTS = {p.name: p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("*.txt"))}
-LINES = sorted({line for text in TEXTS.values() for line in text.split("\n")})
+SYNTHETIC = [  # documented line shapes no fixture holds (fixtures README: COLL and TUNING subsystems)
+    "h:1:1 [0] NCCL INFO AllReduce: opCount 1a sendbuff 0x7f01 recvbuff 0x7f02 count 1048576 datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x9",
+    "h:1:1 [0] NCCL INFO AllReduce: opCount 1b sendbuff 0x7f03 recvbuff 0x7f04 count 1048576 datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x9",
+    "h:1:1 [0] NCCL INFO Broadcast: opCount 0 sendbuff 0x7f recvbuff 0x7f count 240 datatype 0 op 0 root 0 comm 0x55",
+    "h:2:2 [1] NCCL INFO AllGather: opCount 3 sendbuff 0x1 recvbuff 0x2 count 0042 datatype 7 op 0 root -1 comm 0x66 [nranks=2] junk",
+    "h:1:1 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 36.220001",
+    "h:1:1 [0] NCCL INFO 4096 Bytes -> Algo 0 proto 0 time 25.874907",
+    "h:1:1 [0] NCCL INFO 04096 Bytes -> Algo 0 proto 0 channels 2",
+    "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 1.2.3 extra",
+]
+LINES = sorted({line for text in TEXTS.values() for line in text.split("\n")} | set(SYNTHETIC))
 KINDS = PARSED_KINDS + (None,)
 PREFIXES = ["", "", "", "[rank3]:", "[1,3]<stdout>:", "[0] ", "trainer/0 [0]:", "[default3]:", "      ", "\t",
             "[80746] [rank0]:", "(RayWorkerWrapper pid=1, ip=192.0.2.1) ", "[rank1]: ", "\x1b[32m"]
@@ -103,6 +113,13 @@ def test_repeated_content_keeps_aggregated_tables_bounded():
     assert len(once) == len(many)
     assert [r.get("channels") for r in once] == [r.get("channels") for r in many]  # distinct channels
     assert [r.get("num_calls") for r in many if "num_calls" in r] == [50, 50]
+
+
+def test_synthetic_coll_tuning_repeated():
+    lines = SYNTHETIC * 3
+    for chunk_lines in (2, 20000):
+        with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines):
+            assert_same("\n".join(lines), "nccl")
 
 
 @pytest.mark.parametrize("chunk_lines", [5, 40])

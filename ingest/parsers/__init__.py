@@ -189,17 +189,18 @@ class LineParser:
     line shapes of the format; a matched line goes to ``fast_<name>(lineno, m, ts)`` if the
     parser has one, else to ``feed`` with the line (the regex's group ``name``). Only the
     first parser of a chain has fast lines: a line they match is one it recognises.
-    ``bulk_line``: the name of a fast row whose lines ``bulk`` can count per chunk at once.
+    ``bulk_lines``: fast rows whose lines ``bulk`` can count per chunk at once: row name ->
+    the row's groups that make the aggregation key (in the order they appear in the row).
     """
 
     kind = ""
     hints: tuple[str, ...] | None = None
     fast_lines: tuple[tuple[str, str], ...] = ()
-    bulk_line: str | None = None
+    bulk_lines: dict[str, tuple[str, ...]] = {}
 
-    def bulk(self, counts: dict[tuple, int]) -> bool:
-        """Apply counts of ``bulk_line`` rows (key: the row's groups) if that adds no new row
-        or order-dependent value; else change nothing and return False."""
+    def bulk(self, counts: dict[str, Counter]) -> bool:
+        """Apply the line counts of ``bulk_lines`` rows (row name -> key groups -> lines) if
+        that adds no new row or order-dependent value; else change nothing, return False."""
         return False
 
     def __init__(self, source: str) -> None:
@@ -262,12 +263,21 @@ def fast_regex(parser_type: type) -> re.Pattern | None:
     return _FAST_CACHE[parser_type]
 
 
-def bulk_regex(parser_type: type) -> re.Pattern | None:
-    """The split regex of a parser's ``bulk_line`` row: an optional timestamp line, then the row."""
-    if parser_type.bulk_line is None:
+def bulk_regex(parser_type: type) -> tuple[re.Pattern, list[tuple[str, int, int]]] | None:
+    """The split regex of a parser's ``bulk_lines`` (an optional timestamp line, then one of
+    the rows, only key groups capturing) and each row's (name, first, last + 1) key positions."""
+    if not parser_type.bulk_lines:
         return None
-    row = dict(parser_type.fast_lines)[parser_type.bulk_line]
-    return re.compile(f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|)(?:{row})[^\\S\\n]*$", re.M)
+    rows, alts, at = [], [], 2  # group 1: the timestamp line
+    for name, pattern in parser_type.fast_lines:
+        keys = parser_type.bulk_lines.get(name)
+        if keys is not None:
+            alts.append(re.sub(r"\(\?P<(\w+)>", lambda g: g.group(0) if g.group(1) in keys else "(?:", pattern))
+            rows.append((name, at, at + len(keys)))
+            at += len(keys)
+    rx = re.compile(f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|)(?:{'|'.join(alts)})[^\\S\\n]*$", re.M)
+    assert rx.groups == at - 1, "bulk_lines keys must be groups of their rows"
+    return rx, rows
 
 
 def fast_rank(m: re.Match) -> int | None:
@@ -294,7 +304,7 @@ class Runner:
         hints = [p.hints for p in parsers]
         self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
         self.fast = fast_regex(type(parsers[0])) if fast else None
-        self.bulk = bulk_regex(type(parsers[0])) if fast else None
+        self.bulk, self.bulk_rows = (bulk_regex(type(parsers[0])) if fast else None) or (None, [])
         first = parsers[0]
         self.handlers = {name: getattr(first, f"fast_{name}", None) or self._feed_first(name)
                          for name, _ in first.fast_lines}
@@ -368,8 +378,16 @@ class Runner:
         per line), if its ``bulk`` accepts the counts (it does when they add nothing new, so
         order does not matter); the lines between them take ``_scan``."""
         parts = self.bulk.split(text)
-        step = self.bulk.groups + 1  # per match: the timestamp line before it (or None), then the row's groups
-        if len(parts) == 1 or not self.parsers[0].bulk(Counter(zip(*(parts[i::step] for i in range(2, step))))):
+        step = self.bulk.groups + 1  # per match: the timestamp line before it (or None), then the rows' groups
+        if len(parts) == 1:
+            return False
+        counts: dict[str, Counter] = {name: Counter() for name, _, _ in self.bulk_rows}
+        for key, n in Counter(zip(*(parts[i::step] for i in range(2, step)))).items():  # distinct keys only
+            for name, a, b in self.bulk_rows:
+                if key[a - 2] is not None:  # the row's first key group always takes part in its match
+                    counts[name][key[a - 2:b - 2]] += n
+                    break
+        if not self.parsers[0].bulk(counts):
             return False
         lineno = start
         for piece, ts in zip(parts[::step], parts[1::step]):

@@ -13,6 +13,7 @@ Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
@@ -103,9 +104,19 @@ class NcclParser(LineParser):
     fast_lines = (
         ("edge", _FAST_HEADER.format("e_") + rf"Channel (?P<e_ch>[0-9]+)(?:/[0-9]+|) : (?P<e_src>{_FAST_ENDPOINT}) -> "
                  rf"(?P<e_dst>{_FAST_ENDPOINT})(?P<e_dir> \[send\]| \[receive\]|) via (?P<e_via>.*\S)"),
+        # per-call COLL and TUNING lines (the bulk of a COLL,TUNING log): counted into their row
+        ("coll", _FAST_HEADER.format("c_") + r"(?P<c_msg>(?P<c_func>[A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "
+                 r"count (?P<c_count>[0-9]+) datatype (?P<c_dt>[0-9]+) op (?P<c_redop>[0-9]+) root (?P<c_root>-?[0-9]+) "
+                 r"comm (?P<c_comm>0x[0-9a-f]+)(?: \[nranks=[0-9]+\]|)(?: stream \S+|))"),
+        ("tuning", _FAST_HEADER.format("u_") + r"(?P<u_msg>(?:(?P<u_func>[A-Za-z]+): |)(?P<u_bytes>[0-9]+) Bytes -> "
+                   r"Algo (?P<u_algo>[0-9]+) proto (?P<u_proto>[0-9]+) (?:time|channels) [0-9.]+(?:.*\S|))"),
         ("info", _FAST_HEADER.format("i_") + r"(?P<i_msg>\S(?:.*\S)?)"),
     )
-    bulk_line = "edge"
+    bulk_lines = {
+        "edge": ("e_host", "e_pid", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),
+        "coll": ("c_host", "c_pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
+        "tuning": ("u_host", "u_func", "u_bytes", "u_algo", "u_proto"),  # (the first key is never None)
+    }
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -155,20 +166,43 @@ class NcclParser(LineParser):
         self._add_edge(lineno, (host, pid, dev), (host, pid, src, dst, _FAST_DIRECTION[direction], via), ch, False)
         return True
 
+    def fast_coll(self, lineno: int, m, ts) -> bool:
+        host, pid, func, count, dt, redop, root, comm = m.group("c_host", "c_pid", "c_func", "c_count", "c_dt", "c_redop",
+                                                                 "c_root", "c_comm")
+        have = self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root))
+        if have is None:  # a new call shape: the general path builds its row
+            return self._coll(lineno, m.group("c_msg"), m.group("c_host", "c_pid", "c_dev"))
+        have["num_calls"] += 1
+        return True
+
+    def fast_tuning(self, lineno: int, m, ts) -> bool:
+        func, size, algo, proto = m.group("u_func", "u_bytes", "u_algo", "u_proto")
+        have = self._colls.get(("tuning", func, int(size), int(algo), int(proto)))
+        if have is None:
+            return self._msg(lineno, m.group("u_host", "u_pid", "u_dev"), m.group("u_msg"), ts, None)
+        have["num_calls"] += 1
+        return True
+
     def fast_info(self, lineno: int, m, ts) -> bool:
         host, pid, dev, msg, rank = m.group("i_host", "i_pid", "i_dev", "i_msg", "rank")
         return self._msg(lineno, (host, pid, dev), msg, ts, int(rank) if rank else None)
 
-    def bulk(self, counts: dict[tuple, int]) -> bool:
-        """counts: edge-row groups (host, pid, dev, channel, src, dst, direction, via) -> lines."""
+    def bulk(self, counts: dict[str, Counter]) -> bool:
+        """Lines per key of the bulk rows (see bulk_lines); only adds to rows that exist."""
         adds = []
-        for (host, pid, _dev, ch, src, dst, direction, via), n in counts.items():
+        for (host, pid, ch, src, dst, direction, via), n in counts["edge"].items():
             key = (host, pid, src, dst, _FAST_DIRECTION[direction], via)
             if ch not in self._edge_channels.get(key, ()):
                 return False  # a new edge or channel: its first line and order matter
-            adds.append((key, n))
-        for key, n in adds:
-            self._edges[key]["num_channels"] += n
+            adds.append((self._edges[key], "num_channels", n))
+        for (host, pid, func, count, dt, redop, root, comm), n in counts["coll"].items():
+            adds.append((self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root)), "num_calls", n))
+        for (_host, func, size, algo, proto), n in counts["tuning"].items():
+            adds.append((self._colls.get(("tuning", func, int(size), int(algo), int(proto))), "num_calls", n))
+        if any(row is None for row, _, _ in adds):
+            return False  # a new call shape
+        for row, column, n in adds:
+            row[column] += n
         return True
 
     def _add_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
