@@ -65,6 +65,11 @@ class Rule:
     cols: tuple[Col, ...] = ()
     const: tuple[tuple[str, object], ...] = ()
 
+    def __post_init__(self) -> None:
+        # what apply_rule needs per match, unpacked once: the groups, and (column, type, scale) each
+        object.__setattr__(self, "groups", tuple(c.group for c in self.cols) * (1 + (len(self.cols) == 1)))
+        object.__setattr__(self, "plan", tuple((c.column, c.type, c.scale) for c in self.cols))
+
 
 def rule(name: str, pattern: str, table: str | None, *cols: Col, **const: object) -> Rule:
     return Rule(name, re.compile(pattern), table, tuple(cols), tuple(const.items()))
@@ -84,16 +89,17 @@ def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None
     if r.table is None:
         return None
     rec: dict = {"table": r.table, "source": source, "line": lineno, "record": r.name}
-    rec.update(r.const)
-    for c in r.cols:
-        text = m.group(c.group)
-        if text is None:
-            continue
-        try:
-            value = c.type(text)
-        except (ValueError, TypeError):
-            continue
-        rec[c.column] = value * c.scale if c.scale != 1.0 else value
+    if r.const:
+        rec.update(r.const)
+    if r.plan:
+        for (column, typ, scale), text in zip(r.plan, m.group(*r.groups)):  # (one column: its group twice)
+            if text is None:
+                continue
+            try:
+                value = typ(text)
+            except (ValueError, TypeError):
+                continue
+            rec[column] = value * scale if scale != 1.0 else value
     return rec
 
 
@@ -185,9 +191,10 @@ class LineParser:
     Two optional class attributes let the chunked runner skip the per-line path:
     ``hints``: substrings of which every line the parser recognises holds one (lines that
     start like a launcher prefix, a timestamp or a digit are always fed); None: no such
-    bound. ``fast_lines``: (name, regex of a whole normalised line) rows for the frequent
-    line shapes of the format; a matched line goes to ``fast_<name>(lineno, m, ts)`` if the
-    parser has one, else to ``feed`` with the line (the regex's group ``name``). Only the
+    bound. ``fast_lines``: (name, regex) rows for the frequent line shapes of the format,
+    each completing ``fast_head`` (a regex all of them start with, matched once) to a whole
+    normalised line; a matched line goes to ``fast_<name>(lineno, m, ts)`` if the parser has
+    one, else to ``feed`` with the line. Group names are unique across head and rows. Only the
     first parser of a chain has fast lines: a line they match is one it recognises.
     ``bulk_lines``: fast rows whose lines ``bulk`` can count per chunk at once: row name ->
     the row's groups that make the aggregation key (in the order they appear in the row).
@@ -195,6 +202,7 @@ class LineParser:
 
     kind = ""
     hints: tuple[str, ...] | None = None
+    fast_head = ""
     fast_lines: tuple[tuple[str, str], ...] = ()
     bulk_lines: dict[str, tuple[str, ...]] = {}
 
@@ -255,29 +263,33 @@ CHUNK_LINES = 20000
 
 
 def fast_regex(parser_type: type) -> re.Pattern | None:
-    """The compiled fast-line regex of a parser class (one alternation over its rows)."""
+    """The compiled fast-line regex of a parser class: after the launcher prefix, a timestamp
+    line or the format's ``fast_head`` and one of its rows (group ``body_at`` marks where the
+    normalised line starts)."""
     if parser_type not in _FAST_CACHE:
-        rows = parser_type.fast_lines
-        alts = "|".join(f"(?P<{name}>{pattern})" for name, pattern in (("iso_ts", _FAST_ISO_TS), *rows))
-        _FAST_CACHE[parser_type] = re.compile(f"{_FAST_PREFIX}(?:{alts})[^\\S\\n]*$", re.M) if rows else None
+        rows = "|".join(f"(?P<{name}>{pattern})" for name, pattern in parser_type.fast_lines)
+        _FAST_CACHE[parser_type] = re.compile(
+            f"{_FAST_PREFIX}(?:(?P<iso_ts>{_FAST_ISO_TS})|(?P<body_at>){parser_type.fast_head}(?:{rows}))[^\\S\\n]*$",
+            re.M) if rows else None
     return _FAST_CACHE[parser_type]
 
 
-def bulk_regex(parser_type: type) -> tuple[re.Pattern, list[tuple[str, int, int]]] | None:
-    """The split regex of a parser's ``bulk_lines`` (an optional timestamp line, then one of
-    the rows, only key groups capturing) and each row's (name, first, last + 1) key positions."""
+def bulk_regex(parser_type: type) -> tuple[re.Pattern, list[tuple[str, int, tuple[int, ...]]]] | None:
+    """The split regex of a parser's ``bulk_lines``: an optional timestamp line (group 1), the
+    head and one of the rows, only key groups capturing, each row led by an empty marker
+    group; and per row (name, marker position, key positions) in the split's group tuple."""
     if not parser_type.bulk_lines:
         return None
-    rows, alts, at = [], [], 2  # group 1: the timestamp line
-    for name, pattern in parser_type.fast_lines:
-        keys = parser_type.bulk_lines.get(name)
-        if keys is not None:
-            alts.append(re.sub(r"\(\?P<(\w+)>", lambda g: g.group(0) if g.group(1) in keys else "(?:", pattern))
-            rows.append((name, at, at + len(keys)))
-            at += len(keys)
-    rx = re.compile(f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|)(?:{'|'.join(alts)})[^\\S\\n]*$", re.M)
-    assert rx.groups == at - 1, "bulk_lines keys must be groups of their rows"
-    return rx, rows
+    keys = {k for ks in parser_type.bulk_lines.values() for k in ks}
+
+    def only_keys(pattern: str) -> str:
+        return re.sub(r"\(\?P<(\w+)>", lambda g: g.group(0) if g.group(1) in keys else "(?:", pattern)
+    alts = [f"(?P<bulk_{name}>){only_keys(pattern)}" for name, pattern in parser_type.fast_lines
+            if name in parser_type.bulk_lines]
+    rx = re.compile(f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|){only_keys(parser_type.fast_head)}(?:{'|'.join(alts)})"
+                    f"[^\\S\\n]*$", re.M)
+    at = {name: i - 2 for name, i in rx.groupindex.items()}  # position in the tuple of groups 2..
+    return rx, [(name, at[f"bulk_{name}"], tuple(at[k] for k in ks)) for name, ks in parser_type.bulk_lines.items()]
 
 
 def fast_rank(m: re.Match) -> int | None:
@@ -313,7 +325,7 @@ class Runner:
         feed = self.parsers[0].feed
 
         def handler(lineno: int, m: re.Match, ts) -> bool:
-            return feed(lineno, m.group(name), ts, fast_rank(m))
+            return feed(lineno, m.string[m.end("body_at"):m.end(name)], ts, fast_rank(m))
         return handler
 
     def miss(self, lineno: int) -> None:
@@ -382,10 +394,10 @@ class Runner:
         if len(parts) == 1:
             return False
         counts: dict[str, Counter] = {name: Counter() for name, _, _ in self.bulk_rows}
-        for key, n in Counter(zip(*(parts[i::step] for i in range(2, step)))).items():  # distinct keys only
-            for name, a, b in self.bulk_rows:
-                if key[a - 2] is not None:  # the row's first key group always takes part in its match
-                    counts[name][key[a - 2:b - 2]] += n
+        for groups, n in Counter(zip(*(parts[i::step] for i in range(2, step)))).items():  # distinct keys only
+            for name, marker, at in self.bulk_rows:
+                if groups[marker] is not None:  # the row that matched
+                    counts[name][tuple(groups[i] for i in at)] += n
                     break
         if not self.parsers[0].bulk(counts):
             return False

@@ -93,7 +93,6 @@ _RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+
 
 # Fast lines (see LineParser): plain ``host:pid:tid [dev] NCCL INFO`` lines; transport edges,
 # the bulk of an INFO log, are aggregated straight from the match.
-_FAST_HEADER = r"(?P<{0}host>[\w.\-]+):(?P<{0}pid>[0-9]+):[0-9]+ \[(?P<{0}dev>[0-9]+)\] NCCL INFO "
 _FAST_ENDPOINT = r"[0-9]+\[[0-9a-fA-F]+\]|[0-9]+"
 _FAST_DIRECTION = {" [send]": "send", " [receive]": "receive", "": ""}
 
@@ -101,21 +100,22 @@ _FAST_DIRECTION = {" [send]": "send", " [receive]": "receive", "": ""}
 class NcclParser(LineParser):
     kind = "nccl"
     hints = ("NCCL ", "#")
+    fast_head = r"(?P<host>[\w.\-]+):(?P<pid>[0-9]+):[0-9]+ \[(?P<dev>[0-9]+)\] NCCL INFO "
     fast_lines = (
-        ("edge", _FAST_HEADER.format("e_") + rf"Channel (?P<e_ch>[0-9]+)(?:/[0-9]+|) : (?P<e_src>{_FAST_ENDPOINT}) -> "
+        ("edge", rf"Channel (?P<e_ch>[0-9]+)(?:/[0-9]+|) : (?P<e_src>{_FAST_ENDPOINT}) -> "
                  rf"(?P<e_dst>{_FAST_ENDPOINT})(?P<e_dir> \[send\]| \[receive\]|) via (?P<e_via>.*\S)"),
         # per-call COLL and TUNING lines (the bulk of a COLL,TUNING log): counted into their row
-        ("coll", _FAST_HEADER.format("c_") + r"(?P<c_msg>(?P<c_func>[A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "
+        ("coll", r"(?P<c_msg>(?P<c_func>[A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "
                  r"count (?P<c_count>[0-9]+) datatype (?P<c_dt>[0-9]+) op (?P<c_redop>[0-9]+) root (?P<c_root>-?[0-9]+) "
                  r"comm (?P<c_comm>0x[0-9a-f]+)(?: \[nranks=[0-9]+\]|)(?: stream \S+|))"),
-        ("tuning", _FAST_HEADER.format("u_") + r"(?P<u_msg>(?:(?P<u_func>[A-Za-z]+): |)(?P<u_bytes>[0-9]+) Bytes -> "
+        ("tuning", r"(?P<u_msg>(?:(?P<u_func>[A-Za-z]+): |)(?P<u_bytes>[0-9]+) Bytes -> "
                    r"Algo (?P<u_algo>[0-9]+) proto (?P<u_proto>[0-9]+) (?:time|channels) [0-9.]+(?:.*\S|))"),
-        ("info", _FAST_HEADER.format("i_") + r"(?P<i_msg>\S(?:.*\S)?)"),
+        ("info", r"(?P<i_msg>\S(?:.*\S)?)"),
     )
     bulk_lines = {
-        "edge": ("e_host", "e_pid", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),
-        "coll": ("c_host", "c_pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
-        "tuning": ("u_host", "u_func", "u_bytes", "u_algo", "u_proto"),  # (the first key is never None)
+        "edge": ("host", "pid", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),
+        "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
+        "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
     }
 
     def __init__(self, source: str) -> None:
@@ -161,17 +161,17 @@ class NcclParser(LineParser):
         self._add_edge(lineno, hdr, (hdr[0], hdr[1], src, dst, g[6], g[7]), g[1], g[0] == "CollNet")
 
     def fast_edge(self, lineno: int, m, ts) -> bool:
-        host, pid, dev, ch, src, dst, direction, via = m.group("e_host", "e_pid", "e_dev", "e_ch", "e_src", "e_dst",
+        host, pid, dev, ch, src, dst, direction, via = m.group("host", "pid", "dev", "e_ch", "e_src", "e_dst",
                                                                "e_dir", "e_via")
         self._add_edge(lineno, (host, pid, dev), (host, pid, src, dst, _FAST_DIRECTION[direction], via), ch, False)
         return True
 
     def fast_coll(self, lineno: int, m, ts) -> bool:
-        host, pid, func, count, dt, redop, root, comm = m.group("c_host", "c_pid", "c_func", "c_count", "c_dt", "c_redop",
+        host, pid, func, count, dt, redop, root, comm = m.group("host", "pid", "c_func", "c_count", "c_dt", "c_redop",
                                                                  "c_root", "c_comm")
         have = self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root))
         if have is None:  # a new call shape: the general path builds its row
-            return self._coll(lineno, m.group("c_msg"), m.group("c_host", "c_pid", "c_dev"))
+            return self._coll(lineno, m.group("c_msg"), m.group("host", "pid", "dev"))
         have["num_calls"] += 1
         return True
 
@@ -179,12 +179,12 @@ class NcclParser(LineParser):
         func, size, algo, proto = m.group("u_func", "u_bytes", "u_algo", "u_proto")
         have = self._colls.get(("tuning", func, int(size), int(algo), int(proto)))
         if have is None:
-            return self._msg(lineno, m.group("u_host", "u_pid", "u_dev"), m.group("u_msg"), ts, None)
+            return self._msg(lineno, m.group("host", "pid", "dev"), m.group("u_msg"), ts, None)
         have["num_calls"] += 1
         return True
 
     def fast_info(self, lineno: int, m, ts) -> bool:
-        host, pid, dev, msg, rank = m.group("i_host", "i_pid", "i_dev", "i_msg", "rank")
+        host, pid, dev, msg, rank = m.group("host", "pid", "dev", "i_msg", "rank")
         return self._msg(lineno, (host, pid, dev), msg, ts, int(rank) if rank else None)
 
     def bulk(self, counts: dict[str, Counter]) -> bool:
@@ -197,7 +197,7 @@ class NcclParser(LineParser):
             adds.append((self._edges[key], "num_channels", n))
         for (host, pid, func, count, dt, redop, root, comm), n in counts["coll"].items():
             adds.append((self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root)), "num_calls", n))
-        for (_host, func, size, algo, proto), n in counts["tuning"].items():
+        for (func, size, algo, proto), n in counts["tuning"].items():
             adds.append((self._colls.get(("tuning", func, int(size), int(algo), int(proto))), "num_calls", n))
         if any(row is None for row, _, _ in adds):
             return False  # a new call shape

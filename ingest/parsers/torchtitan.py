@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
+from ingest.parsers import LineParser, ParseResult, fast_rank, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -36,9 +36,7 @@ _EVENTS = (
 # Fast line: the usual layout of a step line. Values are taken loosely (single-class repeats
 # are what the regex engine runs fast) and converted with float()/int(); a value that does
 # not convert sends the line to feed, so fast_step gives what _KV and STEP_FIELDS give.
-_FAST_HEAD = r"(?:\[titan\] |)(?P<{}>[0-9]{{4}}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+) - \w+ - [A-Z]+ - "
 _FAST_STEP = (
-    _FAST_HEAD.format("t_ts") +
     r"step: +(?P<t_step>[0-9]+) +loss: +(?P<t_loss>\S+)(?: +grad_norm: +(?P<t_gn>\S+)|) +memory: +(?P<t_gib>[0-9.]+)GiB"
     r"\((?P<t_pct>[0-9.]+)%\) +[tw]ps: +(?P<t_tps>[0-9,]+) +tflops: +(?P<t_tflops>\S+) +mfu: +(?P<t_mfu>\S+)%"
 )
@@ -47,7 +45,8 @@ _FAST_STEP = (
 class TorchtitanParser(LineParser):
     kind = "torchtitan"
     hints = (" - ",)
-    fast_lines = (("step", _FAST_STEP), ("line", _FAST_HEAD.format("l_ts") + r".*\S"))
+    fast_head = r"(?:\[titan\] |)(?P<t_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+) - \w+ - [A-Z]+ - "
+    fast_lines = (("step", _FAST_STEP), ("line", r"(?P<l_msg>.*\S)"))
 
     def fast_step(self, lineno: int, m, ts) -> bool:
         rank, time, step, loss, gn, gib, pct, tps, tflops, mfu = m.group(
@@ -69,10 +68,16 @@ class TorchtitanParser(LineParser):
         m = _LINE.match(body)
         if m is None:
             return False
-        msg = m.group("msg")
+        return self._message(lineno, m.group("ts"), m.group("msg"), rank)
+
+    def fast_line(self, lineno: int, m, ts) -> bool:
+        return self._message(lineno, m.group("t_ts"), m.group("l_msg"), fast_rank(m))
+
+    def _message(self, lineno: int, time: str, msg: str, rank) -> bool:
+        """The message of a ``ts - logger - LEVEL - msg`` line."""
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
-                   "time": m.group("ts")}
+                   "time": time}
             for kv in _KV.finditer(msg):
                 key, value = kv.group("key"), kv.group("value")
                 if key == "memory":
@@ -100,7 +105,7 @@ class TorchtitanParser(LineParser):
             if e:
                 g = e.groupdict()
                 self.records.append({"table": "events", "source": self.source, "line": lineno, "event": name,
-                                     "rank": rank, "time": m.group("ts"), "detail": msg[:500],
+                                     "rank": rank, "time": time, "detail": msg[:500],
                                      "duration_s": float(g["s"]) if g.get("s") else None,
                                      "step": int(g["step"]) if g.get("step") else None})
                 return True
