@@ -84,6 +84,17 @@ def to_int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def put_field(row: dict, spec: tuple, value: str) -> None:
+    """``row[column] = type(value) * scale`` for a (column, type, scale) pattern-table entry;
+    a value that does not convert is left out."""
+    column, typ, scale = spec
+    try:
+        v = typ(value)
+    except ValueError:
+        return
+    row[column] = v * scale if scale != 1 else v
+
+
 def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None:
     """Build the record of a matched rule (None for recognised-only rules)."""
     if r.table is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import ParseResult, StepRowParser, fast_rank, run_parsers, to_int, to_num
+from ingest.parsers import ParseResult, StepRowParser, fast_rank, put_field, run_parsers, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -100,12 +100,7 @@ class MegatronParser(StepRowParser):
                         self._unknown.add(key)
                         self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
                     continue
-            col, typ, scale = spec
-            try:
-                v = typ(value)
-            except ValueError:
-                continue
-            row[col] = v * scale if scale != 1 else v
+            put_field(row, spec, value)
         row.setdefault("loss", None)
         self._last_step = step
         return True

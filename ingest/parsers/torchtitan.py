@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, fast_rank, run_parsers, to_int, to_num
+from ingest.parsers import LineParser, ParseResult, fast_rank, put_field, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -87,14 +87,8 @@ class TorchtitanParser(LineParser):
                         row["mem_max_reserved_pct"] = float(mm.group("pct"))
                     continue
                 spec = STEP_FIELDS.get(key)
-                if spec is None:
-                    continue
-                col, typ, scale = spec
-                try:
-                    v = typ(value)
-                except ValueError:
-                    continue
-                row[col] = v * scale if scale != 1 else v
+                if spec is not None:
+                    put_field(row, spec, value)
             if "step" not in row:
                 return False
             row.setdefault("loss", None)
