@@ -19,7 +19,6 @@ from ingest.parsers.failures import FailureScanner
 _ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
 _MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
-_SEGMENTS = re.compile(r"\|([^|:]*):([^|]*)")  # "| key: value" -> (key, value): split at "|", then at the first ":"
 _MINMAX = re.compile(r"(?P<name>[\w\-/ ]+?) \.{2,}: \((?P<min>[\d.]+), (?P<max>[\d.]+)\)$")
 
 # Pattern table for ``key: value`` segments of an iteration line: key -> (column, type, unit scale).
@@ -87,7 +86,10 @@ class MegatronParser(StepRowParser):
         row["time"] = time
         row["num_steps_total"] = int(total)
         fields = ITER_FIELDS
-        for key, value in _SEGMENTS.findall("|" + rest):
+        for seg in rest.split("|"):
+            key, sep, value = seg.partition(":")
+            if not sep:
+                continue
             key, value = key.strip(), value.strip()
             if not value:
                 continue
