@@ -4,7 +4,8 @@ Records: ``env`` (nccl_version, cuda_driver_version, network, bootstrap, NCCL_* 
 nccl-tests devices), ``comm_topology`` (comm_init, init_complete, channels, ring, tree, nvls,
 thread_thresholds, p2p_chunksize, topo_node / topo_system from GRAPH dumps, and one
 ``transport`` row per distinct edge: comm-less key (host, pid, rank, peer, direction,
-transport) with ``num_channels``), ``collectives`` (TUNING selections and COLL calls,
+transport) with ``num_channels`` (lines) and ``channels`` (distinct ids, first-seen order)),
+``collectives`` (TUNING selections and COLL calls,
 aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
 (WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
 Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
