@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -64,6 +65,11 @@ class Rule:
     cols: tuple[Col, ...] = ()
     const: tuple[tuple[str, object], ...] = ()
 
+    def __post_init__(self) -> None:
+        # what apply_rule needs per match, unpacked once: the groups, and (column, type, scale) each
+        object.__setattr__(self, "groups", tuple(c.group for c in self.cols) * (1 + (len(self.cols) == 1)))
+        object.__setattr__(self, "plan", tuple((c.column, c.type, c.scale) for c in self.cols))
+
 
 def rule(name: str, pattern: str, table: str | None, *cols: Col, **const: object) -> Rule:
     return Rule(name, re.compile(pattern), table, tuple(cols), tuple(const.items()))
@@ -78,21 +84,33 @@ def to_int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def put_field(row: dict, spec: tuple, value: str) -> None:
+    """``row[column] = type(value) * scale`` for a (column, type, scale) pattern-table entry;
+    a value that does not convert is left out."""
+    column, typ, scale = spec
+    try:
+        v = typ(value)
+    except ValueError:
+        return
+    row[column] = v * scale if scale != 1 else v
+
+
 def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None:
     """Build the record of a matched rule (None for recognised-only rules)."""
     if r.table is None:
         return None
     rec: dict = {"table": r.table, "source": source, "line": lineno, "record": r.name}
-    rec.update(r.const)
-    for c in r.cols:
-        text = m.group(c.group)
-        if text is None:
-            continue
-        try:
-            value = c.type(text)
-        except (ValueError, TypeError):
-            continue
-        rec[c.column] = value * c.scale if c.scale != 1.0 else value
+    if r.const:
+        rec.update(r.const)
+    if r.plan:
+        for (column, typ, scale), text in zip(r.plan, m.group(*r.groups)):  # (one column: its group twice)
+            if text is None:
+                continue
+            try:
+                value = typ(text)
+            except (ValueError, TypeError):
+                continue
+            rec[column] = value * scale if scale != 1.0 else value
     return rec
 
 
@@ -108,9 +126,12 @@ _UNIT_GIB = {"B": 1 / 2**30, "KB": 1 / 2**20, "KIB": 1 / 2**20, "MB": 1 / 2**10,
              "GB": 1.0, "GIB": 1.0, "TB": 2**10, "TIB": 2**10}
 
 
+_SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", re.I)
+
+
 def to_gib(text: str) -> float:
     """'649.97 MiB' / '1.01 GiB' / '0.26GB' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed print them)."""
-    m = re.fullmatch(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", text, re.I)
+    m = _SIZE.fullmatch(text)
     if not m:
         raise ValueError(text)
     return to_num(m.group(1)) * _UNIT_GIB[m.group(2).upper()]
@@ -176,9 +197,30 @@ def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
 
 class LineParser:
     """Base of the stateful per-format scanners: ``feed`` a normalised line, return whether
-    it was recognised; ``finish`` flushes state. Records go to ``self.records``."""
+    it was recognised; ``finish`` flushes state. Records go to ``self.records``.
+
+    Two optional class attributes let the chunked runner skip the per-line path:
+    ``hints``: substrings of which every line the parser recognises holds one (lines that
+    start like a launcher prefix, a timestamp or a digit are always fed); None: no such
+    bound. ``fast_lines``: (name, regex) rows for the frequent line shapes of the format,
+    each completing ``fast_head`` (a regex all of them start with, matched once) to a whole
+    normalised line; a matched line goes to ``fast_<name>(lineno, m, ts)`` if the parser has
+    one, else to ``feed`` with the line. Group names are unique across head and rows. Only the
+    first parser of a chain has fast lines: a line they match is one it recognises.
+    ``bulk_lines``: fast rows whose lines ``bulk`` can count per chunk at once: row name ->
+    the row's groups that make the aggregation key (in the order they appear in the row).
+    """
 
     kind = ""
+    hints: tuple[str, ...] | None = None
+    fast_head = ""
+    fast_lines: tuple[tuple[str, str], ...] = ()
+    bulk_lines: dict[str, tuple[str, ...]] = {}
+
+    def bulk(self, counts: dict[str, Counter]) -> bool:
+        """Apply the line counts of ``bulk_lines`` rows (row name -> key groups -> lines) if
+        that adds no new row or order-dependent value; else change nothing, return False."""
+        return False
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -187,6 +229,10 @@ class LineParser:
 
     def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:  # pragma: no cover
         raise NotImplementedError
+
+    def idle(self) -> bool:
+        """True when a line without hints would change nothing (no multi-line state open)."""
+        return True
 
     def finish(self) -> None:
         pass
@@ -212,16 +258,86 @@ class StepRowParser(LineParser):
         self._steps = {}
 
 
+# Fast lines: after a newline, the launcher prefixes the fast path takes itself (indentation, one
+# ``[rankN]:``), then one alternative, then trailing whitespace. Digits are [0-9], not \d: a
+# stricter match only sends a line to the general path. A timestamp alone on its line is one
+# alternative of every format (CloudWatch exports put one before each line). Optional parts
+# are written ``(?:x|)``, not ``(?:x)?``: the same language, twice as fast in CPython's re.
+_FAST_PREFIX = r"\n[ \t]*(?:\[rank(?P<rank>[0-9]+)\]:[ \t]*|)"
+_FAST_ISO_TS = (r"[0-9]{4}-[0-9][0-9]-[0-9][0-9][T ][0-9][0-9]:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]{1,9}|)"
+                r"(?:Z|[+-][0-9][0-9]:?[0-9][0-9]|)")  # at most 35 characters, as iter_lines requires
+# Lines of a gap the normaliser may change beyond a substring: blank, prefixed, digit-first.
+_NORMALISED_LINE = re.compile(r"\n[^\S\n]*(?:[\d\[(\n]|\Z|[\w.\-]+/\d+ \[)")
+_FAST_CACHE: dict[type, re.Pattern | None] = {}
+CHUNK_CHARS = 1 << 20
+CHUNK_LINES = 20000
+
+
+def fast_regex(parser_type: type) -> re.Pattern | None:
+    """The compiled fast-line regex of a parser class: after the launcher prefix, a timestamp
+    line or the format's ``fast_head`` and one of its rows (group ``body_at`` marks where the
+    normalised line starts)."""
+    if parser_type not in _FAST_CACHE:
+        rows = "|".join(f"(?P<{name}>{pattern})" for name, pattern in parser_type.fast_lines)
+        _FAST_CACHE[parser_type] = re.compile(
+            f"{_FAST_PREFIX}(?:(?P<iso_ts>{_FAST_ISO_TS})|(?P<body_at>){parser_type.fast_head}(?:{rows}))[^\\S\\n]*$",
+            re.M) if rows else None
+    return _FAST_CACHE[parser_type]
+
+
+def bulk_regex(parser_type: type) -> tuple[re.Pattern, list[tuple[str, int, tuple[int, ...]]]] | None:
+    """The split regex of a parser's ``bulk_lines``: an optional timestamp line (group 1), the
+    head and one of the rows, only key groups capturing, each row led by an empty marker
+    group; and per row (name, marker position, key positions) in the split's group tuple."""
+    if not parser_type.bulk_lines:
+        return None
+    keys = {k for ks in parser_type.bulk_lines.values() for k in ks}
+
+    def only_keys(pattern: str) -> str:
+        return re.sub(r"\(\?P<(\w+)>", lambda g: g.group(0) if g.group(1) in keys else "(?:", pattern)
+    alts = [f"(?P<bulk_{name}>){only_keys(pattern)}" for name, pattern in parser_type.fast_lines
+            if name in parser_type.bulk_lines]
+    rx = re.compile(f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|){only_keys(parser_type.fast_head)}(?:{'|'.join(alts)})"
+                    f"[^\\S\\n]*$", re.M)
+    at = {name: i - 2 for name, i in rx.groupindex.items()}  # position in the tuple of groups 2..
+    return rx, [(name, at[f"bulk_{name}"], tuple(at[k] for k in ks)) for name, ks in parser_type.bulk_lines.items()]
+
+
+def fast_rank(m: re.Match) -> int | None:
+    r = m.group("rank")
+    return int(r) if r else None
+
+
 class Runner:
     """Feeds raw lines through the normaliser to ``parsers`` (first that recognises a line
-    wins) and keeps the counts. Parsers with a bulk fast path call ``raw`` for the lines it
-    does not take and ``recognised`` for those it does."""
+    wins) and keeps the counts.
 
-    def __init__(self, parsers: list[LineParser], *, kind: str) -> None:
+    ``chunk`` takes many lines at once: one regex pass finds the first parser's fast lines,
+    and runs of other lines that hold none of the chain's ``hints`` are counted unparsed in
+    bulk; the rest takes the per-line path (``raw``). Both paths give the same result
+    (tests/test_parsers_fastpath.py checks this).
+    """
+
+    def __init__(self, parsers: list[LineParser], *, kind: str, fast: bool = True) -> None:
         self.parsers, self.kind = parsers, kind
         self.feeds = [p.feed for p in parsers]
         self.unparsed, self.linenos, self.num_lines, self.huge = 0, [], 0, 0
         self.pending_ts: str | None = None
+        self.lineno = 0
+        hints = [p.hints for p in parsers]
+        self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
+        self.fast = fast_regex(type(parsers[0])) if fast else None
+        self.bulk, self.bulk_rows = (bulk_regex(type(parsers[0])) if fast else None) or (None, [])
+        first = parsers[0]
+        self.handlers = {name: getattr(first, f"fast_{name}", None) or self._feed_first(name)
+                         for name, _ in first.fast_lines}
+
+    def _feed_first(self, name: str):
+        feed = self.parsers[0].feed
+
+        def handler(lineno: int, m: re.Match, ts) -> bool:
+            return feed(lineno, m.string[m.end("body_at"):m.end(name)], ts, fast_rank(m))
+        return handler
 
     def miss(self, lineno: int) -> None:
         self.unparsed += 1
@@ -262,6 +378,118 @@ class Runner:
                 break
         self.miss(lineno)
 
+    def chunk(self, lines: list[str]) -> None:
+        """Consecutive raw lines, numbered on from the last chunk."""
+        start = self.lineno
+        self.lineno += len(lines)
+        text = "\n" + "\n".join(lines)
+        if (self.fast is None and self.hints is None) or text.count("\n") != len(lines) \
+                or max(map(len, lines)) > MAX_LINE_CHARS:
+            for lineno, line in enumerate(lines, start + 1):  # general path: huge lines, odd input
+                if line:
+                    self.raw(lineno, line)
+            return
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)  # no escape sequence spans a newline: same as per line
+        if self.fast is None:
+            self._gap(text, 0, len(text), start)
+        elif self.bulk is None or not self._bulk(text, start):
+            self._scan(text, start)
+
+    def _bulk(self, text: str, start: int) -> bool:
+        """Aggregate the first parser's bulk lines of a chunk in one split + Counter (no Python
+        per line), if its ``bulk`` accepts the counts (it does when they add nothing new, so
+        order does not matter); the lines between them take ``_scan``."""
+        parts = self.bulk.split(text)
+        step = self.bulk.groups + 1  # per match: the timestamp line before it (or None), then the rows' groups
+        if len(parts) == 1:
+            return False
+        counts: dict[str, Counter] = {name: Counter() for name, _, _ in self.bulk_rows}
+        for groups, n in Counter(zip(*(parts[i::step] for i in range(2, step)))).items():  # distinct keys only
+            for name, marker, at in self.bulk_rows:
+                if groups[marker] is not None:  # the row that matched
+                    counts[name][tuple(groups[i] for i in at)] += n
+                    break
+        if not self.parsers[0].bulk(counts):
+            return False
+        lineno = start
+        for piece, ts in zip(parts[::step], parts[1::step]):
+            if piece:
+                lineno = self._scan(piece, lineno)
+            lineno += 1 if ts is None else 2
+            self.pending_ts = None
+        if lineno > self.num_lines:
+            self.num_lines = lineno
+        if parts[-1]:
+            self._scan(parts[-1], lineno)
+        return True
+
+    def _scan(self, text: str, start: int) -> int:
+        """Lines of text (each after a newline) numbered from start + 1; returns the last number."""
+        lineno, pos, last = start, 0, 0
+        handlers = self.handlers
+        for m in self.fast.finditer(text):
+            s, e = m.span()
+            if s != pos:
+                lineno = self._gap(text, pos, s, lineno)
+            last = lineno = lineno + 1
+            pos = e
+            name = m.lastgroup
+            if name == "iso_ts":
+                self.pending_ts = m.group(name)
+                continue
+            ts = self.pending_ts
+            if ts is not None:
+                self.pending_ts = None
+            try:
+                if handlers[name](lineno, m, ts):
+                    continue
+            except (ValueError, IndexError, KeyError, OverflowError) as err:
+                self.parsers[0].warnings.append(f"line {lineno}: not understood ({type(err).__name__})")
+                self.miss(lineno)
+                continue
+            self.pending_ts = ts  # not recognised after all: the general path decides
+            self.raw(lineno, text[s + 1:pos])
+        if last > self.num_lines:
+            self.num_lines = last
+        if pos < len(text):
+            lineno = self._gap(text, pos, len(text), lineno)
+        return lineno
+
+    def _gap(self, text: str, a: int, b: int, lineno: int) -> int:
+        """Lines text[a + 1:b] (a: the newline before them); returns the last line number."""
+        seg = text[a:b]
+        n = seg.count("\n")
+        if n >= 4 and self._unrecognisable(seg):  # (a short run is cheaper to take line by line)
+            self._misses(lineno, n)
+        elif n > 16:  # halve: a hint in a long run sends only its half line by line
+            mid = seg.find("\n", len(seg) // 2)
+            if mid <= 0:
+                mid = seg.rfind("\n", 1, len(seg) // 2 + 1)
+            self._gap(text, a + mid, b, self._gap(text, a, a + mid, lineno))
+        else:
+            for i, line in enumerate(seg[1:].split("\n"), lineno + 1):
+                if line:
+                    if n > 1 and self._unrecognisable("\n" + line):
+                        self._misses(i - 1, 1)
+                    else:
+                        self.raw(i, line)
+        return lineno + n
+
+    def _unrecognisable(self, seg: str) -> bool:
+        """Whether no parser can recognise any line of seg ("\\n"-separated, leading newline)."""
+        return (self.hints is not None and not _NORMALISED_LINE.search(seg) and not any(map(seg.__contains__, self.hints))
+                and all(p.idle() for p in self.parsers))
+
+    def _misses(self, lineno: int, n: int) -> None:
+        """Lines lineno + 1 .. lineno + n, all non-blank, recognised by none."""
+        self.unparsed += n
+        room = MAX_UNPARSED_LINENOS - len(self.linenos)
+        if room > 0:
+            self.linenos.extend(range(lineno + 1, lineno + 1 + min(n, room)))
+        self.num_lines = lineno + n
+        self.pending_ts = None
+
     def result(self) -> ParseResult:
         records, warnings = [], []
         for p in self.parsers:
@@ -274,29 +502,40 @@ class Runner:
                            unparsed_lines=tuple(self.linenos), num_lines=self.num_lines)
 
 
-def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
-    """Feed every line of ``text`` (a string or an iterable of lines) to ``parsers``."""
-    runner = Runner(parsers, kind=kind)
-    raw = runner.raw
-    for lineno, line in enumerate(text.split("\n") if isinstance(text, str) else text, start=1):
-        if line:
-            raw(lineno, line)
+def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str, fast: bool = True) -> ParseResult:
+    """Feed every line of ``text`` (a string or an iterable of lines) to ``parsers``, in chunks.
+
+    fast=False: every line through the per-line normaliser (the reference the fast path is
+    tested against).
+    """
+    runner = Runner(parsers, kind=kind, fast=fast)
+    for batch in iter_chunks(text):
+        runner.chunk(batch)
     return runner.result()
 
 
-def iter_chunks(text: str | Iterable[str], *, num_lines: int = 20000) -> Iterator[list[str]]:
-    """Lines in batches (for bulk fast paths); a string is split once."""
+def iter_chunks(text: str | Iterable[str]) -> Iterator[list[str]]:
+    """Lines in batches growing to about CHUNK_CHARS characters / CHUNK_LINES lines (a string
+    is cut at newlines chunk by chunk: never one list of all its lines). The first batches are
+    small: a log's new keys (edges, call shapes) come early, and a chunk with new ones is not
+    counted in bulk."""
+    grow = 1 / 16
     if isinstance(text, str):
-        lines = text.split("\n")
-        for i in range(0, len(lines), num_lines):
-            yield lines[i:i + num_lines]
+        start = 0
+        while start <= len(text):
+            end = text.find("\n", start + max(1, int(CHUNK_CHARS * grow)))
+            if end < 0:
+                end = len(text)
+            yield text[start:end].split("\n")
+            start, grow = end + 1, min(1, grow * 2)
         return
     it = iter(text)
     while True:
-        batch = list(itertools.islice(it, num_lines))
+        batch = list(itertools.islice(it, max(1, int(CHUNK_LINES * grow))))
         if not batch:
             return
         yield batch
+        grow = min(1, grow * 2)
 
 
 # ---------------------------------------------------------------- detection
@@ -362,23 +601,26 @@ def _parsers() -> dict[str, Callable[..., ParseResult]]:
     }
 
 
-def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = None) -> ParseResult:
+def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = None, fast: bool = True) -> ParseResult:
     """Detect (unless ``kind`` is given) and parse. Unknown or not-yet-parsed kinds return no
-    records, every non-blank line unparsed and a warning saying so. Never raises on content."""
+    records, every non-blank line unparsed and a warning saying so. Never raises on content.
+    fast=False takes every line through the per-line path (same result, for tests)."""
     if kind is None:
         if not isinstance(text, str):
             raise TypeError("pass kind= when streaming lines")
         kind = detect_kind(text[:HEAD_CHARS])
     parser = _parsers().get(kind or "")
     if parser is not None:
-        return parser(text, source=source)
-    result = run_parsers(text, [_Nothing(source)], kind=kind or "unknown")
+        return parser(text, source=source, fast=fast)
+    result = run_parsers(text, [_Nothing(source)], kind=kind or "unknown", fast=fast)
     what = f"kind {kind!r} has no parser yet" if kind and kind != "unknown" else "unknown kind (no known signature in the first 64 KiB)"
     return ParseResult(records=[], unparsed=result.unparsed, warnings=[what], kind=kind or "unknown",
                        unparsed_lines=result.unparsed_lines, num_lines=result.num_lines)
 
 
 class _Nothing(LineParser):
+    hints = ()
+
     def feed(self, lineno, body, ts, rank) -> bool:
         return False
 

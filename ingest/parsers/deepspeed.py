@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_gib, to_num
+from ingest.parsers import ParseResult, StepRowParser, fast_rank, run_parsers, to_gib, to_num
 from ingest.parsers.failures import FailureScanner
 
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
@@ -25,26 +25,29 @@ _PIPE = re.compile(r"steps: (?P<step>\d+) loss: (?P<loss>[\d.eE+\-]+|nan) iter t
 _MA = re.compile(r"MA (?P<ma>[\d.]+) GB\s+Max_MA (?P<mma>[\d.]+) GB\s+CA (?P<ca>[\d.]+) GB\s+Max_CA (?P<mca>[\d.]+) GB")
 _CPU = re.compile(r"CPU Virtual Memory:\s+used = (?P<used>[\d.]+) GB, percent = (?P<pct>[\d.]+)%")
 _CFG = re.compile(r"(?P<key>[A-Za-z_][\w.]*) \.{2,} (?P<value>.*)$")
-_TIMER_SEG = re.compile(r"(?P<name>[\w\-/ .]+?): (?P<v>[\d.]+)")
+# One ``| name: v`` segment (name starts with a non-space: the segment is stripped first).
+_TIMER_SEGS = re.compile(r"\|\s*([\w\-/.][\w\-/ .]*): ([\d.]+)")
+
+
+_TIMER_LINE = re.compile(r"(?:rank=(?P<rank>\d+) )?time \(ms\) (?P<rest>\|.*)$")
 
 
 def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str) -> list[dict]:
     """``[rank=R ]time (ms) | name: v | name: v`` -> one ``timers`` row per name (seconds)."""
-    m = re.match(r"(?:rank=(?P<rank>\d+) )?time \(ms\) \|(?P<rest>.*)$", body)
+    m = _TIMER_LINE.match(body)
     if not m:
         return []
     r = int(m.group("rank")) if m.group("rank") else rank
-    out = []
-    for seg in m.group("rest").split("|"):
-        t = _TIMER_SEG.match(seg.strip())
-        if t:
-            out.append({"table": "timers", "source": source, "line": lineno, "kind": kind, "rank": r, "step": step,
-                        "name": t.group("name"), "time_s": float(t.group("v")) * 1e-3})
-    return out
+    return [{"table": "timers", "source": source, "line": lineno, "kind": kind, "rank": r, "step": step,
+             "name": name, "time_s": float(v) * 1e-3}
+            for name, v in _TIMER_SEGS.findall(m.group("rest"))]
 
 
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
+    hints = ("[", "MA ", "CPU Virtual Memory:")
+    fast_lines = (("prefixed", r"\[(?P<d_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+)\] "
+                               r"\[[A-Z]+\] \[[\w.]+:[0-9]+:(?P<d_func>\w+)\] ?(?P<d_msg>.*)"),)
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -65,15 +68,21 @@ class DeepSpeedParser(StepRowParser):
         p = _PREFIX.match(body) if body[:1] == "[" else None
         if p is None:
             return self._bare(lineno, body, ts, rank)
-        msg, ts = p.group("msg").strip(), p.group("ts")
-        func = p.group("func")
-        rm = _RANK.match(msg)
+        return self._message(lineno, p.group("ts"), p.group("func"), p.group("msg").strip(), rank)
+
+    def fast_prefixed(self, lineno: int, m, ts) -> bool:
+        return self._message(lineno, m.group("d_ts"), m.group("d_func"), m.group("d_msg").strip(), fast_rank(m))
+
+    def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
+        """The message of a ``[ts] [LEVEL] [file.py:line:func]`` line. (The ``in`` tests are
+        literals each regex needs: most messages are none of these.)"""
+        rm = _RANK.match(msg) if msg[:6] == "[Rank " else None
         if rm:
             rank, msg = int(rm.group(1)), msg[rm.end():]
         if func == "see_memory_usage":
             self._mem_label = (lineno, msg)
             return True
-        m = _STEP.match(msg)
+        m = _STEP.match(msg) if "step=" in msg else None
         if m:
             r = int(m.group("rank")) if m.group("rank") else rank
             row = self._row(r, int(m.group("step")), lineno)
@@ -83,7 +92,7 @@ class DeepSpeedParser(StepRowParser):
             except ValueError:
                 pass
             return True
-        m = _NEW_TIMER.match(msg) or _OLD_TIMER.match(msg)
+        m = (_NEW_TIMER.match(msg) or _OLD_TIMER.match(msg)) if "SamplesPerSec=" in msg else None
         if m:
             g = m.groupdict()
             row = self._row(rank, int(g["step"]), lineno)
@@ -99,7 +108,7 @@ class DeepSpeedParser(StepRowParser):
             self.records.extend(timer_records(msg, source=self.source, lineno=lineno, step=self._last_step,
                                               rank=rank, kind="deepspeed"))
             return True
-        m = _PIPE.match(msg)
+        m = _PIPE.match(msg) if msg[:7] == "steps: " else None
         if m:
             row = self._row(rank, int(m.group("step")), lineno)
             row.update(time=ts, step_time_s=float(m.group("t")), samples_per_s=float(m.group("sps")),
@@ -109,7 +118,7 @@ class DeepSpeedParser(StepRowParser):
             self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "launch_command",
                                  "kind": "deepspeed", "key": "launch_command", "value": msg[6:]})
             return True
-        m = _CFG.match(msg)
+        m = _CFG.match(msg) if " .." in msg else None
         if m:
             self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "config",
                                  "kind": "deepspeed", "key": f"deepspeed.{m.group('key')}", "value": m.group("value").strip()})
@@ -134,7 +143,8 @@ class DeepSpeedParser(StepRowParser):
             return True
         return False
 
-def parse_deepspeed(text, *, source: str) -> ParseResult:
+def parse_deepspeed(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
     from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
-    return run_parsers(text, [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)], kind="deepspeed")
+    return run_parsers(text, [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source),
+                              FailureScanner(source)], kind="deepspeed", fast=fast)

@@ -73,6 +73,9 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
+    # Every rule above needs one of these (outside a ChildFailedError block / after a frame).
+    hints = ("ChildFailedError", "CUDA out of memory", "] ", "Traceback", 'File "', "^", "frame #", "Exception raised from ",
+             "=" * 20, "-" * 20, "failed (exitcode: ", "closing signal", "NCCL_")
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -87,6 +90,9 @@ class FailureScanner(LineParser):
         rec.update(cols)
         self.records.append(rec)
         return rec
+
+    def idle(self) -> bool:
+        return not self._in_block and not self._after_frame
 
     def _flush_child(self) -> None:
         if self._child is not None:
@@ -217,6 +223,6 @@ class FailureScanner(LineParser):
         self._flush_child()
 
 
-def parse_failures(text, *, source: str) -> ParseResult:
+def parse_failures(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse failure reports into ``events`` rows (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [FailureScanner(source)], kind="failures")
+    return run_parsers(text, [FailureScanner(source)], kind="failures", fast=fast)

@@ -126,8 +126,9 @@ def _frame_text(frame) -> str | None:
     return f"{frame.get('name')} ({frame.get('filename')}:{frame.get('line')})"
 
 
-def parse_flight_recorder(text: str | Iterable[str], *, source: str) -> ParseResult:
-    """Parse a printed flight-recorder dump (see module doc). Pure; never raises on content."""
+def parse_flight_recorder(text: str | Iterable[str], *, source: str, fast: bool = True) -> ParseResult:
+    """Parse a printed flight-recorder dump (see module doc). Pure; never raises on content.
+    ``fast`` is accepted for a uniform parser signature; a dump is read as one literal."""
     numbered = [(n, body) for n, body, _, _ in iter_lines(text)]
     start = next((i for i, (_, body) in enumerate(numbered) if body is not None and body.startswith("{")), None)
     records: list[dict] = []

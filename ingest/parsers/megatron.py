@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_int, to_num
+from ingest.parsers import ParseResult, StepRowParser, fast_rank, put_field, run_parsers, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -62,43 +62,56 @@ def _slug(text: str) -> str:
 
 class MegatronParser(StepRowParser):
     kind = "megatron"
+    hints = ("iteration", "time (ms)", "memory (MB)", "...", "datetime: ", "arguments", "(min, max)")
+    fast_lines = (  # the frequent lines, handed to feed without the per-line normaliser
+        ("iteration", r"(?:\[(?P<m_ts>[0-9\-: .]+)\] |)iteration +(?P<m_step>[0-9]+)/ *(?P<m_total>[0-9]+) \|(?P<m_rest>.*\S|)"),
+        ("timers", r"time \(ms\)(?:.*\S|)"),
+        ("memory", r"\[Rank [0-9]+\] \(after [0-9]+ iterations\) memory \(MB\) \|(?:.*\S|)"),
+        ("datetime", r"(?:\[[^\]\n]*\] |)datetime: [0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]"),
+    )
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._last_step: int | None = None
         self._unknown: set[str] = set()
 
+    def fast_iteration(self, lineno: int, m, ts) -> bool:
+        return self._iteration(lineno, m.group("m_ts") or ts, m.group("m_step"), m.group("m_total"), m.group("m_rest"),
+                               fast_rank(m))
+
+    def _iteration(self, lineno: int, time, step: str, total: str, rest: str, rank) -> bool:
+        """An iteration line: ``iteration N/ M | key: value | ...`` (rest: after the first ``|``)."""
+        step = int(step)
+        row = self._step_row(rank, step, lineno)
+        row["time"] = time
+        row["num_steps_total"] = int(total)
+        fields = ITER_FIELDS
+        for seg in rest.split("|"):
+            key, sep, value = seg.partition(":")
+            if not sep:
+                continue
+            key, value = key.strip(), value.strip()
+            if not value:
+                continue
+            spec = fields.get(key)
+            if spec is None:
+                if key.endswith(" loss") or key.endswith("_loss"):
+                    spec = (_slug(key), to_num, 1)
+                else:
+                    if key not in self._unknown:
+                        self._unknown.add(key)
+                        self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
+                    continue
+            put_field(row, spec, value)
+        row.setdefault("loss", None)
+        self._last_step = step
+        return True
+
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if "iteration" in body:
             m = _ITER.match(body)
             if m:
-                step = int(m.group("step"))
-                row = self._step_row(rank, step, lineno)
-                row["time"] = m.group("ts") or ts
-                row["num_steps_total"] = int(m.group("total"))
-                for seg in m.group("rest").split("|"):
-                    key, sep, value = seg.partition(":")
-                    key, value = key.strip(), value.strip()
-                    if not sep or not value:
-                        continue
-                    spec = ITER_FIELDS.get(key)
-                    if spec is None:
-                        if key.endswith(" loss") or key.endswith("_loss"):
-                            spec = (_slug(key), to_num, 1)
-                        else:
-                            if key not in self._unknown:
-                                self._unknown.add(key)
-                                self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
-                            continue
-                    col, typ, scale = spec
-                    try:
-                        v = typ(value)
-                    except ValueError:
-                        continue
-                    row[col] = v * scale if scale != 1 else v
-                row.setdefault("loss", None)
-                self._last_step = step
-                return True
+                return self._iteration(lineno, m.group("ts") or ts, m.group("step"), m.group("total"), m.group("rest"), rank)
         if body.startswith("time (ms)") or body.startswith("rank=") and "time (ms)" in body:
             self.records.extend(timer_records(body, source=self.source, lineno=lineno, step=self._last_step,
                                               rank=rank, kind="megatron"))
@@ -130,6 +143,6 @@ class MegatronParser(StepRowParser):
                 return True
         return False
 
-def parse_megatron(text, *, source: str) -> ParseResult:
+def parse_megatron(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron")
+    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron", fast=fast)

@@ -4,7 +4,8 @@ Records: ``env`` (nccl_version, cuda_driver_version, network, bootstrap, NCCL_* 
 nccl-tests devices), ``comm_topology`` (comm_init, init_complete, channels, ring, tree, nvls,
 thread_thresholds, p2p_chunksize, topo_node / topo_system from GRAPH dumps, and one
 ``transport`` row per distinct edge: comm-less key (host, pid, rank, peer, direction,
-transport) with ``num_channels``), ``collectives`` (TUNING selections and COLL calls,
+transport) with ``num_channels`` (lines) and ``channels`` (distinct ids, first-seen order)),
+``collectives`` (TUNING selections and COLL calls,
 aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
 (WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
 Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
@@ -13,8 +14,9 @@ Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
-from ingest.parsers import _ISO_TS, MAX_LINE_CHARS, Col, LineParser, ParseResult, Runner, apply_rule, iter_chunks, rule
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -87,16 +89,40 @@ _TEST_ROW = re.compile(
     r"(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$"
 )
 _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
-_ENDPOINT = re.compile(r"\d+(?:\[[0-9a-fA-F]+\])?")
 _RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$")
+
+
+# Fast lines (see LineParser): plain ``host:pid:tid [dev] NCCL INFO`` lines; transport edges,
+# the bulk of an INFO log, are aggregated straight from the match.
+_FAST_ENDPOINT = r"[0-9]+\[[0-9a-fA-F]+\]|[0-9]+"
+_FAST_DIRECTION = {" [send]": "send", " [receive]": "receive", "": ""}
 
 
 class NcclParser(LineParser):
     kind = "nccl"
+    hints = ("NCCL ", "#")
+    fast_head = r"(?P<host>[\w.\-]+):(?P<pid>[0-9]+):[0-9]+ \[(?P<dev>[0-9]+)\] NCCL INFO "
+    fast_lines = (
+        ("edge", rf"Channel (?P<e_ch>[0-9]+)(?:/[0-9]+|) : (?P<e_src>{_FAST_ENDPOINT}) -> "
+                 rf"(?P<e_dst>{_FAST_ENDPOINT})(?P<e_dir> \[send\]| \[receive\]|) via (?P<e_via>.*\S)"),
+        # per-call COLL and TUNING lines (the bulk of a COLL,TUNING log): counted into their row
+        ("coll", r"(?P<c_msg>(?P<c_func>[A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "
+                 r"count (?P<c_count>[0-9]+) datatype (?P<c_dt>[0-9]+) op (?P<c_redop>[0-9]+) root (?P<c_root>-?[0-9]+) "
+                 r"comm (?P<c_comm>0x[0-9a-f]+)(?: \[nranks=[0-9]+\]|)(?: stream \S+|))"),
+        ("tuning", r"(?P<u_msg>(?:(?P<u_func>[A-Za-z]+): |)(?P<u_bytes>[0-9]+) Bytes -> "
+                   r"Algo (?P<u_algo>[0-9]+) proto (?P<u_proto>[0-9]+) (?:time|channels) [0-9.]+(?:.*\S|))"),
+        ("info", r"(?P<i_msg>\S(?:.*\S)?)"),
+    )
+    bulk_lines = {
+        "edge": ("host", "pid", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),
+        "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
+        "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
+    }
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._edges: dict[tuple, dict] = {}
+        self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
 
@@ -133,21 +159,61 @@ class NcclParser(LineParser):
         """g: (kind, channel, src, src_id, dst, dst_id, direction, transport) strings ('' = absent)."""
         src = f"{g[2]}[{g[3]}]" if g[3] else g[2]
         dst = (f"{g[4]}[{g[5]}]" if g[5] else g[4]) if g[4] else ""
-        key = (hdr[0], hdr[1], src, dst, g[6], g[7])
+        self._add_edge(lineno, hdr, (hdr[0], hdr[1], src, dst, g[6], g[7]), g[1], g[0] == "CollNet")
+
+    def fast_edge(self, lineno: int, m, ts) -> bool:
+        host, pid, dev, ch, src, dst, direction, via = m.group("host", "pid", "dev", "e_ch", "e_src", "e_dst",
+                                                               "e_dir", "e_via")
+        self._add_edge(lineno, (host, pid, dev), (host, pid, src, dst, _FAST_DIRECTION[direction], via), ch, False)
+        return True
+
+    def fast_coll(self, lineno: int, m, ts) -> bool:
+        host, pid, func, count, dt, redop, root, comm = m.group("host", "pid", "c_func", "c_count", "c_dt", "c_redop",
+                                                                 "c_root", "c_comm")
+        have = self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root))
+        if have is None:  # a new call shape: the general path builds its row
+            return self._coll(lineno, m.group("c_msg"), m.group("host", "pid", "dev"))
+        have["num_calls"] += 1
+        return True
+
+    def fast_tuning(self, lineno: int, m, ts) -> bool:
+        func, size, algo, proto = m.group("u_func", "u_bytes", "u_algo", "u_proto")
+        have = self._colls.get(("tuning", func, int(size), int(algo), int(proto)))
+        if have is None:
+            return self._msg(lineno, m.group("host", "pid", "dev"), m.group("u_msg"), ts, None)
+        have["num_calls"] += 1
+        return True
+
+    def fast_info(self, lineno: int, m, ts) -> bool:
+        host, pid, dev, msg, rank = m.group("host", "pid", "dev", "i_msg", "rank")
+        return self._msg(lineno, (host, pid, dev), msg, ts, int(rank) if rank else None)
+
+    def bulk(self, counts: dict[str, Counter]) -> bool:
+        """Lines per key of the bulk rows (see bulk_lines); only adds to rows that exist."""
+        adds = []
+        for (host, pid, ch, src, dst, direction, via), n in counts["edge"].items():
+            key = (host, pid, src, dst, _FAST_DIRECTION[direction], via)
+            if ch not in self._edge_channels.get(key, ()):
+                return False  # a new edge or channel: its first line and order matter
+            adds.append((self._edges[key], "num_channels", n))
+        for (host, pid, func, count, dt, redop, root, comm), n in counts["coll"].items():
+            adds.append((self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root)), "num_calls", n))
+        for (func, size, algo, proto), n in counts["tuning"].items():
+            adds.append((self._colls.get(("tuning", func, int(size), int(algo), int(proto))), "num_calls", n))
+        if any(row is None for row, _, _ in adds):
+            return False  # a new call shape
+        for row, column, n in adds:
+            row[column] += n
+        return True
+
+    def _add_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
+        """key: (host, pid, src, dst, direction, transport); one row per key, counting channels."""
         e = self._edges.get(key)
         if e is None:
-            self._new_edge(lineno, hdr, key, g[1], g[0] == "CollNet")
+            self._new_edge(lineno, hdr, key, channel, collnet)
         else:
             e["num_channels"] += 1
-            e["channels"] += "," + g[1]
-
-    def _fast_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str) -> bool:
-        """First sighting of an edge on the fast path; False if its tokens are not an edge."""
-        ch, _, conn = channel.partition("/")
-        if not (ch.isdigit() and (not conn or conn.isdigit()) and _ENDPOINT.fullmatch(key[2]) and _ENDPOINT.fullmatch(key[3])):
-            return False
-        self._new_edge(lineno, hdr, key, ch, False)
-        return True
+            self._edge_channels[key][channel] = None
 
     def _new_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
         src, _, src_id = key[2].partition("[")
@@ -159,6 +225,7 @@ class NcclParser(LineParser):
             "direction": key[4] or None, "transport": key[5],
             "transport_kind": _transport_kind(key[5]), "via_collnet": collnet,
             "num_channels": 1, "channels": channel}
+        self._edge_channels[key] = {channel: None}
 
     def _msg(self, lineno: int, hdr: tuple, stripped: str, ts, rank) -> bool:
         if stripped.startswith("Channel ") or stripped.startswith("CollNet "):
@@ -230,6 +297,10 @@ class NcclParser(LineParser):
             return False
         g = m.groupdict()
         key = ("coll", hdr[0], hdr[1], g["comm"], g["func"], g["count"], g["dt"], g["redop"], g["root"])
+        have = self._colls.get(key)
+        if have is not None:  # a repeated call: no record built
+            have["num_calls"] += 1
+            return True
         rec = {"table": "collectives", "source": self.source, "line": lineno, "record": "coll", "host": hdr[0],
                "pid": int(hdr[1]), "cuda_dev": int(hdr[2]), "comm": g["comm"], "func": g["func"],
                "count": int(g["count"]), "datatype": int(g["dt"]), "redop": int(g["redop"]), "root": int(g["root"]),
@@ -274,9 +345,11 @@ class NcclParser(LineParser):
         return False
 
     def finish(self) -> None:
+        for key, e in self._edges.items():
+            e["channels"] = ",".join(self._edge_channels[key])
         self.records.extend(self._edges.values())
         self.records.extend(self._colls.values())
-        self._edges, self._colls = {}, {}
+        self._edges, self._edge_channels, self._colls = {}, {}, {}
 
 
 def _transport_kind(transport: str) -> str:
@@ -289,67 +362,10 @@ def _transport_kind(transport: str) -> str:
     return parts[0].split(" ")[0]
 
 
-# Fast path: plain (unprefixed, uncoloured) ``host:pid:tid [dev] NCCL INFO`` lines are split
-# with str methods, no regex; transport edges, the bulk of an INFO log, are aggregated from
-# their tokens. Anything else (WARN, launcher prefixes, glued text, timestamps, other
-# formats) takes the per-line path through the normaliser. Both paths build the same
-# records (tests check this).
-_DIRS = {"[send]": "send", "[receive]": "receive"}
-
-
-def parse_nccl(text, *, source: str) -> ParseResult:
+def parse_nccl(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse NCCL_DEBUG output (see module doc for records). Pure; never raises on content.
 
-    ``text``: a string or an iterable of lines (streamed in batches; memory is bounded by the
+    ``text``: a string or an iterable of lines (streamed in chunks; memory is bounded by the
     number of distinct edges / call shapes, not by the log size).
     """
-    nccl = NcclParser(source)
-    runner = Runner([nccl, FailureScanner(source)], kind="nccl")
-    raw, msg_of, edges, fast_edge = runner.raw, nccl._msg, nccl._edges, nccl._fast_edge
-    lineno = 0
-    for batch in iter_chunks(text):
-        for line in batch:
-            lineno += 1
-            i = line.find(" NCCL INFO ")
-            if i < 0 and line[-1:] == "Z" and len(line) <= 30 and _ISO_TS.fullmatch(line):
-                runner.pending_ts = line  # CloudWatch: the timestamp of the next line, on its own line
-                continue
-            if i <= 0 or line[0] in _SLOW_START or len(line) > MAX_LINE_CHARS:
-                if line:
-                    raw(lineno, line)
-                continue
-            hpt, _, dev = line[:i].partition(" [")
-            parts = hpt.split(":")
-            # isdecimal, not isdigit: int() rejects superscripts and other "digits"
-            if len(parts) != 3 or not dev.endswith("]") or not parts[1].isdecimal() or not dev[:-1].isdecimal():
-                raw(lineno, line)
-                continue
-            msg = line[i + 11:].rstrip()
-            if msg[:8] == "Channel " and " via " in msg:
-                left, _, transport = msg.partition(" via ")
-                tok = left.split()
-                n = len(tok)
-                if (n == 6 or n == 7) and tok[2] == ":" and tok[4] == "->" and transport:
-                    direction = _DIRS.get(tok[6]) if n == 7 else ""
-                    if direction is not None:
-                        key = (parts[0], parts[1], tok[3], tok[5], direction, transport)
-                        e = edges.get(key)
-                        if e is None:
-                            if not fast_edge(lineno, (parts[0], parts[1], dev[:-1]), key, tok[1]):
-                                raw(lineno, line)
-                                continue
-                        else:
-                            e["num_channels"] += 1
-                            e["channels"] += "," + tok[1].partition("/")[0]
-                        runner.num_lines = lineno
-                        continue
-            if msg_of(lineno, (parts[0], parts[1], dev[:-1]), msg.lstrip(), None, None):
-                runner.num_lines = lineno
-            else:
-                raw(lineno, line)
-    return runner.result()
-
-
-_SLOW_START = frozenset(" \t[(\x1b")
-
-
+    return run_parsers(text, [NcclParser(source), FailureScanner(source)], kind="nccl", fast=fast)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers, to_int, to_num
+from ingest.parsers import LineParser, ParseResult, fast_rank, put_field, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -33,18 +33,51 @@ _EVENTS = (
     ("profiler_dump_done", re.compile(r"Finished dumping profiler traces in (?P<s>[\d.]+) seconds")),
 )
 
+# Fast line: the usual layout of a step line. Values are taken loosely (single-class repeats
+# are what the regex engine runs fast) and converted with float()/int(); a value that does
+# not convert sends the line to feed, so fast_step gives what _KV and STEP_FIELDS give.
+_FAST_STEP = (
+    r"step: +(?P<t_step>[0-9]+) +loss: +(?P<t_loss>\S+)(?: +grad_norm: +(?P<t_gn>\S+)|) +memory: +(?P<t_gib>[0-9.]+)GiB"
+    r"\((?P<t_pct>[0-9.]+)%\) +[tw]ps: +(?P<t_tps>[0-9,]+) +tflops: +(?P<t_tflops>\S+) +mfu: +(?P<t_mfu>\S+)%"
+)
+
 
 class TorchtitanParser(LineParser):
     kind = "torchtitan"
+    hints = (" - ",)
+    fast_head = r"(?:\[titan\] |)(?P<t_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+) - \w+ - [A-Z]+ - "
+    fast_lines = (("step", _FAST_STEP), ("line", r"(?P<l_msg>.*\S)"))
+
+    def fast_step(self, lineno: int, m, ts) -> bool:
+        rank, time, step, loss, gn, gib, pct, tps, tflops, mfu = m.group(
+            "rank", "t_ts", "t_step", "t_loss", "t_gn", "t_gib", "t_pct", "t_tps", "t_tflops", "t_mfu")
+        try:
+            row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan",
+                   "rank": int(rank) if rank else None, "time": time, "step": int(step), "loss": float(loss)}
+            if gn is not None:
+                row["grad_norm"] = float(gn)
+            row["mem_max_reserved_gib"], row["mem_max_reserved_pct"] = float(gib), float(pct)
+            row["tokens_per_s_per_gpu"], row["framework_tflops_per_gpu"] = to_num(tps), float(tflops)
+            row["framework_mfu"] = float(mfu) * STEP_FIELDS["mfu"][2]
+        except ValueError:
+            return False
+        self.records.append(row)
+        return True
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _LINE.match(body)
         if m is None:
             return False
-        msg = m.group("msg")
+        return self._message(lineno, m.group("ts"), m.group("msg"), rank)
+
+    def fast_line(self, lineno: int, m, ts) -> bool:
+        return self._message(lineno, m.group("t_ts"), m.group("l_msg"), fast_rank(m))
+
+    def _message(self, lineno: int, time: str, msg: str, rank) -> bool:
+        """The message of a ``ts - logger - LEVEL - msg`` line."""
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
-                   "time": m.group("ts")}
+                   "time": time}
             for kv in _KV.finditer(msg):
                 key, value = kv.group("key"), kv.group("value")
                 if key == "memory":
@@ -54,14 +87,8 @@ class TorchtitanParser(LineParser):
                         row["mem_max_reserved_pct"] = float(mm.group("pct"))
                     continue
                 spec = STEP_FIELDS.get(key)
-                if spec is None:
-                    continue
-                col, typ, scale = spec
-                try:
-                    v = typ(value)
-                except ValueError:
-                    continue
-                row[col] = v * scale if scale != 1 else v
+                if spec is not None:
+                    put_field(row, spec, value)
             if "step" not in row:
                 return False
             row.setdefault("loss", None)
@@ -72,13 +99,13 @@ class TorchtitanParser(LineParser):
             if e:
                 g = e.groupdict()
                 self.records.append({"table": "events", "source": self.source, "line": lineno, "event": name,
-                                     "rank": rank, "time": m.group("ts"), "detail": msg[:500],
+                                     "rank": rank, "time": time, "detail": msg[:500],
                                      "duration_s": float(g["s"]) if g.get("s") else None,
                                      "step": int(g["step"]) if g.get("step") else None})
                 return True
         return False
 
 
-def parse_torchtitan(text, *, source: str) -> ParseResult:
+def parse_torchtitan(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a torchtitan log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan")
+    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan", fast=fast)

@@ -1,0 +1,142 @@
+"""The chunked fast path (one regex pass per chunk, bulk-counted unparsed runs) gives exactly
+what the per-line path gives: same records in the same order (keys in the same order), same
+unparsed count and line numbers, same line count and warnings, whatever the chunk size."""
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import ingest.parsers
+from ingest.parsers import PARSED_KINDS, parse_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+TEXTS = {p.name: p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("*.txt"))}
+SYNTHETIC = [  # documented line shapes no fixture holds (fixtures README: COLL and TUNING subsystems)
+    "h:1:1 [0] NCCL INFO AllReduce: opCount 1a sendbuff 0x7f01 recvbuff 0x7f02 count 1048576 datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x9",
+    "h:1:1 [0] NCCL INFO AllReduce: opCount 1b sendbuff 0x7f03 recvbuff 0x7f04 count 1048576 datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x9",
+    "h:1:1 [0] NCCL INFO Broadcast: opCount 0 sendbuff 0x7f recvbuff 0x7f count 240 datatype 0 op 0 root 0 comm 0x55",
+    "h:2:2 [1] NCCL INFO AllGather: opCount 3 sendbuff 0x1 recvbuff 0x2 count 0042 datatype 7 op 0 root -1 comm 0x66 [nranks=2] junk",
+    "h:1:1 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 36.220001",
+    "h:1:1 [0] NCCL INFO 4096 Bytes -> Algo 0 proto 0 time 25.874907",
+    "h:1:1 [0] NCCL INFO 04096 Bytes -> Algo 0 proto 0 channels 2",
+    "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 1.2.3 extra",
+]
+LINES = sorted({line for text in TEXTS.values() for line in text.split("\n")} | set(SYNTHETIC))
+KINDS = PARSED_KINDS + (None,)
+PREFIXES = ["", "", "", "[rank3]:", "[1,3]<stdout>:", "[0] ", "trainer/0 [0]:", "[default3]:", "      ", "\t",
+            "[80746] [rank0]:", "(RayWorkerWrapper pid=1, ip=192.0.2.1) ", "[rank1]: ", "\x1b[32m"]
+SUFFIXES = ["", "", "", "  ", "\r", "\x1b[0m", " \t"]
+TIMESTAMPS = ["2024-12-04T05:27:45.082Z", "2024-12-04 05:27:45", "[rank0]:2024-12-04T05:27:45+00:00", "  2024-12-04T05:27:45Z  "]
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def outcome(result):
+    return ([list(r.items()) for r in result.records], result.unparsed, result.unparsed_lines, result.num_lines,
+            result.warnings, result.kind)
+
+
+def assert_same(text, kind):
+    general = outcome(parse_text(text, source="s", kind=kind, fast=False))
+    assert outcome(parse_text(text, source="s", kind=kind)) == general
+    if kind is not None:
+        assert outcome(parse_text(iter(text.split("\n")), source="s", kind=kind)) == general
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixtures_fast_equals_general(name, kind):
+    assert_same(TEXTS[name], kind)
+
+
+@pytest.mark.parametrize("chunk_lines", [1, 2, 7])
+def test_chunk_boundaries_change_nothing(chunk_lines):
+    for name, text in TEXTS.items():
+        general = outcome(parse_text(text, source="s", fast=False))
+        with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines), \
+                mock.patch.object(ingest.parsers, "CHUNK_CHARS", chunk_lines * 40):
+            assert outcome(parse_text(text, source="s")) == general, name
+            assert outcome(parse_text(iter(text.split("\n")), source="s", kind=general[5])) == general, name
+
+
+@st.composite
+def mangled_logs(draw):
+    """Real lines, shuffled and mixed across formats, each possibly prefixed, coloured,
+    indented, preceded by a timestamp line, glued to the next, cut short or blank."""
+    out = []
+    for _ in range(draw(st.integers(1, 60))):
+        line = draw(st.sampled_from(LINES))
+        how = draw(st.integers(0, 9))
+        if how == 0:
+            out.append(draw(st.sampled_from(TIMESTAMPS)))
+        elif how == 1:
+            line += draw(st.sampled_from(LINES))  # glued
+        elif how == 2 and line:
+            line = line[:draw(st.integers(0, len(line)))]  # truncated
+        elif how == 3:
+            line = draw(st.sampled_from(["", " ", "\t  ", "[rank0]:", "[0] "]))  # blank / prefix only
+        out.append(draw(st.sampled_from(PREFIXES)) + line + draw(st.sampled_from(SUFFIXES)))
+    return "\n".join(out)
+
+
+@SETTINGS
+@given(text=mangled_logs(), kind=st.sampled_from(KINDS), chunk_lines=st.sampled_from([3, 20000]))
+def test_mangled_logs_fast_equals_general(text, kind, chunk_lines):
+    with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines), \
+            mock.patch.object(ingest.parsers, "CHUNK_CHARS", chunk_lines * 50):
+        assert_same(text, kind)
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(TEXTS)), kind=st.sampled_from(KINDS), noise=st.binary(max_size=400))
+def test_binary_noise_fast_equals_general(name, kind, noise):
+    assert_same(TEXTS[name] + noise.decode("utf-8", errors="replace") + TEXTS[name], kind)
+
+
+def test_huge_line_in_a_fast_chunk():
+    edge = "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
+    assert_same("\n".join([edge, edge + "x" * 70000, edge]), "nccl")
+
+
+def test_repeated_content_keeps_aggregated_tables_bounded():
+    """Edges and calls repeat in long logs: their rows stay one per distinct key."""
+    text = TEXTS["08_nccl_cumem_read_cloudwatch_ts_lines.txt"] + "\n" + "\n".join([
+        "h:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x7f recvbuff 0x7f count 240 datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x9",
+        "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 25.874907"])
+
+    def rows(times):
+        return [r for r in parse_text("\n".join([text] * times), source="s", kind="nccl").records
+                if r["table"] in ("collectives", "comm_topology")]
+    once, many = rows(1), rows(50)
+    assert len(once) == len(many)
+    assert [r.get("channels") for r in once] == [r.get("channels") for r in many]  # distinct channels
+    assert [r.get("num_calls") for r in many if "num_calls" in r] == [50, 50]
+
+
+def test_synthetic_coll_tuning_repeated():
+    lines = SYNTHETIC * 3
+    for chunk_lines in (2, 20000):
+        with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines):
+            assert_same("\n".join(lines), "nccl")
+
+
+@pytest.mark.parametrize("chunk_lines", [5, 40])
+def test_bulk_counted_lines_equal_general(chunk_lines):
+    """Chunks whose edge lines are all known are counted in bulk (split + Counter)."""
+    from ingest.parsers.nccl import NcclParser
+    calls = []
+    real = NcclParser.bulk
+
+    def spy(self, counts):
+        calls.append(real(self, counts))
+        return calls[-1]
+    for name, text in TEXTS.items():
+        if "nccl" in name:
+            for times in (1, 4):
+                with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines), \
+                        mock.patch.object(ingest.parsers, "CHUNK_CHARS", chunk_lines * 50), \
+                        mock.patch.object(NcclParser, "bulk", spy):
+                    assert_same("\n".join([text] * times), "nccl")
+    assert True in calls
