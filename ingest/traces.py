@@ -389,15 +389,36 @@ def _clip(a: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> tuple[np.ndarra
     return _intersect(a, (np.array([lo], _I64), np.array([hi], _I64)))
 
 
-def _coarsen(spans: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Merge gaps shorter than a doubling threshold (1 us, 2 us, ...) until <= max_spans spans
-    remain in all categories together. Display only: the merged spans over-cover by the gaps."""
+def _merge_gaps(a: tuple[np.ndarray, np.ndarray], max_spans: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge gaps shorter than a doubling threshold (1 us, 2 us, ...) until <= max_spans spans."""
+    s, e = a
     gap = 1000
-    while sum(s.size for s, _ in spans.values()) > max_spans:
-        spans = {k: _union(s, e + gap) if s.size else (s, e) for k, (s, e) in spans.items()}
-        spans = {k: (s, e - gap) for k, (s, e) in spans.items()}
+    while s.size > max(max_spans, 1):
+        s, e = _union(s, e + gap)
+        e = e - gap
         gap *= 2
-    return spans
+    return s, e
+
+
+def _tile(s: np.ndarray, e: np.ndarray, cat: np.ndarray, max_spans: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coarsen a tiling (contiguous segments, one category each) to <= max_spans segments:
+    segments shorter than a doubling threshold (1 us, 2 us, ...) are absorbed by the segment
+    before them, then equal neighbours fuse. The result still tiles the same span exactly;
+    each category's share moves by at most the threshold per absorbed segment (display only)."""
+    thr = 0
+    while True:
+        if s.size:
+            fuse = np.zeros(s.size, bool)
+            fuse[1:] = cat[1:] == cat[:-1]
+            keep = np.flatnonzero(~fuse)
+            s, e, cat = s[keep], np.append(e[keep[1:] - 1], e[-1]), cat[keep]
+        if s.size <= max(max_spans, 1):
+            return s, e, cat
+        thr = thr * 2 or 1000
+        keep = (e - s) >= thr
+        keep[0] = True
+        idx = np.flatnonzero(keep)
+        s, e, cat = s[idx], np.append(e[idx[1:] - 1], e[-1]), cat[idx]
 
 
 # --- analysis -----------------------------------------------------------------------------------
@@ -462,12 +483,18 @@ def _kernel_rows(*, run: str, rank: int, names: list[str], classes: list[str], n
 def _span_rows(*, run: str, rank: int, step: int, lo: int, hi: int,
                sets: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> tuple[TimelineSpanRow, ...]:
     assert set(sets) == {*BREAKDOWN_CATEGORIES, "hidden_comm"}, sorted(sets)
-    spans = {cat: _clip(s, lo, hi) for cat, s in sets.items()}
-    spans = _coarsen(spans, max_spans)
-    rows = []
-    for cat, (s, e) in spans.items():
-        for a, b in zip(((s - lo) / 1e9).tolist(), ((e - lo) / 1e9).tolist()):
-            rows.append(TimelineSpanRow(run=run, rank=rank, step=step, category=cat, start_s=a, end_s=b))
+    # the five categories tile [lo, hi); hidden_comm is an overlay on compute
+    clipped = [(i, _clip(sets[c], lo, hi)) for i, c in enumerate(BREAKDOWN_CATEGORIES)]
+    ts = np.concatenate([a for _, (a, _) in clipped])
+    te = np.concatenate([b for _, (_, b) in clipped])
+    tc = np.concatenate([np.full(a.size, i) for i, (a, _) in clipped])
+    order = np.argsort(ts, kind="stable")
+    hidden = _merge_gaps(_clip(sets["hidden_comm"], lo, hi), max_spans // 4)
+    ts, te, tc = _tile(ts[order], te[order], tc[order], max_spans - hidden[0].size)
+    rows = [TimelineSpanRow(run=run, rank=rank, step=step, category=BREAKDOWN_CATEGORIES[c], start_s=a, end_s=b)
+            for a, b, c in zip(((ts - lo) / 1e9).tolist(), ((te - lo) / 1e9).tolist(), tc.tolist())]
+    rows += [TimelineSpanRow(run=run, rank=rank, step=step, category="hidden_comm", start_s=a, end_s=b)
+             for a, b in zip(((hidden[0] - lo) / 1e9).tolist(), ((hidden[1] - lo) / 1e9).tolist())]
     rows.sort(key=lambda r: (r.start_s, r.category))
     return tuple(rows)
 
@@ -486,7 +513,8 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     events: the trace's event dicts (``iter_trace_events``), consumed once; only GPU events,
     launch (runtime/driver) calls and host ops are kept, as flat arrays. pp_degree: the run's
     pipeline degree; bubble_s is 0 unless pp_degree > 1. max_spans: cap on TimelineSpanRow
-    records (gaps below a doubling threshold, from 1 us, are merged until it holds).
+    records (segments shorter than a doubling threshold, from 1 us, are absorbed by their
+    predecessor until it holds; the spans still tile the step).
 
     GPU step k (launched inside ProfilerStep#k; the last ProfilerStep is dropped as in HTA):
     interval [first GPU event start of k, first GPU event start of the next analysed step); the
@@ -534,9 +562,8 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     g_ts, g_dur = np.frombuffer(c.g_ts, np.float64), np.frombuffer(c.g_dur, np.float64)
     g_corr, g_name = np.frombuffer(c.g_corr, np.int64), np.frombuffer(c.g_name, np.int64)
     l_ts, l_corr = np.frombuffer(c.l_ts, np.float64), np.frombuffer(c.l_corr, np.int64)
-    if step_k.size > 1:  # HTA: kernels of the last ProfilerStep may be cut off by the trace end
-        step_k, step_s, step_e = step_k[:-1], step_s[:-1], step_e[:-1]
-    else:
+    num_analysed = step_k.size - 1 if step_k.size > 1 else 1
+    if step_k.size == 1:
         warnings.append("only one ProfilerStep in the trace; it is analysed although its last "
                         "kernels may be cut off (HTA warns the same)")
     # launch time of each GPU event via its correlation id
@@ -548,7 +575,12 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     # the step whose ProfilerStep range holds the launch
     si = np.searchsorted(step_s, launch, side="right") - 1
     sic = np.maximum(si, 0)
-    in_step = matched & (si >= 0) & (launch < step_e[sic])
+    launched_in = matched & (si >= 0) & (launch < step_e[sic])
+    # HTA drops the last ProfilerStep (its kernels may run past the end of the trace); its
+    # first GPU event still marks where the step before it ends
+    in_step = launched_in & (si < num_analysed)
+    in_next = launched_in & (si == num_analysed)
+    step_k, step_s, step_e = step_k[:num_analysed], step_s[:num_analysed], step_e[:num_analysed]
     num_unlaunched = int((~matched).sum())
     if num_unlaunched:
         warnings.append(f"{num_unlaunched} GPU events have no launch (correlation) in the trace; left out")
@@ -575,7 +607,12 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     first = np.full(step_k.size, np.iinfo(np.int64).max, _I64)
     np.minimum.at(first, ev_step, start)
     lo = np.maximum.accumulate(first[used])
-    hi = np.append(lo[1:], end.max())
+    # the last analysed step ends where the dropped step's GPU work starts, or at the end of
+    # its own GPU work when that is later or the dropped step ran nothing on the GPU
+    last_end = int(end.max())
+    if in_next.any():
+        last_end = max(last_end, int(_ns(g_ts[in_next], base).min()))
+    hi = np.append(lo[1:], last_end)
     num_kernels = np.bincount(ev_step, minlength=step_k.size)[used]
     if used.size < step_k.size:
         missing = sorted(set(step_k.tolist()) - set(step_k[used].tolist()))

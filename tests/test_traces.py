@@ -104,30 +104,32 @@ def test_gpu_breakdown_exact_numbers_pp1():
     assert r.timeline == "gpu"
     # step 1: window [20, 120): gemm 20-50, allreduce 40-70 (10 hidden, 20 exposed), memcpy 75-80,
     # idle 70-75 + 80-120 of which 100-105 is the host `data` range of the next step
-    # step 2: window [120, 170): elementwise 120-150, sendrecv 150-160, idle 160-165, gemm 165-170
+    # step 2: window [120, 210): elementwise 120-150, sendrecv 150-160, idle 160-165, gemm 165-170,
+    # idle until the first kernel of the dropped step 3 at 210
     assert [ms(s) for s in r.steps] == [
         dict(step_time_s=100, compute_s=30, exposed_comm_s=20, bubble_s=0, data_stall_s=5, other_s=45,
              hidden_comm_s=10, idle_s=45),
-        dict(step_time_s=50, compute_s=35, exposed_comm_s=10, bubble_s=0, data_stall_s=0, other_s=5,
-             hidden_comm_s=0, idle_s=5)]
+        dict(step_time_s=90, compute_s=35, exposed_comm_s=10, bubble_s=0, data_stall_s=0, other_s=45,
+             hidden_comm_s=0, idle_s=45)]
     assert [(s.step, s.num_kernels, s.rank, s.run) for s in r.steps] == [(1, 3, 3, "r"), (2, 3, 3, "r")]
     assert [(k.name, k.kernel_class, k.num_calls, round(k.total_s * 1e6, 6), k.num_steps) for k in r.kernels] == [
         (GEMM, "gemm", 2, 35, 2), (ALLREDUCE, "comm", 1, 30, 2), (ELEM, "elementwise", 1, 30, 2),
         (SENDRECV, "comm", 1, 10, 2), (MEMCPY, "memory", 1, 5, 2)]
     assert any("no launch" in w for w in r.warnings) and any("outside the analysed" in w for w in r.warnings)
-    # representative step: lower median of (100, 50) -> step 2
+    # representative step: lower median of (100, 90) -> step 2
     assert [(s.category, round(s.start_s * 1e6, 6), round(s.end_s * 1e6, 6)) for s in r.spans] == [
-        ("compute", 0, 30), ("exposed_comm", 30, 40), ("other", 40, 45), ("compute", 45, 50)]
+        ("compute", 0, 30), ("exposed_comm", 30, 40), ("other", 40, 45), ("compute", 45, 50), ("other", 50, 90)]
 
 
 def test_gpu_breakdown_pipeline_bubble():
     r = compute_step_breakdown(gpu_trace(), run="r", rank=0, pp_degree=2)
-    # step 2: SendRecv exposed (10) and the idle gap between compute kernels (5) are bubble
-    assert [ms(s) for s in r.steps][1] == dict(step_time_s=50, compute_s=35, exposed_comm_s=0, bubble_s=15,
-                                               data_stall_s=0, other_s=0, hidden_comm_s=0, idle_s=5)
+    # step 2: SendRecv exposed (10) and the idle gap between compute kernels (5) are bubble; the
+    # idle after its last compute kernel is not
+    assert [ms(s) for s in r.steps][1] == dict(step_time_s=90, compute_s=35, exposed_comm_s=0, bubble_s=15,
+                                               data_stall_s=0, other_s=40, hidden_comm_s=0, idle_s=45)
     # step 1: the all-reduce is not P2P; idle after the last compute kernel is not bubble
     assert ms(r.steps[0])["bubble_s"] == 0 and ms(r.steps[0])["exposed_comm_s"] == 20
-    assert {s.category for s in r.spans} == {"compute", "bubble"}
+    assert {s.category for s in r.spans} == {"compute", "bubble", "other"}
 
 
 def test_no_profiler_step_is_a_warning_not_an_error():
@@ -176,7 +178,8 @@ def brute_force(num_steps, kernels, data, pp_degree):
     starts = [firsts[s] for s in steps]
     for i in range(1, len(starts)):
         starts[i] = max(starts[i], starts[i - 1])
-    ends = starts[1:] + [max(a + d for _, _, a, d in kept)]
+    dropped = [a for s, _, a, _ in kernels if s == num_steps - 1]
+    ends = starts[1:] + [max([a + d for _, _, a, d in kept] + ([min(dropped)] if dropped else []))]
     rows = []
     for step, lo, hi in zip(steps, starts, ends):
         w = set(range(lo, hi))
@@ -220,6 +223,8 @@ def test_span_cap_merges_small_gaps():
     r = compute_step_breakdown(ev, run="r", rank=0, pp_degree=1, max_spans=2000)
     assert 0 < len(r.spans) <= 2000
     assert r.spans[0].start_s == 0 and abs(max(s.end_s for s in r.spans) - r.steps[0].step_time_s) < 1e-12
+    tiles = [(s.start_s, s.end_s) for s in r.spans]
+    assert all(b1 == a2 for (_, b1), (a2, _) in zip(tiles, tiles[1:]))  # still a tiling, no overlap
 
 
 # --- real CPU (gloo) traces: torch 2.13 profiler, 2 processes ---------------------------------
