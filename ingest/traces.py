@@ -47,21 +47,24 @@ P2P_KERNEL_RE = re.compile(r"SendRecv|Send|Recv")
 #  attention: FlashAttention (flash_fwd/bwd, flash::), xFormers/cutlass "fmha", cuDNN SDPA
 #    ("cudnn_generated_fort_native_sdpa", "sdpa"), PyTorch mem-efficient attention
 #    ("_efficient_attention", "attention_kernel"), Megatron fused softmax of attention scores
-#    ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax").
+#    ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax"), cuDNN SDPA backward helpers
+#    ("cudnn::fusion::compute_dot_do_o_specialized", "cudnn::fusion::convert_dq_to_16bits").
 #  gemm: cuBLAS/cuBLASLt/CUTLASS matmuls: "gemm", "gemv", "cutlass", "cublas", "xmma"
 #    (sm80/sm90_xmma_*), "nvjet" (Hopper cuBLAS), "wgmma", "matmul", "splitKreduce".
 #  elementwise: PyTorch TensorIterator and friends: "elementwise", "vectorized", "unrolled",
-#    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm, (log)softmax,
+#    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm (incl. the
+#    "GammaBetaBackward" kernels of LayerNorm backward), (log)softmax,
 #    dropout, fills/copies/index/cat/scatter/gather, fused optimizers ("multi_tensor_apply").
 KERNEL_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", COMM_KERNEL_RE),
     ("memory", MEMORY_KERNEL_RE),
     ("attention", re.compile(
-        r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang", re.I)),
+        r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang|"
+        r"cudnn::fusion::(compute_dot_do_o|convert_dq)", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|matmul|splitKreduce", re.I)),
     ("elementwise", re.compile(
         r"elementwise|vectorized|unrolled|reduce|pointwise|triton_(poi|red|per)|norm|softmax|"
-        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam", re.I)),
+        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam|GammaBeta", re.I)),
 )
 # Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names.
 HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
