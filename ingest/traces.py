@@ -99,7 +99,8 @@ class TraceReadCounts:
     """Filled in by ``iter_trace_events`` while it streams (mutable on purpose: the generator
     reports into it). num_events: dicts yielded; num_skipped: items or fragments that were not a
     JSON object; truncated: the stream ended inside the JSON (crashed writer, cut file);
-    reader: "ijson" or "lines" (fragment fallback)."""
+    reader: "ijson", "lean" (see iter_trace_events; events it does not decode are not
+    counted) or "lines" (fragment fallback)."""
 
     num_events: int = 0
     num_skipped: int = 0
@@ -123,7 +124,8 @@ class _HeadThenRest:
         return self._fp.read(n)
 
 
-def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -> Iterator[dict[str, Any]]:
+def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None,
+                      lean: bool = False) -> Iterator[dict[str, Any]]:
     """Yield the events (JSON objects) of a Chrome trace read from the binary stream ``fp``.
 
     Accepts the object form ``{"traceEvents": [...], ...}`` (Kineto), the bare array form
@@ -134,6 +136,14 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
     fragments that are not JSON are counted in ``counts.num_skipped``; a stream that ends
     inside the JSON sets ``counts.truncated`` (the events before the cut are yielded).
     Raises only what ``fp.read`` raises (OSError, gzip.BadGzipFile).
+
+    lean=True (what ``compute_step_breakdown`` reads; ~4x faster on torch.profiler traces): for
+    a Kineto document (``schemaVersion`` before ``traceEvents``), only complete events (ph "X")
+    of the categories kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver,
+    user_annotation -- and cpu_op when the header lists no CUDA device (deviceProperties
+    empty: a CPU run) -- are decoded and yielded; they are found by libkineto's event header
+    ``{"ph": "X", "cat": "<cat>"`` with a regex scan, everything else is never decoded.
+    Other layouts fall back to the full reader.
     """
     import ijson  # imported here so that importing this module stays cheap
 
@@ -145,6 +155,14 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
     # an object whose first key is not an event field is a trace document (Kineto writes
     # schemaVersion, deviceProperties, distributedInfo... before traceEvents)
     document = first_key is not None and first_key.group(1).decode("ascii", "replace") not in _EVENT_KEYS
+    # lean reading needs libkineto's layout: a document with schemaVersion, events "ph" first
+    array = re.search(rb'"traceEvents"\s*:\s*\[\s*(?=\{)', head) if document else None
+    if lean and array is not None and b'"schemaVersion"' in head[:array.start()]:
+        counts.reader = "lean"
+        at = array.end() + (0 if document else len(head) - len(stripped))
+        gpu_trace = re.search(rb'"deviceProperties"\s*:\s*\[\s*\{', head[:at]) is not None
+        yield from _iter_lean_events(_HeadThenRest(head[at:], fp), counts, with_cpu_ops=not gpu_trace)
+        return
     if stripped.startswith(b"[") or document or re.search(rb'"traceEvents"\s*:', head):
         counts.reader = "ijson"
         prefix = "item" if stripped.startswith(b"[") else "traceEvents.item"
@@ -160,6 +178,52 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
         return
     counts.reader = "lines"
     yield from _iter_fragment_events(src, counts)
+
+
+_LEAN_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "user_annotation")
+
+
+def _lean_header_re(cats: Iterable[str]) -> re.Pattern[str]:
+    # libkineto's writer (output_json.cpp) starts every complete event with "ph", then "cat"
+    alt = "|".join(re.escape(c) for c in cats)
+    return re.compile(r'\{\s*"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"(?:' + alt + r')"')
+
+
+def _iter_lean_events(src: _HeadThenRest, counts: TraceReadCounts, *, with_cpu_ops: bool) -> Iterator[dict[str, Any]]:
+    """Complete events of the categories the step breakdown reads, found by their Kineto
+    header with a C-level regex scan and decoded with json's C scanner; nothing else is
+    decoded (iter_trace_events, lean=True)."""
+    import codecs
+
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    raw_decode = json.JSONDecoder().raw_decode
+    find = _lean_header_re(_LEAN_CATS + (("cpu_op",) if with_cpu_ops else ())).finditer
+    buf, eof = "", False
+    while not eof:
+        chunk = src.read(1 << 22)
+        eof = not chunk
+        buf += decode(chunk, final=eof)
+        pos = 0
+        for m in find(buf):
+            if m.start() < pos:
+                continue
+            try:
+                obj, pos = raw_decode(buf, m.start())
+            except ValueError:
+                if not eof:  # cut by the chunk end: decode it with the next chunk
+                    pos = m.start()
+                    break
+                counts.num_skipped += 1
+                counts.truncated = True
+                pos = m.end()
+                continue
+            counts.num_events += 1
+            yield obj
+        else:
+            pos = max(pos, len(buf) - 256)  # a header cut by the chunk end is matched next time
+        buf = buf[pos:]
+    if "]" not in buf:
+        counts.truncated = True
 
 
 def _brace_delta(line: str, in_string: bool) -> tuple[int, bool]:
@@ -272,34 +336,30 @@ class _Collected:
 
 
 def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
+    """One pass; per event only dict lookups and array appends (this loop is the hot path
+    next to the JSON parser). Every value is converted before any append, so a malformed
+    event never leaves the parallel arrays misaligned."""
     c = _Collected()
     gts, gdur, gcorr, gname = c.g_ts.append, c.g_dur.append, c.g_corr.append, c.g_name.append
     lts, lcorr = c.l_ts.append, c.l_corr.append
     hts, hdur, htid, hname, hannot = (c.h_ts.append, c.h_dur.append, c.h_tid.append, c.h_name.append,
                                       c.h_annot.append)
     intern = c.names.id
+    ids = c.names.ids
     tids: dict[Any, int] = {}
+    host_cats, launch_cats, gpu_cats = _HOST_CATS, _LAUNCH_CATS, _GPU_CATS
+    lo, hi = -_MAX_US, _MAX_US
     for ev in events:
-        cat = ev.get("cat")
-        if ev.get("ph") != "X" or cat is None:
+        if ev.get("ph") != "X":
             continue
+        cat = ev.get("cat")
         try:
-            ts = float(ev["ts"])
-            dur = float(ev.get("dur", 0.0))
-            if not (-_MAX_US < ts < _MAX_US and 0.0 <= dur < _MAX_US):  # also rejects NaN
-                raise ValueError(ts, dur)
-            if cat in _LAUNCH_CATS:
-                corr = ev["args"]["correlation"]
-                lts(ts)
-                lcorr(int(corr))
-            elif cat in _GPU_CATS:
-                args = ev.get("args") or {}
-                gts(ts)
-                gdur(dur)
-                gcorr(int(args.get("correlation", -1)))
-                gname(intern(str(ev["name"])))
-            elif cat in _HOST_CATS:
-                name = str(ev["name"])
+            if cat in host_cats:
+                ts, dur, name = float(ev["ts"]), float(ev.get("dur", 0.0)), ev["name"]
+                if not (lo < ts < hi and 0.0 <= dur < hi):  # also rejects NaN
+                    raise ValueError(ts, dur)
+                if type(name) is not str:
+                    name = str(name)
                 tid = ev.get("tid")
                 t = tids.get(tid)
                 if t is None:
@@ -307,12 +367,31 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
                 if name.startswith(_STEP_PREFIX):
                     c.steps.append((int(name[len(_STEP_PREFIX):]), ts, ts + dur, t))
                     continue
+                i = ids.get(name)
+                if i is None:
+                    i = intern(name)
                 hts(ts)
                 hdur(dur)
                 htid(t)
-                hname(intern(name))
+                hname(i)
                 hannot(cat == "user_annotation")
-        except (KeyError, TypeError, ValueError, OverflowError):
+            elif cat in launch_cats:
+                ts, corr = float(ev["ts"]), int(ev["args"]["correlation"])
+                if not (lo < ts < hi and -(1 << 62) < corr < (1 << 62)):
+                    raise ValueError(ts, corr)
+                lts(ts)
+                lcorr(corr)
+            elif cat in gpu_cats:
+                ts, dur, name = float(ev["ts"]), float(ev.get("dur", 0.0)), ev["name"]
+                args = ev.get("args") or {}
+                corr = int(args.get("correlation", -1))
+                if not (lo < ts < hi and 0.0 <= dur < hi and -(1 << 62) < corr < (1 << 62)):
+                    raise ValueError(ts, dur, corr)
+                gts(ts)
+                gdur(dur)
+                gcorr(corr)
+                gname(intern(name if type(name) is str else str(name)))
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
             c.num_ignored += 1
     return c
 

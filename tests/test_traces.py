@@ -348,3 +348,45 @@ def test_h200_megatron_window_exact():
     assert [us(s) for s in r.steps] == [[526440, 383674, 0, 0, 16646, 126121, 0, 140988],
                                         [607135, 385020, 0, 0, 18136, 203979, 0, 220345]]
     assert [s.num_kernels for s in r.steps] == [7949, 7949]
+
+
+def test_malformed_gpu_event_does_not_misalign_arrays():
+    ev = gpu_trace()
+    ev.insert(0, X("kernel", GEMM, 5, 1, correlation="not-an-int"))
+    ev.insert(0, X("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=[1]))
+    ev.insert(0, X("user_annotation", "data", "x", 1))
+    r = compute_step_breakdown(ev, run="r", rank=3, pp_degree=1)
+    assert [ms(s) for s in r.steps] == [ms(s) for s in compute_step_breakdown(gpu_trace(), run="r", rank=3,
+                                                                              pp_degree=1).steps]
+    assert r.warnings[0].startswith("3 complete events")
+
+
+# --- lean reading: decode only what the breakdown reads -----------------------------------------
+
+@pytest.mark.parametrize("name", ["h200_megatron-tp1-pp1_rank0_steps110-112.json.gz", "cpu_gloo_pp2_rank1.json.gz",
+                                  "cpu_gloo_ddp2_rank0.json.gz"])
+def test_lean_reading_gives_the_same_breakdown(name):
+    full, lean = TraceReadCounts(), TraceReadCounts()
+    a = compute_step_breakdown(open_trace_events(TRACES / name, counts=full), run="r", rank=1, pp_degree=2)
+    b = compute_step_breakdown(open_trace_events(TRACES / name, counts=lean, lean=True), run="r", rank=1,
+                               pp_degree=2)
+    assert (a.steps, a.kernels, a.spans, a.warnings) == (b.steps, b.kernels, b.spans, b.warnings)
+    assert (full.reader, lean.reader) == ("ijson", "lean") and 0 < lean.num_events < full.num_events
+
+
+def test_lean_reading_falls_back_and_reports_a_cut():
+    # not libkineto's layout (no schemaVersion): the full reader
+    counts = TraceReadCounts()
+    assert read(b'{"traceEvents": [{"cat": "kernel", "ph": "X"}]}', counts) == [{"cat": "kernel", "ph": "X"}]
+    doc = (b'{"schemaVersion": 1, "deviceProperties": [{"id": 0}], "traceEvents": [\n'
+           b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2},\n'
+           b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 3, "dur": 1, "args": {"name": "{\\"ph\\": \\"X\\""}},\n'
+           b'{"ph": "X", "cat": "kernel", "name": "cut", "ts": 5, "du')
+    counts = TraceReadCounts()
+    events = list(iter_trace_events(io.BytesIO(doc), counts=counts, lean=True))
+    assert [e["name"] for e in events] == ["k"]  # GPU trace: cpu_op not decoded
+    assert counts == TraceReadCounts(num_events=1, num_skipped=1, truncated=True, reader="lean")
+    counts = TraceReadCounts()
+    cpu_doc = doc.replace(b'[{"id": 0}]', b"[]").split(b"\n{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"cut")[0] + b"\n]}"
+    assert [e["name"] for e in iter_trace_events(io.BytesIO(cpu_doc), counts=counts, lean=True)] == ["aten::mm", "k"]
+    assert counts == TraceReadCounts(num_events=2, num_skipped=0, truncated=False, reader="lean")
