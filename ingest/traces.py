@@ -180,6 +180,8 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None,
     yield from _iter_fragment_events(src, counts)
 
 
+_LEAN_CHUNK_BYTES = 1 << 22
+_LEAN_TAIL_CHARS = 256  # longer than any event header _lean_header_re matches
 _LEAN_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "user_annotation")
 
 
@@ -200,7 +202,7 @@ def _iter_lean_events(src: _HeadThenRest, counts: TraceReadCounts, *, with_cpu_o
     find = _lean_header_re(_LEAN_CATS + (("cpu_op",) if with_cpu_ops else ())).finditer
     buf, eof = "", False
     while not eof:
-        chunk = src.read(1 << 22)
+        chunk = src.read(_LEAN_CHUNK_BYTES)
         eof = not chunk
         buf += decode(chunk, final=eof)
         pos = 0
@@ -220,7 +222,7 @@ def _iter_lean_events(src: _HeadThenRest, counts: TraceReadCounts, *, with_cpu_o
             counts.num_events += 1
             yield obj
         else:
-            pos = max(pos, len(buf) - 256)  # a header cut by the chunk end is matched next time
+            pos = max(pos, len(buf) - _LEAN_TAIL_CHARS)  # a header cut by the chunk end: next time
         buf = buf[pos:]
     if "]" not in buf:
         counts.truncated = True

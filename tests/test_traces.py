@@ -390,3 +390,26 @@ def test_lean_reading_falls_back_and_reports_a_cut():
     cpu_doc = doc.replace(b'[{"id": 0}]', b"[]").split(b"\n{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"cut")[0] + b"\n]}"
     assert [e["name"] for e in iter_trace_events(io.BytesIO(cpu_doc), counts=counts, lean=True)] == ["aten::mm", "k"]
     assert counts == TraceReadCounts(num_events=2, num_skipped=0, truncated=False, reader="lean")
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=random_trace(), chunk=st.integers(1, 300), indent=st.sampled_from([None, 0, 2, 4]),
+       gpu=st.booleans(), data=st.data())
+def test_lean_reader_matches_full_reader_at_any_chunk_boundary(case, chunk, indent, gpu, data, monkeypatch):
+    """Events cut by chunk ends, headers cut by chunk ends, any indentation: the same events
+    (monkeypatch only sets a module constant, the same kind of value for every example)."""
+    import ingest.traces as traces
+
+    _, _, _, ev = case
+    ev = ev + [X("cpu_op", "aten::mm", 1.5, 2.0, **{"Input Dims": [[1, 2]], "Concrete": '{"ph": "X", "cat": "kernel"}'}),
+               {"ph": "s", "id": 1, "cat": "ac2g", "name": "ac2g", "ts": 1}]
+    data.draw(st.randoms()).shuffle(ev)
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0}] if gpu else [], "traceEvents": ev, "traceName": "x"}
+    raw = json.dumps(doc, indent=indent).encode()
+    monkeypatch.setattr(traces, "_LEAN_CHUNK_BYTES", chunk)
+    counts = TraceReadCounts()
+    got = list(iter_trace_events(io.BytesIO(raw), counts=counts, lean=True))
+    want = [e for e in ev if e.get("ph") == "X" and e["cat"] in traces._LEAN_CATS + (() if gpu else ("cpu_op",))]
+    assert got == want
+    assert counts == TraceReadCounts(num_events=len(want), num_skipped=0, truncated=False, reader="lean")
