@@ -182,6 +182,9 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None,
 
 _LEAN_CHUNK_BYTES = 1 << 22
 _LEAN_TAIL_CHARS = 256  # longer than any event header _lean_header_re matches
+_LEAN_MAX_EVENT_CHARS = 1 << 24  # an event that does not decode within 16 Mi chars is malformed
+# "]" closing traceEvents, scalar trailer keys, "}" closing the document, at the end of the text
+_DOC_END_RE = re.compile(r'\]\s*(?:,\s*"[^"\\]*"\s*:\s*(?:"[^"\\]*"|[-+.\w]+)\s*)*\}\s*$')
 _LEAN_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "user_annotation")
 
 
@@ -212,11 +215,11 @@ def _iter_lean_events(src: _HeadThenRest, counts: TraceReadCounts, *, with_cpu_o
             try:
                 obj, pos = raw_decode(buf, m.start())
             except ValueError:
-                if not eof:  # cut by the chunk end: decode it with the next chunk
-                    pos = m.start()
+                if not eof and len(buf) - m.start() < _LEAN_MAX_EVENT_CHARS:
+                    pos = m.start()  # cut by the chunk end: decode it with the next chunk
                     break
-                counts.num_skipped += 1
-                counts.truncated = True
+                counts.num_skipped += 1  # malformed, or cut by the end of the file
+                counts.truncated = counts.truncated or eof
                 pos = m.end()
                 continue
             counts.num_events += 1
@@ -224,7 +227,7 @@ def _iter_lean_events(src: _HeadThenRest, counts: TraceReadCounts, *, with_cpu_o
         else:
             pos = max(pos, len(buf) - _LEAN_TAIL_CHARS)  # a header cut by the chunk end: next time
         buf = buf[pos:]
-    if "]" not in buf:
+    if not _DOC_END_RE.search(buf):  # the array and the document never close: a cut file
         counts.truncated = True
 
 

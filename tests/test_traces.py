@@ -413,3 +413,17 @@ def test_lean_reader_matches_full_reader_at_any_chunk_boundary(case, chunk, inde
     want = [e for e in ev if e.get("ph") == "X" and e["cat"] in traces._LEAN_CATS + (() if gpu else ("cpu_op",))]
     assert got == want
     assert counts == TraceReadCounts(num_events=len(want), num_skipped=0, truncated=False, reader="lean")
+
+
+def test_lean_reader_skips_a_malformed_event_without_buffering_the_rest(monkeypatch):
+    import ingest.traces as traces
+
+    monkeypatch.setattr(traces, "_LEAN_CHUNK_BYTES", 64)
+    monkeypatch.setattr(traces, "_LEAN_MAX_EVENT_CHARS", 256)
+    good = json.dumps(X("kernel", GEMM, 1, 1, correlation=1))
+    doc = ('{"schemaVersion": 1, "deviceProperties": [{}], "traceEvents": [\n' + good + ',\n'
+           + '{"ph": "X", "cat": "kernel", "name": "broken", "ts": 1, "dur": }' + (",\n" + good) * 20 + "\n], "
+           + '"traceName": "' + "x" * 100 + '"}')
+    counts = TraceReadCounts()
+    assert len(list(iter_trace_events(io.BytesIO(doc.encode()), counts=counts, lean=True))) == 21
+    assert counts == TraceReadCounts(num_events=21, num_skipped=1, truncated=False, reader="lean")
