@@ -9,7 +9,7 @@ source trace's events -- every ProfilerStep with its CPU ops, launches, kernels 
 offset per copy. Then runs, each in its own child process (measured with os.wait4, so peak
 RSS is the child's own ru_maxrss):
 
-* ours: ``compute_step_breakdown(open_trace_events(path), ...)``
+* ours: ``compute_step_breakdown(open_trace_events(path, lean=True), ...)``
 * HTA:  ``TraceAnalysis(trace_dir=...).get_temporal_breakdown(visualize=False)`` (HTA's
   default parser and its ns rounding), and once more with HTA_DISABLE_NS_ROUNDING=1 to
   show that the totals agree exactly when both use the same timestamps.
@@ -85,7 +85,7 @@ from ingest.io import open_trace_events
 from ingest.traces import TraceReadCounts, compute_step_breakdown
 t = time.perf_counter()
 counts = TraceReadCounts()
-r = compute_step_breakdown(open_trace_events(sys.argv[1], counts=counts), run="bench", rank=0, pp_degree=1)
+r = compute_step_breakdown(open_trace_events(sys.argv[1], counts=counts, lean=True), run="bench", rank=0, pp_degree=1)
 dt = time.perf_counter() - t
 tot = {c: sum(getattr(s, c) for s in r.steps) * 1e6 for c in ("step_time_s", "compute_s", "idle_s")}
 print(json.dumps({"seconds": dt, "steps": len(r.steps), "events": counts.num_events,
@@ -136,14 +136,20 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/bench_traces"))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "traces.json")
     ap.add_argument("--skip-hta-unrounded", action="store_true")
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     trace = args.workdir / "rank0" / "rank0.trace.json"
-    built = build_trace(args.source, trace, int(args.mb * 1e6))
+    if args.build_only:
+        print(json.dumps(build_trace(args.source, trace, int(args.mb * 1e6))))
+        return
+    # built in a child: a fork inherits the parent's peak RSS (ru_maxrss), so the parent stays
+    # small (no source trace in memory, no pandas/HTA imported) for the measured children
+    built = json.loads(subprocess.run(
+        [sys.executable, __file__, "--build-only", "--source", str(args.source), "--mb", str(args.mb),
+         "--workdir", str(args.workdir)], check=True, capture_output=True, text=True, timeout=3600).stdout)
     size = trace.stat().st_size
-    import hta
-    import ijson
-    import numpy
+    from importlib.metadata import version
     ours = run_child(CHILD_OURS, str(trace))
     theirs = run_child(CHILD_HTA, str(trace.parent))
     unrounded = None if args.skip_hta_unrounded else run_child(CHILD_HTA, str(trace.parent),
@@ -155,8 +161,9 @@ def main() -> None:
         "benchmark": "trace analysis: ingest.traces.compute_step_breakdown vs HTA get_temporal_breakdown",
         "machine": {"cpu": cpu, "num_cpus": os.cpu_count(), "mem_gib": round(os.sysconf("SC_PHYS_PAGES")
                     * os.sysconf("SC_PAGE_SIZE") / 2**30, 1), "platform": platform.platform(),
-                    "python": platform.python_version(), "numpy": numpy.__version__,
-                    "ijson": f"{ijson.__version__} ({ijson.backend})", "hta": getattr(hta, "__version__", "0.5.0")},
+                    "python": platform.python_version(), "numpy": version("numpy"),
+                    "ijson": version("ijson"), "hta": version("holistictraceanalysis"),
+                    "load_average_at_end": os.getloadavg()},
         "trace": {"source": str(args.source), "copies": built["copies"], "events": built["events"],
                   "profiler_steps": built["steps"], "file_mib": size / 2**20, "file_bytes": size},
         "ours": ours, "hta": theirs, "hta_ns_rounding_disabled": unrounded,

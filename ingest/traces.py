@@ -47,21 +47,24 @@ P2P_KERNEL_RE = re.compile(r"SendRecv|Send|Recv")
 #  attention: FlashAttention (flash_fwd/bwd, flash::), xFormers/cutlass "fmha", cuDNN SDPA
 #    ("cudnn_generated_fort_native_sdpa", "sdpa"), PyTorch mem-efficient attention
 #    ("_efficient_attention", "attention_kernel"), Megatron fused softmax of attention scores
-#    ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax").
+#    ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax"), cuDNN SDPA backward helpers
+#    ("cudnn::fusion::compute_dot_do_o_specialized", "cudnn::fusion::convert_dq_to_16bits").
 #  gemm: cuBLAS/cuBLASLt/CUTLASS matmuls: "gemm", "gemv", "cutlass", "cublas", "xmma"
 #    (sm80/sm90_xmma_*), "nvjet" (Hopper cuBLAS), "wgmma", "matmul", "splitKreduce".
 #  elementwise: PyTorch TensorIterator and friends: "elementwise", "vectorized", "unrolled",
-#    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm, (log)softmax,
+#    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm (incl. the
+#    "GammaBetaBackward" kernels of LayerNorm backward), (log)softmax,
 #    dropout, fills/copies/index/cat/scatter/gather, fused optimizers ("multi_tensor_apply").
 KERNEL_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", COMM_KERNEL_RE),
     ("memory", MEMORY_KERNEL_RE),
     ("attention", re.compile(
-        r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang", re.I)),
+        r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang|"
+        r"cudnn::fusion::(compute_dot_do_o|convert_dq)", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|matmul|splitKreduce", re.I)),
     ("elementwise", re.compile(
         r"elementwise|vectorized|unrolled|reduce|pointwise|triton_(poi|red|per)|norm|softmax|"
-        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam", re.I)),
+        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam|GammaBeta", re.I)),
 )
 # Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names.
 HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -96,7 +99,8 @@ class TraceReadCounts:
     """Filled in by ``iter_trace_events`` while it streams (mutable on purpose: the generator
     reports into it). num_events: dicts yielded; num_skipped: items or fragments that were not a
     JSON object; truncated: the stream ended inside the JSON (crashed writer, cut file);
-    reader: "ijson" or "lines" (fragment fallback)."""
+    reader: "ijson", "lean" (see iter_trace_events; events it does not decode are not
+    counted) or "lines" (fragment fallback)."""
 
     num_events: int = 0
     num_skipped: int = 0
@@ -120,7 +124,8 @@ class _HeadThenRest:
         return self._fp.read(n)
 
 
-def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -> Iterator[dict[str, Any]]:
+def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None,
+                      lean: bool = False) -> Iterator[dict[str, Any]]:
     """Yield the events (JSON objects) of a Chrome trace read from the binary stream ``fp``.
 
     Accepts the object form ``{"traceEvents": [...], ...}`` (Kineto), the bare array form
@@ -131,6 +136,14 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
     fragments that are not JSON are counted in ``counts.num_skipped``; a stream that ends
     inside the JSON sets ``counts.truncated`` (the events before the cut are yielded).
     Raises only what ``fp.read`` raises (OSError, gzip.BadGzipFile).
+
+    lean=True (what ``compute_step_breakdown`` reads; ~4x faster on torch.profiler traces): for
+    a Kineto document (``schemaVersion`` before ``traceEvents``), only complete events (ph "X")
+    of the categories kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver,
+    user_annotation -- and cpu_op when the header lists no CUDA device (deviceProperties
+    empty: a CPU run) -- are decoded and yielded; they are found by libkineto's event header
+    ``{"ph": "X", "cat": "<cat>"`` with a regex scan, everything else is never decoded.
+    Other layouts fall back to the full reader.
     """
     import ijson  # imported here so that importing this module stays cheap
 
@@ -142,6 +155,14 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
     # an object whose first key is not an event field is a trace document (Kineto writes
     # schemaVersion, deviceProperties, distributedInfo... before traceEvents)
     document = first_key is not None and first_key.group(1).decode("ascii", "replace") not in _EVENT_KEYS
+    # lean reading needs libkineto's layout: a document with schemaVersion, events "ph" first
+    array = re.search(rb'"traceEvents"\s*:\s*\[\s*(?=\{)', head) if document else None
+    if lean and array is not None and b'"schemaVersion"' in head[:array.start()]:
+        counts.reader = "lean"
+        at = array.end() + (0 if document else len(head) - len(stripped))
+        gpu_trace = re.search(rb'"deviceProperties"\s*:\s*\[\s*\{', head[:at]) is not None
+        yield from _iter_lean_events(_HeadThenRest(head[at:], fp), counts, with_cpu_ops=not gpu_trace)
+        return
     if stripped.startswith(b"[") or document or re.search(rb'"traceEvents"\s*:', head):
         counts.reader = "ijson"
         prefix = "item" if stripped.startswith(b"[") else "traceEvents.item"
@@ -157,6 +178,57 @@ def iter_trace_events(fp: IO[bytes], *, counts: TraceReadCounts | None = None) -
         return
     counts.reader = "lines"
     yield from _iter_fragment_events(src, counts)
+
+
+_LEAN_CHUNK_BYTES = 1 << 22
+_LEAN_TAIL_CHARS = 256  # longer than any event header _lean_header_re matches
+_LEAN_MAX_EVENT_CHARS = 1 << 24  # an event that does not decode within 16 Mi chars is malformed
+# "]" closing traceEvents, scalar trailer keys, "}" closing the document, at the end of the text
+_DOC_END_RE = re.compile(r'\]\s*(?:,\s*"[^"\\]*"\s*:\s*(?:"[^"\\]*"|[-+.\w]+)\s*)*\}\s*$')
+_LEAN_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "user_annotation")
+
+
+def _lean_header_re(cats: Iterable[str]) -> re.Pattern[str]:
+    # libkineto's writer (output_json.cpp) starts every complete event with "ph", then "cat"
+    alt = "|".join(re.escape(c) for c in cats)
+    return re.compile(r'\{\s*"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"(?:' + alt + r')"')
+
+
+def _iter_lean_events(src: _HeadThenRest, counts: TraceReadCounts, *, with_cpu_ops: bool) -> Iterator[dict[str, Any]]:
+    """Complete events of the categories the step breakdown reads, found by their Kineto
+    header with a C-level regex scan and decoded with json's C scanner; nothing else is
+    decoded (iter_trace_events, lean=True)."""
+    import codecs
+
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    raw_decode = json.JSONDecoder().raw_decode
+    find = _lean_header_re(_LEAN_CATS + (("cpu_op",) if with_cpu_ops else ())).finditer
+    buf, eof = "", False
+    while not eof:
+        chunk = src.read(_LEAN_CHUNK_BYTES)
+        eof = not chunk
+        buf += decode(chunk, final=eof)
+        pos = 0
+        for m in find(buf):
+            if m.start() < pos:
+                continue
+            try:
+                obj, pos = raw_decode(buf, m.start())
+            except ValueError:
+                if not eof and len(buf) - m.start() < _LEAN_MAX_EVENT_CHARS:
+                    pos = m.start()  # cut by the chunk end: decode it with the next chunk
+                    break
+                counts.num_skipped += 1  # malformed, or cut by the end of the file
+                counts.truncated = counts.truncated or eof
+                pos = m.end()
+                continue
+            counts.num_events += 1
+            yield obj
+        else:
+            pos = max(pos, len(buf) - _LEAN_TAIL_CHARS)  # a header cut by the chunk end: next time
+        buf = buf[pos:]
+    if not _DOC_END_RE.search(buf):  # the array and the document never close: a cut file
+        counts.truncated = True
 
 
 def _brace_delta(line: str, in_string: bool) -> tuple[int, bool]:
@@ -269,34 +341,30 @@ class _Collected:
 
 
 def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
+    """One pass; per event only dict lookups and array appends (this loop is the hot path
+    next to the JSON parser). Every value is converted before any append, so a malformed
+    event never leaves the parallel arrays misaligned."""
     c = _Collected()
     gts, gdur, gcorr, gname = c.g_ts.append, c.g_dur.append, c.g_corr.append, c.g_name.append
     lts, lcorr = c.l_ts.append, c.l_corr.append
     hts, hdur, htid, hname, hannot = (c.h_ts.append, c.h_dur.append, c.h_tid.append, c.h_name.append,
                                       c.h_annot.append)
     intern = c.names.id
+    ids = c.names.ids
     tids: dict[Any, int] = {}
+    host_cats, launch_cats, gpu_cats = _HOST_CATS, _LAUNCH_CATS, _GPU_CATS
+    lo, hi = -_MAX_US, _MAX_US
     for ev in events:
-        cat = ev.get("cat")
-        if ev.get("ph") != "X" or cat is None:
+        if ev.get("ph") != "X":
             continue
+        cat = ev.get("cat")
         try:
-            ts = float(ev["ts"])
-            dur = float(ev.get("dur", 0.0))
-            if not (-_MAX_US < ts < _MAX_US and 0.0 <= dur < _MAX_US):  # also rejects NaN
-                raise ValueError(ts, dur)
-            if cat in _LAUNCH_CATS:
-                corr = ev["args"]["correlation"]
-                lts(ts)
-                lcorr(int(corr))
-            elif cat in _GPU_CATS:
-                args = ev.get("args") or {}
-                gts(ts)
-                gdur(dur)
-                gcorr(int(args.get("correlation", -1)))
-                gname(intern(str(ev["name"])))
-            elif cat in _HOST_CATS:
-                name = str(ev["name"])
+            if cat in host_cats:
+                ts, dur, name = float(ev["ts"]), float(ev.get("dur", 0.0)), ev["name"]
+                if not (lo < ts < hi and 0.0 <= dur < hi):  # also rejects NaN
+                    raise ValueError(ts, dur)
+                if type(name) is not str:
+                    name = str(name)
                 tid = ev.get("tid")
                 t = tids.get(tid)
                 if t is None:
@@ -304,12 +372,31 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
                 if name.startswith(_STEP_PREFIX):
                     c.steps.append((int(name[len(_STEP_PREFIX):]), ts, ts + dur, t))
                     continue
+                i = ids.get(name)
+                if i is None:
+                    i = intern(name)
                 hts(ts)
                 hdur(dur)
                 htid(t)
-                hname(intern(name))
+                hname(i)
                 hannot(cat == "user_annotation")
-        except (KeyError, TypeError, ValueError, OverflowError):
+            elif cat in launch_cats:
+                ts, corr = float(ev["ts"]), int(ev["args"]["correlation"])
+                if not (lo < ts < hi and -(1 << 62) < corr < (1 << 62)):
+                    raise ValueError(ts, corr)
+                lts(ts)
+                lcorr(corr)
+            elif cat in gpu_cats:
+                ts, dur, name = float(ev["ts"]), float(ev.get("dur", 0.0)), ev["name"]
+                args = ev.get("args") or {}
+                corr = int(args.get("correlation", -1))
+                if not (lo < ts < hi and 0.0 <= dur < hi and -(1 << 62) < corr < (1 << 62)):
+                    raise ValueError(ts, dur, corr)
+                gts(ts)
+                gdur(dur)
+                gcorr(corr)
+                gname(intern(name if type(name) is str else str(name)))
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
             c.num_ignored += 1
     return c
 
@@ -389,15 +476,36 @@ def _clip(a: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> tuple[np.ndarra
     return _intersect(a, (np.array([lo], _I64), np.array([hi], _I64)))
 
 
-def _coarsen(spans: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Merge gaps shorter than a doubling threshold (1 us, 2 us, ...) until <= max_spans spans
-    remain in all categories together. Display only: the merged spans over-cover by the gaps."""
+def _merge_gaps(a: tuple[np.ndarray, np.ndarray], max_spans: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge gaps shorter than a doubling threshold (1 us, 2 us, ...) until <= max_spans spans."""
+    s, e = a
     gap = 1000
-    while sum(s.size for s, _ in spans.values()) > max_spans:
-        spans = {k: _union(s, e + gap) if s.size else (s, e) for k, (s, e) in spans.items()}
-        spans = {k: (s, e - gap) for k, (s, e) in spans.items()}
+    while s.size > max(max_spans, 1):
+        s, e = _union(s, e + gap)
+        e = e - gap
         gap *= 2
-    return spans
+    return s, e
+
+
+def _tile(s: np.ndarray, e: np.ndarray, cat: np.ndarray, max_spans: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coarsen a tiling (contiguous segments, one category each) to <= max_spans segments:
+    segments shorter than a doubling threshold (1 us, 2 us, ...) are absorbed by the segment
+    before them, then equal neighbours fuse. The result still tiles the same span exactly;
+    each category's share moves by at most the threshold per absorbed segment (display only)."""
+    thr = 0
+    while True:
+        if s.size:
+            fuse = np.zeros(s.size, bool)
+            fuse[1:] = cat[1:] == cat[:-1]
+            keep = np.flatnonzero(~fuse)
+            s, e, cat = s[keep], np.append(e[keep[1:] - 1], e[-1]), cat[keep]
+        if s.size <= max(max_spans, 1):
+            return s, e, cat
+        thr = thr * 2 or 1000
+        keep = (e - s) >= thr
+        keep[0] = True
+        idx = np.flatnonzero(keep)
+        s, e, cat = s[idx], np.append(e[idx[1:] - 1], e[-1]), cat[idx]
 
 
 # --- analysis -----------------------------------------------------------------------------------
@@ -462,12 +570,18 @@ def _kernel_rows(*, run: str, rank: int, names: list[str], classes: list[str], n
 def _span_rows(*, run: str, rank: int, step: int, lo: int, hi: int,
                sets: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> tuple[TimelineSpanRow, ...]:
     assert set(sets) == {*BREAKDOWN_CATEGORIES, "hidden_comm"}, sorted(sets)
-    spans = {cat: _clip(s, lo, hi) for cat, s in sets.items()}
-    spans = _coarsen(spans, max_spans)
-    rows = []
-    for cat, (s, e) in spans.items():
-        for a, b in zip(((s - lo) / 1e9).tolist(), ((e - lo) / 1e9).tolist()):
-            rows.append(TimelineSpanRow(run=run, rank=rank, step=step, category=cat, start_s=a, end_s=b))
+    # the five categories tile [lo, hi); hidden_comm is an overlay on compute
+    clipped = [(i, _clip(sets[c], lo, hi)) for i, c in enumerate(BREAKDOWN_CATEGORIES)]
+    ts = np.concatenate([a for _, (a, _) in clipped])
+    te = np.concatenate([b for _, (_, b) in clipped])
+    tc = np.concatenate([np.full(a.size, i) for i, (a, _) in clipped])
+    order = np.argsort(ts, kind="stable")
+    hidden = _merge_gaps(_clip(sets["hidden_comm"], lo, hi), max_spans // 4)
+    ts, te, tc = _tile(ts[order], te[order], tc[order], max_spans - hidden[0].size)
+    rows = [TimelineSpanRow(run=run, rank=rank, step=step, category=BREAKDOWN_CATEGORIES[c], start_s=a, end_s=b)
+            for a, b, c in zip(((ts - lo) / 1e9).tolist(), ((te - lo) / 1e9).tolist(), tc.tolist())]
+    rows += [TimelineSpanRow(run=run, rank=rank, step=step, category="hidden_comm", start_s=a, end_s=b)
+             for a, b in zip(((hidden[0] - lo) / 1e9).tolist(), ((hidden[1] - lo) / 1e9).tolist())]
     rows.sort(key=lambda r: (r.start_s, r.category))
     return tuple(rows)
 
@@ -486,11 +600,17 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     events: the trace's event dicts (``iter_trace_events``), consumed once; only GPU events,
     launch (runtime/driver) calls and host ops are kept, as flat arrays. pp_degree: the run's
     pipeline degree; bubble_s is 0 unless pp_degree > 1. max_spans: cap on TimelineSpanRow
-    records (gaps below a doubling threshold, from 1 us, are merged until it holds).
+    records (segments shorter than a doubling threshold, from 1 us, are absorbed by their
+    predecessor until it holds; the spans still tile the step).
 
     GPU step k (launched inside ProfilerStep#k; the last ProfilerStep is dropped as in HTA):
     interval [end of the previous analysed step, last end of k's GPU events] -- the boundaries
-    of the recorder's CUDA end events; the first analysed step starts at its first GPU event. Sets over all analysed
+    of the recorder's CUDA end events, so the GPU idle while the host fetches step k's batch
+    (its ``data`` range) is step k's data stall; the first analysed step starts at its first
+    GPU event (the profiler's warm-up step before it is not traced) and the last one ends at
+    the dropped step's first GPU event when that is later, so the analysed window is HTA's
+    and its total matches the recorder's over the same steps (the two leading data fetches
+    outside/inside the window balance). Sets over all analysed
     GPU events, clipped to the interval: C = compute kernels, M = comm (``^nccl.*Kernel``),
     P = P2P comm kernels, A = all, D = host ``data`` ranges. Then compute = |C|,
     exposed_comm = |M \\ C| - bubble's P2P part, hidden_comm = |M ∩ C|, idle = |W \\ A|,
@@ -498,8 +618,11 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     from the step's first to its last compute kernel, other = the rest (exposed memcpy/memset,
     other kernels, idle outside R and the data range). Summed over the steps, compute and idle
     equal HTA's get_temporal_breakdown (hta/analyzers/breakdown_analysis.py) compute_time and
-    idle_time, and step_time - compute - idle its non_compute_time (up to HTA's rounding of
-    timestamps to whole microseconds).
+    idle_time, and step_time - compute - idle its non_compute_time, up to (a) HTA's default
+    rounding of every start up and end down to whole microseconds (HTA_DISABLE_NS_ROUNDING=1
+    turns it off; with ~9k kernels a step of 1-3 us it moves ~1.7 pp from compute to idle) and
+    (b) HTA's cut-off, which keeps the first copies of the dropped step launched before its
+    GPU-side ProfilerStep annotation starts (~0.1 pp on the H200 traces).
 
     CPU step k: the ProfilerStep#k range W on the training thread. comm = the thread's
     communication ops (CPU_COMM_RE) plus gloo worker-thread comm ranges while the training
@@ -534,9 +657,8 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     g_ts, g_dur = np.frombuffer(c.g_ts, np.float64), np.frombuffer(c.g_dur, np.float64)
     g_corr, g_name = np.frombuffer(c.g_corr, np.int64), np.frombuffer(c.g_name, np.int64)
     l_ts, l_corr = np.frombuffer(c.l_ts, np.float64), np.frombuffer(c.l_corr, np.int64)
-    if step_k.size > 1:  # HTA: kernels of the last ProfilerStep may be cut off by the trace end
-        step_k, step_s, step_e = step_k[:-1], step_s[:-1], step_e[:-1]
-    else:
+    num_analysed = step_k.size - 1 if step_k.size > 1 else 1
+    if step_k.size == 1:
         warnings.append("only one ProfilerStep in the trace; it is analysed although its last "
                         "kernels may be cut off (HTA warns the same)")
     # launch time of each GPU event via its correlation id
@@ -548,7 +670,12 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     # the step whose ProfilerStep range holds the launch
     si = np.searchsorted(step_s, launch, side="right") - 1
     sic = np.maximum(si, 0)
-    in_step = matched & (si >= 0) & (launch < step_e[sic])
+    launched_in = matched & (si >= 0) & (launch < step_e[sic])
+    # HTA drops the last ProfilerStep (its kernels may run past the end of the trace); its
+    # first GPU event still marks where the analysed window ends
+    in_step = launched_in & (si < num_analysed)
+    in_next = launched_in & (si == num_analysed)
+    step_k, step_s, step_e = step_k[:num_analysed], step_s[:num_analysed], step_e[:num_analysed]
     num_unlaunched = int((~matched).sum())
     if num_unlaunched:
         warnings.append(f"{num_unlaunched} GPU events have no launch (correlation) in the trace; left out")
@@ -578,9 +705,14 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     # starts where step k-1 ended, so the idle gap while the host builds step k's batch belongs
     # to step k (its data stall). The first analysed step starts at its first GPU event: the
     # profiler's warm-up step before it is not in the trace.
+    # The last analysed step ends where the dropped step's GPU work starts (if later), so the
+    # window is HTA's: the GPU idle while the host fetched the dropped step's batch is counted
+    # in it, balancing the first step's own fetch, which precedes the trace's first kernel.
     last = np.full(step_k.size, np.iinfo(np.int64).min, _I64)
     np.maximum.at(last, ev_step, end)
     hi = np.maximum.accumulate(last[used])
+    if in_next.any():
+        hi[-1] = max(int(hi[-1]), int(_ns(g_ts[in_next], base).min()))
     lo = np.append(min(int(first[used][0]), int(hi[0])), hi[:-1])
     num_kernels = np.bincount(ev_step, minlength=step_k.size)[used]
     if used.size < step_k.size:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -105,19 +106,20 @@ def test_gpu_breakdown_exact_numbers_pp1():
     # step boundaries are where each step's last GPU event ends (the recorder's CUDA end events)
     # step 1: window [20, 80]: gemm 20-50, allreduce 40-70 (10 hidden, 20 exposed), idle 70-75,
     # memcpy 75-80
-    # step 2: window [80, 170]: idle 80-120 of which 100-105 is the host `data` range of step 2,
-    # elementwise 120-150, sendrecv 150-160, idle 160-165, gemm 165-170
+    # step 2: window [80, 210]: idle 80-120 of which 100-105 is the host `data` range of step 2,
+    # elementwise 120-150, sendrecv 150-160, idle 160-165, gemm 165-170, idle until the dropped
+    # step 3's first kernel at 210 (the analysed window ends there, as HTA's does)
     assert [ms(s) for s in r.steps] == [
         dict(step_time_s=60, compute_s=30, exposed_comm_s=20, bubble_s=0, data_stall_s=0, other_s=10,
              hidden_comm_s=10, idle_s=5),
-        dict(step_time_s=90, compute_s=35, exposed_comm_s=10, bubble_s=0, data_stall_s=5, other_s=40,
-             hidden_comm_s=0, idle_s=45)]
+        dict(step_time_s=130, compute_s=35, exposed_comm_s=10, bubble_s=0, data_stall_s=5, other_s=80,
+             hidden_comm_s=0, idle_s=85)]
     assert [(s.step, s.num_kernels, s.rank, s.run) for s in r.steps] == [(1, 3, 3, "r"), (2, 3, 3, "r")]
     assert [(k.name, k.kernel_class, k.num_calls, round(k.total_s * 1e6, 6), k.num_steps) for k in r.kernels] == [
         (GEMM, "gemm", 2, 35, 2), (ALLREDUCE, "comm", 1, 30, 2), (ELEM, "elementwise", 1, 30, 2),
         (SENDRECV, "comm", 1, 10, 2), (MEMCPY, "memory", 1, 5, 2)]
     assert any("no launch" in w for w in r.warnings) and any("outside the analysed" in w for w in r.warnings)
-    # representative step: lower median of (60, 90) -> step 1
+    # representative step: lower median of (60, 130) -> step 1
     assert [(s.category, round(s.start_s * 1e6, 6), round(s.end_s * 1e6, 6)) for s in r.spans] == [
         ("compute", 0, 30), ("hidden_comm", 20, 30), ("exposed_comm", 30, 50), ("other", 50, 60)]
 
@@ -125,8 +127,8 @@ def test_gpu_breakdown_exact_numbers_pp1():
 def test_gpu_breakdown_pipeline_bubble():
     r = compute_step_breakdown(gpu_trace(), run="r", rank=0, pp_degree=2)
     # step 2: SendRecv exposed (10) and the idle gap between compute kernels (5) are bubble
-    assert [ms(s) for s in r.steps][1] == dict(step_time_s=90, compute_s=35, exposed_comm_s=0, bubble_s=15,
-                                               data_stall_s=5, other_s=35, hidden_comm_s=0, idle_s=45)
+    assert [ms(s) for s in r.steps][1] == dict(step_time_s=130, compute_s=35, exposed_comm_s=0, bubble_s=15,
+                                               data_stall_s=5, other_s=75, hidden_comm_s=0, idle_s=85)
     # step 1: the all-reduce is not P2P; idle after the last compute kernel is not bubble
     assert ms(r.steps[0])["bubble_s"] == 0 and ms(r.steps[0])["exposed_comm_s"] == 20
     # the representative (shorter) step is step 1, which has no P2P: no bubble span there
@@ -180,6 +182,9 @@ def brute_force(num_steps, kernels, data, pp_degree):
     ends = [lasts[s] for s in steps]  # a step ends where its last GPU event ends
     for i in range(1, len(ends)):
         ends[i] = max(ends[i], ends[i - 1])
+    dropped = [a for s, _, a, _ in kernels if s == num_steps - 1]
+    if dropped:  # the window ends at the dropped last step's first GPU event, if later
+        ends[-1] = max(ends[-1], min(dropped))
     starts = [min(firsts[steps[0]], ends[0])] + ends[:-1]  # ...and starts where the previous one ended
     rows = []
     for step, lo, hi in zip(steps, starts, ends):
@@ -224,6 +229,8 @@ def test_span_cap_merges_small_gaps():
     r = compute_step_breakdown(ev, run="r", rank=0, pp_degree=1, max_spans=2000)
     assert 0 < len(r.spans) <= 2000
     assert r.spans[0].start_s == 0 and abs(max(s.end_s for s in r.spans) - r.steps[0].step_time_s) < 1e-12
+    tiles = [(s.start_s, s.end_s) for s in r.spans]
+    assert all(b1 == a2 for (_, b1), (a2, _) in zip(tiles, tiles[1:]))  # still a tiling, no overlap
 
 
 # --- real CPU (gloo) traces: torch 2.13 profiler, 2 processes ---------------------------------
@@ -270,8 +277,19 @@ def hta_breakdown(path: Path, tmp_path: Path, monkeypatch, *, rounding: bool) ->
     return {c: 100 * row[f"{c}_time(us)"] / total for c in ("compute", "non_compute", "idle")}
 
 
-def ours_percent(path: Path) -> dict:
-    r = compute_step_breakdown(open_trace_events(path), run="r", rank=0, pp_degree=1)
+def hta_rounded(events):
+    """HTA's default timestamp handling (hta/common/trace_parser.py round_down_time_stamps):
+    start rounded up, end rounded down to whole microseconds."""
+    for e in events:
+        if e.get("ph") == "X" and isinstance(e.get("ts"), float):
+            start, end = math.ceil(e["ts"]), math.floor(e["ts"] + e.get("dur", 0))
+            e = dict(e, ts=float(start), dur=float(max(end - start, 0)))
+        yield e
+
+
+def ours_percent(path: Path, *, rounding: bool = False) -> dict:
+    events = open_trace_events(path)
+    r = compute_step_breakdown(hta_rounded(events) if rounding else events, run="r", rank=0, pp_degree=1)
     total = sum(s.step_time_s for s in r.steps)
     compute, idle = sum(s.compute_s for s in r.steps), sum(s.idle_s for s in r.steps)
     # HTA non_compute = comm/memory/other kernels not under compute = our exposed_comm + the
@@ -282,19 +300,136 @@ def ours_percent(path: Path) -> dict:
 
 @pytest.mark.parametrize("path", GPU_WINDOWS, ids=lambda p: p.name)
 def test_agrees_with_hta_temporal_breakdown(path, tmp_path, monkeypatch):
+    """Within 1 percentage point per category of HTA, on real H200 trace windows.
+
+    HTA by default rounds every event's start up and its end down to whole microseconds, which
+    on these traces (~8.7k kernels a step, many of 1-3 us) moves ~1.7 pp from compute to idle;
+    we keep nanoseconds. So: exact timestamps on both sides (HTA_DISABLE_NS_ROUNDING=1), and
+    HTA's default against ours fed HTA's rounded timestamps. The residual (~0.1 pp) is HTA's
+    cut-off: it keeps the next step's first host-to-device copies, launched before the GPU-side
+    ProfilerStep annotation of the last step starts."""
     ours = ours_percent(path)
-    # same timestamps (HTA's ceil/floor to whole us disabled): the same numbers
     exact = hta_breakdown(path, tmp_path, monkeypatch, rounding=False)
-    assert {c: round(v, 2) for c, v in ours.items()} == {c: round(v, 2) for c, v in exact.items()}
-    # HTA's defaults: within one percentage point per category
+    assert all(abs(ours[c] - exact[c]) <= 0.25 for c in ours), (ours, exact)
     rounded = hta_breakdown(path, tmp_path, monkeypatch, rounding=True)
-    assert all(abs(ours[c] - rounded[c]) <= 1.0 for c in ours), (ours, rounded)
+    ours_rounded = ours_percent(path, rounding=True)
+    assert all(abs(ours_rounded[c] - rounded[c]) <= 1.0 for c in ours), (ours_rounded, rounded)
 
 
-def test_reader_document_with_late_trace_events_key_streams():
-    """traceEvents after >64 KiB of header (many process groups) is still streamed, not read whole."""
-    doc = {"schemaVersion": 1, "distributedInfo": {"pg_config": ["x" * 100] * 1000},
-           "traceEvents": [{"ph": "X", "name": "a"}]}
+# --- real H200 trace windows: exact numbers (torch 2.11, 1 GPU, gpt-125m, steps 110-112) -------
+
+def us(row) -> list[int]:
+    return [round(getattr(row, c) * 1e6) for c in ("step_time_s", "compute_s", "exposed_comm_s", "bubble_s",
+                                                   "data_stall_s", "other_s", "hidden_comm_s", "idle_s")]
+
+
+def test_h200_ddp_window_exact():
     counts = TraceReadCounts()
-    assert read(json.dumps(doc).encode(), counts) == [{"ph": "X", "name": "a"}]
-    assert counts.reader == "ijson"
+    r = compute_step_breakdown(open_trace_events(TRACES / "h200_ddp_rank0_steps110-112.json.gz", counts=counts),
+                               run="ddp", rank=0, pp_degree=1)
+    assert counts == TraceReadCounts(num_events=178348, num_skipped=0, truncated=False, reader="ijson")
+    assert r.timeline == "gpu" and [(s.step, s.num_kernels) for s in r.steps] == [(110, 8677), (111, 8677)]
+    # step 110 ends where its last kernel ends (the recorder's CUDA end event); step 111 ends
+    # where the dropped step 112's first GPU event starts, so it holds step 111's and step 112's
+    # batch fetches (step 110's own fetch precedes the trace's first kernel)
+    assert [us(s) for s in r.steps] == [[386376, 358555, 0, 0, 1380, 26442, 0, 26280],
+                                        [498284, 358574, 0, 0, 36669, 103040, 0, 138242]]
+    assert r.warnings == ("8677 GPU events were launched outside the analysed ProfilerSteps (before the first, "
+                          "or in the last one); left out as in HTA",)
+    top = [(k.kernel_class, k.num_calls, round(k.total_s * 1e6), k.num_steps) for k in r.kernels[:3]]
+    assert top == [("gemm", 784, 82224, 2), ("elementwise", 1984, 61065, 2), ("elementwise", 16, 54074, 2)]
+    classes = {k.name.split("(")[0][:40]: k.kernel_class for k in r.kernels}
+    assert classes["cudnn_generated_fort_native_sdpa_sm90_fl"] == "attention"
+    assert classes["Memcpy HtoD "] == "memory"
+    assert {s.step for s in r.spans} == {110} and len(r.spans) <= 2000
+    tiles = [s for s in r.spans if s.category != "hidden_comm"]
+    assert tiles[0].start_s == 0 and abs(tiles[-1].end_s - r.steps[0].step_time_s) < 1e-9
+    stall_ms = sum(s.end_s - s.start_s for s in tiles if s.category == "data_stall") * 1e3
+    assert abs(stall_ms - 1.380) < 0.2  # the stall survives the coarsening
+
+
+def test_h200_megatron_window_exact():
+    r = compute_step_breakdown(open_trace_events(TRACES / "h200_megatron-tp1-pp1_rank0_steps110-112.json.gz"),
+                               run="megatron-tp1-pp1", rank=0, pp_degree=1)
+    assert [us(s) for s in r.steps] == [[510166, 383674, 0, 0, 688, 125804, 0, 124714],
+                                        [623410, 385020, 0, 0, 34093, 204296, 0, 236620]]
+    assert [s.num_kernels for s in r.steps] == [7949, 7949]
+
+
+def test_malformed_gpu_event_does_not_misalign_arrays():
+    ev = gpu_trace()
+    ev.insert(0, X("kernel", GEMM, 5, 1, correlation="not-an-int"))
+    ev.insert(0, X("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=[1]))
+    ev.insert(0, X("user_annotation", "data", "x", 1))
+    r = compute_step_breakdown(ev, run="r", rank=3, pp_degree=1)
+    assert [ms(s) for s in r.steps] == [ms(s) for s in compute_step_breakdown(gpu_trace(), run="r", rank=3,
+                                                                              pp_degree=1).steps]
+    assert r.warnings[0].startswith("3 complete events")
+
+
+# --- lean reading: decode only what the breakdown reads -----------------------------------------
+
+@pytest.mark.parametrize("name", ["h200_megatron-tp1-pp1_rank0_steps110-112.json.gz", "cpu_gloo_pp2_rank1.json.gz",
+                                  "cpu_gloo_ddp2_rank0.json.gz"])
+def test_lean_reading_gives_the_same_breakdown(name):
+    full, lean = TraceReadCounts(), TraceReadCounts()
+    a = compute_step_breakdown(open_trace_events(TRACES / name, counts=full), run="r", rank=1, pp_degree=2)
+    b = compute_step_breakdown(open_trace_events(TRACES / name, counts=lean, lean=True), run="r", rank=1,
+                               pp_degree=2)
+    assert (a.steps, a.kernels, a.spans, a.warnings) == (b.steps, b.kernels, b.spans, b.warnings)
+    assert (full.reader, lean.reader) == ("ijson", "lean") and 0 < lean.num_events < full.num_events
+
+
+def test_lean_reading_falls_back_and_reports_a_cut():
+    # not libkineto's layout (no schemaVersion): the full reader
+    counts = TraceReadCounts()
+    assert read(b'{"traceEvents": [{"cat": "kernel", "ph": "X"}]}', counts) == [{"cat": "kernel", "ph": "X"}]
+    doc = (b'{"schemaVersion": 1, "deviceProperties": [{"id": 0}], "traceEvents": [\n'
+           b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2},\n'
+           b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 3, "dur": 1, "args": {"name": "{\\"ph\\": \\"X\\""}},\n'
+           b'{"ph": "X", "cat": "kernel", "name": "cut", "ts": 5, "du')
+    counts = TraceReadCounts()
+    events = list(iter_trace_events(io.BytesIO(doc), counts=counts, lean=True))
+    assert [e["name"] for e in events] == ["k"]  # GPU trace: cpu_op not decoded
+    assert counts == TraceReadCounts(num_events=1, num_skipped=1, truncated=True, reader="lean")
+    counts = TraceReadCounts()
+    cpu_doc = doc.replace(b'[{"id": 0}]', b"[]").split(b"\n{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"cut")[0] + b"\n]}"
+    assert [e["name"] for e in iter_trace_events(io.BytesIO(cpu_doc), counts=counts, lean=True)] == ["aten::mm", "k"]
+    assert counts == TraceReadCounts(num_events=2, num_skipped=0, truncated=False, reader="lean")
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=random_trace(), chunk=st.integers(1, 300), indent=st.sampled_from([None, 0, 2, 4]),
+       gpu=st.booleans(), data=st.data())
+def test_lean_reader_matches_full_reader_at_any_chunk_boundary(case, chunk, indent, gpu, data, monkeypatch):
+    """Events cut by chunk ends, headers cut by chunk ends, any indentation: the same events
+    (monkeypatch only sets a module constant, the same kind of value for every example)."""
+    import ingest.traces as traces
+
+    _, _, _, ev = case
+    ev = ev + [X("cpu_op", "aten::mm", 1.5, 2.0, **{"Input Dims": [[1, 2]], "Concrete": '{"ph": "X", "cat": "kernel"}'}),
+               {"ph": "s", "id": 1, "cat": "ac2g", "name": "ac2g", "ts": 1}]
+    data.draw(st.randoms()).shuffle(ev)
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0}] if gpu else [], "traceEvents": ev, "traceName": "x"}
+    raw = json.dumps(doc, indent=indent).encode()
+    monkeypatch.setattr(traces, "_LEAN_CHUNK_BYTES", chunk)
+    counts = TraceReadCounts()
+    got = list(iter_trace_events(io.BytesIO(raw), counts=counts, lean=True))
+    want = [e for e in ev if e.get("ph") == "X" and e["cat"] in traces._LEAN_CATS + (() if gpu else ("cpu_op",))]
+    assert got == want
+    assert counts == TraceReadCounts(num_events=len(want), num_skipped=0, truncated=False, reader="lean")
+
+
+def test_lean_reader_skips_a_malformed_event_without_buffering_the_rest(monkeypatch):
+    import ingest.traces as traces
+
+    monkeypatch.setattr(traces, "_LEAN_CHUNK_BYTES", 64)
+    monkeypatch.setattr(traces, "_LEAN_MAX_EVENT_CHARS", 256)
+    good = json.dumps(X("kernel", GEMM, 1, 1, correlation=1))
+    doc = ('{"schemaVersion": 1, "deviceProperties": [{}], "traceEvents": [\n' + good + ',\n'
+           + '{"ph": "X", "cat": "kernel", "name": "broken", "ts": 1, "dur": }' + (",\n" + good) * 20 + "\n], "
+           + '"traceName": "' + "x" * 100 + '"}')
+    counts = TraceReadCounts()
+    assert len(list(iter_trace_events(io.BytesIO(doc.encode()), counts=counts, lean=True))) == 21
+    assert counts == TraceReadCounts(num_events=21, num_skipped=1, truncated=False, reader="lean")
