@@ -467,7 +467,7 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
                 continue
             found = True
             try:
-                result = compute_step_breakdown(open_trace_events(path), run=name, rank=int(m.group(1)), pp_degree=pp)
+                result = compute_step_breakdown(open_trace_events(path, lean=True), run=name, rank=int(m.group(1)), pp_degree=pp)
             except ParseError as e:
                 warnings.append(str(e))
                 continue
