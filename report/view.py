@@ -221,6 +221,8 @@ class EvidenceSection:
     warnings: tuple[str, ...]
     knowledge_map: tuple[Finding, ...]
     straggler: tuple[Finding, ...]
+    # (run, lines) summarising the NCCL communicators/transports in each run's rank logs (section 1)
+    nccl: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -532,7 +534,9 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
     kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports)
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
-                           warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler)
+                           warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler,
+                           nccl=tuple((r["run"], tuple(trace_tables.nccl[r["run"]])) for r in runs
+                                      if trace_tables.nccl.get(r["run"])))
 
 
 def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = metrics.DEFAULT_CONVENTION,
