@@ -23,8 +23,9 @@ class DDPTrainer:
         self.model = DistributedDataParallel(
             model,
             device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
+            gradient_as_bucket_view=bool(spec.options.get("gradient_as_bucket_view", True)),
             bucket_cap_mb=int(spec.options.get("bucket_cap_mb", 25)),
+            static_graph=bool(spec.options.get("static_graph", False)),
         )
         self.forward = torch.compile(self.model) if spec.options.get("compile", False) else self.model
         self.optimizer = build_adamw(
