@@ -84,12 +84,12 @@ class BatchPrefetcher:
     labels) micro-batches there; ``get(k)`` makes the compute stream wait on that copy's event
     (no host sync) and hands the tensors over (``record_stream``, so the allocator does not
     reuse their memory before the compute stream is done with them). On CPU the thread does the
-    draw and the cut. ``get`` must be called with steps 0, 1, 2, ... in order.
+    draw and the cut. ``get`` must be called with steps first_step, first_step + 1, ... in order.
     Shapes: [(inputs [mbs, T], labels [mbs, T])] int64, num_microbatches of them.
     """
 
     def __init__(self, data: SyntheticBatches, *, num_steps: int, dp_rank: int, dp_degree: int,
-                 micro_batch_size: int, num_microbatches: int, device: torch.device) -> None:
+                 micro_batch_size: int, num_microbatches: int, device: torch.device, first_step: int = 0) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self._data, self._num_steps = data, num_steps
@@ -99,8 +99,8 @@ class BatchPrefetcher:
         self._cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device=device) if self._cuda else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
-        self._next = self._pool.submit(self._build, 0) if num_steps > 0 else None
-        self._step = 0
+        self._next = self._pool.submit(self._build, first_step) if first_step < num_steps else None
+        self._step = first_step
 
     def _build(self, step: int):
         tokens = self._data.tokens(step)

@@ -55,6 +55,7 @@ class DDPKnobs(CommonKnobs):
 @dataclass(frozen=True, kw_only=True)
 class Zero3Knobs(CommonKnobs):
     zero: dict = dataclasses.field(default_factory=dict)  # overrides of ZERO3_DEFAULTS (keys: ZERO_KEYS)
+    compile: bool = False  # DeepSpeedEngine.compile(); off: graph breaks at every ZeRO-3 hook at this size
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -191,7 +191,7 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
     tracing and code generation, lazy engine set-up and allocator growth. compile_s:
     first_step_s minus step 1's wall time (also synchronised; both are warm-up steps, which the
     metric table drops, so neither the sync nor the compilation reaches a reported step time);
-    None when warmup_steps < 2 or the run has fewer than 2 steps."""
+    None without ``options.compile``, when warmup_steps < 2 or the run has fewer than 2 steps."""
     f = spec.fixed
     window = profiled_steps(f)
     timed = {0, 1} if f.warmup_steps >= 2 else {0}
@@ -223,7 +223,8 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
             print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
     if 0 not in walls:
         return {}
-    return {"first_step_s": walls[0], "compile_s": walls[0] - walls[1] if 1 in walls else None}
+    compiled = bool(spec.options.get("compile", False))
+    return {"first_step_s": walls[0], "compile_s": walls[0] - walls[1] if compiled and 1 in walls else None}
 
 
 def write_placement(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:

@@ -27,13 +27,19 @@ class DDPTrainer:
             bucket_cap_mb=int(spec.options.get("bucket_cap_mb", 25)),
             static_graph=bool(spec.options.get("static_graph", False)),
         )
-        self.forward = torch.compile(self.model) if spec.options.get("compile", False) else self.model
+        # Compiled: forward and the fp32 loss in one graph (the [mbs, T, V] fp32 logits never
+        # materialise), as nanoGPT does; eager: the same two calls.
+        self.loss = torch.compile(self._loss) if spec.options.get("compile", False) else self._loss
         self.optimizer = build_adamw(
             build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
         )
         self.engine_version = torch.__version__
         self.dp_rank = ctx.rank
         self.dp_degree = ctx.world_size
+
+    def _loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with autocast(self.spec, self.ctx.device):
+            return lm_loss(self.model(inputs), labels)
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], *, lr: float) -> StepOutput:
         n = len(microbatches)
@@ -42,9 +48,8 @@ class DDPTrainer:
             # all-reduce only on the last micro-batch (gradient accumulation)
             sync = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()
             with sync:
-                with phase("forward"), autocast(self.spec, self.ctx.device):
-                    logits = self.forward(inputs)
-                    loss = lm_loss(logits, labels) / n
+                with phase("forward"):
+                    loss = self.loss(inputs, labels) / n
                 with phase("backward"):
                     loss.backward()
             total += loss.detach()

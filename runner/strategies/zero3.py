@@ -58,6 +58,8 @@ class Zero3Trainer:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
+        if spec.options.get("compile", False):
+            self.engine.compile()  # DeepSpeed's torch.compile of the wrapped module (ZeRO-3 hooks stay eager)
         self.engine_version = deepspeed.__version__
         self.dp_rank = ctx.rank
         self.dp_degree = ctx.world_size
