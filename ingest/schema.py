@@ -140,6 +140,9 @@ class RunInfo:
     engine_version: str
     device_name: str
     num_gpus: int
+    compile: bool = False  # torch.compile on (options.compile)
+    first_step_s: float | None = None  # wall time of step 0 (compilation, lazy set-up), a warm-up step
+    compile_s: float | None = None  # first_step_s - step 1's wall time: compile cost, never in a step time
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -124,7 +124,11 @@ class RunConfig:
     bubble_fraction: float | None  # theoretical 1F1B idle fraction, PP > 1 only
     num_params: int | None
     device: str
-    options: str
+    options: str  # every engine knob as resolved into the spec, "key=value" (nested: "zero.key=value")
+    micro_batch_search: str | None  # how an automatic search chose micro_batch_size, None when set by hand
+    compile: bool | None  # torch.compile on
+    first_step_s: float | None  # step 0's wall time (compilation, lazy set-up); a warm-up step
+    compile_s: float | None  # first_step_s - step 1's wall time; never in a reported step time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -378,7 +382,41 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         grad_accum_steps=m if pp == 1 else None,
         bubble_fraction=metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m) if pp > 1 else None,
         num_params=r.get("num_params"), device=r["device"],
-        options=", ".join(f"{k}={v}" for k, v in sorted(options.items())) or "defaults")
+        options=render_options(options) or "defaults", micro_batch_search=describe_micro_batch_search(options),
+        compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
+        compile_s=_opt_float(r.get("compile_s")))
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and v != v) else float(v)
+
+
+def _opt_bool(v: Any) -> bool | None:
+    return None if v is None or (isinstance(v, float) and v != v) else bool(v)
+
+
+def render_options(options: Mapping[str, Any]) -> str:
+    """Engine knobs as "key=value, ..." sorted, nested tables flattened ("zero.overlap_comm=True");
+    the micro-batch search record is described apart (describe_micro_batch_search)."""
+    def flat(d: Mapping[str, Any], prefix: str = "") -> list[str]:
+        out = []
+        for k, v in sorted(d.items()):
+            if isinstance(v, Mapping):
+                out += flat(v, f"{prefix}{k}.")
+            else:
+                out.append(f"{prefix}{k}={v}")
+        return out
+    return ", ".join(flat({k: v for k, v in options.items() if k != "micro_batch_search"}))
+
+
+def describe_micro_batch_search(options: Mapping[str, Any]) -> str | None:
+    """"auto (fastest): 32 of 64 oom, 32 612k tok/s, 16 590k tok/s" from options.micro_batch_search."""
+    search = options.get("micro_batch_search")
+    if not isinstance(search, Mapping) or "chosen" not in search:
+        return None
+    parts = [f"{r['micro_batch_size']} " + (f"{r['tokens_per_s'] / 1e3:.0f}k tok/s" if r.get("tokens_per_s") else r["status"])
+             for r in search.get("results", [])]
+    return f"auto ({search.get('policy')}): {search['chosen']} of " + ", ".join(parts)
 
 
 def _gpu_name(run: Mapping[str, Any], env: Mapping[str, Any]) -> str | None:

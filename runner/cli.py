@@ -68,7 +68,9 @@ def _print_dry_run(campaign: Campaign, out: Path, node: NodeLaunch | None = None
     for i, spec in enumerate(campaign.runs):
         print(f"- {spec.name}: strategy={spec.strategy} engine={spec.engine} world_size={spec.world_size} "
               f"tp={spec.tp_degree} pp={spec.pp_degree} dp={spec.dp_degree} "
-              f"micro_batch_size={spec.micro_batch_size} num_microbatches={spec.num_microbatches}"
+              + (f"micro_batch_size=auto (probes {spec.options['micro_batch_search']['candidates']}, largest first)"
+                 if "micro_batch_search" in spec.options else
+                 f"micro_batch_size={spec.micro_batch_size} num_microbatches={spec.num_microbatches}")
               + (f" options={dict(spec.options)}" if spec.options else ""))
         run_dir = out / spec.name
         added = {k: v for k, v in collect_env_vars(build_run_env(spec, run_dir=run_dir, base={}, node=node)).items()}
@@ -238,7 +240,7 @@ def resume_campaign(out: Path) -> int:
 
 
 def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None = None) -> int:
-    from runner.launch import Watchdog, archive_attempt, load_json, run_one
+    from runner.launch import Watchdog, archive_attempt, load_json, run_one, write_json_atomic
 
     statuses = []
     for i, spec in enumerate(specs, 1):
@@ -252,9 +254,26 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
             archive_attempt(run_dir)
         print(f"[{i}/{len(specs)}] {spec.name}: {spec.strategy}/{spec.engine} on {spec.world_size} "
               f"process(es) ...", flush=True)
-        watchdog = Watchdog(deadline_s=supervision["run_timeout_s"], stall_timeout_s=supervision["stall_timeout_s"],
+        def watchdog() -> Watchdog:
+            return Watchdog(deadline_s=supervision["run_timeout_s"], stall_timeout_s=supervision["stall_timeout_s"],
                             startup_timeout_s=supervision["startup_timeout_s"])
-        status = run_one(spec, run_dir=run_dir, watchdog=watchdog, master_port=_free_port(),
+
+        if "micro_batch_search" in spec.options and "chosen" not in spec.options["micro_batch_search"]:
+            from runner.tune import search_micro_batch
+
+            if node is not None:
+                raise ToolError(f"run {spec.name}: micro_batch_size = \"auto\" is single-node only for now; "
+                                "set an integer micro_batch_size for multi-node campaigns")
+            def launch_probe(probe, probe_dir: Path):
+                probe_dir.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(probe_dir / "spec.json", to_dict(probe))
+                return run_one(probe, run_dir=probe_dir, watchdog=watchdog(), master_port=_free_port())
+
+            spec = search_micro_batch(spec, run_dir=run_dir, launch=launch_probe)
+            write_json_atomic(run_dir / "spec.json", to_dict(spec))
+            print(f"    micro_batch_size {spec.micro_batch_size} chosen "
+                  f"({spec.options['micro_batch_search']['policy']}; global batch unchanged)", flush=True)
+        status = run_one(spec, run_dir=run_dir, watchdog=watchdog(), master_port=_free_port(),
                          node=node, run_index=i - 1)
         print(f"    {status.status} in {status.duration_s:.1f} s" + (f": {status.cause}" if status.cause else ""),
               flush=True)

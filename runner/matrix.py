@@ -6,7 +6,8 @@ Format::
                           run_timeout_s
     [fixed]               overrides of the preset's fixed variables (same for every run)
     [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree,
-                          micro_batch_size, [runs.options]
+                          micro_batch_size (int | "auto": searched by the runner), [runs.options]
+                          (engine knobs, runner.knobs)
 
 Only the parallel layout may differ between runs; a run that sets a fixed variable is
 refused, naming the field. Every problem in a matrix is reported at once (one line each).
@@ -29,6 +30,7 @@ else:  # pragma: no cover
 from ingest.errors import ConfigError
 from ingest.schema import STRATEGY_ENGINES, FixedConfig, RunSpec
 from runner.faults import build_fault
+from runner.knobs import resolve_knobs
 from runner.presets import PRESETS, build_model_config
 
 CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
@@ -60,14 +62,12 @@ FIXED_TYPES: dict[str, tuple[type, float | None]] = {
 }
 DEFAULT_PROFILE_NUM_STEPS = 3  # traced steps per run; one warm-up step precedes them
 MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
-# Engine knobs a run may set under [runs.options], per (strategy, engine); "fault" is for tests.
-OPTION_KEYS: dict[tuple[str, str], set[str]] = {
-    ("ddp", "torch-ddp"): {"bucket_cap_mb", "compile"},
-    ("zero3", "deepspeed"): {"zero"},
-    ("tp_pp", "torch"): set(),
-    ("tp_pp", "megatron"): {"use_distributed_optimizer", "init"},
-}
-COMMON_OPTION_KEYS = {"fault"}
+# Engine knobs a run may set under [runs.options]: runner.knobs (typed, with defaults, resolved
+# into every spec's options). Micro-batch search: candidates tried by the runner's probe launches.
+MICRO_BATCH_AUTO = {"auto": "fastest", "auto-largest": "largest"}  # micro_batch_size value -> search policy
+MICRO_BATCH_SEARCH_MAX_CANDIDATES = 4
+MICRO_BATCH_PROBE_STEPS = 6  # per probe launch; the first MICRO_BATCH_PROBE_WARMUP are not timed
+MICRO_BATCH_PROBE_WARMUP = 3
 DEFAULT_FIXED = {"seed": 1234, "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "grad_clip": 1.0,
                  "data": "synthetic"}
 
@@ -174,6 +174,15 @@ def _default_micro_batch(per_dp_batch: int, *, cap: int, min_microbatches: int) 
         if per_dp_batch % mbs == 0 and per_dp_batch // mbs >= min_microbatches:
             return mbs
     return 1
+
+
+def micro_batch_candidates(per_dp_batch: int, *, min_microbatches: int,
+                           max_candidates: int = MICRO_BATCH_SEARCH_MAX_CANDIDATES) -> list[int]:
+    """Micro-batch sizes the automatic search tries, largest first: divisors of the per-DP batch
+    leaving >= min_microbatches micro-batches (so the global batch never changes), the largest
+    ``max_candidates`` of them."""
+    fits = [m for m in range(per_dp_batch, 0, -1) if per_dp_batch % m == 0 and per_dp_batch // m >= min_microbatches]
+    return fits[:max_candidates] or [1]
 
 
 def resolve_matrix(
@@ -305,8 +314,18 @@ def resolve_matrix(
         per_dp = gbs // dp
         min_m = 4 * pp if pp > 1 else 1
         mbs = lay["run"].get("micro_batch_size")
+        search = None
+        if isinstance(mbs, str) and mbs in MICRO_BATCH_AUTO:
+            candidates = micro_batch_candidates(per_dp, min_microbatches=min_m)
+            search = {"policy": MICRO_BATCH_AUTO[mbs], "candidates": candidates, "probe_steps": MICRO_BATCH_PROBE_STEPS,
+                      "probe_warmup_steps": MICRO_BATCH_PROBE_WARMUP}
+            mbs = candidates[0]  # replaced by the runner's search before launch
         if mbs is None:
             mbs = _default_micro_batch(per_dp, cap=preset.micro_batch_size, min_microbatches=min_m)
+        if isinstance(mbs, str):
+            problems.append(f"{where} micro_batch_size must be an integer >= 1 or a search, got {mbs!r}"
+                            f" (valid strings: {', '.join(MICRO_BATCH_AUTO)})")
+            continue
         if _int(mbs, f"{where} micro_batch_size", problems) is None:
             continue
         if per_dp % mbs:
@@ -319,8 +338,11 @@ def resolve_matrix(
         if not isinstance(options, dict):
             problems.append(f"{where}: 'options' must be a table, got {options!r}")
             continue
-        valid = OPTION_KEYS.get((lay["strategy"], lay["engine"]), set()) | COMMON_OPTION_KEYS
-        problems += _unknown(options.keys(), valid, f"{where} options")
+        options, knob_problems = resolve_knobs(lay["strategy"], lay["engine"], options, device=device, dp_degree=dp,
+                                               where=f"{where} options")
+        problems += knob_problems
+        if search is not None:
+            options["micro_batch_search"] = search
         try:
             build_fault(options)
         except (ValueError, TypeError) as e:

@@ -9,6 +9,7 @@ Each rank's stdout/stderr (NCCL_DEBUG lines included) go to RUN_DIR/logs/rank<r>
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -25,7 +26,7 @@ from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_
 from runner.faults import build_fault, inject
 from runner.launch import write_json_atomic
 from runner.nodes import placement_record
-from runner.data import SyntheticBatches, slice_batch
+from runner.data import BatchPrefetcher, SyntheticBatches
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
 from runner.strategies.common import enable_nvtx, phase
@@ -110,68 +111,99 @@ def _rank_context(spec: RunSpec) -> RankContext:
     return RankContext(rank=rank, world_size=int(os.environ["WORLD_SIZE"]), local_rank=local_rank, device=device)
 
 
+def apply_precision_knobs(spec: RunSpec) -> None:
+    """TF32 matmuls and cuDNN convolutions off unless ``options.tf32`` (bf16 runs then use bf16
+    tensor cores only, and the fp32 pieces -- loss, optimizer -- stay true fp32)."""
+    tf32 = bool(spec.options.get("tf32", False))
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def check_simulated_memory(spec: RunSpec) -> None:
+    """Test-only memory limit for the micro-batch search: ``options.simulate_oom_above_micro_batch_size``
+    makes a run whose micro-batch exceeds it fail as an allocation failure would."""
+    limit = spec.options.get("simulate_oom_above_micro_batch_size")
+    if limit is not None and spec.micro_batch_size > int(limit):
+        raise torch.OutOfMemoryError(f"simulated out of memory (test option): micro_batch_size {spec.micro_batch_size}"
+                                     f" > simulate_oom_above_micro_batch_size {limit}")
+
+
 def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     f = spec.fixed
     print(f"[runner] run {spec.name}: strategy {spec.strategy}, engine {spec.engine}, rank {ctx.rank}/{ctx.world_size}"
-          f" (tp {spec.tp_degree}, pp {spec.pp_degree}, dp {spec.dp_degree})", flush=True)
+          f" (tp {spec.tp_degree}, pp {spec.pp_degree}, dp {spec.dp_degree}, micro-batch {spec.micro_batch_size})",
+          flush=True)
     torch.manual_seed(f.seed)
     enable_nvtx(spec.nsys and ctx.device.type == "cuda")
+    apply_precision_knobs(spec)
+    check_simulated_memory(spec)
     trainer = build_trainer(spec, ctx=ctx)
+    info = RunInfo(
+        run=spec.name,
+        engine=spec.engine,
+        num_params=trainer.num_params,
+        num_params_position_embedding=trainer.num_params_position_embedding,
+        torch_version=torch.__version__,
+        engine_version=trainer.engine_version,
+        device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
+        num_gpus=ctx.world_size if ctx.device.type == "cuda" else 0,
+        compile=bool(spec.options.get("compile", False)),
+    )
     if ctx.rank == 0:
-        info = RunInfo(
-            run=spec.name,
-            engine=spec.engine,
-            num_params=trainer.num_params,
-            num_params_position_embedding=trainer.num_params_position_embedding,
-            torch_version=torch.__version__,
-            engine_version=trainer.engine_version,
-            device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
-            num_gpus=ctx.world_size if ctx.device.type == "cuda" else 0,
-        )
         write_json_atomic(run_dir / "run_info.json", to_dict(info))
     data = SyntheticBatches(
         vocab_size=f.model.vocab_size, seq_length=f.model.seq_length, global_batch_size=f.global_batch_size, seed=f.seed
     )
-    pin = ctx.device.type == "cuda"
     fault = build_fault(spec.options)
     with open_metrics_file(run_dir, ctx.rank) as out:
         recorder = StepRecorder(out, run=spec.name, engine=spec.engine, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
         profiler = build_profiler(spec, run_dir=run_dir, ctx=ctx)
+        prefetcher = BatchPrefetcher(data, num_steps=f.steps, dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree,
+                                     micro_batch_size=spec.micro_batch_size, num_microbatches=spec.num_microbatches,
+                                     device=ctx.device)
         try:
-            _loop(spec, trainer, data, recorder, fault=fault, ctx=ctx, pin=pin, profiler=profiler)
+            first = run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx, profiler=profiler)
         except BaseException:
             try:  # keep the last completed step's row; never mask the original error
                 recorder.close()
             except Exception:  # noqa: BLE001
                 pass
             raise
+        finally:
+            prefetcher.close()
         recorder.close()
+    if ctx.rank == 0 and first:
+        write_json_atomic(run_dir / "run_info.json", to_dict(dataclasses.replace(info, **first)))
 
 
-def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder, *, fault, ctx: RankContext,
-          pin: bool, profiler: torch.profiler.profile | None) -> None:
+def _synced_wall_s(t0: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: StepRecorder, *, fault, ctx: RankContext,
+             profiler: torch.profiler.profile | None = None, steps: range | None = None) -> dict:
+    """The instrumented training loop: per step, wait for the prefetched batch (``data_wait_s``),
+    the trainer's step, the recorder's row. Returns ``{first_step_s, compile_s}`` (seconds).
+
+    first_step_s: wall time of step 0 (host-synchronised after it), which holds torch.compile's
+    tracing and code generation, lazy engine set-up and allocator growth. compile_s:
+    first_step_s minus step 1's wall time (also synchronised; both are warm-up steps, which the
+    metric table drops, so neither the sync nor the compilation reaches a reported step time);
+    None without ``options.compile``, when warmup_steps < 2 or the run has fewer than 2 steps."""
     f = spec.fixed
     window = profiled_steps(f)
+    timed = {0, 1} if f.warmup_steps >= 2 else {0}
+    walls: dict[int, float] = {}
     if profiler is not None:
         profiler.start()
-    for step in range(f.steps):
+    for step in steps if steps is not None else range(f.steps):
         recorder.begin_step()
-        t0 = time.perf_counter()
+        t_step = t0 = time.perf_counter()
         with phase("data"):
             inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
-            tokens = data.tokens(step)
-            if pin:
-                tokens = tokens.pin_memory()
-            microbatches = [
-                (x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
-                for x, y in slice_batch(
-                    tokens,
-                    dp_rank=trainer.dp_rank,
-                    dp_degree=trainer.dp_degree,
-                    micro_batch_size=spec.micro_batch_size,
-                    num_microbatches=spec.num_microbatches,
-                )
-            ]
+            microbatches = prefetcher.get(step)
         data_wait_s = time.perf_counter() - t0
         lr = lr_at(step, f)
         inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
@@ -179,6 +211,8 @@ def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder
         out_step = trainer.train_step(microbatches, lr=lr)
         recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s,
                             entry_time_s=entry_time_s, profiled=step in window)
+        if step in timed:
+            walls[step] = _synced_wall_s(t_step, ctx.device)
         if profiler is not None:
             profiler.step()  # exports the trace after the window's last step, outside any step's timing
             if step == window[-1]:
@@ -187,6 +221,10 @@ def _loop(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder
                 recorder.restart_clock()
         if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
             print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
+    if 0 not in walls:
+        return {}
+    compiled = bool(spec.options.get("compile", False))
+    return {"first_step_s": walls[0], "compile_s": walls[0] - walls[1] if compiled and 1 in walls else None}
 
 
 def write_placement(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:

@@ -13,6 +13,17 @@ from runner.strategies import RankContext, StepOutput
 from runner.strategies.common import autocast, build_adamw, build_param_groups, phase, set_lr
 
 
+class _GPTWithLoss(torch.nn.Module):
+    """forward(inputs [mbs, T], labels [mbs, T]) -> mean LM loss (runner.model.lm_loss)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return lm_loss(self.gpt(inputs), labels)
+
+
 class DDPTrainer:
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec = spec
@@ -20,11 +31,14 @@ class DDPTrainer:
         model = GPT(spec.fixed.model).to(ctx.device)
         self.num_params = count_params(model)
         self.num_params_position_embedding = model.wpe.weight.numel()
+        # DDP wraps forward + loss, so the compiled graph holds the fp32 loss too (nanoGPT's shape);
+        # eager, the same two calls.
         self.model = DistributedDataParallel(
-            model,
+            _GPTWithLoss(model),
             device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
+            gradient_as_bucket_view=bool(spec.options.get("gradient_as_bucket_view", True)),
             bucket_cap_mb=int(spec.options.get("bucket_cap_mb", 25)),
+            static_graph=bool(spec.options.get("static_graph", False)),
         )
         self.forward = torch.compile(self.model) if spec.options.get("compile", False) else self.model
         self.optimizer = build_adamw(
@@ -42,8 +56,7 @@ class DDPTrainer:
             sync = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()
             with sync:
                 with phase("forward"), autocast(self.spec, self.ctx.device):
-                    logits = self.forward(inputs)
-                    loss = lm_loss(logits, labels) / n
+                    loss = self.forward(inputs, labels) / n
                 with phase("backward"):
                     loss.backward()
             total += loss.detach()

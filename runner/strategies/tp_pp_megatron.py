@@ -38,8 +38,9 @@ fp32 on the last stage), gradients reduced in fp32 (``grad_reduce_in_fp32``), fp
 weights in ``Float16OptimizerWithFloat16Params`` (or the ``DistributedOptimizer`` when
 ``options.use_distributed_optimizer``). Without TE/apex, ``get_megatron_optimizer`` 0.16.1
 falls back to ``torch.optim.AdamW`` (``OptimizerConfig.decoupled_weight_decay=True``, the
-default; constructed without ``fused=``, so torch picks its foreach kernel on CUDA, where the
-torch engines use ``fused=True``): decoupled AdamW weight decay, as the torch engines. Megatron
+default; constructed without ``fused=``, so torch would pick its foreach kernel; with
+``options.fused_adamw`` (default on) ``use_fused_adamw`` switches it to the fused kernel the torch
+engines use): decoupled AdamW weight decay, as the torch engines. Megatron
 puts biases and 1-D parameters in a group with ``wd_mult=0`` but leaves that group's
 ``weight_decay`` at the default -- its OptimizerParamScheduler applies ``wd_mult`` every step;
 we do the same in ``_set_lr_and_wd``, giving nanoGPT's grouping (decay on matrices only).
@@ -190,6 +191,27 @@ def map_gpt_state_to_megatron(
     return out
 
 
+def use_fused_adamw(optimizer) -> int:
+    """Switch every torch AdamW under a Megatron optimizer wrapper (Float16Optimizer /
+    DistributedOptimizer / ChainedOptimizer) to torch's fused CUDA kernel, which Megatron without
+    TE/apex never asks for (it builds ``torch.optim.AdamW`` without ``fused=``, so torch picks
+    foreach). Same update rule; returns the number of param groups switched. The fp32 master
+    parameters it steps are CUDA tensors, which the fused kernel requires."""
+    stack, n = [optimizer], 0
+    while stack:
+        opt = stack.pop()
+        stack.extend(getattr(opt, "chained_optimizers", []) or [])
+        inner = getattr(opt, "optimizer", None)
+        if isinstance(inner, torch.optim.AdamW):
+            for group in inner.param_groups:
+                group["fused"], group["foreach"] = True, False
+                n += 1
+            inner.defaults["fused"], inner.defaults["foreach"] = True, False
+        elif inner is not None and inner is not opt:
+            stack.append(inner)
+    return n
+
+
 def _forward_step(data_iterator, model, *, position_ids: torch.Tensor):
     """Megatron forward_step_func: (per-token loss [mbs, T] fp32 on the last stage, else the
     stage's hidden states; the loss reducer)."""
@@ -260,9 +282,11 @@ class MegatronTPPPTrainer:
 
         if self.config.bf16:
             model = Float16Module(self.config, model)
-        use_dist_opt = bool(spec.options.get("use_distributed_optimizer", False))
+        opts = spec.options
+        use_dist_opt = bool(opts.get("use_distributed_optimizer", False))
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=use_dist_opt
+            grad_reduce_in_fp32=bool(opts.get("grad_reduce_in_fp32", True)),
+            overlap_grad_reduce=bool(opts.get("overlap_grad_reduce", True)), use_distributed_optimizer=use_dist_opt
         )
         self.model = DistributedDataParallel(self.config, ddp_config, model)
         # what Megatron-LM's training.setup_model_and_optimizer wires into the config
@@ -279,6 +303,8 @@ class MegatronTPPPTrainer:
             ),
             [self.model],
         )
+        if opts.get("fused_adamw", True):
+            use_fused_adamw(self.optimizer)
         self._forward_backward = get_forward_backward_func()
         self._position_ids = torch.arange(cfg.seq_length, device=ctx.device).unsqueeze(0).expand(
             spec.micro_batch_size, -1

@@ -3,7 +3,7 @@ across the data-parallel ranks (Rajbhandari et al. 2020, ZeRO §5.3: model state
 bytes per GPU); parameters are all-gathered per layer for forward and backward and
 gradients reduce-scattered.
 
-The knobs an expert sets at this size are in ``ZERO3_DEFAULTS`` and can be overridden per
+The knobs an expert sets at this size are ``runner.knobs.ZERO3_DEFAULTS``, overridable per
 run through ``options.zero`` in the matrix; the resolved config is written into the run's
 spec (runner.matrix) and printed in the note.
 """
@@ -16,20 +16,8 @@ import torch
 from ingest.schema import RunSpec
 from runner.model import GPT, lm_loss
 from runner.strategies import RankContext, StepOutput
+from runner.knobs import ZERO3_DEFAULTS
 from runner.strategies.common import build_adamw, build_param_groups, phase, set_lr
-
-# DeepSpeed ZeRO config keys (deepspeed.runtime.zero.config.DeepSpeedZeroConfig).
-ZERO3_DEFAULTS: dict[str, Any] = {
-    "stage": 3,
-    "overlap_comm": True,
-    "contiguous_gradients": True,
-    "reduce_bucket_size": 50_000_000,
-    "stage3_prefetch_bucket_size": 50_000_000,
-    "stage3_param_persistence_threshold": 100_000,
-    "stage3_max_live_parameters": 1_000_000_000,
-    "stage3_max_reuse_distance": 1_000_000_000,
-}
-
 
 def build_deepspeed_config(spec: RunSpec, *, zero_overrides: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSpeed JSON config for one run. train_batch_size = micro_batch_size x
@@ -70,6 +58,8 @@ class Zero3Trainer:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
+        if spec.options.get("compile", False):
+            self.engine.compile()  # DeepSpeed's torch.compile of the wrapped module (ZeRO-3 hooks stay eager)
         self.engine_version = deepspeed.__version__
         self.dp_rank = ctx.rank
         self.dp_degree = ctx.world_size
