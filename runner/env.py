@@ -110,14 +110,18 @@ def _cpu_model() -> str | None:
 
 
 def collect_tool_commit() -> str | None:
-    """`git describe --always --dirty` of the tool's tree, else the TOOL_COMMIT file, else None."""
-    described = _run(["git", "-C", str(TOOL_ROOT), "describe", "--always", "--dirty", "--abbrev=40"])
-    if described:
-        return described.strip()
+    """The TOOL_COMMIT file if present, else `git describe --always --dirty` of the tool's
+    tree, else None. The file wins: a copied working tree (a lent GPU host, a container) may
+    carry a stale .git whose HEAD is not the code that runs; whoever copies it writes the
+    real commit into TOOL_COMMIT."""
     try:
-        return COMMIT_FILE.read_text(encoding="utf-8").strip() or None
+        written = COMMIT_FILE.read_text(encoding="utf-8").strip()
     except OSError:
-        return None
+        written = ""
+    if written:
+        return written
+    described = _run(["git", "-C", str(TOOL_ROOT), "describe", "--always", "--dirty", "--abbrev=40"])
+    return described.strip() if described else None
 
 
 def collect_env(*, launch_command: list[str], data_dir: Path) -> dict[str, Any]:
