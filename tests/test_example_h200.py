@@ -75,5 +75,5 @@ def test_section5_breakdown_on_the_h200_traces(note_md):
         assert abs(sum(shares) - 100.0) <= 0.3, (run, shares)
         assert float(cells[3].rsplit("(", 1)[1].rstrip("%)")) <= 2.0, cells[3]
         assert float(cells[10].rstrip("%")) <= 2.0, cells[10]  # profiled steps cost <= 2% (issue 4)
-    # ZeRO-3 on one GPU is host-bound: most of its step is not kernel time
-    assert float(table["zero3"][8].rstrip("%")) > 50.0
+    # ZeRO-3 on one GPU leaves the GPU waiting on its host-side hooks: far more "other" than DDP
+    assert float(table["zero3"][8].rstrip("%")) > 5 * float(table["ddp"][8].rstrip("%"))
