@@ -143,6 +143,10 @@ class RunInfo:
     compile: bool = False  # torch.compile on (options.compile)
     first_step_s: float | None = None  # wall time of step 0 (compilation, lazy set-up), a warm-up step
     compile_s: float | None = None  # first_step_s - step 1's wall time: compile cost, never in a step time
+    # measurement overhead (rank 0): the recorder's time for the run's last loop_overhead_num_steps
+    # steps / a bare train_step loop over the same steps' batches after the run, minus 1
+    loop_overhead_fraction: float | None = None
+    loop_overhead_num_steps: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -150,6 +150,9 @@ class MetricRow:
     data_wait_median_s: float | None
     loss_first: float | None
     loss_last: float | None
+    # instrumented loop vs a bare train_step loop over the run's last steps (RunInfo), or None
+    loop_overhead_fraction: float | None = None
+    loop_overhead_num_steps: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -609,7 +612,9 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                   tokens_per_s=s["tokens_per_s"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"], mfu=s["mfu"],
                   mfu_6n=_mfu(s, r, peaks[r["run"]], "6N"), mfu_causal=_mfu(s, r, peaks[r["run"]], "6N+6LHQT"),
                   mem_peak_allocated_gib=s["mem_peak_allocated_gib"], mem_peak_reserved_gib=s["mem_peak_reserved_gib"],
-                  data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"])
+                  data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"],
+                  loop_overhead_fraction=r.get("loop_overhead_fraction"),
+                  loop_overhead_num_steps=r.get("loop_overhead_num_steps"))
         for s, r in zip(summary, runs))
     env = build_env(env_record)
     gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)

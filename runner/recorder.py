@@ -52,6 +52,7 @@ class StepRecorder:
         self._cuda = device.type == "cuda"
         self._t0 = time.perf_counter()
         self._pending: _Pending | None = None
+        self.step_times: dict[int, float] = {}  # step -> step_time_s of every row written
         self._last_end = self._mark()
 
     def _mark(self) -> torch.cuda.Event | float:
@@ -98,6 +99,7 @@ class StepRecorder:
         else:
             step_time_s = p.end - self._last_end
         self._last_end = p.end
+        self.step_times[p.step] = step_time_s
         row = StepRow(
             run=self._run,
             rank=self._rank,

@@ -26,7 +26,7 @@ from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_
 from runner.faults import build_fault, inject
 from runner.launch import write_json_atomic
 from runner.nodes import placement_record
-from runner.data import BatchPrefetcher, SyntheticBatches
+from runner.data import BatchPrefetcher, SyntheticBatches, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
 from runner.strategies.common import enable_nvtx, phase
@@ -163,6 +163,8 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
                                      device=ctx.device)
         try:
             first = run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx, profiler=profiler)
+            recorder.close()
+            first.update(measure_loop_overhead(spec, trainer, data, recorder, ctx=ctx))
         except BaseException:
             try:  # keep the last completed step's row; never mask the original error
                 recorder.close()
@@ -174,6 +176,40 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         recorder.close()
     if ctx.rank == 0 and first:
         write_json_atomic(run_dir / "run_info.json", to_dict(dataclasses.replace(info, **first)))
+
+
+OVERHEAD_STEPS = 10  # steps replayed through a bare loop after the run to price the instrumentation
+
+
+def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder, *,
+                          ctx: RankContext) -> dict:
+    """Measurement overhead, same process (issue 7): the run's last OVERHEAD_STEPS steps as the
+    recorder timed them (instrumented loop: prefetch wait, phase ranges, per-step rows) against
+    the same steps' batches replayed through a bare ``trainer.train_step`` loop, batches already on
+    the device, wall time with a device sync at both ends. Every rank replays (the steps hold
+    collectives). Returns {loop_overhead_fraction, loop_overhead_num_steps} or {} when the last
+    steps are not all measured ones (warm-up, profiler window) or the run is too short. The
+    replay steps update the model after the run's last row: nothing is recorded from them."""
+    f = spec.fixed
+    steps = range(f.steps - OVERHEAD_STEPS, f.steps)
+    window = set(profiled_steps(f))
+    if steps.start < max(f.warmup_steps, 1) or window & set(steps):
+        return {}
+    times = recorder.step_times
+    if any(s not in times for s in steps):
+        return {}
+    batches = [[(x.to(ctx.device), y.to(ctx.device)) for x, y in slice_batch(
+        data.tokens(s), dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree, micro_batch_size=spec.micro_batch_size,
+        num_microbatches=spec.num_microbatches)] for s in steps]
+    t0 = time.perf_counter()
+    _synced_wall_s(t0, ctx.device)
+    t0 = time.perf_counter()
+    for s, batch in zip(steps, batches):
+        trainer.train_step(batch, lr=lr_at(s, f))
+    bare_s = _synced_wall_s(t0, ctx.device)
+    instrumented_s = sum(times[s] for s in steps)
+    return {"loop_overhead_fraction": instrumented_s / bare_s - 1.0 if bare_s > 0 else None,
+            "loop_overhead_num_steps": len(steps)}
 
 
 def _synced_wall_s(t0: float, device: torch.device) -> float:

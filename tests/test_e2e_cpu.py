@@ -118,6 +118,11 @@ def test_profiler_window_traced_on_every_rank_and_marked(campaign):
             assert meta["traced_steps"] == list(range(f.profile_start_step, f.profile_start_step + f.profile_num_steps))
             assert meta["export_s"] > 0
         assert not list((campaign / name / "trace").glob("profile_rank*.json"))  # all gzipped after the run
+        info = json.loads((campaign / name / "run_info.json").read_text())
+        assert info["loop_overhead_num_steps"] == 10 and isinstance(info["loop_overhead_fraction"], float)
+    md = (campaign / "report" / "note.md").read_text()
+    overhead = md.split("Measurement overhead", 1)[1].split("\n", 1)[0]
+    assert "not measured" not in overhead and all(f"{name} " in overhead for name in RUNS)
 
 
 def _evidence_table(note_md: str) -> dict[str, list[str]]:
