@@ -61,6 +61,9 @@ class Campaign:
     runs: pd.DataFrame
     steps: pd.DataFrame
     problems: tuple[str, ...] = ()
+    # third-party profiler summaries (torch.profiler key_averages tables, nsys stats): the
+    # ``kernels`` table's records (ingest.parsers.profiler_table / nsys_stats); None if none
+    kernel_summaries: Any = None
 
     @property
     def name(self) -> str:

@@ -90,6 +90,9 @@ def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:
 def merge_campaign_steps(campaign, tables: dict[str, pd.DataFrame]):
     """The campaign's StepRow-shaped steps plus the raw steps rows of runs it does not hold
     (e.g. a torchtitan log without a model shape), so one steps.parquet serves both."""
+    kernels = tables.get("kernels")
+    if kernels is not None and not kernels.empty:  # profiler / nsys summaries: section 5's evidence
+        campaign = dataclasses.replace(campaign, kernel_summaries=kernels)
     raw = tables.get("steps")
     if raw is None:
         return campaign

@@ -126,3 +126,28 @@ def compute_profile_cost(steps: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFram
                      "baseline_step_s": baseline, "export_s": export_s, "cost_s": cost, "outside_s": outside_s,
                      "share": cost / outside_s if outside_s > 0 else None})
     return pd.DataFrame(rows, columns=cols)
+
+
+def summarize_profile_tables(kernels: pd.DataFrame, *, num: int = 8) -> list[dict]:
+    """Lower-resolution evidence from summary tables users bring (torch.profiler key_averages,
+    nsys stats): per (source file, report), the ``num`` rows with the largest time. Time is
+    the row's ``total_s`` (nsys) or self CUDA, else CUDA total, else self CPU time (profiler
+    tables); share = time / the sum of that column over the report (so nested ops in a
+    profiler table's CUDA-total column can sum past 100%). Returns dicts: source, report,
+    time_column, rows [(name, time_s, share, num_calls)]."""
+    out = []
+    if kernels is None or kernels.empty:
+        return out
+    df = kernels.copy()
+    df["report"] = df["report"].fillna("") if "report" in df else ""
+    for (source, report), g in df.groupby(["source", "report"], sort=False):
+        column = next((c for c in ("total_s", "self_cuda_s", "cuda_total_s", "self_cpu_s")
+                       if c in g and g[c].notna().any()), None)
+        if column is None:
+            continue
+        g = g.dropna(subset=[column]).sort_values(column, ascending=False)
+        total = float(g[column].sum())
+        rows = [(str(r["name"]), float(r[column]), float(r[column]) / total if total > 0 else None,
+                 None if pd.isna(r.get("num_calls")) else int(r["num_calls"])) for _, r in g.head(num).iterrows()]
+        out.append({"source": str(source), "report": str(report) or None, "time_column": column, "rows": rows})
+    return out

@@ -230,6 +230,8 @@ class EvidenceSection:
     straggler: tuple[Finding, ...]
     # (run, lines) summarising the NCCL communicators/transports in each run's rank logs (section 1)
     nccl: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # third-party profiler / nsys summary tables (report.evidence.summarize_profile_tables)
+    profile_tables: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -543,7 +545,8 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
     straggler = tuple(f for f in findings if f.kind == "straggler")
     if trace_tables is None:
         return EvidenceSection(rows=(), runs_without_trace=tuple(r["run"] for r in runs), warnings=(),
-                               knowledge_map=(), straggler=straggler)
+                               knowledge_map=(), straggler=straggler,
+                               profile_tables=tuple(ev.summarize_profile_tables(campaign.kernel_summaries)))
     bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
     classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
     cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta))}

@@ -131,6 +131,11 @@ def test_report_build_with_profiler_nsys_fr_pyspy_ras_files_in_the_folder(tmp_pa
     assert report_main(["build", str(d), "--format", "md"]) == 0
     note = (d / "report" / "note.md").read_text(encoding="utf-8")
     assert "| train | ok | 4 | 88.47 s | 89.35 s | 47.4 k |" in note
+    # the profiler and nsys summary tables are section 5's lower-resolution evidence
+    section5 = note.split("## 5. Evidence", 1)[1].split("## 6.", 1)[0]
+    assert "Lower-resolution evidence — " in section5 and "(nvtx_sum)" in section5
+    assert "| NCCL:ncclCommInitAll | 2.27 s | 100.0% | 1 |" in section5
+    assert "| aten::matmul |" in section5
     capsys.readouterr()
     assert ingest_main([str(d), "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
