@@ -96,15 +96,22 @@ def render_breakdown_figure(summary: pd.DataFrame) -> bytes:
     return _svg(fig)
 
 
+MIN_SPAN_FRACTION = 0.002  # of the step's length: narrower spans are left out of the timeline figure
+
+
 def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str]) -> bytes:
     """One representative step per run, ranks as rows: merged busy spans per category.
     spans: TimelineSpanRow columns (run, rank, step, category, start_s, end_s). -> SVG bytes."""
     present = [r for r in runs if (spans["run"] == r).any()]
     num_rows = sum(int(spans.loc[spans["run"] == r, "rank"].nunique()) for r in present)
-    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, 0.6 + 0.32 * max(1, num_rows) + 0.35 * len(present)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, 0.9 + 0.32 * max(1, num_rows) + 0.45 * len(present)),
+                             squeeze=False, sharex=True, layout="constrained")
     for ax, run in zip(axes[:, 0], present):
         df = spans[spans["run"] == run]
+        # spans narrower than MIN_SPAN_FRACTION of the step are not drawn: thousands of
+        # sub-pixel gaps between kernels would otherwise paint the bar in their colour
+        length = float(df["end_s"].max() - df["start_s"].min()) if not df.empty else 0.0
+        df = df[(df["end_s"] - df["start_s"]) >= MIN_SPAN_FRACTION * length]
         ranks = sorted(df["rank"].unique())
         for y, rank in enumerate(ranks):
             r = df[df["rank"] == rank]

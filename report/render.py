@@ -112,6 +112,11 @@ def md_cell(v: Any) -> str:
     return NA if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
+def ratio(x: float | None, digits: int = 2) -> str:
+    """0.9987 -> '1.00×', 3.146 -> '3.15×'; None -> 'n/a'."""
+    return NA if _missing(x) else f"{float(x):.{digits}f}×"
+
+
 def kernel_name(name: Any, width: int = 60) -> str:
     """A CUDA kernel's name without return type, template arguments and parameter list
     ('void at::native::elementwise_kernel<128, 4, ...>(int, ...)' ->
@@ -134,7 +139,7 @@ def kernel_name(name: Any, width: int = 60) -> str:
     return short if len(short) <= width else short[: width - 1] + "…"
 
 
-FILTERS = {"pct": pct, "kernel_name": kernel_name, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
+FILTERS = {"pct": pct, "kernel_name": kernel_name, "ratio": ratio, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
            "sci": sci, "nbytes": nbytes, "margin": margin}
 
 
@@ -199,7 +204,8 @@ def build_evidence_figures(note: Note, trace_tables, out_dir: Path) -> tuple[Fig
                        "the training thread's host ops on CPU runs)."),
         Figure(title="One traced step per run", path=timeline.relative_to(out_dir).as_posix(),
                caption="The median-length traced step of each rank, merged busy spans per category (thin pink lane: "
-                       "communication hidden under compute). Gaps are idle time on that timeline."),
+                       "communication hidden under compute); spans shorter than 0.2% of the step are not drawn, so "
+                       "read the shares from the table, not from the picture."),
     )
 
 

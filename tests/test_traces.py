@@ -118,7 +118,8 @@ def test_gpu_breakdown_exact_numbers_pp1():
     assert [(k.name, k.kernel_class, k.num_calls, round(k.total_s * 1e6, 6), k.num_steps) for k in r.kernels] == [
         (GEMM, "gemm", 2, 35, 2), (ALLREDUCE, "comm", 1, 30, 2), (ELEM, "elementwise", 1, 30, 2),
         (SENDRECV, "comm", 1, 10, 2), (MEMCPY, "memory", 1, 5, 2)]
-    assert any("no launch" in w for w in r.warnings) and any("outside the analysed" in w for w in r.warnings)
+    assert any("no launch" in w for w in r.warnings)
+    assert not any("outside" in w for w in r.warnings)  # step 3 (dropped, as in HTA) is no caveat
     # representative step: lower median of (60, 130) -> step 1
     assert [(s.category, round(s.start_s * 1e6, 6), round(s.end_s * 1e6, 6)) for s in r.spans] == [
         ("compute", 0, 30), ("hidden_comm", 20, 30), ("exposed_comm", 30, 50), ("other", 50, 60)]
@@ -334,8 +335,7 @@ def test_h200_ddp_window_exact():
     # batch fetches (step 110's own fetch precedes the trace's first kernel)
     assert [us(s) for s in r.steps] == [[386376, 358555, 0, 0, 1380, 26442, 0, 26280],
                                         [498284, 358574, 0, 0, 36669, 103040, 0, 138242]]
-    assert r.warnings == ("8677 GPU events were launched outside the analysed ProfilerSteps (before the first, "
-                          "or in the last one); left out as in HTA",)
+    assert r.warnings == ()  # the dropped last step's 8677 GPU events are left out by design, silently
     top = [(k.kernel_class, k.num_calls, round(k.total_s * 1e6), k.num_steps) for k in r.kernels[:3]]
     assert top == [("gemm", 784, 82224, 2), ("elementwise", 1984, 61065, 2), ("elementwise", 16, 54074, 2)]
     classes = {k.name.split("(")[0][:40]: k.kernel_class for k in r.kernels}
