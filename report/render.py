@@ -20,6 +20,7 @@ from markupsafe import Markup
 from ingest.errors import ConfigError
 from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
 from report import metrics
+from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
@@ -203,7 +204,7 @@ def build_evidence_figures(note: Note, trace_tables, out_dir: Path) -> tuple[Fig
     )
 
 
-def _load_any(source: str | Path) -> Campaign:
+def load_any(source: str | Path) -> Campaign:
     """A campaign or tables dir (ingest.io), or a folder of third-party logs (ingest.thirdparty)."""
     from ingest.thirdparty import is_thirdparty_folder, load_thirdparty_campaign
 
@@ -212,12 +213,12 @@ def _load_any(source: str | Path) -> Campaign:
 
 def build_report(source: str | Path, *, out_dir: str | Path | None = None,
                  formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Load a campaign or tables dir, write note.<fmt> (+ figures/) into out_dir
-    (default SOURCE/report). Returns written note paths. Raises ToolError subclasses."""
+    """Load a campaign or tables dir, write summary.json and note.<fmt> (+ figures/) into
+    out_dir (default SOURCE/report). Returns written paths. Raises ToolError subclasses."""
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ConfigError(f"unknown --format {','.join(bad) or '(empty)'}; choose from {','.join(FORMATS)}")
-    campaign = _load_any(source)
+    campaign = load_any(source)
     if "fixed" not in campaign.campaign:
         raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
     out = Path(out_dir) if out_dir else Path(source) / "report"
@@ -226,7 +227,7 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats)
     figures += build_evidence_figures(note, trace_tables, out)
     note = dataclasses.replace(note, figures=figures)
-    written = []
+    written = [write_bytes_atomic(out / "summary.json", render_summary_json(build_summary(note)))]
     if "md" in formats:
         written.append(write_bytes_atomic(out / "note.md", render_markdown(note).encode()))
     if "html" in formats or "pdf" in formats:
