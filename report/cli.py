@@ -1,7 +1,8 @@
-"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf]`.
+"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf]` and
+`report diff OLD NEW [--out DIR] [--threshold 0.05] [--format md,html,pdf]`.
 
-CAMPAIGN_DIR is a campaign directory written by `runner all` or a tables directory written
-by `ingest`. Exit codes: 0 ok, 2 user error (one line ``report: error: ...`` on stderr, never
+CAMPAIGN_DIR (and OLD, NEW) is a campaign directory written by `runner all`, a tables
+directory written by `ingest` or a folder of third-party logs. Exit codes: 0 ok, 2 user error (one line ``report: error: ...`` on stderr, never
 a traceback).
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 
 from ingest.errors import ToolError
-from report.render import FORMATS, build_report
+from report.render import FORMATS, build_diff_report, build_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report)")
     build.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
                        help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
+    diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
+    diff.add_argument("old", metavar="OLD", help="the baseline campaign (campaign, tables or third-party dir)")
+    diff.add_argument("new", metavar="NEW", help="the campaign compared with it")
+    diff.add_argument("--out", metavar="DIR", help="output directory (default: NEW/report-diff)")
+    diff.add_argument("--threshold", type=float, default=0.05, metavar="REL",
+                      help="relative change flagged as a regression: tokens/s down, step time or memory up (default 0.05)")
+    diff.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
+                      help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
     return parser
 
 
@@ -29,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     try:
-        paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats)
+        if args.command == "diff":
+            paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)
+        else:
+            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats)
     except ToolError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

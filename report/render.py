@@ -17,9 +17,10 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
 from report import metrics
+from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
@@ -139,7 +140,34 @@ def kernel_name(name: Any, width: int = 60) -> str:
     return short if len(short) <= width else short[: width - 1] + "…"
 
 
-FILTERS = {"pct": pct, "kernel_name": kernel_name, "ratio": ratio, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
+def metric_value(x: float | None, unit: str) -> str:
+    """A report.diff metric in its unit: tokens_per_s -> si, fraction/share -> pct, s -> duration,
+    gib -> gib; None -> 'n/a'."""
+    if unit == "tokens_per_s":
+        return si(x)
+    if unit in ("fraction", "share"):
+        return pct(x)
+    return duration(x) if unit == "s" else gib(x) if unit == "gib" else text(x)
+
+
+def metric_delta(x: float | None, unit: str) -> str:
+    """A signed change in the metric's unit: -84000 tokens/s -> '−84 k', +0.012 share -> '+1.2 pp',
+    +0.05 s -> '+50.0 ms'; None -> 'n/a'."""
+    if _missing(x):
+        return NA
+    sign = "+" if x >= 0 else "−"
+    if unit in ("fraction", "share"):
+        return f"{sign}{abs(x) * 100:.1f} pp"
+    return sign + metric_value(abs(x), unit)
+
+
+def signed_pct(x: float | None, digits: int = 1) -> str:
+    """0.0523 -> '+5.2%', -0.1667 -> '−16.7%'; None -> 'n/a'."""
+    return NA if _missing(x) else ("+" if x >= 0 else "−") + pct(abs(x), digits)
+
+
+FILTERS = {"metric_value": metric_value, "metric_delta": metric_delta, "signed_pct": signed_pct,
+           "pct": pct, "kernel_name": kernel_name, "ratio": ratio, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
            "sci": sci, "nbytes": nbytes, "margin": margin}
 
 
@@ -209,30 +237,40 @@ def build_evidence_figures(note: Note, trace_tables, out_dir: Path) -> tuple[Fig
     )
 
 
-def _load_any(source: str | Path) -> Campaign:
+def load_any(source: str | Path) -> Campaign:
     """A campaign or tables dir (ingest.io), or a folder of third-party logs (ingest.thirdparty)."""
     from ingest.thirdparty import is_thirdparty_folder, load_thirdparty_campaign
 
     return load_thirdparty_campaign(source) if is_thirdparty_folder(source) else load_campaign(source)
 
 
-def build_report(source: str | Path, *, out_dir: str | Path | None = None,
-                 formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Load a campaign or tables dir, write note.<fmt> (+ figures/) into out_dir
-    (default SOURCE/report). Returns written note paths. Raises ToolError subclasses."""
+def load_note(source: str | Path) -> tuple[Campaign, Any, Note]:
+    """Load a campaign dir, tables dir or third-party folder and build its view-model (no
+    figures). Returns (campaign, trace tables or None, note). Raises ToolError subclasses."""
+    campaign = load_any(source)
+    if "fixed" not in campaign.campaign:
+        raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
+    trace_tables = load_trace_tables(campaign)
+    return campaign, trace_tables, build_note(campaign, trace_tables=trace_tables)
+
+
+def _check_formats(formats: Sequence[str]) -> None:
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ConfigError(f"unknown --format {','.join(bad) or '(empty)'}; choose from {','.join(FORMATS)}")
-    campaign = _load_any(source)
-    if "fixed" not in campaign.campaign:
-        raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
+
+
+def build_report(source: str | Path, *, out_dir: str | Path | None = None,
+                 formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Load a campaign or tables dir, write summary.json and note.<fmt> (+ figures/) into
+    out_dir (default SOURCE/report). Returns written paths. Raises ToolError subclasses."""
+    _check_formats(formats)
+    campaign, trace_tables, note = load_note(source)
     out = Path(out_dir) if out_dir else Path(source) / "report"
-    trace_tables = load_trace_tables(campaign)
-    note = build_note(campaign, trace_tables=trace_tables)
     figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats)
     figures += build_evidence_figures(note, trace_tables, out)
     note = dataclasses.replace(note, figures=figures)
-    written = []
+    written = [write_bytes_atomic(out / "summary.json", render_summary_json(build_summary(note)))]
     if "md" in formats:
         written.append(write_bytes_atomic(out / "note.md", render_markdown(note).encode()))
     if "html" in formats or "pdf" in formats:
@@ -241,4 +279,36 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
             written.append(write_bytes_atomic(out / "note.html", html.encode()))
         if "pdf" in formats:
             written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
+    return written
+
+
+def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir: str | Path | None = None,
+                      threshold: float = 0.05, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Compare two campaigns (each a campaign dir, tables dir or third-party folder): write
+    diff.json (report.diff's records) and diff.<fmt> into out_dir (default NEW/report-diff).
+    threshold: relative change beyond which a worse move is flagged. Returns written paths.
+    Raises ToolError subclasses."""
+    from report.diff import build_diff
+
+    _check_formats(formats)
+    if not (threshold >= 0):
+        raise ConfigError(f"--threshold {threshold}: must be a relative change >= 0 (0.05 = 5%)")
+    for source in (old_source, new_source):
+        if not Path(source).is_dir():
+            raise NoDataError(f"{source}: not a directory; give a campaign dir (`runner all`), a tables dir "
+                              "(`ingest`) or a folder of third-party logs")
+    summaries = [build_summary(load_note(source)[2]) for source in (old_source, new_source)]
+    diff = build_diff(*summaries, threshold=threshold, old_source=str(old_source), new_source=str(new_source))
+    out = Path(out_dir) if out_dir else Path(new_source) / "report-diff"
+    written = [write_bytes_atomic(out / "diff.json", render_summary_json(dataclasses.asdict(diff)))]
+    if "md" in formats:
+        written.append(write_bytes_atomic(
+            out / "diff.md", build_environment(html=False).get_template("diff.md.j2").render(diff=diff).encode()))
+    if "html" in formats or "pdf" in formats:
+        env = build_environment(html=True)
+        html = env.get_template("diff.html.j2").render(diff=diff, css=Markup(env.loader.get_source(env, "print.css")[0]))
+        if "html" in formats:
+            written.append(write_bytes_atomic(out / "diff.html", html.encode()))
+        if "pdf" in formats:
+            written.append(write_bytes_atomic(out / "diff.pdf", render_pdf(html, base_url=out)))
     return written

@@ -1,0 +1,152 @@
+"""`report diff`: compare two campaigns run by run, from their summary records
+(report.summary.build_summary, the numbers of each note's own view-model).
+
+Per run present in both: old -> new, delta and relative change of throughput, MFU, step time,
+memory peaks and the section-5 shares; a regression flag where a metric moved the wrong way by
+more than the threshold (relative), or where a run that ended ok no longer does. Runs present on
+one side only are listed; environment fields that differ are marked. Records in, records out:
+deliberately no formatting (templates/diff.*.j2 and report.render's filters) and no file access.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from report.summary import BREAKDOWN_SHARES, VERSION_KEYS
+
+# (field, unit, better): better is "higher" / "lower" for metrics whose move beyond the threshold
+# is a regression (throughput down, step time up, memory up), None for those shown only (MFU
+# follows tokens/s; shares move between categories and are read, not judged).
+METRICS: tuple[tuple[str, str, str | None], ...] = (
+    ("tokens_per_s", "tokens_per_s", "higher"),
+    ("tokens_per_s_per_gpu", "tokens_per_s", None),
+    ("mfu", "fraction", None),
+    ("step_time_median_s", "s", "lower"),
+    ("step_time_p90_s", "s", None),
+    ("mem_peak_allocated_gib", "gib", "lower"),
+    ("mem_peak_reserved_gib", "gib", "lower"),
+) + tuple((share, "share", None) for share in BREAKDOWN_SHARES)
+ENV_FIELDS = ("gpu_name", "gpu_count", "driver_version", *(f"{k}_version" for k in VERSION_KEYS), "num_nodes",
+              "tool_git_commit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricDelta:
+    metric: str
+    unit: str  # "tokens_per_s" | "fraction" | "s" | "gib" | "share": how the template prints it
+    old: float | None
+    new: float | None
+    delta: float | None  # new - old, in the metric's unit
+    rel_change: float | None  # delta / old; None when old is missing or 0
+    regression: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunDiff:
+    run: str
+    old_status: str
+    new_status: str
+    metrics: tuple[MetricDelta, ...]
+    regressions: tuple[str, ...]  # metric names flagged, "status" when an ok run no longer is
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvChange:
+    field: str
+    old: Any
+    new: Any
+    changed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignRef:
+    campaign: str
+    source: str
+    created_at: str | None
+    tool_git_commit: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Diff:
+    """The comparison note's view-model."""
+
+    title: str
+    old: CampaignRef
+    new: CampaignRef
+    threshold: float
+    runs: tuple[RunDiff, ...]
+    only_old: tuple[str, ...]
+    only_new: tuple[str, ...]
+    env: tuple[EnvChange, ...]
+    mfu_conventions: tuple[str | None, str | None]
+
+    @property
+    def regressed_runs(self) -> tuple[RunDiff, ...]:
+        return tuple(r for r in self.runs if r.regressions)
+
+    @property
+    def env_changed(self) -> tuple[EnvChange, ...]:
+        return tuple(e for e in self.env if e.changed)
+
+
+def compute_metric_delta(old: float | None, new: float | None, *, metric: str, unit: str, better: str | None,
+                         threshold: float) -> MetricDelta:
+    """One metric old -> new. regression: |rel_change| > threshold in the worse direction
+    (better = "higher": fell; "lower": rose); never when either side is missing."""
+    delta = None if old is None or new is None else new - old
+    rel = None if delta is None or not old else delta / old
+    worse = rel is not None and better is not None and (-rel if better == "higher" else rel) > threshold
+    return MetricDelta(metric=metric, unit=unit, old=old, new=new, delta=delta, rel_change=rel, regression=worse)
+
+
+def _value(run: Mapping[str, Any], metric: str) -> float | None:
+    if metric in BREAKDOWN_SHARES:
+        return (run.get("breakdown") or {}).get(metric)
+    return run.get(metric)
+
+
+def compute_run_diffs(old_runs: Sequence[Mapping[str, Any]], new_runs: Sequence[Mapping[str, Any]], *,
+                      threshold: float) -> tuple[list[RunDiff], list[str], list[str]]:
+    """Summary run records of both campaigns -> (per-run diffs for names in both, in the new
+    campaign's order; names only in old; names only in new)."""
+    old_by = {r["run"]: r for r in old_runs}
+    new_names = {r["run"] for r in new_runs}
+    diffs = []
+    for n in new_runs:
+        o = old_by.get(n["run"])
+        if o is None:
+            continue
+        rows = tuple(compute_metric_delta(_value(o, m), _value(n, m), metric=m, unit=u, better=b, threshold=threshold)
+                     for m, u, b in METRICS)
+        flagged = tuple(d.metric for d in rows if d.regression)
+        if o.get("status") == "ok" and n.get("status") != "ok":
+            flagged = ("status", *flagged)
+        diffs.append(RunDiff(run=n["run"], old_status=o.get("status"), new_status=n.get("status"), metrics=rows,
+                             regressions=flagged))
+    only_old = [r["run"] for r in old_runs if r["run"] not in new_names]
+    only_new = [r["run"] for r in new_runs if r["run"] not in old_by]
+    return diffs, only_old, only_new
+
+
+def compute_env_changes(old_env: Mapping[str, Any], new_env: Mapping[str, Any]) -> list[EnvChange]:
+    """The summary's environment fields side by side, ``changed`` where they differ."""
+    return [EnvChange(field=f, old=old_env.get(f), new=new_env.get(f), changed=old_env.get(f) != new_env.get(f))
+            for f in ENV_FIELDS]
+
+
+def build_diff(old: Mapping[str, Any], new: Mapping[str, Any], *, threshold: float, old_source: str = "",
+               new_source: str = "") -> Diff:
+    """Two summary records (report.summary.build_summary) -> the comparison view-model.
+    threshold: relative change (0.05 = 5%) beyond which a metric's worse move is a regression."""
+    runs, only_old, only_new = compute_run_diffs(old["runs"], new["runs"], threshold=threshold)
+
+    def ref(s: Mapping[str, Any], source: str) -> CampaignRef:
+        return CampaignRef(campaign=s["campaign"], source=source, created_at=s.get("created_at"),
+                           tool_git_commit=s.get("tool_git_commit"))
+
+    return Diff(title=f"Campaign comparison: {old['campaign']} → {new['campaign']}", old=ref(old, old_source),
+                new=ref(new, new_source), threshold=threshold, runs=tuple(runs), only_old=tuple(only_old),
+                only_new=tuple(only_new),
+                env=tuple(compute_env_changes(old.get("environment") or {}, new.get("environment") or {})),
+                mfu_conventions=(old.get("mfu_convention"), new.get("mfu_convention")))

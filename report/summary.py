@@ -1,0 +1,104 @@
+"""`summary.json`: the note's numbers in a machine-readable record, for notebooks, dashboards
+and `report diff`.
+
+Built from the one view-model (report.view.Note) the note renders, so every number equals its
+table cell before formatting; nothing is computed here beyond picking fields. Deliberately not
+here: file access (report.render writes it through ingest.io), formatting, any metric.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from report.view import Note
+
+SUMMARY_SCHEMA_VERSION = 1
+# section 5 categories; each run's "<name>_share" of the traced step time
+BREAKDOWN_SHARES = ("compute_share", "exposed_comm_share", "bubble_share", "data_stall_share", "other_share")
+# env.json "versions" keys worth comparing across campaigns (report diff)
+VERSION_KEYS = ("torch", "cuda", "nccl", "deepspeed", "megatron_core")
+
+
+def _num(x: Any) -> Any:
+    """NaN -> None (JSON has no NaN); everything else unchanged."""
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if x is None or isinstance(x, (str, bool, int)):
+        return x
+    if isinstance(x, float):
+        return _num(x)
+    if hasattr(x, "item"):  # numpy scalar
+        return _jsonable(x.item())
+    return str(x)
+
+
+def build_environment_summary(note: Note) -> dict[str, Any]:
+    """The environment fields a comparison cares about: GPU name/count, driver, library
+    versions, node count, tool commit (None where env.json does not say)."""
+    env = note.env
+    versions = dict(env.versions)
+    gpu_names = sorted({g.name for g in env.gpus if g.name})
+    drivers = sorted({g.driver_version for g in env.gpus if g.driver_version})
+    return {
+        "gpu_name": ", ".join(gpu_names) or None,
+        "gpu_count": len(env.gpus),
+        "driver_version": ", ".join(drivers) or None,
+        **{f"{k}_version": versions.get(k) for k in VERSION_KEYS},
+        "num_nodes": env.num_nodes or 1,
+        "tool_git_commit": note.tool_git_commit,
+    }
+
+
+def build_summary(note: Note) -> dict[str, Any]:
+    """Note -> the summary record (plain JSON types, None for missing values).
+
+    Per run: status, throughput (tokens/s, per GPU or process), MFU with its FLOPs/token
+    convention and peak source, step time median/p90 (s), memory peaks (GiB), data wait (s),
+    loss first/last, and the section-5 shares when the run was traced."""
+    peak = note.peaks[0] if len(note.peaks) == 1 else None  # one GPU model and dtype: the runs share it
+    shares = {b.run: {k: _num(getattr(b, k)) for k in BREAKDOWN_SHARES} | {"timeline": b.timeline,
+                                                                           "step_time_s": _num(b.step_time_s)}
+              for b in note.evidence.rows}
+    runs = []
+    for m in note.metrics:
+        runs.append({
+            "run": m.run, "status": m.status, "partial": m.partial, "num_steps_measured": m.num_steps_measured,
+            "tokens_per_s": _num(m.tokens_per_s), "tokens_per_s_per_gpu": _num(m.tokens_per_s_per_gpu),
+            "per_unit": note.per_unit,
+            "mfu": _num(m.mfu), "mfu_convention": note.convention, "mfu_6n": _num(m.mfu_6n),
+            "mfu_causal": _num(m.mfu_causal),
+            "peak_flops": peak.flops if peak else None, "peak_source": peak.source if peak else None,
+            "step_time_median_s": _num(m.step_time_median_s), "step_time_p90_s": _num(m.step_time_p90_s),
+            "mem_peak_allocated_gib": _num(m.mem_peak_allocated_gib),
+            "mem_peak_reserved_gib": _num(m.mem_peak_reserved_gib),
+            "data_wait_median_s": _num(m.data_wait_median_s),
+            "loss_first": _num(m.loss_first), "loss_last": _num(m.loss_last),
+            "breakdown": shares.get(m.run),
+        })
+    return _jsonable({
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "campaign": note.campaign,
+        "created_at": note.created_at,
+        "tool_version": note.tool_version,
+        "tool_git_commit": note.tool_git_commit,
+        "environment": build_environment_summary(note),
+        "flops_per_token": note.flops_per_token,
+        "mfu_convention": note.convention,
+        "peaks": [{"gpu_name": p.gpu_name, "dtype": p.dtype, "flops": p.flops, "source": p.source} for p in note.peaks],
+        "runs": runs,
+        "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
+                     for f in note.findings],
+    })
+
+
+def render_summary_json(summary: Mapping[str, Any]) -> bytes:
+    """The summary record as UTF-8 JSON (indented, keys in build order, no NaN)."""
+    return (json.dumps(summary, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
