@@ -169,7 +169,7 @@ class BarProgress:
     """A tqdm bar per run on a terminal: step k/N, then tokens/s, loss and our ETA (from the
     recent step times, not tqdm's rate, which would count the start-up)."""
 
-    BAR_FORMAT = "{desc} {n_fmt}/{total_fmt} |{bar}| {postfix}"
+    BAR_FORMAT = "{desc} step {n_fmt}/{total_fmt} |{bar}|{postfix}"
 
     def __init__(self, stream: IO[str], *, run: str, num_steps_total: int) -> None:
         from tqdm import tqdm
