@@ -3,12 +3,14 @@
     runner all [--matrix FILE] [--out DIR] [--dry-run] [--preset NAME] [--steps N]
     runner all --nnodes N --node-rank K --rdzv-endpoint HOST:PORT --out DIR [--print-node-commands]
     runner collect CAMPAIGN_DIR NODE_DIR...
+    runner status CAMPAIGN_DIR
     runner slurm --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]
 
 Resolves the matrix (embedded default picked by the GPUs found), records the environment
 and launches one torchrun per run, in order, into a campaign directory; on several nodes
 each node runs the same command with its own --node-rank (runner.nodes says who writes
-what). User errors print one line per problem and exit 2.
+what). While a run goes, its progress (step, tokens/s, loss, ETA) is a bar on a terminal and
+plain `[runner] ...` lines otherwise. User errors print one line per problem and exit 2.
 """
 from __future__ import annotations
 
@@ -241,6 +243,7 @@ def resume_campaign(out: Path) -> int:
 
 def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None = None) -> int:
     from runner.launch import Watchdog, archive_attempt, load_json, run_one, write_json_atomic
+    from runner.progress import build_progress
 
     statuses = []
     for i, spec in enumerate(specs, 1):
@@ -274,7 +277,8 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
             print(f"    micro_batch_size {spec.micro_batch_size} chosen "
                   f"({spec.options['micro_batch_search']['policy']}; global batch unchanged)", flush=True)
         status = run_one(spec, run_dir=run_dir, watchdog=watchdog(), master_port=_free_port(),
-                         node=node, run_index=i - 1)
+                         node=node, run_index=i - 1,
+                         progress=build_progress(run=spec.name, num_steps_total=spec.fixed.steps))
         print(f"    {status.status} in {status.duration_s:.1f} s" + (f": {status.cause}" if status.cause else ""),
               flush=True)
         statuses.append(status.status)
@@ -287,6 +291,14 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
 def cmd_collect(args: argparse.Namespace) -> int:
     copied = collect_node_dirs(args.campaign_dir, list(args.node_dirs))
     print(f"collected {len(copied)} file(s) into {args.campaign_dir}: report build {args.campaign_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from runner.status import load_campaign_status, render_status
+
+    meta, states = load_campaign_status(args.campaign_dir)
+    print(render_status(args.campaign_dir, meta, states))
     return 0
 
 
@@ -349,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_col.add_argument("campaign_dir", type=Path, help="node 0's campaign directory (has campaign.json)")
     p_col.add_argument("node_dirs", type=Path, nargs="+", help="the other nodes' --out directories")
     p_col.set_defaults(func=cmd_collect)
+    p_st = sub.add_parser("status", help="print each run's state, steps, tokens/s and failure cause")
+    p_st.add_argument("campaign_dir", type=Path, help="a campaign directory written by `runner all`")
+    p_st.set_defaults(func=cmd_status)
     p_sl = sub.add_parser("slurm", help="write (and submit) an sbatch script running the campaign on N nodes")
     p_sl.add_argument("--nodes", type=int, required=True)
     p_sl.add_argument("--gpus-per-node", type=int, required=True)

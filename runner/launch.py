@@ -31,6 +31,7 @@ from ingest.hangs import (
 )
 from ingest.errors import ConfigError
 from ingest.schema import RunSpec, RunStatus, to_dict
+from runner.progress import RECENT_STEPS, MetricsTail, ProgressReporter, summarize_progress
 from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_path_for
 
 OOM_PATTERN = re.compile(r"(CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory)")
@@ -251,13 +252,9 @@ class Watchdog:
     poll_s: float = 1.0
 
 
-def _rank0_rows(run_dir: Path) -> tuple[int, int]:
-    """(bytes over all ranks' metrics files here, complete rows in the lowest rank's file here).
-    On one node that rank is 0; on node K > 0 without a shared directory, its first local rank."""
-    files = {int(p.stem[4:]): p for p in (run_dir / "metrics").glob("rank*.jsonl") if p.stem[4:].isdigit()}
-    size = sum(p.stat().st_size for p in files.values())
-    rows = files[min(files)].read_bytes().count(b"\n") if size else 0
-    return size, rows
+def _metrics_bytes(run_dir: Path) -> int:
+    """Bytes over all ranks' metrics files here (stat only): the watchdog's sign of life."""
+    return sum(p.stat().st_size for p in (run_dir / "metrics").glob("rank*.jsonl") if p.stem[4:].isdigit())
 
 
 def compress_traces(run_dir: Path) -> list[Path]:
@@ -279,7 +276,7 @@ def compress_traces(run_dir: Path) -> list[Path]:
 
 
 def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int, node: NodeLaunch | None = None,
-            run_index: int = 0) -> RunStatus:
+            run_index: int = 0, progress: ProgressReporter | None = None) -> RunStatus:
     """Launch one run, supervise it, classify how it ended and write status.json.
 
     A stall (no new step row within the watchdog's limits) dumps every rank's Python stack
@@ -287,6 +284,7 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     KeyboardInterrupt (SIGINT, or SIGTERM turned into it by the CLI) kills the group, records
     'interrupted' and is re-raised. With ``node`` (multi-node), this node's agent only: node K > 0
     writes logs/launcher_node<K>.log and status_node<K>.json, never node 0's files.
+    ``progress`` (runner.progress) is updated each poll and closed when the run ends.
     """
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "trace").mkdir(exist_ok=True)
@@ -298,7 +296,7 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
                                 env=build_run_env(spec, run_dir=run_dir, node=node), start_new_session=True)
         try:
             status, cause, code, diagnosis = _supervise(proc, spec, run_dir=run_dir, watchdog=watchdog, node=node,
-                                                        run_index=run_index)
+                                                        run_index=run_index, progress=progress)
         except KeyboardInterrupt:
             _kill_group(proc)
             _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
@@ -312,17 +310,40 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
 
 
 def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog: Watchdog,
-               node: NodeLaunch | None = None, run_index: int = 0):
-    """Wait for the run, enforcing the watchdog. -> (status, cause, exit code, diagnosis)."""
+               node: NodeLaunch | None = None, run_index: int = 0, progress: ProgressReporter | None = None):
+    """Wait for the run, enforcing the watchdog and showing ``progress``. -> (status, cause, exit
+    code, diagnosis). Each poll reads only the rows appended since the last one (MetricsTail)."""
+    tail = MetricsTail(run_dir)
+    try:
+        return _watch(proc, spec, run_dir=run_dir, watchdog=watchdog, node=node, run_index=run_index,
+                      tail=tail, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _watch(proc, spec, *, run_dir, watchdog, node, run_index, tail, progress):
     t0 = time.monotonic()
     seen, last_progress, deadline, first_row_at = -1, t0, watchdog.deadline_s, None
+    recent: list[dict] = []
+
+    def poll_rows() -> int:
+        nonlocal recent
+        recent = (recent + tail.poll())[-RECENT_STEPS:]
+        if progress is not None and tail.num_rows:
+            progress.update(summarize_progress(recent, run=spec.name, num_steps_done=tail.num_rows,
+                                               num_steps_total=spec.fixed.steps))
+        return tail.num_rows
+
     while True:
         try:
-            return "ok", None, proc.wait(timeout=watchdog.poll_s), None
+            code = proc.wait(timeout=watchdog.poll_s)
+            poll_rows()  # the rows written since the last poll, for the final progress line
+            return "ok", None, code, None
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        size, rows = _rank0_rows(run_dir)
+        size, rows = _metrics_bytes(run_dir), poll_rows()
         if size != seen:
             seen, last_progress = size, now
         if rows and first_row_at is None:
