@@ -28,7 +28,7 @@ METRICS: tuple[tuple[str, str, str | None], ...] = (
     ("mem_peak_reserved_gib", "gib", "lower"),
 ) + tuple((share, "share", None) for share in BREAKDOWN_SHARES)
 ENV_FIELDS = ("gpu_name", "gpu_count", "driver_version", *(f"{k}_version" for k in VERSION_KEYS), "num_nodes",
-              "tool_git_commit")
+              "tool_git_commit", "model", "global_batch_size", "dtype")  # the last three: the fixed variables
 
 
 @dataclass(frozen=True, kw_only=True)

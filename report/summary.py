@@ -42,8 +42,9 @@ def _jsonable(x: Any) -> Any:
 
 def build_environment_summary(note: Note) -> dict[str, Any]:
     """The environment fields a comparison cares about: GPU name/count, driver, library
-    versions, node count, tool commit (None where env.json does not say)."""
-    env = note.env
+    versions, node count, tool commit (None where env.json does not say), and the campaign's
+    fixed variables (model shape, global batch, dtype)."""
+    env, m = note.env, note.model
     versions = dict(env.versions)
     gpu_names = sorted({g.name for g in env.gpus if g.name})
     drivers = sorted({g.driver_version for g in env.gpus if g.driver_version})
@@ -54,6 +55,11 @@ def build_environment_summary(note: Note) -> dict[str, Any]:
         **{f"{k}_version": versions.get(k) for k in VERSION_KEYS},
         "num_nodes": env.num_nodes or 1,
         "tool_git_commit": note.tool_git_commit,
+        # fixed variables: a comparison across different models or batches is not like for like
+        "model": (f"{m.preset}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, seq {m.seq_length}, "
+                  f"vocab {m.vocab_size}"),
+        "global_batch_size": m.global_batch_size,
+        "dtype": m.dtype,
     }
 
 

@@ -89,3 +89,11 @@ def test_bad_paths_one_line_exit_2(tmp_path, capsys):
         assert report_main([*argv, "--out", str(tmp_path / "o"), "--format", "md"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("report: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_changed_fixed_variables_are_environment_changes():
+    from report.diff import compute_env_changes
+    old = {"model": "gpt-125m: 12 layers, hidden 768", "global_batch_size": 128, "dtype": "bf16", "nccl_version": "2.28.9"}
+    new = {**old, "model": "tiny: 4 layers, hidden 64", "global_batch_size": 16}
+    changed = {c.field for c in compute_env_changes(old, new) if c.changed}
+    assert changed == {"model", "global_batch_size"}
