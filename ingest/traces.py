@@ -586,6 +586,20 @@ def _span_rows(*, run: str, rank: int, step: int, lo: int, hi: int,
     return tuple(rows)
 
 
+def _step_rows(*, run: str, rank: int, timeline: str, steps: np.ndarray, length: np.ndarray, compute: np.ndarray,
+               exposed: np.ndarray, bubble: np.ndarray, data_stall: np.ndarray, other: np.ndarray,
+               hidden: np.ndarray, idle: np.ndarray, num_kernels: np.ndarray) -> tuple[StepBreakdownRow, ...]:
+    """One StepBreakdownRow per analysed step from per-step integer-ns arrays (same order)."""
+    return tuple(
+        StepBreakdownRow(run=run, rank=rank, step=int(steps[i]), timeline=timeline,
+                         step_time_s=int(length[i]) / 1e9, compute_s=int(compute[i]) / 1e9,
+                         exposed_comm_s=int(exposed[i]) / 1e9, bubble_s=int(bubble[i]) / 1e9,
+                         data_stall_s=int(data_stall[i]) / 1e9, other_s=int(other[i]) / 1e9,
+                         hidden_comm_s=int(hidden[i]) / 1e9, idle_s=int(idle[i]) / 1e9,
+                         num_kernels=int(num_kernels[i]))
+        for i in range(len(steps)))
+
+
 def _median_index(durations: np.ndarray) -> int:
     """Index of the lower-median duration (a real step, not an average of two)."""
     order = np.argsort(durations, kind="stable")
@@ -770,14 +784,9 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     other = length - compute - exposed_comm - bubble - data_stall
     assert (other >= 0).all() and (idle >= 0).all() and (data_stall >= 0).all(), "partition broke"
 
-    rows = tuple(
-        StepBreakdownRow(run=run, rank=rank, step=int(step_k[u]), timeline="gpu",
-                         step_time_s=int(length[i]) / 1e9, compute_s=int(compute[i]) / 1e9,
-                         exposed_comm_s=int(exposed_comm[i]) / 1e9, bubble_s=int(bubble[i]) / 1e9,
-                         data_stall_s=int(data_stall[i]) / 1e9, other_s=int(other[i]) / 1e9,
-                         hidden_comm_s=int(hidden[i]) / 1e9, idle_s=int(idle[i]) / 1e9,
-                         num_kernels=int(num_kernels[i]))
-        for i, u in enumerate(used))
+    rows = _step_rows(run=run, rank=rank, timeline="gpu", steps=step_k[used], length=length, compute=compute,
+                      exposed=exposed_comm, bubble=bubble, data_stall=data_stall, other=other, hidden=hidden,
+                      idle=idle, num_kernels=num_kernels)
     classes = _classify(names, KERNEL_CLASS_PATTERNS)
     kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=name,
                            dur_ns=end - start, num_steps=len(rows))
@@ -842,14 +851,9 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     si = np.searchsorted(lo, op_start, side="right") - 1
     in_step = (si >= 0) & (op_start < hi[np.maximum(si, 0)])
     num_ops = np.bincount(si[in_step], minlength=lo.size)
-    rows = tuple(
-        StepBreakdownRow(run=run, rank=rank, step=int(step_k[i]), timeline="cpu",
-                         step_time_s=int(length[i]) / 1e9, compute_s=int(compute[i]) / 1e9,
-                         exposed_comm_s=int(exposed[i]) / 1e9, bubble_s=int(bubble[i]) / 1e9,
-                         data_stall_s=int(data_stall[i]) / 1e9, other_s=int(other[i]) / 1e9,
-                         hidden_comm_s=int(hidden[i]) / 1e9, idle_s=int(idle[i]) / 1e9,
-                         num_kernels=int(num_ops[i]))
-        for i in range(step_k.size))
+    rows = _step_rows(run=run, rank=rank, timeline="cpu", steps=step_k, length=length, compute=compute,
+                      exposed=exposed, bubble=bubble, data_stall=data_stall, other=other, hidden=hidden, idle=idle,
+                      num_kernels=num_ops)
     # kernel summary: leaf host ops of the training thread (no op nested inside), so that
     # durations are self times and do not double count aten::linear -> aten::addmm
     idx = np.flatnonzero(ops_t)

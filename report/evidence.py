@@ -13,8 +13,7 @@ import pandas as pd
 from ingest.schema import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
 
 BREAKDOWN_SUMMARY_COLUMNS = (
-    "run", "timeline", "num_ranks", "num_steps", "step_time_s", "aligned_step_time_s", "recorded_step_time_s",
-    "sum_error",
+    "run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s", "sum_error",
     *(f"{c}_s" for c in BREAKDOWN_CATEGORIES), *(f"{c}_share" for c in BREAKDOWN_CATEGORIES),
     "hidden_comm_s", "idle_s", "compute_min_rank", "compute_max_rank", "compute_imbalance",
 )
@@ -45,12 +44,10 @@ def summarize_breakdown(breakdown: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
         for c in BREAKDOWN_CATEGORIES:
             row[f"{c}_s"] = float(df[f"{c}_s"].mean())
             row[f"{c}_share"] = row[f"{c}_s"] / interval if interval > 0 else None
-        aligned = df  # the analysed window as a whole: its total is the recorder's over the same steps
-        keys = list(zip([run] * len(aligned), aligned["rank"], aligned["step"]))
+        keys = list(zip([run] * len(df), df["rank"], df["step"]))
         matched = recorded.reindex(keys).dropna() if len(recorded) else pd.Series(dtype=float)
         row["recorded_step_time_s"] = float(matched.mean()) if len(matched) else None
-        traced = row["aligned_step_time_s"] = float(aligned["step_time_s"].mean())
-        row["sum_error"] = (abs(traced - row["recorded_step_time_s"]) / row["recorded_step_time_s"]
+        row["sum_error"] = (abs(interval - row["recorded_step_time_s"]) / row["recorded_step_time_s"]
                             if row["recorded_step_time_s"] else None)
         per_rank = df.groupby("rank")["compute_s"].mean()
         row["compute_min_rank"], row["compute_max_rank"] = int(per_rank.idxmin()), int(per_rank.idxmax())

@@ -191,7 +191,6 @@ class BreakdownRow:
     num_ranks: int
     num_steps: int
     step_time_s: float
-    aligned_step_time_s: float  # mean traced interval of the steps compared with the recorder
     recorded_step_time_s: float | None
     sum_error: float | None
     median_step_time_s: float | None  # the metric table's median (unprofiled steps)
@@ -561,8 +560,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
         c = cost.get(b["run"], {})
         rows.append(BreakdownRow(
             median_step_time_s=next((x["step_time_median_s"] for x in summary if x["run"] == b["run"]), None),
-            **{f: b[f] for f in ("run", "timeline", "num_ranks", "num_steps", "step_time_s", "aligned_step_time_s",
-                                 "recorded_step_time_s",
+            **{f: b[f] for f in ("run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s",
                                  "sum_error", "compute_s", "exposed_comm_s", "bubble_s", "data_stall_s", "other_s",
                                  "compute_share", "exposed_comm_share", "bubble_share", "data_stall_share",
                                  "other_share", "hidden_comm_s", "idle_s", "compute_imbalance", "compute_min_rank",

@@ -201,8 +201,7 @@ def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches, record
     batches = [[(x.to(ctx.device), y.to(ctx.device)) for x, y in slice_batch(
         data.tokens(s), dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree, micro_batch_size=spec.micro_batch_size,
         num_microbatches=spec.num_microbatches)] for s in steps]
-    t0 = time.perf_counter()
-    _synced_wall_s(t0, ctx.device)
+    _synced_wall_s(time.perf_counter(), ctx.device)  # start from an idle device
     t0 = time.perf_counter()
     for s, batch in zip(steps, batches):
         trainer.train_step(batch, lr=lr_at(s, f))
