@@ -44,7 +44,7 @@ def _is_campaign(paths: list[str]) -> bool:
 def run_thirdparty(args: argparse.Namespace) -> int:
     from ingest import thirdparty
 
-    files = [thirdparty.ingest_file(p) for p in thirdparty.find_artifacts(args.paths)]
+    files = thirdparty.ingest_files(thirdparty.find_artifacts(args.paths))
     first = Path(args.paths[0])
     out_dir = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "tables"
     tables = thirdparty.build_tables(files)

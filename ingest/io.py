@@ -371,19 +371,43 @@ def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None
 
 
-def iter_text_lines(path: str | os.PathLike[str], *, chunk_lines: int = 1 << 16):
-    """Yield the lines of a text file (third-party log), newline stripped, streamed.
+def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20):
+    """The text of a file (third-party log) as a ``TextBlocks``: blocks of whole lines, streamed.
 
-    Bytes that are not UTF-8 are replaced (logs carry binary noise), so this never raises a
-    decode error; a missing/unreadable file raises ParseError naming it.
+    Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Python's universal newlines split
+    them: progress bars redraw with ``\\r``); each block is cut after its last newline, so a
+    block holds about ``block_chars`` characters and memory stays bounded. Bytes that are not
+    UTF-8 are replaced, so this never raises a decode error; a missing/unreadable file raises
+    ParseError naming it (at the call, before any block is read).
     """
+    from ingest.parsers import TextBlocks
     try:
         f = open(path, encoding="utf-8", errors="replace", newline="")
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
-    with f:
-        for line in f:
-            yield line.rstrip("\r\n")
+
+    def blocks():
+        with f:
+            rest = ""
+            while data := f.read(block_chars):
+                data = rest + data
+                cut = data.rfind("\n")
+                if cut < 0:  # a lone \r ends a line too (not a last one: maybe half of a \r\n)
+                    cut = data.rfind("\r", 0, len(data) - 1)
+                if cut < 0:
+                    rest = data
+                    continue
+                block = data[:cut - 1] if data[cut] == "\n" and cut and data[cut - 1] == "\r" else data[:cut]
+                yield _newlines(block)
+                rest = data[cut + 1:]
+            if rest:
+                rest = _newlines(rest)
+                yield rest[:-1] if rest.endswith("\n") else rest
+    return TextBlocks(blocks())
+
+
+def _newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> str:

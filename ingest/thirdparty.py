@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.errors import NoDataError
-from ingest.io import iter_text_lines, read_text_head, write_bytes_atomic
+from ingest.io import iter_text_blocks, read_text_head, write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, PARSED_KINDS, ParseResult, detect_kind, parse_text
 from ingest.schema import SCHEMA_VERSION
 
@@ -58,14 +58,33 @@ def find_artifacts(paths: list[str]) -> list[Path]:
 
 
 def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
-    """Detect the kind of one file and parse it, streaming its lines."""
+    """Detect the kind of one file and parse it, streaming its text in blocks of whole lines."""
     kind = detect_kind(read_text_head(path, HEAD_CHARS))
     source = str(path)
     if kind is None:
-        result = parse_text(iter_text_lines(path), source=source, kind="unknown")
+        result = parse_text(iter_text_blocks(path), source=source, kind="unknown")
     else:
-        result = parse_text(iter_text_lines(path), source=source, kind=kind)
+        result = parse_text(iter_text_blocks(path), source=source, kind=kind)
     return IngestedFile(path=source, result=result)
+
+
+PARALLEL_MIN_BYTES = 8 << 20  # below this in all, one process parses faster than starting a pool
+
+
+def ingest_files(paths: list[Path], *, max_workers: int | None = None) -> list[IngestedFile]:
+    """``ingest_file`` for each path, in input order; files are parsed in parallel processes
+    (one per CPU, at most one per file) when there are several and together they hold more
+    than ``PARALLEL_MIN_BYTES``. Raises ParseError for an unreadable file, as ingest_file."""
+    workers = min(max_workers or os.cpu_count() or 1, len(paths))
+    try:
+        total = sum(p.stat().st_size for p in paths)
+    except OSError:
+        total = 0  # the per-file error comes from ingest_file, with its message
+    if workers < 2 or total < PARALLEL_MIN_BYTES:
+        return [ingest_file(p) for p in paths]
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(ingest_file, paths))
 
 
 def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:
@@ -407,7 +426,7 @@ def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None
     """Parse every file of a folder of third-party logs into a Campaign (model shape from the
     logs, or ``model``). Raises NoDataError (no training log with iteration times) or
     ConfigError (shape unknown: says how to pass it)."""
-    files = [ingest_file(p) for p in find_artifacts([str(path)])]
+    files = ingest_files(find_artifacts([str(path)]))
     if not any(f.result.kind in PARSED_KINDS for f in files):
         raise NoDataError(f"{path}: is not a campaign (no campaign.json) nor a tables dir (no runs.parquet), and none of "
                           "its files is a log ingest reads; run `runner all`, or pass a folder of NCCL / Megatron-LM / "

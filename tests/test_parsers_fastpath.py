@@ -140,3 +140,72 @@ def test_bulk_counted_lines_equal_general(chunk_lines):
                         mock.patch.object(NcclParser, "bulk", spy):
                     assert_same("\n".join([text] * times), "nccl")
     assert True in calls
+
+
+_COLL_SHAPES = [("h:1:1 [0] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f{a:x} recvbuff 0x7f{b:x} count 1048576 "
+                 "datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x9"),
+                "h:1:1 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time {t}",
+                ("h:2:2 [1] NCCL INFO Broadcast: opCount {op:x} sendbuff 0x{a:x} recvbuff 0x{b:x} count 240 datatype 0 "
+                 "op 0 root 0 comm 0x66")]
+_ODD = ["", "  ", "2024-12-04T05:27:45.082Z", "h:1:1 [0] NCCL INFO Connected all rings", "junk opCount 1 sendbuff x recvbuff y ",
+        "h:1:1 [0] NCCL INFO AllGather: opCount 3 sendbuff 0x1 recvbuff 0x2 count 7 datatype 7 op 0 root -1 comm 0x55",
+        "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 1.2.3 extra", "[rank1]:" + _COLL_SHAPES[1]]
+
+
+@st.composite
+def coll_logs(draw):
+    """Per-call COLL/TUNING lines (opCount, buffers and timings varying per call), a few odd
+    lines among them (timestamps, blanks, a new call shape, prefixed or malformed lines)."""
+    out = []
+    for i in range(draw(st.integers(50, 400))):
+        if draw(st.integers(0, 40)) == 0:
+            out.append(draw(st.sampled_from(_ODD)))
+        out.append(draw(st.sampled_from(_COLL_SHAPES)).format(op=i, a=i * 7, b=i * 13, t=f"{draw(st.floats(0, 99)):.6f}")
+                   + draw(st.sampled_from(["", "", " ", "\r"])))
+    return "\n".join(out)
+
+
+@SETTINGS
+@given(text=coll_logs(), chunk_chars=st.sampled_from([300, 4000, 1 << 20]))
+def test_per_call_lines_counted_in_bulk_equal_general(text, chunk_chars):
+    """Chunks made only of known per-call lines are counted from their distinct normalised lines."""
+    with mock.patch.object(ingest.parsers, "CHUNK_CHARS", chunk_chars), mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_chars // 100):
+        assert_same(text, "nccl")
+
+
+def test_pure_per_call_chunks_take_the_distinct_line_path():
+    lines = [_COLL_SHAPES[i % 3].format(op=i, a=i, b=2 * i, t=f"{i % 97}.5") for i in range(3000)]
+    taken = []
+    real = ingest.parsers.Runner._bulk_only
+
+    def spy(self, text, start):
+        taken.append(real(self, text, start))
+        return taken[-1]
+    with mock.patch.object(ingest.parsers, "CHUNK_CHARS", 20000), mock.patch.object(ingest.parsers.Runner, "_bulk_only", spy):
+        assert_same("\n".join(lines), "nccl")
+    assert sum(taken) >= 5  # the later chunks, once every call shape has its row
+    calls = [r["num_calls"] for r in parse_text("\n".join(lines), source="s", kind="nccl").records if r["table"] == "collectives"]
+    assert sum(calls) == 3000
+
+
+@SETTINGS
+@given(data=st.lists(st.sampled_from(["a", "NCCL", " ", "\n", "\r", "\r\n", "\n\n", "é", "\udcff"]), max_size=60),
+       block_chars=st.sampled_from([1, 2, 3, 7, 1 << 20]))
+def test_file_blocks_split_lines_as_python_does(tmp_path_factory, data, block_chars):
+    """iter_text_blocks cuts lines where Python's universal newlines do (\\n, \\r\\n, lone \\r)."""
+    from ingest.io import iter_text_blocks
+    path = tmp_path_factory.mktemp("blocks") / "log.txt"
+    path.write_bytes("".join(data).encode("utf-8", errors="surrogateescape"))
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        want = [line.rstrip("\r\n") for line in f]
+    got = [line for block in iter_text_blocks(path, block_chars=block_chars) for line in block.split("\n")]
+    assert got == want
+
+
+def test_parsing_a_file_equals_parsing_its_text(tmp_path):
+    from ingest.io import iter_text_blocks
+    for name, text in TEXTS.items():
+        path = tmp_path / name
+        path.write_text(text.replace("\n", "\r\n") if "megatron" in name else text, encoding="utf-8", newline="")
+        general = outcome(parse_text(text, source="s", fast=False))
+        assert outcome(parse_text(iter_text_blocks(path, block_chars=500), source="s", kind=general[5])) == general, name

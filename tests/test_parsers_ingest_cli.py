@@ -70,3 +70,29 @@ def test_missing_path_is_one_line_error(tmp_path, capsys):
     assert main([str(tmp_path / "a.log"), str(tmp_path / "b.log")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ingest: error:") and "no such file or directory" in err[0]
+
+
+def test_files_parsed_in_parallel_processes_equal_one_by_one(tmp_path):
+    """Above PARALLEL_MIN_BYTES the files go to a process pool: same results, same order."""
+    from unittest import mock
+
+    from ingest import thirdparty
+    paths = thirdparty.find_artifacts([str(folder(tmp_path))])
+    serial = thirdparty.ingest_files(paths)
+    with mock.patch.object(thirdparty, "PARALLEL_MIN_BYTES", 0):
+        parallel = thirdparty.ingest_files(paths, max_workers=2)
+    assert [f.path for f in parallel] == [str(p) for p in paths]
+    assert parallel == serial
+
+
+def test_a_file_gone_before_its_worker_reads_it_is_a_parse_error(tmp_path):
+    from unittest import mock
+
+    import pytest
+
+    from ingest import thirdparty
+    from ingest.errors import ParseError
+    paths = thirdparty.find_artifacts([str(folder(tmp_path))])
+    paths[1].unlink()
+    with mock.patch.object(thirdparty, "PARALLEL_MIN_BYTES", 0), pytest.raises(ParseError, match=f"{paths[1]}: cannot read"):
+        thirdparty.ingest_files(paths, max_workers=2)

@@ -157,6 +157,23 @@ _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\
 Line = tuple  # (lineno, body, timestamp | None, rank | None)
 
 
+class TextBlocks:
+    """Text streamed as blocks of whole lines: the input's lines are the blocks joined with
+    newlines (a block never ends inside a line). ``ingest.io.iter_text_blocks`` reads files
+    this way, so no Python object per line exists before the parsers' own regex pass.
+    Iterating yields the blocks; ``lines()`` yields the lines."""
+
+    def __init__(self, blocks: Iterable[str]) -> None:
+        self.blocks = blocks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.blocks)
+
+    def lines(self) -> Iterator[str]:
+        for block in self.blocks:
+            yield from block.split("\n")
+
+
 def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
     """Normalised non-blank lines: ``(lineno, body, timestamp, rank)``.
 
@@ -167,7 +184,7 @@ def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
     Long lines (> MAX_LINE_CHARS) are yielded with body None so callers count them unparsed.
     ``text`` may be a string or any iterable of lines (streaming).
     """
-    lines = text.split("\n") if isinstance(text, str) else text
+    lines = text.split("\n") if isinstance(text, str) else text.lines() if isinstance(text, TextBlocks) else text
     pending_ts = None
     prefix_match = _PREFIX.match
     for lineno, raw in enumerate(lines, start=1):
@@ -209,6 +226,11 @@ class LineParser:
     first parser of a chain has fast lines: a line they match is one it recognises.
     ``bulk_lines``: fast rows whose lines ``bulk`` can count per chunk at once: row name ->
     the row's groups that make the aggregation key (in the order they appear in the row).
+    ``bulk_normalise``: (regex, replacement) rows that overwrite fields outside the keys of
+    bulk lines (call counters, buffer addresses, timings) with a constant that the row still
+    matches, so a chunk made only of bulk lines reduces to its few distinct lines in C
+    (``str.split`` + ``Counter``); ``bulk_markers``: literals of which every bulk line holds
+    one (a chunk with fewer markers than lines is not tried that way).
     """
 
     kind = ""
@@ -216,6 +238,8 @@ class LineParser:
     fast_head = ""
     fast_lines: tuple[tuple[str, str], ...] = ()
     bulk_lines: dict[str, tuple[str, ...]] = {}
+    bulk_normalise: tuple[tuple[re.Pattern, str], ...] = ()
+    bulk_markers: tuple[str, ...] = ()
 
     def bulk(self, counts: dict[str, Counter]) -> bool:
         """Apply the line counts of ``bulk_lines`` rows (row name -> key groups -> lines) if
@@ -303,6 +327,17 @@ def bulk_regex(parser_type: type) -> tuple[re.Pattern, list[tuple[str, int, tupl
     return rx, [(name, at[f"bulk_{name}"], tuple(at[k] for k in ks)) for name, ks in parser_type.bulk_lines.items()]
 
 
+def bulk_line_regex(parser_type: type) -> re.Pattern | None:
+    """The bulk regex of ``bulk_regex`` for one whole line (no newline, no timestamp line): its
+    groups are those of the split's tuple, so the same (marker, key) positions apply."""
+    if not parser_type.bulk_markers:
+        return None
+    rx, _ = bulk_regex(parser_type)
+    head = f"\\n(?:({_FAST_ISO_TS})[^\\S\\n]*\\n|)"
+    assert rx.pattern.startswith(head) and rx.pattern.endswith("$"), rx.pattern
+    return re.compile(rx.pattern[len(head):-1])
+
+
 def fast_rank(m: re.Match) -> int | None:
     r = m.group("rank")
     return int(r) if r else None
@@ -328,6 +363,7 @@ class Runner:
         self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
         self.fast = fast_regex(type(parsers[0])) if fast else None
         self.bulk, self.bulk_rows = (bulk_regex(type(parsers[0])) if fast else None) or (None, [])
+        self.bulk_line = bulk_line_regex(type(parsers[0])) if self.bulk is not None else None
         first = parsers[0]
         self.handlers = {name: getattr(first, f"fast_{name}", None) or self._feed_first(name)
                          for name, _ in first.fast_lines}
@@ -380,21 +416,80 @@ class Runner:
 
     def chunk(self, lines: list[str]) -> None:
         """Consecutive raw lines, numbered on from the last chunk."""
+        text = "\n" + "\n".join(lines)
+        if text.count("\n") != len(lines):  # a "line" holding newlines: take the lines as given
+            self._general(lines)
+        else:
+            self._chunk(text, lines)
+
+    def chunk_text(self, block: str) -> None:
+        """Consecutive raw lines as one text block (lines joined by newlines), numbered on."""
+        self._chunk("\n" + block, None)
+
+    def _general(self, lines: list[str]) -> None:
         start = self.lineno
         self.lineno += len(lines)
-        text = "\n" + "\n".join(lines)
-        if (self.fast is None and self.hints is None) or text.count("\n") != len(lines) \
-                or max(map(len, lines)) > MAX_LINE_CHARS:
-            for lineno, line in enumerate(lines, start + 1):  # general path: huge lines, odd input
-                if line:
-                    self.raw(lineno, line)
+        for lineno, line in enumerate(lines, start + 1):  # general path: huge lines, odd input
+            if line:
+                self.raw(lineno, line)
+
+    def _chunk(self, text: str, lines: list[str] | None) -> None:
+        """text: a newline, then the chunk's lines joined by newlines (``lines``, if at hand)."""
+        if (self.fast is None and self.hints is None) or (len(text) > MAX_LINE_CHARS and max(map(
+                len, lines if lines is not None else text.split("\n"))) > MAX_LINE_CHARS):
+            self._general(lines if lines is not None else text[1:].split("\n"))
             return
+        start = self.lineno
+        self.lineno += text.count("\n")
         if "\x1b" in text:
             text = _ANSI.sub("", text)  # no escape sequence spans a newline: same as per line
         if self.fast is None:
             self._gap(text, 0, len(text), start)
-        elif self.bulk is None or not self._bulk(text, start):
+        elif self.bulk is None or not (self._bulk_only(text, start) or self._bulk(text, start)):
             self._scan(text, start)
+
+    def _bulk_only(self, text: str, start: int) -> bool:
+        """A chunk of only bulk lines, timestamp lines before them and blank lines: count its
+        distinct lines once their non-key fields are normalised, with no regex pass over the
+        chunk; False (nothing changed) if the chunk holds any other line or a new key."""
+        first = self.parsers[0]
+        if self.bulk_line is None:
+            return False
+        lines = text.count("\n") - text.count("\n\n")
+        for marker in first.bulk_markers:  # a cheap bound: fewer markers than non-blank lines, some is not a bulk line
+            lines -= text.count(marker)
+            if lines <= 0:
+                break
+        else:
+            return False
+        norm = text
+        for rx, repl in first.bulk_normalise:
+            norm = rx.sub(repl, norm)
+        counts: dict[str, Counter] = {name: Counter() for name, _, _ in self.bulk_rows}
+        match = self.bulk_line.fullmatch
+        for line, n in Counter(norm.split("\n")).items():
+            body = line.rstrip()
+            if not body:
+                continue
+            m = match(line)
+            if m is None:
+                if body[0].isdigit() and len(body) <= 35 and _ISO_TS.fullmatch(body):
+                    continue  # consumed by the bulk line after it (checked below: not the last line)
+                return False
+            groups = m.groups()
+            for name, marker, at in self.bulk_rows:
+                if groups[marker] is not None:
+                    counts[name][tuple(groups[i] for i in at)] += n
+                    break
+        tail = text.rstrip()
+        last = tail[tail.rfind("\n") + 1:]
+        if not tail or (last[0].isdigit() and len(last) <= 35 and _ISO_TS.fullmatch(last)):
+            return False  # blank, or a timestamp for the next chunk's first line
+        if not first.bulk(counts):
+            return False
+        self.pending_ts = None
+        self.num_lines = max(self.num_lines, start + tail.count("\n"))
+        return True
 
     def _bulk(self, text: str, start: int) -> bool:
         """Aggregate the first parser's bulk lines of a chunk in one split + Counter (no Python
@@ -509,26 +604,33 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     tested against).
     """
     runner = Runner(parsers, kind=kind, fast=fast)
-    for batch in iter_chunks(text):
-        runner.chunk(batch)
+    if isinstance(text, (str, TextBlocks)):
+        for block in iter_blocks(text):
+            runner.chunk_text(block)
+    else:
+        for batch in iter_chunks(text):
+            runner.chunk(batch)
     return runner.result()
 
 
-def iter_chunks(text: str | Iterable[str]) -> Iterator[list[str]]:
-    """Lines in batches growing to about CHUNK_CHARS characters / CHUNK_LINES lines (a string
-    is cut at newlines chunk by chunk: never one list of all its lines). The first batches are
-    small: a log's new keys (edges, call shapes) come early, and a chunk with new ones is not
-    counted in bulk."""
+def iter_blocks(text: str | TextBlocks) -> Iterator[str]:
+    """A text (or the blocks of a TextBlocks) cut at newlines into blocks growing to about
+    CHUNK_CHARS characters. The first blocks are small: a log's new keys (edges, call shapes)
+    come early, and a chunk with new ones is not counted in bulk."""
     grow = 1 / 16
-    if isinstance(text, str):
+    for whole in ((text,) if isinstance(text, str) else text):
         start = 0
-        while start <= len(text):
-            end = text.find("\n", start + max(1, int(CHUNK_CHARS * grow)))
+        while start <= len(whole):
+            end = whole.find("\n", start + max(1, int(CHUNK_CHARS * grow)))
             if end < 0:
-                end = len(text)
-            yield text[start:end].split("\n")
+                end = len(whole)
+            yield whole[start:end]
             start, grow = end + 1, min(1, grow * 2)
-        return
+
+
+def iter_chunks(text: Iterable[str]) -> Iterator[list[str]]:
+    """Streamed lines in batches growing to CHUNK_LINES lines (small first, as iter_blocks)."""
+    grow = 1 / 16
     it = iter(text)
     while True:
         batch = list(itertools.islice(it, max(1, int(CHUNK_LINES * grow))))
@@ -607,7 +709,7 @@ def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = Non
     fast=False takes every line through the per-line path (same result, for tests)."""
     if kind is None:
         if not isinstance(text, str):
-            raise TypeError("pass kind= when streaming lines")
+            raise TypeError("pass kind= when streaming text")
         kind = detect_kind(text[:HEAD_CHARS])
     parser = _parsers().get(kind or "")
     if parser is not None:

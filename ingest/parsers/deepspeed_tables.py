@@ -86,11 +86,15 @@ _VERBOSE = re.compile(r"comm op: (?P<op>.+?) \| time \(ms\): (?P<t>[\d.]+) \| ms
 
 class FlopsProfileParser(LineParser):
     kind = "deepspeed"
+    hints = ("DeepSpeed Flops Profiler",)  # outside a summary, only its banner is recognised
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._rec: dict | None = None
         self._modules = False  # inside the aggregated/detailed part: every line is the profiler's
+
+    def idle(self) -> bool:
+        return self._rec is None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if _BANNER.match(body):
@@ -129,11 +133,15 @@ class FlopsProfileParser(LineParser):
 
 class CommsLogParser(LineParser):
     kind = "deepspeed"
+    hints = ("comm op: ", "Comm. Op")  # outside a table: a verbose op line or a table header
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._table: str | None = None  # "summary" | "straggler" while inside a table
         self._op: tuple[str, str | None] | None = None
+
+    def idle(self) -> bool:
+        return self._table is None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _VERBOSE.search(body)

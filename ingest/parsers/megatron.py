@@ -56,6 +56,9 @@ _NOISE = (
 )
 
 
+MAX_SHAPES = 8  # distinct iteration-line key sequences read by a learned regex; more take the general path
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
 
@@ -74,6 +77,30 @@ class MegatronParser(StepRowParser):
         super().__init__(source)
         self._last_step: int | None = None
         self._unknown: set[str] = set()
+        self._shapes: list[tuple[re.Pattern, tuple]] = []  # the iteration lines' key sequences seen so far
+
+    def _learn_shape(self, rest: str) -> None:
+        """Remember the key sequence of an iteration line as one regex (segments split at ``|``,
+        each ``key: value`` with the value stripped, as ``_iteration`` reads them) and the
+        column of each key, so the next lines of that shape are read by one match. Keys not in
+        the pattern table were warned about already and are read, not kept."""
+        parts, specs = [], []
+        for seg in rest.split("|"):
+            key, sep, _ = seg.partition(":")
+            if not sep:
+                if seg.strip():
+                    return  # free text between bars: leave such lines to the general reading
+                parts.append(r"\s*")
+                continue
+            key = key.strip()
+            spec = ITER_FIELDS.get(key)
+            if spec is None and (key.endswith(" loss") or key.endswith("_loss")):
+                spec = (_slug(key), to_num, 1)
+            # the value starts and ends with a non-space: one way to match, no backtracking blow-up
+            parts.append(rf"\s*{re.escape(key)}\s*:\s*([^|\s](?:[^|]*[^|\s])?|)\s*")
+            specs.append(spec)
+        if len(self._shapes) < MAX_SHAPES:
+            self._shapes.append((re.compile(r"\|".join(parts)), tuple(specs)))
 
     def fast_iteration(self, lineno: int, m, ts) -> bool:
         return self._iteration(lineno, m.group("m_ts") or ts, m.group("m_step"), m.group("m_total"), m.group("m_rest"),
@@ -85,6 +112,16 @@ class MegatronParser(StepRowParser):
         row = self._step_row(rank, step, lineno)
         row["time"] = time
         row["num_steps_total"] = int(total)
+        for rx, specs in self._shapes:
+            m = rx.fullmatch(rest)
+            if m:
+                for spec, value in zip(specs, m.groups()):
+                    if value and spec is not None:
+                        put_field(row, spec, value)
+                row.setdefault("loss", None)
+                self._last_step = step
+                return True
+        self._learn_shape(rest)
         fields = ITER_FIELDS
         for seg in rest.split("|"):
             key, sep, value = seg.partition(":")

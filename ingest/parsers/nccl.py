@@ -113,6 +113,9 @@ class NcclParser(LineParser):
                    r"Algo (?P<u_algo>[0-9]+) proto (?P<u_proto>[0-9]+) (?:time|channels) [0-9.]+(?:.*\S|))"),
         ("info", r"(?P<i_msg>\S(?:.*\S)?)"),
     )
+    bulk_normalise = ((re.compile(r" opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "), " opCount 0 sendbuff 0 recvbuff 0 "),
+                      (re.compile(r" time [0-9.]+"), " time 0"))
+    bulk_markers = (" opCount ", " Bytes -> Algo ", " via ")
     bulk_lines = {
         "edge": ("host", "pid", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),
         "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
