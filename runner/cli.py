@@ -376,9 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_sl.add_argument("--port", type=int, default=29500, help="base rendezvous port (run i uses port + i)")
     p_sl.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     p_sl.set_defaults(func=cmd_slurm)
+    from runner.commbench import add_commbench_parser
     from runner.plan_cli import add_plan_parser
 
     add_plan_parser(sub)
+    add_commbench_parser(sub)
     return parser
 
 

@@ -135,7 +135,7 @@ def compute_collective_time_s(curve: CommCurve, *, nbytes: float, group_size: in
     all-reduced / gathered / scattered buffer, the message for send/recv) over ``group_size`` ranks.
 
     Measured: factor x nbytes / busbw(nbytes), busbw interpolated log-log between the measured
-    sizes and held constant beyond them, never below the smallest size's measured time.
+    sizes and held constant beyond them, never below the fastest measured call (the latency floor).
     Nominal: latency + factor x nbytes / bus_bw. 0 for a group of one (send/recv excepted).
     """
     if nbytes <= 0 or (group_size <= 1 and curve.op != "send_recv"):
@@ -152,7 +152,7 @@ def compute_collective_time_s(curve: CommCurve, *, nbytes: float, group_size: in
         i = next(k for k in range(1, len(xs)) if xs[k] >= nbytes)
         w = (math.log(nbytes) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
         bw = math.exp(math.log(max(ys[i - 1], 1e-12)) * (1 - w) + math.log(max(ys[i], 1e-12)) * w)
-    return max(factor * nbytes / (bw * 1e9), curve.time_us[0] * 1e-6)
+    return max(factor * nbytes / (bw * 1e9), min(curve.time_us) * 1e-6)
 
 
 @dataclass(frozen=True, kw_only=True)

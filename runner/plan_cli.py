@@ -114,7 +114,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     assumptions = load_assumptions()
     rows = []
     if args.commbench:
-        from ingest.commbench import load_commbench
+        from ingest.io import load_commbench
 
         rows = [r for r in load_commbench(args.commbench) if r.get("device") == "cuda"]
         if not rows:
