@@ -163,11 +163,12 @@ def compute_activation_bytes_per_layer(shape: ModelShape, *, seq_length: int, mi
 
 
 def compute_output_activation_bytes(shape: ModelShape, *, seq_length: int, micro_batch_size: int,
-                                    tp_degree: int = 1) -> float:
-    """The output layer's stored activations (Korthikanti et al. 2022 section 4.3): its norm and
-    projection inputs 4sbh/t and the fp32 logits the cross entropy keeps, 4sbV/t."""
+                                    tp_degree: int = 1, logits_bytes: int = 4) -> float:
+    """The output layer's activations at its peak (Korthikanti et al. 2022 section 4.3): its norm
+    and projection inputs 4sbh/t and the logits, logits_bytes x sbV/t -- 4: the fp32 logits a fused
+    or vocab-parallel cross entropy keeps (the paper's 4sbv/t); more for an unfused one."""
     s, b = seq_length, micro_batch_size
-    return (4.0 * s * b * shape.hidden_size + 4.0 * s * b * shape.vocab_size) / tp_degree
+    return (4.0 * s * b * shape.hidden_size + float(logits_bytes) * s * b * shape.vocab_size) / tp_degree
 
 
 def compute_inflight_microbatches(*, stage: int, pp_degree: int, num_microbatches: int,

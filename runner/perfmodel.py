@@ -225,6 +225,10 @@ class Layout:
     recompute: str = "selective"
     sequence_parallel: bool = False
     uneven_pp: bool = False
+    # bytes per logit held at the output layer's peak: 4 = the fp32 logits a fused or vocab-parallel
+    # cross entropy keeps (Korthikanti et al. 2022 s4.3); 10 = an unfused eager cross entropy
+    # (runner.model.lm_loss: bf16 logits 2 + their fp32 copy 4 + the fp32 gradient 4)
+    logits_bytes: int = 4
 
     @property
     def world_size(self) -> int:
@@ -414,7 +418,8 @@ def compute_layout_memory(shape: ModelShape, layout: Layout, *, seq_length: int)
     per_layer = mem.compute_activation_bytes_per_layer(
         shape, seq_length=s_local, micro_batch_size=b, tp_degree=t, sequence_parallel=lay.sequence_parallel,
         recompute="selective" if (cp > 1 and lay.recompute == "none") else lay.recompute)
-    out_act = mem.compute_output_activation_bytes(shape, seq_length=s_local, micro_batch_size=b, tp_degree=t)
+    out_act = mem.compute_output_activation_bytes(shape, seq_length=s_local, micro_batch_size=b, tp_degree=t,
+                                                  logits_bytes=lay.logits_bytes)
     best = (0.0, 0.0)
     for k in sorted({0, min(1, p - 1), p - 1}):
         params = mem.compute_stage_params(shape, stage=k, layers=layers, tp_degree=t, ep_degree=lay.ep_degree)
