@@ -201,6 +201,13 @@ def _time_op(op: str, nbytes: int, *, cfg: CommBenchConfig, device, rank: int, w
     return (time.perf_counter() - t0) / cfg.num_iters
 
 
+def _nccl_version() -> str:
+    import torch
+
+    v = torch.cuda.nccl.version()  # a tuple (2, 28, 9) in current torch, an int in old releases
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def worker_main(config_path: Path, out_dir: Path) -> int:
     """One rank of the benchmark (started by torchrun). Rank 0 writes commbench.json."""
     import torch
@@ -241,8 +248,7 @@ def worker_main(config_path: Path, out_dir: Path) -> int:
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "hostname": socket.gethostname(), "world_size": n, "num_nodes": num_nodes, "backend": backend,
             "device": cfg.device, "device_name": device_name, "config": dataclasses.asdict(cfg),
-            "versions": {"torch": torch.__version__,
-                         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cfg.device == "cuda" else None},
+            "versions": {"torch": torch.__version__, "nccl": _nccl_version() if cfg.device == "cuda" else None},
             "command": list(sys.orig_argv), "warnings": warnings, "rows": [to_dict(r) for r in rows],
         }
         tmp = out_dir / (COMMBENCH_JSON + ".tmp")

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from ingest.errors import ConfigError
 from runner import memory as mem
 from runner.perfmodel import (
-    Assumptions, CommModel, Layout, Link, Prediction, compute_layout_memory, compute_time_to_train_s, predict_layout,
+    CommModel, Layout, Prediction, compute_layout_memory, compute_time_to_train_s, predict_layout,
 )
 from runner.shapes import ModelShape, compute_model_flops_per_token, count_params
 
@@ -263,14 +263,15 @@ def compute_min_memory(req: PlanRequest, *, num_gpus: int | None = None) -> tupl
 
 
 def describe_layout(lay: Layout) -> str:
-    """'TP8 x PP2 x DP4, megatron-distopt, mb 1 x 256, selective' (CP/EP/v only when > 1)."""
+    """'TP8 x PP2 x DP4, megatron-distopt, micro-batch 1 x 256, full recompute' (CP/EP/v only when > 1)."""
     parts = [f"TP{lay.tp_degree}", f"PP{lay.pp_degree}"]
     parts += [f"CP{lay.cp_degree}"] if lay.cp_degree > 1 else []
     parts += [f"DP{lay.dp_degree}"]
     text = " x ".join(parts) + (f" (EP{lay.ep_degree})" if lay.ep_degree > 1 else "")
     extra = f", v={lay.num_virtual_stages}" if lay.num_virtual_stages > 1 else ""
-    return (f"{text}, {lay.sharding}, micro-batch {lay.micro_batch_size} x {lay.num_microbatches}{extra}, "
-            f"{lay.recompute} recompute")
+    memory = {"selective": "selective recompute (flash attention)", "full": "full recompute"}.get(
+        lay.recompute, "no recompute")
+    return f"{text}, {lay.sharding}, micro-batch {lay.micro_batch_size} x {lay.num_microbatches}{extra}, {memory}"
 
 
 def explain_no_fit(req: PlanRequest) -> list[str]:
