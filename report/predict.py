@@ -96,7 +96,7 @@ def unavailable(reason: str) -> PredictedSection:
     a = load_assumptions()
     return PredictedSection(checks=(), max_abs_error=None, layouts=(), gpu_name=None, comm_source="n/a",
                             compile_speedup=a.compile_speedup, compile_source=a.compile_source,
-                            memory_usable_fraction=a.memory_usable_fraction, reason=f"predictions unavailable ({reason})")
+                            memory_usable_fraction=a.memory_usable_fraction, reason=f"Predictions unavailable ({reason})")
 
 
 def build_shape(model: Mapping[str, Any], *, name: str) -> ModelShape:
@@ -242,7 +242,7 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
     limit = (memory_gib or math.inf) * GIB * assumptions.memory_usable_fraction
     empty = dict(gpu_name=gpu_name, comm_source=comm_source, compile_speedup=assumptions.compile_speedup,
                  compile_source=assumptions.compile_source, memory_usable_fraction=assumptions.memory_usable_fraction)
-    pool, solved, layouts = [], {}, {}
+    pool, solved, layouts, why = [], {}, {}, {}
     for r, s in zip(runs, summary):
         layouts[r["run"]] = lay = build_run_layout(r)
         median = s.get("step_time_median_s")
@@ -250,8 +250,9 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
             continue
         try:
             rate = solve_rate(shape, lay, fixed=fixed, comm=comm, step_time_s=float(median), num_gpus_per_node=per_node)
-        except ToolError:
-            rate = None
+            why[r["run"]] = None if rate is not None else "its modelled communication alone exceeds its measured step time"
+        except ToolError as e:
+            rate, why[r["run"]] = None, f"cannot be modelled: {e}"
         solved[r["run"]] = rate
         if rate is not None:
             pool.append(_Rate(run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), rate=rate))
@@ -261,29 +262,29 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
         measured = s.get("step_time_median_s") if r.get("status") == "ok" else None
         rate, how = choose_rate(pool, engine=r["engine"], compiled=bool(r.get("compile")), exclude=r["run"],
                                 speedup=assumptions.compile_speedup, speedup_source="perfmodel.toml [compile]")
-        if r["run"] in solved and solved[r["run"]] is None:
-            how = "the modelled communication alone exceeds the measured step time"
         predicted = None
         if rate is not None and measured:
             try:
                 predicted = _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
                                      memory_limit_bytes=limit).step_time_s
             except ToolError as e:
-                how = f"no prediction: {e}"
+                rate, how = None, f"no prediction: {e}"
+        if rate is None and why.get(r["run"]):
+            how += f"; this run {why[r['run']]}"
         state, act = compute_layout_memory(shape, lay, seq_length=int(fixed["model"]["seq_length"]))
         checks.append(PredictedCheck(
             run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), world_size=int(r["world_size"]),
             measured_step_time_s=measured, predicted_step_time_s=predicted,
             error=predicted / measured - 1 if predicted and measured else None,
             measured_mem_gib=s.get("mem_peak_allocated_gib"), predicted_mem_gib=(state + act) / GIB,
-            rate_flops=solved.get(r["run"]), calibration=how if rate is not None else how))
+            rate_flops=solved.get(r["run"]), calibration=how))
     errors = [abs(c.error) for c in checks if c.error is not None]
     predicted_layouts: tuple[PredictedLayout, ...] = ()
     reason = None
     if device != "cuda" or gpu_name is None:
-        reason = "a CPU campaign: layouts are predicted for GPU campaigns only"
+        reason = "No layouts predicted: this is a CPU campaign, and layouts are predicted for GPU campaigns only"
     elif not pool:
-        reason = "no run ended ok with a calibratable step time"
+        reason = "No layouts predicted: no run ended ok with a step time the model could calibrate on"
     else:
         predicted_layouts = tuple(_predict_unrun(shape, fixed=fixed, runs=runs, pool=pool, comm=comm, limit=limit,
                                                  gpu_name=gpu_name, assumptions=assumptions))

@@ -172,7 +172,8 @@ class CommModel:
             return dataclasses.replace(self.curves[("all_gather", scope)], op=op)
         link = self.intra if scope == "intra" else self.inter
         if link is None:
-            raise ConfigError(f"no {scope}-node link: pass --interconnect/--inter-node or a commbench table")
+            raise ConfigError(f"no {scope}-node {op} figures: no `runner commbench` table and no nominal link "
+                              "(CPU/gloo: run `runner commbench --device cpu --out CAMPAIGN/commbench`)")
         return CommCurve(op=op, scope=scope, latency_us=link.latency_us, nominal_bus_bw_gbps=link.bus_bw_gbps,
                          source=f"nominal {link.name} ({link.source})")
 

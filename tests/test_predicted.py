@@ -134,3 +134,34 @@ def test_plan_calibrated_on_the_campaign(capsys, tmp_path):
     assert eff["deepspeed"]["efficiency"] == pytest.approx(0.298, abs=0.001)
     assert eff["megatron"]["efficiency"] == pytest.approx(0.301, abs=0.001)
     assert all(q["compute_efficiency"] == eff[q["layout"]["engine"]]["efficiency"] for q in data["layouts"])
+
+
+def test_cpu_campaign_needs_a_gloo_commbench_then_predicts(tmp_path):
+    """A CPU campaign (SYNTHETIC step rows, tests/synthetic_campaign.py) has no nominal link: the
+    block says to run commbench; with a gloo table beside it the multi-process runs are calibrated
+    and predicted leave-one-out (no unrun layouts: those are for GPU campaigns)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from synthetic_campaign import write_synthetic_campaign
+
+    root = write_synthetic_campaign(tmp_path)
+    p = load_note(root)[2].predicted
+    assert p.layouts == () and p.reason.startswith("No layouts predicted: this is a CPU campaign")
+    assert all(c.predicted_step_time_s is None for c in p.checks)
+    assert "runner commbench --device cpu --out CAMPAIGN/commbench" in p.checks[0].calibration
+    rows = [{"op": op, "nbytes": n, "world_size": 2, "num_nodes": 1, "dtype": "float32", "num_iters": 3,
+             "time_us": 100 + n / 1e3, "algbw_gbps": n / ((100 + n / 1e3) * 1e3), "busbw_gbps": 0.0,
+             "backend": "gloo", "device": "cpu"} for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+            for n in (4096, 65536, 1 << 20)]
+    for r in rows:
+        r["busbw_gbps"] = r["algbw_gbps"] * (1.0 if r["op"] == "all_reduce" else 0.5 if r["op"] != "send_recv" else 1.0)
+    (root / "commbench").mkdir()
+    (root / "commbench" / "commbench.json").write_text(json.dumps({"kind": "commbench", "schema_version": 1,
+                                                                   "rows": rows}))
+    p = load_note(root)[2].predicted
+    assert p.comm_source.startswith("measured: runner commbench")
+    checks = {c.run: c for c in p.checks}
+    assert checks["ddp"].calibration == "other eager engines: zero3 (deepspeed, eager)"
+    assert checks["ddp"].error is not None and checks["zero3"].error is not None
+    assert checks["tp_pp"].measured_step_time_s is None  # the OOM run: nothing measured, nothing checked
