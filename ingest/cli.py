@@ -1,5 +1,7 @@
 """`ingest CAMPAIGN_DIR [--out DIR]`: write runs.parquet / steps.parquet and print a summary.
 
+`ingest COMMBENCH_DIR [--out DIR]`: `runner commbench` results -> commbench.parquet.
+
 `ingest PATH... [--out DIR] [--strict]`: third-party artifacts (NCCL/Megatron/DeepSpeed/
 torchtitan logs, env dumps, failure reports; files or folders of them, kinds detected by
 content) -> steps/comm_topology/collectives/events/env/... Parquet tables (ingest.thirdparty).
@@ -78,6 +80,13 @@ def run_thirdparty(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if len(args.paths) == 1 and (Path(args.paths[0]) / "commbench.json").is_file():  # `runner commbench --out DIR`
+        from ingest.io import load_commbench, write_commbench_table
+
+        rows = load_commbench(args.paths[0])
+        print(f"commbench: {len(rows)} rows ({', '.join(sorted({r['op'] for r in rows}))})")
+        print(f"wrote {write_commbench_table(rows, Path(args.out) if args.out else Path(args.paths[0]))}")
+        return 0
     if not _is_campaign(args.paths):
         return run_thirdparty(args)
     args.campaign_dir = args.paths[0]

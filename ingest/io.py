@@ -529,3 +529,47 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
                        spans=frame(spans, TimelineSpanRow),
                        meta=pd.DataFrame(metas, columns=["run", "rank", "export_s", "trace_bytes"]),
                        nccl=nccl, nccl_transports=transports, warnings=tuple(warnings))
+
+
+COMMBENCH_JSON, COMMBENCH_TABLE = "commbench.json", "commbench.parquet"
+
+
+def load_commbench(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """`runner commbench` rows (ingest.commbench records) from its directory, commbench.json or
+    commbench.parquet. Raises NoDataError when nothing is there, ParseError when unreadable or
+    when no row is valid."""
+    from ingest.commbench import parse_commbench
+
+    root = Path(path)
+    if root.is_dir():
+        root = root / COMMBENCH_JSON if (root / COMMBENCH_JSON).is_file() else root / COMMBENCH_TABLE
+    if not root.is_file():
+        raise NoDataError(f"{path}: no {COMMBENCH_JSON} or {COMMBENCH_TABLE}; run `runner commbench --out {path}`")
+    if root.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(root).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise ParseError(f"{root}: not a readable Parquet file ({e}); rerun `runner commbench`") from None
+        data = {"kind": "commbench", "rows": rows}
+    else:
+        data = _read_json(root)
+    result = parse_commbench(data, source=str(root))
+    if not result.records:
+        raise ParseError(f"{root}: no valid commbench rows ({'; '.join(result.warnings[:3]) or 'empty'})")
+    return [{k: v for k, v in r.items() if k != "table"} for r in result.records]
+
+
+def write_commbench_table(rows: list[dict[str, Any]], out_dir: str | os.PathLike[str]) -> Path:
+    """commbench.parquet (rows as load_commbench returns them, schema_version in the metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows)
+    kv = dict(table.schema.metadata or {})
+    kv[b"schema_version"] = json.dumps(SCHEMA_VERSION).encode()
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(kv), sink)
+    return write_bytes_atomic(Path(out_dir) / COMMBENCH_TABLE, sink.getvalue().to_pybytes())

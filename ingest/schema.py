@@ -245,6 +245,30 @@ class TimelineSpanRow:
     end_s: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class CommBenchRow:
+    """One collective at one message size, measured by `runner commbench` (nccl-tests
+    conventions, doc/PERFORMANCE.md). nbytes: the whole buffer (all-reduced, gathered output,
+    scattered input, each rank's send buffer); time_us: mean per call over num_iters, max over
+    ranks; algbw_gbps = nbytes / time (GB/s, 1e9 bytes/s); busbw_gbps = algbw x bus factor
+    (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; send_recv 1).
+    num_nodes > 1: the group spans nodes (the inter-node scope)."""
+
+    schema_version: int = SCHEMA_VERSION
+    op: str
+    nbytes: int
+    world_size: int
+    num_nodes: int
+    dtype: str
+    num_iters: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    backend: str
+    device: str  # "cuda" | "cpu"
+    device_name: str | None = None
+
+
 def to_dict(record: Any) -> dict[str, Any]:
     """Dataclass -> JSON-ready dict (tuples become lists)."""
     return dataclasses.asdict(record)

@@ -18,7 +18,7 @@ from ingest.io import load_hardware_toml
 
 HARDWARE_TOML = Path(__file__).resolve().parent.parent / "hardware.toml"
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
-_ENTRY_KEYS = {"name", "match", "source", *DTYPES}
+_ENTRY_KEYS = {"name", "match", "source", "memory_gib", "fabric", "pcie", *DTYPES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +38,9 @@ class _Entry:
     patterns: tuple[re.Pattern[str], ...]
     flops: dict[str, float]
     source: str
+    memory_gib: float | None = None  # runner plan: usable device memory
+    fabric: str | None = None  # runner plan: [link.<id>] of the scale-up link inside a node
+    pcie: str | None = None  # runner plan: [link.<id>] of its PCIe generation
 
 
 def build_hardware_table(data: dict[str, Any], *, origin: str = "hardware.toml") -> tuple[_Entry, ...]:
@@ -64,7 +67,8 @@ def build_hardware_table(data: dict[str, Any], *, origin: str = "hardware.toml")
         flops = {d: float(raw[d]) for d in DTYPES if d in raw}
         if any(v <= 0 for v in flops.values()):
             problems.append(f"{where}: peaks must be positive")
-        entries.append(_Entry(key=key, name=raw.get("name", key), patterns=patterns, flops=flops, source=raw["source"]))
+        entries.append(_Entry(key=key, name=raw.get("name", key), patterns=patterns, flops=flops, source=raw["source"],
+                              memory_gib=raw.get("memory_gib"), fabric=raw.get("fabric"), pcie=raw.get("pcie")))
     if not entries and not problems:
         problems.append(f"{origin}: no [gpu.<id>] entries")
     if problems:
@@ -92,3 +96,18 @@ def lookup_peak(gpu_name: str | None, dtype: str | None, *, table: tuple[_Entry,
             flops = entry.flops.get(dtype)
             return Peak(flops=flops, source=entry.source, entry=entry.key, name=entry.name) if flops else None
     return None
+
+
+def lookup_gpu(key_or_name: str, *, table: tuple[_Entry, ...] | None = None) -> _Entry | None:
+    """The hardware.toml entry whose id (``h100_sxm``) or match pattern (``NVIDIA H100 80GB HBM3``)
+    fits ``key_or_name``; None when none does."""
+    entries = table if table is not None else _default_table()
+    for entry in entries:
+        if entry.key == key_or_name.strip().lower() or any(p.fullmatch(key_or_name.strip()) for p in entry.patterns):
+            return entry
+    return None
+
+
+def gpu_keys(*, table: tuple[_Entry, ...] | None = None) -> tuple[str, ...]:
+    """Every entry id of hardware.toml, in file order."""
+    return tuple(e.key for e in (table if table is not None else _default_table()))

@@ -7,6 +7,7 @@ here: file access (report.render writes it through ingest.io), formatting, any m
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -102,6 +103,8 @@ def build_summary(note: Note) -> dict[str, Any]:
         "runs": runs,
         "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
                      for f in note.findings],
+        # report.predict: leave-one-out checks on these runs and predicted (not measured) layouts
+        "predicted": dataclasses.asdict(note.predicted) if note.predicted is not None else None,
     })
 
 

@@ -257,6 +257,7 @@ class Note:
     conditions: tuple[Finding, ...]
     caveats: tuple[Finding, ...]
     formulas: tuple[tuple[str, str, str], ...]
+    predicted: Any = None  # report.predict.PredictedSection: the model checked on these runs, unrun layouts
 
 
 def _py(value: Any) -> Any:
@@ -640,4 +641,16 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
                                     placements=placements)),
-        formulas=FORMULAS)
+        formulas=FORMULAS, predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record))
+
+
+def build_predicted_or_reason(campaign: Campaign, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+                              summary: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> Any:
+    """report.predict's block; a source it cannot model (third-party logs without a layout) gets
+    the block's reason instead of a failed note."""
+    from report.predict import build_predicted, unavailable
+
+    try:
+        return build_predicted(campaign.source, fixed=fixed, runs=runs, summary=summary, env=env)
+    except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a field the model needs is missing or odd
+        return unavailable(f"{type(e).__name__}: {e}")

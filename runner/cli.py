@@ -5,6 +5,8 @@
     runner collect CAMPAIGN_DIR NODE_DIR...
     runner status CAMPAIGN_DIR
     runner slurm --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]
+    runner plan --model NAME|--layers L ... --seq S --global-batch B --gpus N [...]   (runner.plan_cli)
+    runner commbench [--nproc N] [--device cpu|cuda] [--ops ...] [--out DIR]        (runner.commbench)
 
 Resolves the matrix (embedded default picked by the GPUs found), records the environment
 and launches one torchrun per run, in order, into a campaign directory; on several nodes
@@ -374,6 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_sl.add_argument("--port", type=int, default=29500, help="base rendezvous port (run i uses port + i)")
     p_sl.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     p_sl.set_defaults(func=cmd_slurm)
+    from runner.commbench import add_commbench_parser
+    from runner.plan_cli import add_plan_parser
+
+    add_plan_parser(sub)
+    add_commbench_parser(sub)
     return parser
 
 

@@ -1,0 +1,67 @@
+"""`runner commbench` results -> CommBenchRow records (pure: parsed JSON in, records out).
+
+Accepts the JSON rank 0 writes (``{"kind": "commbench", "rows": [...], ...}``). Rows whose
+fields are missing or of the wrong type are counted unparsed with a warning naming the row and
+field; the busbw of each row is checked against its algbw and bus factor (nccl-tests
+doc/PERFORMANCE.md). File access is ingest.io's (load_commbench / write_commbench_table).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ingest.parsers import ParseResult
+from ingest.schema import SCHEMA_VERSION, CommBenchRow
+
+_FIELDS = {f.name: f.type for f in dataclasses.fields(CommBenchRow)}
+_NUMERIC = {"nbytes": int, "world_size": int, "num_nodes": int, "num_iters": int, "time_us": float,
+            "algbw_gbps": float, "busbw_gbps": float}
+_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+
+
+def parse_commbench(data: Any, *, source: str) -> ParseResult:
+    """Validate a commbench.json document into records (``table`` = "commbench", the
+    CommBenchRow fields, ``source``). A document that is not a commbench record gives no records
+    and a warning; schema_version newer than ours is a warning per document."""
+    if not isinstance(data, dict) or data.get("kind") != "commbench" or not isinstance(data.get("rows"), list):
+        return ParseResult(records=[], unparsed=1, warnings=[f"{source}: not a `runner commbench` JSON document"],
+                           kind="commbench")
+    warnings = []
+    if int(data.get("schema_version") or 0) > SCHEMA_VERSION:
+        warnings.append(f"{source}: schema_version {data.get('schema_version')} is newer than {SCHEMA_VERSION}")
+    records, unparsed = [], 0
+    for i, row in enumerate(data["rows"]):
+        problem = _row_problem(row)
+        if problem:
+            unparsed += 1
+            warnings.append(f"{source}: row {i}: {problem}")
+            continue
+        rec = {k: row.get(k) for k in _FIELDS}
+        rec.update({k: t(row[k]) for k, t in _NUMERIC.items()})
+        rec["schema_version"] = int(row.get("schema_version") or SCHEMA_VERSION)
+        n = rec["world_size"]
+        expected = rec["algbw_gbps"] * _FACTORS[rec["op"]](n) if n > 1 else 0.0
+        if not math.isclose(expected, rec["busbw_gbps"], rel_tol=1e-6, abs_tol=1e-9):
+            warnings.append(f"{source}: row {i}: busbw {rec['busbw_gbps']} != algbw x bus factor {expected}")
+        records.append({"table": "commbench", "source": source, **rec})
+    return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind="commbench",
+                       num_lines=len(data["rows"]))
+
+
+def _row_problem(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "not an object"
+    if row.get("op") not in _FACTORS:
+        return f"op {row.get('op')!r} is not one of {', '.join(_FACTORS)}"
+    for key, kind in _NUMERIC.items():
+        value = row.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            return f"{key}: expected a number, got {value!r:.40}"
+        if value < 0 or (key in ("nbytes", "world_size", "num_nodes", "num_iters", "time_us") and value <= 0):
+            return f"{key}: must be positive, got {value}"
+    for key in ("dtype", "backend", "device"):
+        if not isinstance(row.get(key), str):
+            return f"{key}: expected text, got {row.get(key)!r:.40}"
+    return None

@@ -1,0 +1,380 @@
+"""The note's "predicted" block: the performance model checked on the runs the campaign made,
+then applied to layouts it did not run.
+
+Calibration (stated in the note): each run's compute rate -- model FLOP/s per GPU on its
+critical stage with the modelled bubble and exposed communication taken out (runner.perfmodel,
+solved for the rate that reproduces the run's median step time) -- is the model's only fitted
+quantity. A run is predicted from the *other* runs (leave-one-out): runs of the same engine and
+kernel mode (torch.compile or eager) if there are any; else runs in the same kernel mode on any
+engine; else the other mode's runs carried over by perfmodel.toml's compile speed-up (measured
+separately, benchmarks/results/h200-tuning); else no prediction. Layouts not run use every run
+of their engine (the same rule without leaving anything out). Collectives come from a
+`runner commbench` table in CAMPAIGN/commbench when there is one, else from the nominal links
+of hardware.toml. Deliberately not here: formatting (templates), file access beyond
+ingest.io.load_commbench.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ingest.errors import ToolError
+from report.hardware import lookup_gpu, lookup_peak
+from runner.perfmodel import (
+    CommModel, Layout, build_comm_model, compute_layout_memory, load_assumptions, load_links, predict_layout,
+)
+from runner.shapes import ModelShape, compute_model_flops_per_token
+
+PREDICT_GPU_COUNTS = (2, 8)  # the embedded matrices' sizes (examples/matrices/{2gpu,8gpu}.toml)
+MAX_PREDICTED_TP = 8
+REFERENCE_FLOPS = 1e12  # rates are solved as efficiency x this reference, then carried as FLOP/s
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictedCheck:
+    """One run of the campaign: predicted vs measured median step time (error = predicted /
+    measured - 1) and memory, with the calibration the prediction used."""
+
+    run: str
+    engine: str
+    compiled: bool
+    world_size: int
+    measured_step_time_s: float | None
+    predicted_step_time_s: float | None
+    error: float | None
+    measured_mem_gib: float | None  # peak allocated
+    predicted_mem_gib: float | None
+    rate_flops: float | None  # the run's own solved compute rate (FLOP/s per GPU)
+    calibration: str  # where the predicted rate came from, or why there is none
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictedLayout:
+    """A layout the campaign did not run, as the model predicts it."""
+
+    num_gpus: int
+    strategy: str
+    engine: str
+    sharding: str
+    tp_degree: int
+    pp_degree: int
+    dp_degree: int
+    micro_batch_size: int
+    num_microbatches: int
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float | None
+    bubble_fraction: float
+    exposed_comm_s: float
+    comm_bytes_per_step: float  # all kinds, per GPU
+    mem_gib: float
+    calibration: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictedSection:
+    """The predicted block. reason: why there is no check or no prediction (None when both exist)."""
+
+    checks: tuple[PredictedCheck, ...]
+    max_abs_error: float | None
+    layouts: tuple[PredictedLayout, ...]
+    gpu_name: str | None
+    comm_source: str
+    compile_speedup: float
+    compile_source: str
+    memory_usable_fraction: float
+    reason: str | None = None
+
+
+def unavailable(reason: str) -> PredictedSection:
+    """A block that says why there are no predictions."""
+    a = load_assumptions()
+    return PredictedSection(checks=(), max_abs_error=None, layouts=(), gpu_name=None, comm_source="n/a",
+                            compile_speedup=a.compile_speedup, compile_source=a.compile_source,
+                            memory_usable_fraction=a.memory_usable_fraction, reason=f"Predictions unavailable ({reason})")
+
+
+def build_shape(model: Mapping[str, Any], *, name: str) -> ModelShape:
+    """The campaign's GPT (runner.model: GELU MLP, biases, learned positions, tied embedding,
+    no dropout) as a planner shape; vocab is the padded vocab the runs trained."""
+    return ModelShape(name=name, num_layers=int(model["num_layers"]), hidden_size=int(model["hidden_size"]),
+                      num_heads=int(model["num_heads"]), num_kv_heads=int(model["num_heads"]),
+                      ffn_hidden_size=int(model["ffn_hidden_size"]), vocab_size=int(model["padded_vocab_size"]),
+                      max_position_embeddings=int(model["seq_length"]))
+
+
+def build_run_layout(run: Mapping[str, Any]) -> Layout:
+    """A campaign run's layout: DDP, DeepSpeed ZeRO-3, Megatron (distributed optimizer when the
+    run's knob says so; sequence parallel with TP > 1, as runner.strategies.tp_pp_megatron), the
+    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored."""
+    options = json.loads(run["options"]) if isinstance(run.get("options"), str) else (run.get("options") or {})
+    if run["strategy"] == "zero3":
+        sharding = "zero3"
+    elif run["strategy"] == "tp_pp" and run["engine"] == "megatron":
+        sharding = "megatron-distopt" if options.get("use_distributed_optimizer") else "megatron"
+    else:
+        sharding = "ddp"
+    return Layout(tp_degree=int(run["tp_degree"]), pp_degree=int(run["pp_degree"]), dp_degree=int(run["dp_degree"]),
+                  micro_batch_size=int(run["micro_batch_size"]), num_microbatches=int(run["num_microbatches"]),
+                  sharding=sharding, recompute="selective",
+                  sequence_parallel=run["engine"] == "megatron" and int(run["tp_degree"]) > 1,
+                  logits_bytes=logits_bytes(run["engine"], compiled=bool(run.get("compile"))))
+
+
+def logits_bytes(engine: str, *, compiled: bool) -> int:
+    """Bytes per logit at the output layer's peak: Megatron's vocab-parallel cross entropy and a
+    compiled loss keep the fp32 logits (4); the torch engines' eager runner.model.lm_loss also
+    holds the bf16 logits and the fp32 gradient (10)."""
+    return 4 if engine == "megatron" or compiled else 10
+
+
+def _predict(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, rate: float,
+             num_gpus_per_node: int, memory_limit_bytes: float):
+    return predict_layout(shape, lay, seq_length=int(fixed["model"]["seq_length"]),
+                          global_batch_size=int(fixed["global_batch_size"]), gpus_per_node=num_gpus_per_node,
+                          peak_flops=REFERENCE_FLOPS, compute_efficiency=rate / REFERENCE_FLOPS, comm=comm,
+                          memory_limit_bytes=memory_limit_bytes)
+
+
+def solve_rate(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, step_time_s: float,
+               num_gpus_per_node: int) -> float | None:
+    """The compute rate (FLOP/s per GPU) at which the model reproduces step_time_s (bisection in
+    log space; the step time falls as the rate rises). None when communication alone is slower."""
+    def step(rate: float) -> float:
+        return _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=num_gpus_per_node,
+                        memory_limit_bytes=math.inf).step_time_s
+
+    lo, hi = 1e3, 1e18
+    if step(hi) > step_time_s:
+        return None
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if step(mid) > step_time_s else (lo, mid)
+        if hi / lo < 1 + 1e-9:
+            break
+    return math.sqrt(lo * hi)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Rate:
+    run: str
+    engine: str
+    compiled: bool
+    rate: float
+
+
+def choose_rate(pool: Sequence[_Rate], *, engine: str, compiled: bool, exclude: str | None, speedup: float,
+                speedup_source: str) -> tuple[float | None, str]:
+    """(rate, how it was chosen) by the module's rule, leaving ``exclude`` out of the pool."""
+    pool = [p for p in pool if p.run != exclude]
+    mode = "compiled" if compiled else "eager"
+
+    def mean(items: Sequence[_Rate]) -> float:
+        return sum(p.rate for p in items) / len(items)
+
+    def names(items: Sequence[_Rate]) -> str:
+        return ", ".join(f"{p.run} ({p.engine}, {'compiled' if p.compiled else 'eager'})" for p in items)
+
+    same = [p for p in pool if p.engine == engine and p.compiled == compiled]
+    if same:
+        return mean(same), f"{names(same)}"
+    kin = [p for p in pool if p.compiled == compiled]
+    if kin:
+        return mean(kin), f"other {mode} engines: {names(kin)}"
+    other = [p for p in pool if p.compiled != compiled]
+    if other:
+        factor = speedup if compiled else 1 / speedup
+        return mean(other) * factor, (f"{names(other)} x torch.compile speed-up {factor:.3g} ({speedup_source})")
+    return None, "no other run to calibrate from"
+
+
+def _gpu(runs: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """(device name, memory GiB) of the campaign's GPUs: env.json first, hardware.toml second."""
+    name = next((r.get("device_name") for r in runs if r.get("device") == "cuda" and r.get("device_name")), None)
+    gpus = [g for g in env.get("gpus") or () if isinstance(g, Mapping)]
+    name = name or next((g.get("name") for g in gpus if g.get("name")), None)
+    mib = next((g.get("memory_total_mib") for g in gpus if isinstance(g.get("memory_total_mib"), (int, float))), None)
+    if mib:
+        return name, mib / 1024
+    entry = lookup_gpu(name) if name else None
+    return name, entry.memory_gib if entry else None
+
+
+def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_per_node: int) -> tuple[CommModel, str]:
+    """Collective curves: CAMPAIGN/commbench (ingest.io.load_commbench) measured on this device
+    kind, else the GPU's nominal scale-up link from hardware.toml (intra-node only)."""
+    from ingest.io import load_commbench
+
+    rows: list[dict] = []
+    bench = Path(source) / "commbench"
+    if bench.is_dir():
+        try:
+            rows = [r for r in load_commbench(bench) if r.get("device") == device]
+        except ToolError:
+            rows = []
+    entry = lookup_gpu(gpu_name) if gpu_name else None
+    links = load_links()
+    intra = links.get(entry.fabric or entry.pcie) if entry else None
+    comm = build_comm_model(rows, intra=intra, inter=links.get("ib_ndr"), gpus_per_node=gpus_per_node)
+    if rows:
+        text = "; ".join(sorted({c.source for c in comm.curves.values()}))
+        return comm, f"measured: {text} ({bench})"
+    if intra is None:
+        return comm, "none: no `runner commbench` table in CAMPAIGN/commbench and no nominal link for this device"
+    return comm, (f"nominal {intra.name}, {intra.bus_bw_gbps:g} GB/s bus bandwidth, {intra.latency_us:g} us "
+                  f"(hardware.toml: {intra.source}); no `runner commbench` table in CAMPAIGN/commbench")
+
+
+def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+                    summary: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> PredictedSection:
+    """The predicted block from the note's runs and metric rows (same order)."""
+    assumptions = load_assumptions()
+    shape = build_shape(fixed["model"], name=str(fixed.get("preset") or "campaign model"))
+    device = "cuda" if any(r.get("device") == "cuda" for r in runs) else "cpu"
+    gpu_name, memory_gib = _gpu(runs, env) if device == "cuda" else (None, None)
+    per_node = max([int(r["world_size"]) for r in runs] + [1])
+    comm, comm_source = build_comm(source, gpu_name=gpu_name, device=device, gpus_per_node=max(per_node, 8))
+    limit = (memory_gib or math.inf) * GIB * assumptions.memory_usable_fraction
+    empty = dict(gpu_name=gpu_name, comm_source=comm_source, compile_speedup=assumptions.compile_speedup,
+                 compile_source=assumptions.compile_source, memory_usable_fraction=assumptions.memory_usable_fraction)
+    pool, solved, layouts, why = [], {}, {}, {}
+    for r, s in zip(runs, summary):
+        layouts[r["run"]] = lay = build_run_layout(r)
+        median = s.get("step_time_median_s")
+        if r.get("status") != "ok" or not median:
+            continue
+        try:
+            rate = solve_rate(shape, lay, fixed=fixed, comm=comm, step_time_s=float(median), num_gpus_per_node=per_node)
+            why[r["run"]] = None if rate is not None else "its modelled communication alone exceeds its measured step time"
+        except ToolError as e:
+            rate, why[r["run"]] = None, f"cannot be modelled: {e}"
+        solved[r["run"]] = rate
+        if rate is not None:
+            pool.append(_Rate(run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), rate=rate))
+    checks = []
+    for r, s in zip(runs, summary):
+        lay = layouts[r["run"]]
+        measured = s.get("step_time_median_s") if r.get("status") == "ok" else None
+        rate, how = choose_rate(pool, engine=r["engine"], compiled=bool(r.get("compile")), exclude=r["run"],
+                                speedup=assumptions.compile_speedup, speedup_source="perfmodel.toml [compile]")
+        predicted = None
+        if rate is not None and measured:
+            try:
+                predicted = _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
+                                     memory_limit_bytes=limit).step_time_s
+            except ToolError as e:
+                rate, how = None, f"no prediction: {e}"
+        if rate is None and why.get(r["run"]):
+            how += f"; this run {why[r['run']]}"
+        state, act = compute_layout_memory(shape, lay, seq_length=int(fixed["model"]["seq_length"]))
+        checks.append(PredictedCheck(
+            run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), world_size=int(r["world_size"]),
+            measured_step_time_s=measured, predicted_step_time_s=predicted,
+            error=predicted / measured - 1 if predicted and measured else None,
+            measured_mem_gib=s.get("mem_peak_allocated_gib"), predicted_mem_gib=(state + act) / GIB,
+            rate_flops=solved.get(r["run"]), calibration=how))
+    errors = [abs(c.error) for c in checks if c.error is not None]
+    predicted_layouts: tuple[PredictedLayout, ...] = ()
+    reason = None
+    if device != "cuda" or gpu_name is None:
+        reason = "No layouts predicted: this is a CPU campaign, and layouts are predicted for GPU campaigns only"
+    elif not pool:
+        reason = "No layouts predicted: no run ended ok with a step time the model could calibrate on"
+    else:
+        predicted_layouts = tuple(_predict_unrun(shape, fixed=fixed, runs=runs, pool=pool, comm=comm, limit=limit,
+                                                 gpu_name=gpu_name, assumptions=assumptions))
+    return PredictedSection(checks=tuple(checks), max_abs_error=max(errors) if errors else None,
+                            layouts=predicted_layouts, reason=reason, **empty)
+
+
+def _strategy_of(lay: Layout) -> tuple[str, str] | None:
+    """(strategy, engine) the runner would run this layout with, or None when it would not."""
+    if lay.tp_degree == lay.pp_degree == 1 and lay.sharding in ("ddp", "zero3"):
+        return ("ddp", "torch-ddp") if lay.sharding == "ddp" else ("zero3", "deepspeed")
+    if lay.tp_degree * lay.pp_degree > 1 and lay.sharding == ("megatron-distopt" if lay.dp_degree > 1 else "megatron"):
+        return "tp_pp", "megatron"
+    return None
+
+
+def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+                   pool: Sequence[_Rate], comm: CommModel, limit: float, gpu_name: str, assumptions) -> list[PredictedLayout]:
+    """Each DDP, ZeRO-3 and Megatron TP x PP layout on PREDICT_GPU_COUNTS single-node GPUs that
+    the campaign did not run, at the largest micro-batch that fits and leaves m >= 4p (the
+    runner's auto-largest search; 1F1B, no interleaving, no recompute: what the runner runs).
+    The calibrated rate does not depend on the micro-batch, so smaller ones are not favoured."""
+    from runner.plan import divisors
+
+    peak = lookup_peak(gpu_name, fixed.get("dtype"))
+    ran = {(int(r["world_size"]), r["strategy"], int(r["tp_degree"]), int(r["pp_degree"])) for r in runs}
+    compiled_by_engine = {r["engine"]: bool(r.get("compile")) for r in runs}
+    seq, batch = int(fixed["model"]["seq_length"]), int(fixed["global_batch_size"])
+    fpt = compute_model_flops_per_token(shape, seq_length=seq)
+    out = []
+    for n in PREDICT_GPU_COUNTS:
+        best: dict[tuple, tuple[Any, Layout, str]] = {}
+        for tp in [t for t in divisors(min(n, MAX_PREDICTED_TP)) if shape.num_heads % t == 0]:
+            for pp in [p for p in divisors(n // tp) if shape.num_layers % p == 0]:
+                dp = n // (tp * pp)
+                if batch % dp:
+                    continue
+                shardings = ("ddp", "zero3") if tp * pp == 1 else ("megatron-distopt" if dp > 1 else "megatron",)
+                for sharding in shardings:
+                    strategy, engine = _strategy_of(Layout(tp_degree=tp, pp_degree=pp, dp_degree=dp, sharding=sharding))
+                    if (n, strategy, tp, pp) in ran:
+                        continue
+                    compiled = compiled_by_engine.get(engine, engine == "torch-ddp")
+                    per_dp, min_m = batch // dp, (4 * pp if pp > 1 else 1)
+                    # the runner's auto-largest policy: the largest micro-batch leaving m >= 4p that fits
+                    for b in [b for b in reversed(divisors(per_dp)) if per_dp // b >= min_m]:
+                        lay = Layout(tp_degree=tp, pp_degree=pp, dp_degree=dp, micro_batch_size=b,
+                                     num_microbatches=per_dp // b, sharding=sharding, sequence_parallel=tp > 1,
+                                     logits_bytes=logits_bytes(engine, compiled=compiled))
+                        if sum(compute_layout_memory(shape, lay, seq_length=seq)) <= limit:
+                            break
+                    else:
+                        continue
+                    rate, how = choose_rate(pool, engine=engine, compiled=compiled, exclude=None,
+                                            speedup=assumptions.compile_speedup,
+                                            speedup_source="perfmodel.toml [compile]")
+                    if rate is None:
+                        continue
+                    pred = _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=n,
+                                    memory_limit_bytes=limit)
+                    best[(strategy, tp, pp)] = (pred, lay, how)
+        for (strategy, tp, pp), (pred, lay, how) in sorted(best.items(), key=lambda kv: kv[1][0].step_time_s):
+            out.append(PredictedLayout(
+                num_gpus=n, strategy=strategy, engine=_strategy_of(lay)[1], sharding=lay.sharding, tp_degree=tp,
+                pp_degree=pp, dp_degree=lay.dp_degree, micro_batch_size=lay.micro_batch_size,
+                num_microbatches=lay.num_microbatches, step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s,
+                mfu=pred.tokens_per_s * fpt / (n * peak.flops) if peak else None,
+                bubble_fraction=pred.bubble_fraction, exposed_comm_s=pred.exposed_comm_s,
+                comm_bytes_per_step=sum(c.nbytes_per_step for c in pred.comm), mem_gib=pred.mem_total_bytes / GIB,
+                calibration=how))
+    return out
+
+
+def calibrate_campaign(path: str | Path) -> dict[str, tuple[float, str]]:
+    """`runner plan --calibration CAMPAIGN`: engine -> (compute efficiency = solved rate / the
+    GPU's dense peak, source), averaged over the campaign's ok GPU runs of that engine."""
+    from ingest.errors import ConfigError
+    from report.render import load_note
+
+    campaign, _, note = load_note(path)
+    runs = [dict(r) for r in campaign.runs.to_dict("records")]
+    pred = note.predicted
+    if pred is None or pred.gpu_name is None:
+        raise ConfigError(f"--calibration {path}: not a GPU campaign; its rates do not carry to GPUs")
+    peak = lookup_peak(pred.gpu_name, campaign.campaign["fixed"].get("dtype"))
+    if peak is None:
+        raise ConfigError(f"--calibration {path}: no dense peak for {pred.gpu_name} in hardware.toml")
+    by_engine: dict[str, list[float]] = {}
+    for c, r in zip(pred.checks, runs):
+        if c.rate_flops:
+            by_engine.setdefault(c.engine, []).append(c.rate_flops / peak.flops)
+    return {e: (sum(v) / len(v), f"{path}: {len(v)} {pred.gpu_name} run(s) of {e}, model rate / dense peak")
+            for e, v in by_engine.items()}

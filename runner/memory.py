@@ -1,0 +1,183 @@
+"""Per-GPU memory of a parallel layout: model states and activations, in bytes.
+
+Model states follow ZeRO (Rajbhandari et al. 2020, section 5) and Megatron-LM's distributed
+optimizer (docs/source/api-guide/dist_optimizer.md); activations follow Korthikanti et al.
+2022 ("Reducing Activation Recomputation in Large Transformer Models", sections 4-5),
+generalised to grouped-query attention, gated MLPs and models without dropout term by term
+(for GPT-3's shape it is the paper's sbh(34 + 5as/h) exactly). Every function is pure
+arithmetic. Deliberately not here: allocator fragmentation, CUDA context, NCCL buffers (the
+planner keeps a reserve for those), and which layout to choose (runner.plan).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ingest.errors import ConfigError
+from runner.shapes import ModelShape, count_embedding_params, count_layer_params, count_mlp_params
+
+# Optimizer-state sharding schemes, bf16 mixed precision with Adam (K = 12 bytes of fp32 master
+# weights, momentum and variance per parameter).
+SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "megatron", "megatron-distopt")
+RECOMPUTES = ("none", "selective", "full")
+ACTIVATION_BYTES = 2  # bf16 activations
+
+
+def compute_state_bytes_per_param(*, sharding: str, shard_degree: int) -> float:
+    """Model-state bytes per parameter on one GPU, for parameters sharded over shard_degree
+    (d) data-parallel ranks (bf16 weights and gradients, fp32 Adam states, K = 12):
+
+    - ddp 16 (2 weights + 2 grads + 12); zero1 4 + 12/d; zero2 2 + 14/d; zero3 16/d: ZeRO
+      (Rajbhandari et al. 2020) section 5, Pos / Pos+g / Pos+g+p with Ψ per GPU.
+    - megatron 18 and megatron-distopt 6 + 12/d: Megatron-LM with fp32 main gradients
+      (grad_reduce_in_fp32, the runner's default), non-distributed and distributed optimizer
+      (Megatron-LM docs/source/api-guide/dist_optimizer.md, "bf16 param, fp32 grads" row).
+
+    Raises ConfigError for an unknown scheme or d < 1.
+    """
+    if shard_degree < 1:
+        raise ConfigError(f"shard_degree must be >= 1, got {shard_degree}")
+    d = shard_degree
+    table = {"ddp": 16.0, "zero1": 4 + 12 / d, "zero2": 2 + 14 / d, "zero3": 16 / d, "megatron": 18.0,
+             "megatron-distopt": 6 + 12 / d}
+    if sharding not in table:
+        raise ConfigError(f"unknown optimizer sharding {sharding!r}; choose one of {', '.join(SHARDINGS)}")
+    return table[sharding]
+
+
+def split_layers(*, num_layers: int, pp_degree: int, uneven: bool = False) -> tuple[int, ...]:
+    """Layers per pipeline stage. Even split when pp divides num_layers; with ``uneven`` the
+    first and last stages carry fewer layers (Megatron-LM --decoder-first/last-pipeline-num-layers;
+    Llama 3 405B: 126 layers on 16 stages = 7 + 14 x 8 + 7, Dubey et al. 2024 section 3.3.2).
+    Raises ConfigError when the split is impossible."""
+    if num_layers % pp_degree == 0:
+        return (num_layers // pp_degree,) * pp_degree
+    if not uneven or pp_degree < 2:
+        raise ConfigError(f"num_layers {num_layers} is not divisible by pp_degree {pp_degree}")
+    base = math.ceil(num_layers / pp_degree)
+    short = base * pp_degree - num_layers
+    first, last = base - (short + 1) // 2, base - short // 2
+    if first < 1 or last < 1 or short > 2 * (base - 1):
+        raise ConfigError(f"num_layers {num_layers} cannot be split over {pp_degree} stages")
+    return (first, *(base,) * (pp_degree - 2), last)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageParams:
+    """Parameters one GPU of one pipeline stage holds (already divided by TP and, for experts, EP).
+    dense: sharded over the DP x CP group by ZeRO / distributed optimizer; expert: over
+    DP x CP / EP (expert data parallelism)."""
+
+    dense: float
+    expert: float
+
+
+def compute_stage_params(shape: ModelShape, *, stage: int, layers: tuple[int, ...], tp_degree: int,
+                         ep_degree: int = 1) -> StageParams:
+    """Parameters per GPU of pipeline stage ``stage`` (0-based) given the layers per stage:
+    its layers / TP (experts / (TP x EP)), plus the input embedding (and learned positions) on
+    the first stage and the output layer and final norm on the last (a tied embedding is kept
+    on both ends when PP > 1, as Megatron-LM does). Norms are counted as TP-sharded (a
+    negligible overcount of the saving)."""
+    emb = count_embedding_params(shape)
+    n = layers[stage]
+    expert = 0.0
+    per_layer = count_layer_params(shape)
+    if shape.num_experts > 1:
+        expert = n * shape.num_experts * count_mlp_params(shape) / (tp_degree * ep_degree)
+        per_layer -= shape.num_experts * count_mlp_params(shape)
+    dense = n * per_layer
+    if stage == 0:
+        dense += emb["embedding"] + emb["position"]
+    if stage == len(layers) - 1:
+        dense += emb["final_norm"] + (emb["output"] if not shape.tied_embedding else
+                                      (emb["embedding"] if len(layers) > 1 else 0))
+    return StageParams(dense=dense / tp_degree, expert=expert)
+
+
+def compute_model_state_bytes(params: StageParams, *, sharding: str, dp_degree: int, cp_degree: int = 1,
+                              ep_degree: int = 1) -> float:
+    """Model-state bytes on one GPU: dense parameters sharded over dp x cp ranks (Megatron's
+    data-parallel-with-context-parallel group), expert parameters over dp x cp / ep
+    (compute_state_bytes_per_param gives the bytes per parameter)."""
+    d = dp_degree * cp_degree
+    out = params.dense * compute_state_bytes_per_param(sharding=sharding, shard_degree=d)
+    if params.expert:
+        out += params.expert * compute_state_bytes_per_param(sharding=sharding, shard_degree=max(d // ep_degree, 1))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationTerms:
+    """One layer's stored activations for one micro-batch, bytes, before any division by TP.
+    replicated: what TP alone does not split (norm inputs, QKV and MLP inputs, dropout masks)
+    -- sequence parallelism splits it; sharded: Q/K/V, the projection input and the MLP hidden
+    activations; scores: softmax output (+ dropout mask and output), which selective
+    recomputation (or flash attention) never stores."""
+
+    replicated: float
+    sharded: float
+    scores: float
+
+
+def compute_activation_terms(shape: ModelShape, *, seq_length: int, micro_batch_size: int) -> ActivationTerms:
+    """Korthikanti et al. 2022 section 4.1, term by term (2-byte activations, 1-byte dropout masks):
+
+    - replicated: norm inputs 4sbh, QKV input 2sbh, MLP input 2sbh, dropout masks 2sbh (if dropout);
+    - sharded: Q, K, V 2sb(h + 2h_kv), projection input 2sbh, MLP hidden 4sbF (GELU: its input and
+      output) or 6sbF (SwiGLU: gate and up outputs, their product), x moe_top_k for MoE;
+    - scores: 2as²b softmax output (+ as²b mask + 2as²b dropout output with dropout).
+
+    GPT-3 shape (h_kv = h, F = 4h, dropout): 10sbh + 24sbh + 5as²b = sbh(34 + 5as/h), the paper's eq. (1).
+    seq_length is the sequence a GPU holds (s / CP under context parallelism).
+    """
+    s, b, h, f = seq_length, micro_batch_size, shape.hidden_size, shape.ffn_hidden_size
+    sbh = s * b * h
+    replicated = (8 + (2 if shape.dropout else 0)) * sbh
+    mlp = (6 if shape.gated_mlp else 4) * s * b * f * (shape.moe_top_k if shape.num_experts > 1 else 1)
+    sharded = 2 * s * b * (h + 2 * shape.kv_hidden_size) + 2 * sbh + mlp
+    scores = (5 if shape.dropout else 2) * shape.num_heads * s * s * b
+    return ActivationTerms(replicated=float(replicated), sharded=float(sharded), scores=float(scores))
+
+
+def compute_activation_bytes_per_layer(shape: ModelShape, *, seq_length: int, micro_batch_size: int,
+                                       tp_degree: int = 1, sequence_parallel: bool = False,
+                                       recompute: str = "none") -> float:
+    """Stored activations of one layer for one micro-batch on one GPU, bytes.
+
+    Korthikanti et al. 2022: no recompute, TP t: replicated + (sharded + scores)/t (eq. 2:
+    sbh(10 + 24/t + 5as/(ht))); with sequence parallelism everything / t (eq. 4:
+    sbh(34/t + 5as/(ht))); selective recomputation drops the scores (section 5: sbh·34/t);
+    full recomputation keeps only the layer input, 2sbh (/ t with SP) (section 4.2).
+    Raises ConfigError for an unknown recompute mode.
+    """
+    if recompute not in RECOMPUTES:
+        raise ConfigError(f"unknown recompute {recompute!r}; choose one of {', '.join(RECOMPUTES)}")
+    t = tp_degree
+    split = t if sequence_parallel else 1
+    if recompute == "full":
+        return 2.0 * seq_length * micro_batch_size * shape.hidden_size / split
+    terms = compute_activation_terms(shape, seq_length=seq_length, micro_batch_size=micro_batch_size)
+    scores = terms.scores if recompute == "none" else 0.0
+    return terms.replicated / split + (terms.sharded + scores) / t
+
+
+def compute_output_activation_bytes(shape: ModelShape, *, seq_length: int, micro_batch_size: int,
+                                    tp_degree: int = 1, logits_bytes: int = 4) -> float:
+    """The output layer's activations at its peak (Korthikanti et al. 2022 section 4.3): its norm
+    and projection inputs 4sbh/t and the logits, logits_bytes x sbV/t -- 4: the fp32 logits a fused
+    or vocab-parallel cross entropy keeps (the paper's 4sbv/t); more for an unfused one."""
+    s, b = seq_length, micro_batch_size
+    return (4.0 * s * b * shape.hidden_size + float(logits_bytes) * s * b * shape.vocab_size) / tp_degree
+
+
+def compute_inflight_microbatches(*, stage: int, pp_degree: int, num_microbatches: int,
+                                  num_virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak under 1F1B:
+    min(p - stage, m) (Narayanan et al. 2021 section 2.2; the first stage holds p, so its
+    activations equal a whole model's, Korthikanti et al. 2022 section 4.2.3); the interleaved
+    schedule multiplies the first stage's by 1 + (p - 1)/(p·v) (ibid.)."""
+    n = float(min(pp_degree - stage, num_microbatches))
+    if num_virtual_stages > 1 and stage == 0:
+        n *= 1 + (pp_degree - 1) / (pp_degree * num_virtual_stages)
+    return n
