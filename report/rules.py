@@ -305,7 +305,9 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
     larger relative (p90 - median) spread of the two, else "engine_parity". Evidence: the
     engines fastest first (run, engine, tokens/s, fastest/this ratio, median step); per traced
     run the mean seconds per step of each GAP_CATEGORIES (report.evidence.summarize_breakdown),
-    its layout cost (exposed comm + bubble) and its host-gap share ("other"); and the traced gap
+    its layout cost (exposed comm + bubble), its host-gap share ("other") and, where the breakdown
+    rows carry ``class_shares``, the elementwise kernels' share of kernel time (where unfused
+    work shows); and the traced gap
     slowest - fastest split into those categories: engine part = compute + other (kernels and
     host/launch gaps, which the layout does not change), layout part = exposed comm + bubble,
     ``dominant`` the category holding the largest part (``dominates`` when its share of the gap
@@ -352,7 +354,8 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
             per_run.append({"run": r["run"], "engine": r["engine"], "step_time_s": b["step_time_s"],
                             **{f"{c}_s": b[f"{c}_s"] for c in GAP_CATEGORIES},
                             "layout_cost_s": layout_s, "layout_cost_share": layout_s / b["step_time_s"],
-                            "other_share": b["other_s"] / b["step_time_s"]})
+                            "other_share": b["other_s"] / b["step_time_s"],
+                            "elementwise_share": dict(b.get("class_shares") or ()).get("elementwise")})
         ev: dict[str, Any] = {
             **layout, "margin": margin, "noise": noise, "fastest": best["run"], "slowest": worst["run"],
             "engines": tuple((r["run"], r["engine"], tps[r["run"]], tps[best["run"]] / tps[r["run"]],
