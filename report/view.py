@@ -39,6 +39,7 @@ FORMULAS = (
     ("Model states", "16 bytes/param (2 weights + 2 grads + 12 fp32 master/m/v); ZeRO-3: 16Ψ/N",
      "ZeRO (Rajbhandari et al. 2020) section 3.1"),
     ("1F1B bubble", "(p − 1) / (m + p − 1) for p stages, m micro-batches", "Narayanan et al. 2021 section 2.2"),
+    ("Interleaved 1F1B bubble", "(p − 1) / (v·m + p − 1) with v model chunks per rank", "Narayanan et al. 2021 section 2.2.2"),
 )
 
 
