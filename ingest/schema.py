@@ -15,7 +15,7 @@ SCHEMA_VERSION = 1
 # Strategies and their engines; the first engine of each is the default.
 STRATEGY_ENGINES: dict[str, tuple[str, ...]] = {
     "ddp": ("torch-ddp",),
-    "zero3": ("deepspeed",),
+    "zero3": ("deepspeed", "fsdp2"),
     "tp_pp": ("megatron", "torch"),
 }
 

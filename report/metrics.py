@@ -204,6 +204,8 @@ def compute_model_state_gib(num_params: int, *, shard_degree: int) -> float:
     return 16 * num_params / shard_degree / 2**30
 
 
-def compute_bubble_fraction(*, pp_degree: int, num_microbatches: int) -> float:
-    """Idle fraction of a 1F1B pipeline, (p-1)/(m+p-1) (Narayanan et al. 2021, section 2.2)."""
-    return (pp_degree - 1) / (num_microbatches + pp_degree - 1)
+def compute_bubble_fraction(*, pp_degree: int, num_microbatches: int, num_virtual_stages: int = 1) -> float:
+    """Idle fraction of a 1F1B pipeline, (p-1)/(m+p-1) (Narayanan et al. 2021, section 2.2);
+    interleaved with v chunks per rank the bubble time shrinks v-fold, (p-1)/v against m ideal
+    micro-batch times (section 2.2.2), so the idle fraction is (p-1)/(v·m+p-1)."""
+    return (pp_degree - 1) / (num_virtual_stages * num_microbatches + pp_degree - 1)

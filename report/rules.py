@@ -23,6 +23,11 @@ THRESHOLDS: dict[str, float] = {
     # steps), both in seconds and as a fraction of the median step time
     "straggler_lag_min_s": 0.005,
     "straggler_lag_min_fraction": 0.05,
+    # one layout under several engines: a tokens/s ratio - 1 below this is engine parity (and it
+    # must also exceed noise_multiple x the step-to-step spread to count as a gap)
+    "engine_gap_min": 0.05,
+    # a breakdown category "dominates" an engine gap when it holds at least this share of it
+    "engine_gap_dominant_min": 0.5,
 }
 
 
@@ -272,4 +277,107 @@ def build_knowledge_map(
     kernels = [(k["run"], k.get("gemm_share"), k.get("attention_share"), k.get("elementwise_share"), k.get("top_kernel"),
                 k.get("top_kernel_share")) for k in kernel_rows]
     out.append(Finding(kind="map_kernels", runs=tuple(k[0] for k in kernels), evidence={"runs": tuple(kernels)}))
+    return out
+
+
+# ---------------------------------------------------------------- same layout, different engine
+GAP_CATEGORIES = ("compute", "exposed_comm", "bubble", "data_stall", "other")
+ENGINE_COST_CATEGORIES = ("compute", "other")  # kernels (unfused, slower) and host/launch gaps
+LAYOUT_COST_CATEGORIES = ("exposed_comm", "bubble")  # what the layout itself adds to a step
+
+
+def layout_key(run: Mapping[str, Any]) -> tuple:
+    """(strategy, world_size, tp_degree, pp_degree, dp_degree): runs with equal keys are one
+    layout, whatever engine ran them."""
+    return (run["strategy"], int(run["world_size"]), int(run["tp_degree"]), int(run["pp_degree"]),
+            int(run["dp_degree"]))
+
+
+def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],
+                    breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float], *,
+                    engines: Mapping[str, Sequence[str]]) -> list[Finding]:
+    """One finding per layout of a strategy that has several engines (``engines``: strategy ->
+    its engines, ingest.schema.STRATEGY_ENGINES), separating what the engine costs from what the
+    layout costs.
+
+    Layout ran under >= 2 engines (runs that ended ok with measured steps): kind "engine_gap"
+    when fastest/slowest tokens/s - 1 exceeds both ``engine_gap_min`` and ``noise_multiple`` x the
+    larger relative (p90 - median) spread of the two, else "engine_parity". Evidence: the
+    engines fastest first (run, engine, tokens/s, fastest/this ratio, median step); per traced
+    run the mean seconds per step of each GAP_CATEGORIES (report.evidence.summarize_breakdown),
+    its layout cost (exposed comm + bubble), its host-gap share ("other") and, where the breakdown
+    rows carry ``class_shares``, the elementwise kernels' share of kernel time (where unfused
+    work shows); and the traced gap
+    slowest - fastest split into those categories: engine part = compute + other (kernels and
+    host/launch gaps, which the layout does not change), layout part = exposed comm + bubble,
+    ``dominant`` the category holding the largest part (``dominates`` when its share of the gap
+    >= ``engine_gap_dominant_min``). The DDP run of the same world size, if any, is the
+    baseline: ratios to it are in ``vs_baseline``; on a degenerate layout (ZeRO-3 on one rank,
+    TP1 x PP1) the whole gap to it is engine cost. Layout ran under one engine: kind
+    "engine_single" naming the engines not run (``cpu``: Megatron-core cannot run there).
+    summary_rows / run_rows: as build_findings (same order); breakdown_rows: records with
+    ``run``, ``step_time_s`` and ``<category>_s``."""
+    status = {r["run"]: r.get("status") for r in run_rows}
+    summary = {s["run"]: s for s in summary_rows}
+    traced = {b["run"]: b for b in breakdown_rows}
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in run_rows:
+        if len(engines.get(r["strategy"], ())) > 1:
+            groups.setdefault(layout_key(r), []).append(r)
+    baselines = {int(r["world_size"]): r for r in run_rows if r["strategy"] == "ddp" and status.get(r["run"]) == "ok"
+                 and summary.get(r["run"], {}).get("tokens_per_s")}
+    out = []
+    for key, runs in groups.items():
+        strategy, world, tp, pp, dp = key
+        ok = sorted((r for r in runs if status.get(r["run"]) == "ok" and summary.get(r["run"], {}).get("tokens_per_s")),
+                    key=lambda r: -summary[r["run"]]["tokens_per_s"])
+        layout = {"strategy": strategy, "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": dp,
+                  "degenerate": (strategy == "zero3" and dp == 1 and world == 1) or (strategy == "tp_pp" and tp == pp == 1),
+                  "cpu": all(r.get("device") == "cpu" for r in runs)}
+        ran = sorted({r["engine"] for r in ok})
+        if len(ran) < 2:
+            out.append(Finding(kind="engine_single", runs=tuple(r["run"] for r in runs), evidence={
+                **layout, "engines_run": tuple(sorted({r["engine"] for r in runs})),
+                "engines_not_run": tuple(e for e in engines[strategy] if e not in {r["engine"] for r in runs})}))
+            continue
+        best, worst = ok[0], ok[-1]
+        tps = {r["run"]: summary[r["run"]]["tokens_per_s"] for r in ok}
+        margin = tps[best["run"]] / tps[worst["run"]] - 1
+        noise = max(_rel_spread(summary[best["run"]]), _rel_spread(summary[worst["run"]]))
+        gap = margin > t["engine_gap_min"] and margin > t["noise_multiple"] * noise
+        per_run = []
+        for r in ok:
+            b = traced.get(r["run"])
+            if b is None or not b.get("step_time_s"):
+                continue
+            layout_s = sum(b[f"{c}_s"] for c in LAYOUT_COST_CATEGORIES)
+            per_run.append({"run": r["run"], "engine": r["engine"], "step_time_s": b["step_time_s"],
+                            **{f"{c}_s": b[f"{c}_s"] for c in GAP_CATEGORIES},
+                            "layout_cost_s": layout_s, "layout_cost_share": layout_s / b["step_time_s"],
+                            "other_share": b["other_s"] / b["step_time_s"],
+                            "elementwise_share": dict(b.get("class_shares") or ()).get("elementwise")})
+        ev: dict[str, Any] = {
+            **layout, "margin": margin, "noise": noise, "fastest": best["run"], "slowest": worst["run"],
+            "engines": tuple((r["run"], r["engine"], tps[r["run"]], tps[best["run"]] / tps[r["run"]],
+                              summary[r["run"]]["step_time_median_s"]) for r in ok),
+            "traced": tuple(per_run)}
+        by_run = {p["run"]: p for p in per_run}
+        if best["run"] in by_run and worst["run"] in by_run:
+            fast, slow = by_run[best["run"]], by_run[worst["run"]]
+            delta_s = slow["step_time_s"] - fast["step_time_s"]
+            deltas = {c: slow[f"{c}_s"] - fast[f"{c}_s"] for c in GAP_CATEGORIES}
+            dominant = max(GAP_CATEGORIES, key=lambda c: deltas[c])
+            ev["gap"] = {"delta_step_s": delta_s, "deltas_s": deltas,
+                         "engine_part_s": sum(deltas[c] for c in ENGINE_COST_CATEGORIES),
+                         "layout_part_s": sum(deltas[c] for c in LAYOUT_COST_CATEGORIES),
+                         "dominant": dominant,
+                         "dominant_share": deltas[dominant] / delta_s if delta_s > 0 else None,
+                         "dominates": delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"]}
+        base = baselines.get(world)
+        if base is not None:
+            base_tps = summary[base["run"]]["tokens_per_s"]
+            ev["baseline"] = {"run": base["run"], "tokens_per_s": base_tps,
+                              "vs_baseline": tuple((r["run"], tps[r["run"]] / base_tps) for r in ok)}
+        out.append(Finding(kind="engine_gap" if gap else "engine_parity", runs=tuple(r["run"] for r in ok),
+                           evidence=ev, threshold=t["engine_gap_min"]))
     return out

@@ -8,6 +8,7 @@ file access.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from report import evidence as ev
 from report import metrics
 from report.hardware import lookup_peak
 from report.placement import RunPlacement, compute_placements
+from report.engines import EngineGroup, build_engine_groups
 from report.rules import Finding, build_findings, build_knowledge_map, rule_conditions
 from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
 
@@ -37,6 +39,7 @@ FORMULAS = (
     ("Model states", "16 bytes/param (2 weights + 2 grads + 12 fp32 master/m/v); ZeRO-3: 16Ψ/N",
      "ZeRO (Rajbhandari et al. 2020) section 3.1"),
     ("1F1B bubble", "(p − 1) / (m + p − 1) for p stages, m micro-batches", "Narayanan et al. 2021 section 2.2"),
+    ("Interleaved 1F1B bubble", "(p − 1) / (v·m + p − 1) with v model chunks per rank", "Narayanan et al. 2021 section 2.2.2"),
 )
 
 
@@ -258,6 +261,7 @@ class Note:
     caveats: tuple[Finding, ...]
     formulas: tuple[tuple[str, str, str], ...]
     predicted: Any = None  # report.predict.PredictedSection: the model checked on these runs, unrun layouts
+    engine_groups: tuple[EngineGroup, ...] = ()  # one layout under several engines (report.engines)
 
 
 def _py(value: Any) -> Any:
@@ -385,11 +389,21 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         run=r["run"], strategy=r["strategy"], engine=r["engine"], world_size=r["world_size"], tp_degree=r["tp_degree"],
         pp_degree=pp, dp_degree=r["dp_degree"], micro_batch_size=r["micro_batch_size"], num_microbatches=m,
         grad_accum_steps=m if pp == 1 else None,
-        bubble_fraction=metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m) if pp > 1 else None,
+        bubble_fraction=metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m,
+                                                        num_virtual_stages=_virtual_stages(options)) if pp > 1 else None,
         num_params=r.get("num_params"), device=r["device"],
         options=render_options(options) or "defaults", micro_batch_search=describe_micro_batch_search(options),
         compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
         compile_s=_opt_float(r.get("compile_s")))
+
+
+def _virtual_stages(options: Any) -> int:
+    """Model chunks per pipeline rank (the torch engine's Interleaved1F1B), 1 otherwise.
+    options: the spec's options, decoded or as the runs table's JSON text."""
+    if isinstance(options, str):
+        options = json.loads(options) if options else {}
+    v = options.get("virtual_stages") if isinstance(options, Mapping) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
 
 
 def _opt_float(v: Any) -> float | None:
@@ -555,7 +569,8 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
     for b in bd:
         r = by_name.get(b["run"], {})
         pp, m = int(r.get("pp_degree") or 1), int(r.get("num_microbatches") or 1)
-        b["bubble_expected"] = metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m) if pp > 1 else None
+        b["bubble_expected"] = metrics.compute_bubble_fraction(
+            pp_degree=pp, num_microbatches=m, num_virtual_stages=_virtual_stages(r.get("options"))) if pp > 1 else None
         top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
         k = classes.get(b["run"], {})
         c = cost.get(b["run"], {})
@@ -626,13 +641,17 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds))
+    evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
     return Note(
         title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
         tool_version=info.get("tool_version"), tool_git_commit=commit, per_unit="GPU" if on_gpu else "process",
         env=env, model=model, configs=tuple(build_config(r) for r in runs),
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
-        evidence=build_evidence(trace_tables, campaign, runs, summary, findings),
+        evidence=evidence,
+        engine_groups=build_engine_groups(summary, runs, [dataclasses.asdict(b) for b in evidence.rows],
+                                          dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed["model"],
+                                          thresholds=thresholds),
         findings=findings,
         hang_ranks=build_hang_ranks(runs), placements=placements,
         conditions=tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,

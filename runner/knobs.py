@@ -18,6 +18,17 @@ Sources for the defaults:
   (``stage3_param_persistence_threshold`` -- every bias/LayerNorm and the smaller matrices), and
   prefetch / reduce buckets are large (200M elements: one layer's gathers in flight, few
   reduce-scatters), overlap_comm and contiguous_gradients on.
+- FSDP2 (torch ``fully_shard``, the ZeRO-3 layout's torch-native engine): torch FSDP2 docs and
+  torchtitan ``parallelize`` (one ``fully_shard`` per transformer block, then the root;
+  ``reshard_after_forward`` on: parameters are freed after forward and all-gathered again for
+  backward, ZeRO-3's semantics; FSDP2's implicit prefetch; per-block ``torch.compile`` before
+  sharding on CUDA). The mixed-precision policy matches the DeepSpeed run's: bf16 compute
+  parameters over fp32 sharded master weights, gradients reduce-scattered in bf16 (DeepSpeed's
+  ``communication_data_type`` defaults to the bf16 model dtype; engine.py), reduce-scatter every
+  micro-batch (DeepSpeed stage 3 partitions gradients per micro-batch).
+- torch TP+PP: ``Schedule1F1B`` (the Megatron engine's non-interleaved 1F1B) by default;
+  ``Interleaved1F1B`` with ``virtual_stages`` model chunks per rank where the layers divide
+  (Narayanan et al. 2021, section 2.2.2); per-block ``torch.compile`` on CUDA as DDP compiles.
 - Megatron-core: ``DistributedDataParallelConfig`` (overlap_grad_reduce, grad_reduce_in_fp32,
   use_distributed_optimizer on when dp > 1) and torch's fused AdamW under Megatron's optimizer
   wrapper (Megatron without TE/apex builds ``torch.optim.AdamW`` without ``fused=``). Unavailable
@@ -59,6 +70,15 @@ class Zero3Knobs(CommonKnobs):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FSDP2Knobs(CommonKnobs):
+    reshard_after_forward: bool = True  # free gathered parameters after forward (ZeRO-3); False: keep to backward
+    reduce_dtype: str | None = None  # "bf16" | "fp32"; None -> the campaign dtype (DeepSpeed's default)
+    prefetch_num_blocks: int = 0  # explicit all-gather prefetch of the next k blocks; 0: FSDP2's implicit one
+    reduce_every_microbatch: bool = True  # reduce-scatter per micro-batch (DeepSpeed's); False: once per step
+    compile: bool | None = None  # torch.compile of each block before sharding; None -> on for CUDA
+
+
+@dataclass(frozen=True, kw_only=True)
 class MegatronKnobs(CommonKnobs):
     overlap_grad_reduce: bool = True
     grad_reduce_in_fp32: bool = True
@@ -68,12 +88,19 @@ class MegatronKnobs(CommonKnobs):
 
 @dataclass(frozen=True, kw_only=True)
 class TorchTPPPKnobs(CommonKnobs):
-    pass
+    schedule: str = "1F1B"  # "1F1B" | "Interleaved1F1B" (torch.distributed.pipelining)
+    virtual_stages: int | None = None  # model chunks per rank; None -> 1 for 1F1B, 2 for Interleaved1F1B
+    compile: bool | None = None  # torch.compile of each block (after TP); None -> on for CUDA
+
+
+PP_SCHEDULES = ("1F1B", "Interleaved1F1B")
+REDUCE_DTYPES = ("bf16", "fp32")
 
 
 KNOBS: dict[tuple[str, str], type] = {
     ("ddp", "torch-ddp"): DDPKnobs,
     ("zero3", "deepspeed"): Zero3Knobs,
+    ("zero3", "fsdp2"): FSDP2Knobs,
     ("tp_pp", "megatron"): MegatronKnobs,
     ("tp_pp", "torch"): TorchTPPPKnobs,
 }
@@ -111,7 +138,8 @@ def valid_option_keys(strategy: str, engine: str) -> set[str]:
 
 
 def _type_ok(value: Any, kind: Any) -> bool:
-    kinds = {"bool": (bool,), "int": (int,), "str": (str,), "dict": (dict,), "bool | None": (bool,)}.get(
+    kinds = {"bool": (bool,), "int": (int,), "str": (str,), "dict": (dict,), "bool | None": (bool,),
+             "str | None": (str,), "int | None": (int,)}.get(
         kind if isinstance(kind, str) else getattr(kind, "__name__", ""), ())
     if not kinds:
         return True
@@ -121,11 +149,12 @@ def _type_ok(value: Any, kind: Any) -> bool:
 
 
 def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, device: str, dp_degree: int,
-                  where: str) -> tuple[dict[str, Any], list[str]]:
+                  where: str, dtype: str = "fp32") -> tuple[dict[str, Any], list[str]]:
     """The run's options with every knob of its engine filled: (resolved options, problems).
 
     Unknown keys and wrong types are problems (one line each, naming the valid keys / type).
-    Test keys (``fault``, ``simulate_oom_above_micro_batch_size``) pass through unchanged."""
+    Test keys (``fault``, ``simulate_oom_above_micro_batch_size``) pass through unchanged.
+    dtype: the campaign's ("bf16" | "fp32"), the default of FSDP2's ``reduce_dtype``."""
     cls = KNOBS.get((strategy, engine))
     valid = valid_option_keys(strategy, engine)
     problems = [f"{where}: unknown key '{k}' (valid: {', '.join(sorted(valid))})" for k in sorted(set(options) - valid)]
@@ -144,6 +173,12 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
                 problems.append(f"{where}: 'zero.{k}' must be {ZERO_KEYS[k].__name__}, got {v!r}")
     if "init" in given and given["init"] not in ("runner", "megatron"):
         problems.append(f"{where}: 'init' must be 'runner' or 'megatron', got {given['init']!r}")
+    for key, valid_values in (("schedule", PP_SCHEDULES), ("reduce_dtype", REDUCE_DTYPES)):
+        if key in given and given[key] is not None and given[key] not in valid_values:
+            problems.append(f"{where}: '{key}' must be one of {', '.join(valid_values)}, got {given[key]!r}")
+    for key, minimum in (("prefetch_num_blocks", 0), ("virtual_stages", 1)):
+        if isinstance(given.get(key), int) and not isinstance(given[key], bool) and given[key] < minimum:
+            problems.append(f"{where}: '{key}' must be >= {minimum}, got {given[key]!r}")
     if problems:
         return dict(options), problems
     knobs = cls(**given)
@@ -157,5 +192,36 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
         resolved["use_distributed_optimizer"] = dp_degree > 1
     if "zero" in resolved:
         resolved["zero"] = {**ZERO3_DEFAULTS, **resolved["zero"]}
+    if "reduce_dtype" in resolved and resolved["reduce_dtype"] is None:
+        resolved["reduce_dtype"] = dtype
+    if "virtual_stages" in resolved and resolved["virtual_stages"] is None:
+        resolved["virtual_stages"] = 2 if resolved["schedule"] == "Interleaved1F1B" else 1
     extra = {k: v for k, v in options.items() if k in TEST_OPTION_KEYS}
     return {**resolved, **extra}, problems
+
+
+def check_layout_knobs(options: Mapping[str, Any], *, num_layers: int, pp_degree: int, num_microbatches: int,
+                       where: str) -> list[str]:
+    """Problems of resolved knobs that depend on the layout (one line each), for the torch TP+PP
+    engine's schedule: 1F1B runs one model chunk per rank; Interleaved1F1B needs pp_degree > 1,
+    virtual_stages >= 2 chunks per rank, num_layers divisible by pp_degree x virtual_stages, and
+    num_microbatches a multiple of its rounds max(1, m // p) (torch.distributed.pipelining
+    ScheduleInterleaved1F1B)."""
+    schedule, v = options.get("schedule"), options.get("virtual_stages")
+    if schedule is None or not isinstance(v, int):
+        return []
+    if schedule == "1F1B":
+        return [f"{where}: schedule '1F1B' runs one chunk per rank; virtual_stages must be 1, got {v}"] if v != 1 else []
+    problems = []
+    if pp_degree < 2:
+        problems.append(f"{where}: schedule 'Interleaved1F1B' needs pp_degree >= 2, got {pp_degree}; use '1F1B'")
+    if v < 2:
+        problems.append(f"{where}: schedule 'Interleaved1F1B' needs virtual_stages >= 2, got {v}")
+    elif num_layers % (pp_degree * v):
+        problems.append(f"{where}: num_layers {num_layers} is not divisible by pp_degree {pp_degree} x virtual_stages {v}"
+                        " (Interleaved1F1B gives every chunk the same number of blocks)")
+    rounds = max(1, num_microbatches // pp_degree)
+    if pp_degree >= 2 and num_microbatches % rounds:
+        problems.append(f"{where}: Interleaved1F1B needs num_microbatches ({num_microbatches}) to be a multiple of"
+                        f" max(1, num_microbatches // pp_degree) = {rounds}")
+    return problems

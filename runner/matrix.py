@@ -30,7 +30,7 @@ else:  # pragma: no cover
 from ingest.errors import ConfigError
 from ingest.schema import STRATEGY_ENGINES, FixedConfig, RunSpec
 from runner.faults import build_fault
-from runner.knobs import resolve_knobs
+from runner.knobs import check_layout_knobs, resolve_knobs
 from runner.presets import PRESETS, build_model_config
 
 CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
@@ -339,8 +339,9 @@ def resolve_matrix(
             problems.append(f"{where}: 'options' must be a table, got {options!r}")
             continue
         options, knob_problems = resolve_knobs(lay["strategy"], lay["engine"], options, device=device, dp_degree=dp,
-                                               where=f"{where} options")
-        problems += knob_problems
+                                               where=f"{where} options", dtype=fixed.dtype)
+        problems += knob_problems or check_layout_knobs(options, num_layers=model.num_layers, pp_degree=pp,
+                                                        num_microbatches=per_dp // mbs, where=f"{where} options")
         if search is not None:
             options["micro_batch_search"] = search
         try:

@@ -17,7 +17,7 @@ from report.render import duration, si
 from runner.model import count_gpt_params
 from ingest.schema import run_spec_from_dict
 
-RUNS = ("ddp", "zero3", "tp2-pp2")
+RUNS = ("ddp", "zero3", "zero3-fsdp2", "tp2-pp2")
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_same_model_and_same_math_across_layouts(campaign):
     infos = {n: json.loads((campaign / n / "run_info.json").read_text()) for n in RUNS}
     spec = run_spec_from_dict(json.loads((campaign / "ddp" / "spec.json").read_text()))
     assert {i["num_params"] for i in infos.values()} == {count_gpt_params(spec.fixed.model)}
-    assert [infos[n]["engine"] for n in RUNS] == ["torch-ddp", "deepspeed", "torch"]
+    assert [infos[n]["engine"] for n in RUNS] == ["torch-ddp", "deepspeed", "fsdp2", "torch"]
 
     def first_losses(name: str) -> list[float]:
         rows = _rows(campaign / name)
@@ -164,6 +164,7 @@ def test_same_model_and_same_math_across_layouts(campaign):
     ddp = first_losses("ddp")
     # fp32 on CPU, same init, same tokens: DDP and ZeRO-3 differ only in reduction order.
     assert first_losses("zero3") == pytest.approx(ddp, rel=1e-5)
+    assert first_losses("zero3-fsdp2") == pytest.approx(ddp, rel=1e-5)
     assert first_losses("tp2-pp2") == pytest.approx(ddp, rel=1e-4)
     last = [np.mean([r["loss"] for r in _rows(campaign / n) if r["step"] == spec.fixed.steps - 1
                      and r["loss"] is not None]) for n in RUNS]

@@ -19,6 +19,7 @@ from ingest.schema import RunSpec
 _REGISTRY: dict[tuple[str, str], str] = {
     ("ddp", "torch-ddp"): "runner.strategies.ddp",
     ("zero3", "deepspeed"): "runner.strategies.zero3",
+    ("zero3", "fsdp2"): "runner.strategies.fsdp2",
     ("tp_pp", "torch"): "runner.strategies.tp_pp_torch",
     ("tp_pp", "megatron"): "runner.strategies.tp_pp_megatron",
 }

@@ -1,4 +1,5 @@
-"""TP+PP [torch-native]: DTensor tensor parallelism inside torch.distributed.pipelining 1F1B stages.
+"""TP+PP [torch-native]: DTensor tensor parallelism inside torch.distributed.pipelining stages,
+run by the 1F1B schedule or, where the layers divide, the interleaved 1F1B schedule.
 
 Layout. world = dp_degree x pp_degree x tp_degree on a DeviceMesh with dims ("dp", "pp", "tp"),
 tp innermost, so global rank = (dp * pp_degree + pp) * tp_degree + tp and adjacent ranks form a
@@ -17,8 +18,12 @@ sequence parallel out on CPU anyway).
 Pipeline parallel (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
 Clusters", section 2.2, 1F1B): ``PipelineStage`` + ``Schedule1F1B`` over the "pp" group with
 num_microbatches >= pp_degree. The shared GPT (built whole with the campaign seed, so the
-weights equal the DDP run's) is cut into contiguous runs of num_layers/pp_degree blocks: stage 0
-owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head. The stage boundary
+weights equal the DDP run's) is cut into S = pp_degree x v contiguous stages of num_layers/S
+blocks: stage 0 owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head.
+``options.schedule = "Interleaved1F1B"`` (section 2.2.2) gives each rank v = ``virtual_stages``
+chunks, rank r the stages r, r + p, ..., r + (v-1)p (torch's loop-style placement), run by
+``ScheduleInterleaved1F1B``: the bubble shrinks to about (p-1)/(v·m) of the ideal time for v times
+the stage-boundary traffic; runner.knobs.check_layout_knobs says where the stages allow it. The stage boundary
 carries hidden states [mbs, T, H]. The tied embedding: the last stage holds its own copy of
 wte's weight for the LM head; after backward the two copies' gradients are summed over the
 {first, last} stage pair with the same (dp, tp) coordinates (Megatron-LM's embedding group), so
@@ -26,8 +31,11 @@ the copies stay equal. With pp_degree == 1 the stage is the whole GPT and the ti
 
 Data parallel: gradients averaged over the "dp" dim after backward (one flat all-reduce).
 
-Deliberately not here: interleaved/virtual stages, overlap of the DP all-reduce with backward,
-a distributed optimizer, activation checkpointing.
+``options.compile`` (on for CUDA) compiles each Block after tensor parallelism is applied
+(torchtitan's order); the pipeline machinery and the embedding/LM head stay eager.
+
+Deliberately not here: zero-bubble / DualPipe schedules, overlap of the DP all-reduce with
+backward, a distributed optimizer, activation checkpointing.
 """
 from __future__ import annotations
 
@@ -35,11 +43,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ingest.schema import RunSpec
+from runner.knobs import check_layout_knobs
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.common import autocast, build_adamw, build_param_groups, phase, set_lr
@@ -127,6 +136,10 @@ class TPPPTorchTrainer:
             problems.append(f"num_heads {cfg.num_heads} / ffn {cfg.ffn_hidden_size} not divisible by tp_degree {tp}")
         if spec.num_microbatches < pp:
             problems.append(f"1F1B needs num_microbatches >= pp_degree, got {spec.num_microbatches} < {pp}")
+        schedule = str(spec.options.get("schedule", "1F1B"))
+        v = int(spec.options.get("virtual_stages", 1))
+        problems += check_layout_knobs({"schedule": schedule, "virtual_stages": v}, num_layers=cfg.num_layers,
+                                       pp_degree=pp, num_microbatches=spec.num_microbatches, where="options")
         if problems:
             raise ValueError("tp_pp/torch layout: " + "; ".join(problems))
         self.spec, self.ctx = spec, ctx
@@ -138,16 +151,26 @@ class TPPPTorchTrainer:
         self.num_params = count_params(gpt)
         self.num_params_position_embedding = gpt.wpe.weight.numel()
         self.engine_version = torch.__version__
-        self.stage_module = GPTStage(gpt, stage=self.pp_rank, num_stages=pp, spec=spec).to(ctx.device)
+        # this rank's chunks: stages pp_rank, pp_rank + pp, ... (v = 1: the one stage pp_rank)
+        chunks = [GPTStage(gpt, stage=self.pp_rank + k * pp, num_stages=pp * v, spec=spec).to(ctx.device)
+                  for k in range(v)]
         del gpt
-        if tp > 1:
-            for block in self.stage_module.blocks:
-                parallelize_module(block, self.mesh["tp"], BLOCK_TP_PLAN)
-        self.stage = PipelineStage(
-            self.stage_module, self.pp_rank, pp, ctx.device, group=self.mesh.get_group("pp")
-        )
+        for chunk in chunks:
+            for i, block in enumerate(chunk.blocks):
+                if tp > 1:
+                    parallelize_module(block, self.mesh["tp"], BLOCK_TP_PLAN)
+                if spec.options.get("compile", False):
+                    chunk.blocks[i] = torch.compile(block)
+        self.stage_module = nn.ModuleList(chunks)  # every parameter of this rank, for the optimizer and norms
+        self.stages = [PipelineStage(chunk, self.pp_rank + k * pp, pp * v, ctx.device, group=self.mesh.get_group("pp"))
+                       for k, chunk in enumerate(chunks)]
+        self.is_first = any(stage.is_first for stage in self.stages)
+        self.is_last = any(stage.is_last for stage in self.stages)
         # loss_fn = lm_loss per micro-batch; scale_grads divides the summed gradients by n (mean).
-        self.schedule = Schedule1F1B(self.stage, n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
+        if schedule == "Interleaved1F1B":
+            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
+        else:
+            self.schedule = Schedule1F1B(self.stages[0], n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
         self.embedding_group = self._build_embedding_group() if pp > 1 else None
         self.optimizer = build_adamw(
             build_tp_param_groups(self.stage_module, weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
@@ -167,11 +190,14 @@ class TPPPTorchTrainer:
         return mine
 
     def _embedding_copy(self) -> nn.Parameter | None:
-        """The weight that holds this rank's copy of the tied embedding, if any."""
-        m = self.stage_module
-        if m.wte is not None:
-            return m.wte.weight
-        return m.lm_head.weight if m.lm_head is not None else None
+        """The weight that holds this rank's copy of the tied embedding, if any (with pp > 1 no
+        rank holds both the first and the last stage)."""
+        for m in self.stage_module:
+            if m.wte is not None:
+                return m.wte.weight
+            if m.lm_head is not None:
+                return m.lm_head.weight
+        return None
 
     @torch.no_grad()
     def _sync_grads(self) -> None:
@@ -194,10 +220,9 @@ class TPPPTorchTrainer:
         counts it) and DP replicas, identical after the average, are not summed."""
         sharded = torch.zeros((), device=self.ctx.device, dtype=torch.float32)
         replicated = torch.zeros((), device=self.ctx.device, dtype=torch.float32)
-        m = self.stage_module
-        skip = id(m.lm_head.weight) if m.lm_head is not None and m.wte is None else None
-        for p in m.parameters():
-            if p.grad is None or id(p) == skip:
+        skip = {id(m.lm_head.weight) for m in self.stage_module if m.lm_head is not None and m.wte is None}
+        for p in self.stage_module.parameters():
+            if p.grad is None or id(p) in skip:
                 continue
             g = p.grad
             sq = _local(g).float().pow(2).sum()
@@ -219,9 +244,9 @@ class TPPPTorchTrainer:
         inputs = torch.cat([x for x, _ in microbatches])
         labels = torch.cat([y for _, y in microbatches])
         losses: list[torch.Tensor] = []
-        args = (inputs,) if self.stage.is_first else ()
+        args = (inputs,) if self.is_first else ()
         with phase("forward_backward"):
-            if self.stage.is_last:
+            if self.is_last:
                 self.schedule.step(*args, target=labels, losses=losses)
             else:
                 self.schedule.step(*args)
@@ -237,7 +262,7 @@ class TPPPTorchTrainer:
             set_lr(self.optimizer, lr)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        loss = torch.stack(losses).mean().detach() if self.stage.is_last else None
+        loss = torch.stack(losses).mean().detach() if self.is_last else None
         return StepOutput(loss=loss, grad_norm=grad_norm)
 
 
