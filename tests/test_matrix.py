@@ -22,12 +22,13 @@ def test_cpu_matrix_resolves_to_layouts_with_same_fixed_variables():
 
     raw = tomllib.loads((ROOT / "examples/matrices/cpu.toml").read_text())
     campaign = resolve_matrix(raw, source="cpu.toml", num_gpus=0)
-    assert [s.name for s in campaign.runs] == ["ddp", "zero3", "tp2-pp2"]
+    assert [s.name for s in campaign.runs] == ["ddp", "zero3", "zero3-fsdp2", "tp2-pp2"]
+    assert [s.engine for s in campaign.runs] == ["torch-ddp", "deepspeed", "fsdp2", "torch"]
     assert len({s.fixed for s in campaign.runs}) == 1
     for s in campaign.runs:
         assert s.tp_degree * s.pp_degree * s.dp_degree == s.world_size
         assert s.micro_batch_size * s.num_microbatches * s.dp_degree == s.fixed.global_batch_size
-    tp_pp = campaign.runs[2]
+    tp_pp = campaign.runs[3]
     assert (tp_pp.engine, tp_pp.backend) == ("torch", "gloo")
     assert tp_pp.num_microbatches >= 4 * tp_pp.pp_degree  # Megatron guidance m >= 4p
     # vocab padded once for the campaign's largest TP (Megatron-LM: multiple of 128 * tp)
