@@ -161,7 +161,7 @@ def cmd_all(args: argparse.Namespace) -> int:
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        campaign = resolve_real_data(campaign, out=out)
+        campaign, dataset_meta = resolve_real_data(campaign, out=out)
     except ToolError:
         if created:
             shutil.rmtree(out, ignore_errors=True)
@@ -189,6 +189,8 @@ def cmd_all(args: argparse.Namespace) -> int:
         "launch_command": launch_command, "device": campaign.device, "supervision": supervision,
         "fixed": to_dict(campaign.fixed), "runs": [s.name for s in campaign.runs],
     }
+    if dataset_meta is not None:
+        meta["dataset"] = dataset_meta
     if node is not None:
         meta["nodes"] = {"nnodes": node.nnodes, "rdzv_endpoint": f"{node.rdzv_host}:{node.rdzv_port}",
                          "rdzv_port_rule": "base port + run index"}
@@ -198,12 +200,14 @@ def cmd_all(args: argparse.Namespace) -> int:
     return run_campaign(out, list(campaign.runs), supervision, node=node)
 
 
-def resolve_real_data(campaign: Campaign, *, out: Path) -> Campaign:
+def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, dict | None]:
     """A campaign with a real data round gets its dataset before any launch: the prepared one
     of ``[data] path`` validated, or ``[data] sources`` / the default corpus tokenized into
-    ``out/data`` (runner.corpus). Raises ConfigError naming the file at fault."""
+    ``out/data`` (runner.corpus). Returns the campaign and the dataset record for campaign.json
+    (its source list cut to the first SOURCES_IN_META files; data/dataset.json has them all).
+    Raises ConfigError naming the file at fault."""
     if "real" not in campaign.fixed.data.split("+"):
-        return campaign
+        return campaign, None
     from runner.corpus import DataSourceConfig, resolve_campaign_dataset
 
     print(f"real data round: resolving the dataset into {out / 'data'} ...", flush=True)
@@ -213,7 +217,12 @@ def resolve_real_data(campaign: Campaign, *, out: Path) -> Campaign:
                                       tokens_needed=tokens_read(campaign))
     print(f"    {record.num_tokens} tokens in {record.num_documents} documents ({record.source}), vocab "
           f"{record.vocab_size}" + (f", built in {record.build_s:.1f} s" if record.build_s else ""), flush=True)
-    return attach_dataset(campaign, prefix=record.prefix, token_dtype=record.token_dtype, num_tokens=record.num_tokens)
+    meta = {**to_dict(record), "sources": list(record.sources[:SOURCES_IN_META]), "num_sources": len(record.sources)}
+    return attach_dataset(campaign, prefix=record.prefix, token_dtype=record.token_dtype,
+                          num_tokens=record.num_tokens), meta
+
+
+SOURCES_IN_META = 10
 
 
 def collect_campaign_storage(campaign: Campaign, *, out: Path) -> list[dict]:
@@ -277,7 +286,7 @@ def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
         if theirs.get("name") != campaign.name or theirs.get("runs") != names:
             raise ToolError(f"{out}/campaign.json is campaign {theirs.get('name')!r} with runs {theirs.get('runs')}, "
                             f"not this matrix's {campaign.name!r} {names}; every node needs the same --matrix")
-    campaign = resolve_real_data(campaign, out=out)  # same sources, same deterministic build on every node
+    campaign, _ = resolve_real_data(campaign, out=out)  # same sources, same deterministic build on every node
     env = collect_env(launch_command=list(sys.orig_argv), data_dir=out)
     env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node))
     env["storage"] = collect_campaign_storage(campaign, out=out)
