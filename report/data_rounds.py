@@ -183,10 +183,12 @@ def rule_data_bound(rows: Sequence[RoundRow], t: Mapping[str, float]) -> list[Fi
             continue
         slower = -r.tokens_per_s_delta
         waits = r.real_data_wait_share is not None and r.real_data_wait_share >= t["data_stall_min_share"]
-        bound = waits or (slower > t["data_round_slowdown_min"] and slower > (r.noise or 0.0))
+        slowdown = slower > t["data_round_slowdown_min"] and slower > (r.noise or 0.0)
+        bound = waits or slowdown
         out.append(Finding(kind="data_bound" if bound else "data_not_bound", runs=(r.synthetic_run, r.real_run),
                            threshold=t["data_round_slowdown_min"], evidence={
                                "layout": r.layout, "tokens_per_s_delta": r.tokens_per_s_delta,
+                               "cause": "wait" if waits else "slowdown" if slowdown else None,
                                "mfu_delta_points": r.mfu_delta_points, "noise": r.noise,
                                "real_data_wait_share": r.real_data_wait_share,
                                "synthetic_data_wait_share": r.synthetic_data_wait_share,
