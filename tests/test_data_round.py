@@ -201,3 +201,26 @@ def test_starved_loader_is_a_data_stall_finding_with_its_share(tmp_path):
     assert "sample_delay_s=0.04" in md  # the knob is shown in the note
     summary = json.loads((out / "report" / "summary.json").read_text())
     assert any(f["kind"] == "data_stall" and f["runs"] == ["ddp-real"] for f in summary["findings"])
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="Megatron's schedules need CUDA")
+
+
+@needs_cuda
+def test_gpu_checkpoint_restore_for_the_three_default_engines(tmp_path):
+    """On a GPU: DDP (DCP), ZeRO-3 (DeepSpeed) and Megatron TP1xPP1 (dist_checkpointing), bf16, real
+    round: every restore replays the next steps' losses within the bf16 tolerance."""
+    m = _matrix(tmp_path, 'world_size = 1\n[fixed]\ndata = ["real"]\ndtype = "bf16"\nsteps = 12\nwarmup_steps = 2\n'
+                'profile_num_steps = 0\n[checkpoint]\n'
+                '[[runs]]\nname = "ddp"\nstrategy = "ddp"\n[[runs]]\nname = "zero3"\nstrategy = "zero3"\n'
+                '[[runs]]\nname = "mcore"\nstrategy = "tp_pp"\nengine = "megatron"\n')
+    out = tmp_path / "camp"
+    res = _runner("all", "--matrix", str(m), "--out", str(out), timeout=1200)
+    assert res.returncode == 0, res.stdout + res.stderr
+    formats = {"ddp-real": "torch.distributed.checkpoint", "zero3-real": "deepspeed",
+               "mcore-real": "megatron.dist_checkpointing"}
+    for run, fmt in formats.items():
+        assert json.loads((out / run / "status.json").read_text())["status"] == "ok", run
+        record = json.loads((out / run / "checkpoint.json").read_text())
+        assert record["format"] == fmt and record["ok"] is True, record
+        assert record["bytes_written"] > 0 and record["save_s"] > 0 and record["load_s"] > 0
