@@ -184,7 +184,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         write_json_atomic(run_dir / "data" / f"samples_rank{ctx.rank}.json", {
             "run": spec.name, "rank": ctx.rank, "dp_rank": trainer.dp_rank, "dp_degree": trainer.dp_degree,
             "steps": {str(k): v for k, v in sorted(data.consumed.items())}})
-    if probe is not None:
+    if probe is not None and probe.save_s is not None:  # a run shorter than its checkpoint step saved nothing
         probe.verify(losses=recorder.losses, lr_at=lambda s: lr_at(s, f),
                      batches=lambda s: replay_batches(spec, data, s, dp_rank=trainer.dp_rank,
                                                       dp_degree=trainer.dp_degree, device=ctx.device))
