@@ -632,9 +632,10 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     on_gpu = any(r["device"] == "cuda" for r in runs)
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
-    first_round = str(fixed.get("data", "synthetic")).split("+")[0]
+    rounds = str(fixed.get("data") or "synthetic").split("+")  # several data rounds: rank the first one's runs
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
-                                    ranked=[(r.get("data_round") or "synthetic") == first_round for r in runs]))
+                                    ranked=[(r.get("data_round") or "synthetic") == rounds[0] for r in runs]
+                                    if len(rounds) > 1 else None))
     return Note(
         title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
         tool_version=info.get("tool_version"), tool_git_commit=commit, per_unit="GPU" if on_gpu else "process",
