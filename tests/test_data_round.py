@@ -224,3 +224,30 @@ def test_gpu_checkpoint_restore_for_the_three_default_engines(tmp_path):
         record = json.loads((out / run / "checkpoint.json").read_text())
         assert record["format"] == fmt and record["ok"] is True, record
         assert record["bytes_written"] > 0 and record["save_s"] > 0 and record["load_s"] > 0
+
+
+def test_data_wait_share_and_round_rules():
+    """report.data_rounds on hand-made rows: the share is total wait / total step time over the
+    measured steps (slowest rank per step); a layout is data-bound on a large wait share or on a
+    slowdown beyond both the threshold and the step-time noise."""
+    import pandas as pd
+
+    from report.data_rounds import DATA_THRESHOLDS, RoundRow, compute_data_wait_share, rule_data_bound
+
+    steps = pd.DataFrame([
+        {"run": "a", "rank": r, "step": s, "step_time_s": 1.0 + r, "data_wait_s": 0.1 * r, "profiled": s == 3}
+        for r in (0, 1) for s in range(5)])
+    share = compute_data_wait_share(steps, warmup_steps=1).set_index("run").loc["a"]
+    assert share["num_steps"] == 3  # steps 1, 2, 4 (0 is warm-up, 3 profiled)
+    assert share["data_wait_share"] == pytest.approx(0.1 / 2.0)
+
+    def row(delta, noise, wait):
+        return RoundRow(layout="l", strategy="ddp", engine="torch-ddp", synthetic_run="l", real_run="l-real",
+                        synthetic_data_wait_median_s=0.0, real_data_wait_median_s=0.0, synthetic_data_wait_share=0.0,
+                        real_data_wait_share=wait, synthetic_tokens_per_s=100.0, real_tokens_per_s=100 * (1 + delta),
+                        tokens_per_s_delta=delta, synthetic_mfu=None, real_mfu=None, mfu_delta_points=None,
+                        noise=noise, loader=None)
+
+    kinds = [f.kind for f in rule_data_bound([row(-0.2, 0.05, 0.01), row(-0.2, 0.3, 0.01), row(0.0, 0.01, 0.2),
+                                              row(-0.02, 0.0, 0.0)], DATA_THRESHOLDS)]
+    assert kinds == ["data_bound", "data_not_bound", "data_bound", "data_not_bound"]
