@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
 
 from ingest.errors import NoDataError, ParseError
 from ingest.schema import (
-    SCHEMA_VERSION, FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, run_spec_from_dict,
+    SCHEMA_VERSION, CheckpointRecord, FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow,
+    run_spec_from_dict,
 )
 
 STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepRow))
@@ -37,7 +38,10 @@ _INT_COLUMNS = tuple(
     for cls in (RunSpec, FixedConfig, ModelConfig, RunStatus, RunInfo)
     for f in dataclasses.fields(cls)
     if f.type in ("int", "int | None")
-) + ("tokens_per_step", "num_metric_files", "num_metric_rows")
+) + ("tokens_per_step", "num_metric_files", "num_metric_rows", "ckpt_step", "ckpt_bytes_written", "ckpt_num_files")
+# checkpoint.json fields in the run row, as ckpt_<field> (run/engine/schema_version are the spec's)
+CHECKPOINT_COLUMNS = tuple(f"ckpt_{f.name}" for f in dataclasses.fields(CheckpointRecord)
+                           if f.name not in ("schema_version", "run", "engine"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +53,8 @@ class Campaign:
       ``global_batch_size``, ``warmup_steps``...), ``options`` (JSON text), ``tokens_per_step``,
       RunStatus fields (``status``, ``exit_code``, ``cause``, ``duration_s``...; NA when
       status.json is missing), RunInfo fields (``num_params``, ``device_name``, ``num_gpus``...;
-      NA when run_info.json is missing), ``num_metric_files``, ``num_metric_rows``.
+      NA when run_info.json is missing), CheckpointRecord fields as ``ckpt_<field>`` (tuples as
+      JSON text; NA without checkpoint.json), ``num_metric_files``, ``num_metric_rows``.
     steps: one row per (run, rank, step), columns = StepRow fields (all steps, warm-up included).
     campaign / env: campaign.json and env.json as dicts (env is {} when missing).
     problems: human-readable caveats found while loading (missing files of individual runs).
@@ -232,6 +237,10 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     for f in dataclasses.fields(RunInfo):
         if f.name not in ("run", "schema_version", "engine"):
             row[f.name] = info[f.name] if info else None
+    ckpt = _read_record(run_dir / "checkpoint.json", CheckpointRecord, problems)
+    for col in CHECKPOINT_COLUMNS:
+        value = ckpt[col[5:]] if ckpt else None
+        row[col] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
     files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
     outside = [p for p in files if not p.resolve().is_relative_to(run_dir.resolve())]
     problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)

@@ -55,12 +55,19 @@ class FixedConfig:
     adam_beta1: float
     adam_beta2: float
     grad_clip: float
-    data: str  # "synthetic"
+    # data rounds, '+'-joined in matrix order ("synthetic", "real", "synthetic+real"); each run
+    # reads one of them (RunSpec.data_round): synthetic Zipf tokens or the real-text dataset below
+    data: str
     # torch.profiler window (issue 4): one warm-up step at profile_start_step - 1, then
     # profile_num_steps traced steps; all of them are marked ``profiled`` and kept out of the
     # metric table. profile_num_steps == 0 disables tracing.
     profile_start_step: int = 0
     profile_num_steps: int = 0
+    # the real-text round's dataset (runner.corpus): Megatron indexed dataset prefix (<prefix>.bin /
+    # .idx, absolute), its token dtype and token count as validated before launch; None without one
+    data_path: str | None = None
+    data_token_dtype: str | None = None
+    data_num_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +95,17 @@ class RunSpec:
     options: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (e.g. ZeRO buckets)
     collective_timeout_s: float = 1800.0  # process-group timeout (NCCL watchdog / gloo)
     nsys: bool = False  # run under `nsys profile` (NVTX ranges for the phases), report in trace/
+    # which data round this run reads ("synthetic" | "real"; FixedConfig.data lists the rounds) and
+    # the matrix's [[runs]] name the rounds of one layout share (the run name of the synthetic round)
+    data_round: str = "synthetic"
+    layout: str | None = None
+    # checkpoint cost (runner.checkpoint): save after step checkpoint_step (None: no checkpoint) into
+    # checkpoint_dir (None: <run>/checkpoint), restore after the run and replay the next
+    # checkpoint_verify_steps steps against the uninterrupted run's losses; keep the files or not
+    checkpoint_step: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_verify_steps: int = 0
+    checkpoint_keep: bool = False
 
     @property
     def tokens_per_step(self) -> int:
@@ -147,6 +165,64 @@ class RunInfo:
     # steps / a bare train_step loop over the same steps' batches after the run, minus 1
     loop_overhead_fraction: float | None = None
     loop_overhead_num_steps: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRecord:
+    """One run's checkpoint save and restore (<run>/checkpoint.json, written by rank 0).
+
+    format: the engine's own sharded format ("torch.distributed.checkpoint", "deepspeed",
+    "megatron.dist_checkpointing"). save_s / load_s: wall seconds from a barrier before to a
+    barrier after the call, max over ranks (the job waits for the slowest). bytes_written /
+    num_files: what the directory holds after the save. verify_steps: the steps replayed after
+    the restore; loss_uninterrupted / loss_restored: their losses (mean over the ranks that
+    compute one) in the uninterrupted run and after the restore; max_abs_diff_nats: the largest
+    gap; ok: every gap <= tolerance_nats."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    engine: str
+    format: str
+    path: str
+    step: int  # saved after this step's optimizer update
+    save_s: float
+    load_s: float | None
+    bytes_written: int
+    num_files: int
+    verify_steps: tuple[int, ...] = ()
+    loss_uninterrupted: tuple[float, ...] = ()
+    loss_restored: tuple[float, ...] = ()
+    max_abs_diff_nats: float | None = None
+    tolerance_nats: float | None = None
+    ok: bool | None = None
+    kept: bool = False  # False: the files were deleted after the restore check
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetRecord:
+    """The real-text dataset of a campaign (<campaign>/data/dataset.json; runner.corpus).
+
+    prefix: Megatron indexed dataset prefix (.bin/.idx). source: what the text is ("python
+    stdlib" or "files"), sources: the input files (or the stdlib directory), source_bytes: their
+    size. tokenizer: tokenizer.json used (trained: fitted on this corpus by runner.corpus).
+    num_documents / num_tokens: as written (EOD appended to every document); token_dtype: the
+    .bin element type; vocab_size: the tokenizer's; max_token_id: the largest id in the .bin."""
+
+    schema_version: int = SCHEMA_VERSION
+    prefix: str
+    source: str
+    sources: tuple[str, ...]
+    source_bytes: int
+    tokenizer: str | None
+    tokenizer_trained: bool
+    vocab_size: int | None
+    eod_token_id: int | None
+    num_documents: int
+    num_tokens: int
+    token_dtype: str
+    max_token_id: int
+    bin_bytes: int
+    build_s: float | None = None  # wall time to tokenize and write (None: prepared elsewhere)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -147,16 +147,21 @@ def build_findings(
     gpu_memory_gib: float | None,
     on_gpu: bool = True,
     thresholds: Mapping[str, float] | None = None,
+    ranked: Sequence[bool] | None = None,
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
     NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: Campaign.runs records
     (same order). Only runs with status "ok" are ranked; the others' numbers are partial.
-    thresholds: overrides of ``THRESHOLDS``."""
+    thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
+    agreement (default all; a campaign with data rounds ranks its first round's runs, whose
+    data and losses compare like for like)."""
     t = {**THRESHOLDS, **(thresholds or {})}
+    ranked = [True] * len(summary_rows) if ranked is None else list(ranked)
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") == "ok"]
+    ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked) if s.get("status") == "ok" and k]
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") != "ok"]
-    return (rule_fastest(ok_rows, t) + rule_partial(partial_rows) + rule_failed(run_rows)
-            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ok_rows, t)
+    return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows)
+            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t)
             + rule_straggler(summary_rows, t))
 
 

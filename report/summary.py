@@ -89,6 +89,8 @@ def build_summary(note: Note) -> dict[str, Any]:
             "data_wait_median_s": _num(m.data_wait_median_s),
             "loss_first": _num(m.loss_first), "loss_last": _num(m.loss_last),
             "breakdown": shares.get(m.run),
+            "checkpoint_save_s": _num(m.ckpt_save_s), "checkpoint_load_s": _num(m.ckpt_load_s),
+            "checkpoint_size_gib": m.ckpt_size_bytes / 2**30 if m.ckpt_size_bytes is not None else None,
         })
     return _jsonable({
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -102,7 +104,7 @@ def build_summary(note: Note) -> dict[str, Any]:
         "peaks": [{"gpu_name": p.gpu_name, "dtype": p.dtype, "flops": p.flops, "source": p.source} for p in note.peaks],
         "runs": runs,
         "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
-                     for f in note.findings],
+                     for f in (*note.findings, *(note.data_round.findings if note.data_round else ()))],
         # report.predict: leave-one-out checks on these runs and predicted (not measured) layouts
         "predicted": dataclasses.asdict(note.predicted) if note.predicted is not None else None,
     })

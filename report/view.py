@@ -20,6 +20,7 @@ import pandas as pd
 from ingest.io import Campaign
 from ingest.schema import RUN_STATUSES
 from report import evidence as ev
+from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
 from report.hardware import lookup_peak
 from report.placement import RunPlacement, compute_placements
@@ -156,6 +157,10 @@ class MetricRow:
     # instrumented loop vs a bare train_step loop over the run's last steps (RunInfo), or None
     loop_overhead_fraction: float | None = None
     loop_overhead_num_steps: int | None = None
+    # checkpoint.json (runner.checkpoint): save / restore seconds and bytes written, None without one
+    ckpt_save_s: float | None = None
+    ckpt_load_s: float | None = None
+    ckpt_size_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +267,7 @@ class Note:
     formulas: tuple[tuple[str, str, str], ...]
     predicted: Any = None  # report.predict.PredictedSection: the model checked on these runs, unrun layouts
     engine_groups: tuple[EngineGroup, ...] = ()  # one layout under several engines (report.engines)
+    data_round: DataRoundSection | None = None  # data rounds and checkpoint cost (report.data_rounds)
 
 
 def _py(value: Any) -> Any:
@@ -631,7 +637,9 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                   mem_peak_allocated_gib=s["mem_peak_allocated_gib"], mem_peak_reserved_gib=s["mem_peak_reserved_gib"],
                   data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"],
                   loop_overhead_fraction=r.get("loop_overhead_fraction"),
-                  loop_overhead_num_steps=r.get("loop_overhead_num_steps"))
+                  loop_overhead_num_steps=r.get("loop_overhead_num_steps"),
+                  ckpt_save_s=_opt_float(r.get("ckpt_save_s")), ckpt_load_s=_opt_float(r.get("ckpt_load_s")),
+                  ckpt_size_bytes=r.get("ckpt_bytes_written"))
         for s, r in zip(summary, runs))
     env = build_env(env_record)
     gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)
@@ -640,7 +648,10 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     on_gpu = any(r["device"] == "cuda" for r in runs)
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
-    findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds))
+    rounds = str(fixed.get("data") or "synthetic").split("+")  # several data rounds: rank the first one's runs
+    findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
+                                    ranked=[(r.get("data_round") or "synthetic") == rounds[0] for r in runs]
+                                    if len(rounds) > 1 else None))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
     return Note(
         title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
@@ -660,7 +671,10 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
                                     placements=placements)),
-        formulas=FORMULAS, predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record))
+        formulas=FORMULAS, predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
+        data_round=build_data_round_section(
+            fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
+            env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
 
 
 def build_predicted_or_reason(campaign: Campaign, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],

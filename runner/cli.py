@@ -1,6 +1,7 @@
 """`runner` command line.
 
     runner all [--matrix FILE] [--out DIR] [--dry-run] [--preset NAME] [--steps N]
+    runner prepare-data SOURCE... --out PREFIX [--tokenizer tokenizer.json] [--vocab-size N] [--text-key K]
     runner all --nnodes N --node-rank K --rdzv-endpoint HOST:PORT --out DIR [--print-node-commands]
     runner collect CAMPAIGN_DIR NODE_DIR...
     runner status CAMPAIGN_DIR
@@ -28,7 +29,7 @@ from pathlib import Path
 from ingest.errors import ConfigError, ToolError
 from ingest.schema import SCHEMA_VERSION, run_spec_from_dict, to_dict
 from runner import __version__
-from runner.matrix import Campaign, load_matrix, resolve_matrix
+from runner.matrix import Campaign, attach_dataset, load_matrix, resolve_matrix, tokens_read
 from runner.nodes import (
     ENV_NODE_PATTERN, NodeLaunch, build_node_launch, check_divisible, collect_node_dirs, env_node_path,
     refresh_env_record, status_path_for,
@@ -69,6 +70,14 @@ def _print_dry_run(campaign: Campaign, out: Path, node: NodeLaunch | None = None
     if node is not None:
         print(f"node {node.node_rank} of {node.nnodes}: c10d rendezvous at {node.rdzv_host}:{node.rdzv_port}"
               f" + run index")
+    print(f"data rounds: {f.data.replace('+', ', ')}" + (
+        "" if "real" not in f.data.split("+") else
+        f"; real text from {campaign.data_source.path or 'sources ' + ', '.join(campaign.data_source.sources)}"
+        if campaign.data_source and (campaign.data_source.path or campaign.data_source.sources) else
+        f"; real text: the default corpus (Python standard library), tokenized at launch into {out / 'data'}"))
+    c = campaign.checkpoint
+    print(f"checkpoint: save after step {c.step}, restore and replay {c.verify_steps} step(s), in "
+          f"{c.dir or '<run>/checkpoint'}" if c.enabled else "checkpoint: none")
     for i, spec in enumerate(campaign.runs):
         print(f"- {spec.name}: strategy={spec.strategy} engine={spec.engine} world_size={spec.world_size} "
               f"tp={spec.tp_degree} pp={spec.pp_degree} dp={spec.dp_degree} "
@@ -151,9 +160,17 @@ def cmd_all(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or not _may_start_in(out, campaign, node)):
         raise ToolError(f"{out}: output path exists and is not an empty directory; choose another --out "
                         "(or --resume it)")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        campaign, dataset_meta = resolve_real_data(campaign, out=out)
+    except ToolError:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     launch_command = list(sys.orig_argv)
     env = collect_env(launch_command=launch_command, data_dir=out)
+    env["storage"] = collect_campaign_storage(campaign, out=out)
     # what the ranks actually run with (NCCL_DEBUG, flight recorder, OMP threads), not the runner's own env
     from runner.env import collect_env_vars
     from runner.launch import build_run_env
@@ -174,6 +191,8 @@ def cmd_all(args: argparse.Namespace) -> int:
         "launch_command": launch_command, "device": campaign.device, "supervision": supervision,
         "fixed": to_dict(campaign.fixed), "runs": [s.name for s in campaign.runs],
     }
+    if dataset_meta is not None:
+        meta["dataset"] = dataset_meta
     if node is not None:
         meta["nodes"] = {"nnodes": node.nnodes, "rdzv_endpoint": f"{node.rdzv_host}:{node.rdzv_port}",
                          "rdzv_port_rule": "base port + run index"}
@@ -181,6 +200,56 @@ def cmd_all(args: argparse.Namespace) -> int:
     print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, preset {campaign.preset}"
           + (f", node 0 of {node.nnodes}" if node else "") + ")", flush=True)
     return run_campaign(out, list(campaign.runs), supervision, node=node)
+
+
+def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, dict | None]:
+    """A campaign with a real data round gets its dataset before any launch: the prepared one
+    of ``[data] path`` validated, or ``[data] sources`` / the default corpus tokenized into
+    ``out/data`` (runner.corpus). Returns the campaign and the dataset record for campaign.json
+    (its source list cut to the first SOURCES_IN_META files; data/dataset.json has them all).
+    Raises ConfigError naming the file at fault."""
+    if "real" not in campaign.fixed.data.split("+"):
+        return campaign, None
+    from runner.corpus import DataSourceConfig, resolve_campaign_dataset
+
+    print(f"real data round: resolving the dataset into {out / 'data'} ...", flush=True)
+    f = campaign.fixed
+    record = resolve_campaign_dataset(campaign.data_source or DataSourceConfig(), data_dir=out / "data",
+                                      model_vocab_size=f.model.vocab_size, seq_length=f.model.seq_length,
+                                      tokens_needed=tokens_read(campaign))
+    print(f"    {record.num_tokens} tokens in {record.num_documents} documents ({record.source}), vocab "
+          f"{record.vocab_size}" + (f", built in {record.build_s:.1f} s" if record.build_s else ""), flush=True)
+    meta = {**to_dict(record), "sources": list(record.sources[:SOURCES_IN_META]), "num_sources": len(record.sources)}
+    return attach_dataset(campaign, prefix=record.prefix, token_dtype=record.token_dtype,
+                          num_tokens=record.num_tokens), meta
+
+
+SOURCES_IN_META = 10
+
+
+def collect_campaign_storage(campaign: Campaign, *, out: Path) -> list[dict]:
+    """env.json's storage record: the campaign directory, the real round's dataset, the checkpoints."""
+    from runner.env import collect_storage
+
+    paths = {"campaign": out}
+    if campaign.fixed.data_path:
+        paths["data"] = Path(campaign.fixed.data_path).parent
+    if campaign.checkpoint.enabled:
+        paths["checkpoints"] = Path(campaign.checkpoint.dir) if campaign.checkpoint.dir else out
+    return collect_storage(paths)
+
+
+def cmd_prepare_data(args: argparse.Namespace) -> int:
+    from runner.corpus import prepare_data
+
+    if args.vocab_size < 2:
+        raise ConfigError(f"--vocab-size must be >= 2, got {args.vocab_size}")
+    record = prepare_data(list(args.sources), out_prefix=args.out, tokenizer_path=args.tokenizer,
+                          vocab_size=args.vocab_size, text_key=args.text_key)
+    print(f"{record.prefix}.bin / .idx: {record.num_tokens} tokens in {record.num_documents} documents, "
+          f"{record.token_dtype} ids (tokenizer {record.tokenizer}{', trained here' if record.tokenizer_trained else ''}, "
+          f"vocab {record.vocab_size}); use it with [data] path = \"{record.prefix}\"")
+    return 0
 
 
 def _prog() -> list[str]:
@@ -219,8 +288,10 @@ def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
         if theirs.get("name") != campaign.name or theirs.get("runs") != names:
             raise ToolError(f"{out}/campaign.json is campaign {theirs.get('name')!r} with runs {theirs.get('runs')}, "
                             f"not this matrix's {campaign.name!r} {names}; every node needs the same --matrix")
+    campaign, _ = resolve_real_data(campaign, out=out)  # same sources, same deterministic build on every node
     env = collect_env(launch_command=list(sys.orig_argv), data_dir=out)
     env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node))
+    env["storage"] = collect_campaign_storage(campaign, out=out)
     write_json_atomic(mine, {**env, "node_rank": node.node_rank})
     for spec in campaign.runs:
         (out / spec.name).mkdir(exist_ok=True)
@@ -359,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_all.add_argument("--print-node-commands", action="store_true",
                        help="with --nnodes: print the command to run on each node; run nothing")
     p_all.set_defaults(func=cmd_all)
+    p_pd = sub.add_parser("prepare-data", help="tokenize raw text into a Megatron indexed dataset (.bin/.idx)")
+    p_pd.add_argument("sources", type=Path, nargs="+", help="text files: .txt (any UTF-8 text), .jsonl, .parquet")
+    p_pd.add_argument("--out", type=Path, required=True, help="output prefix: writes PREFIX.bin, PREFIX.idx, PREFIX.json")
+    p_pd.add_argument("--tokenizer", type=Path, help="local HF tokenizer.json (default: fit a byte-level BPE on the sources)")
+    p_pd.add_argument("--vocab-size", type=int, default=50257,
+                      help="the model's vocabulary: cap of a fitted tokenizer, bound for a given one (default 50257)")
+    p_pd.add_argument("--text-key", default="text", help="jsonl field / parquet column holding the text (default text)")
+    p_pd.set_defaults(func=cmd_prepare_data)
     p_col = sub.add_parser("collect", help="merge nodes' campaign directories into node 0's")
     p_col.add_argument("campaign_dir", type=Path, help="node 0's campaign directory (has campaign.json)")
     p_col.add_argument("node_dirs", type=Path, nargs="+", help="the other nodes' --out directories")

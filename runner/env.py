@@ -147,3 +147,48 @@ def collect_env(*, launch_command: list[str], data_dir: Path) -> dict[str, Any]:
         "tool_git_commit": collect_tool_commit(),
         "env_vars": collect_env_vars(),
     }
+
+
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuse.sshfs", "9p", "glusterfs")
+
+
+def _block_device_kind(device: str) -> str | None:
+    """"nvme" / "ssd" / "hdd" from /sys/block/<disk>/queue/rotational for a /dev/<partition>."""
+    name = Path(device).name
+    if not device.startswith("/dev/") or not name:
+        return None
+    base = re.sub(r"p\d+$", "", name) if name.startswith(("nvme", "mmcblk")) else re.sub(r"\d+$", "", name)
+    try:
+        rotational = Path(f"/sys/block/{base}/queue/rotational").read_text().strip()
+    except OSError:
+        return None
+    if base.startswith("nvme"):
+        return "nvme"
+    return {"0": "ssd", "1": "hdd"}.get(rotational)
+
+
+def collect_storage(paths: dict[str, Path]) -> list[dict[str, Any]]:
+    """Where the campaign's data and checkpoints live: per role ("campaign", "data",
+    "checkpoints"), the path, its mount point, filesystem type, device, disk kind (nvme / ssd /
+    hdd / network / memory, None when unknown), total and free GiB. Best effort: a path that does
+    not exist yet is measured at its nearest existing parent."""
+    parts = sorted(psutil.disk_partitions(all=True), key=lambda p: len(p.mountpoint), reverse=True)
+    out = []
+    for role, path in paths.items():
+        probe = Path(path).expanduser().resolve()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        mount = next((p for p in parts if str(probe) == p.mountpoint or str(probe).startswith(p.mountpoint.rstrip("/") + "/")),
+                     None)
+        try:
+            usage = shutil.disk_usage(probe)
+        except OSError:
+            usage = None
+        fstype = mount.fstype if mount else None
+        kind = ("network" if fstype in NETWORK_FS else "memory" if fstype in ("tmpfs", "ramfs")
+                else _block_device_kind(mount.device) if mount else None)
+        out.append({"role": role, "path": str(path), "mountpoint": mount.mountpoint if mount else None,
+                    "fstype": fstype, "device": mount.device if mount else None, "kind": kind,
+                    "total_gib": usage.total / 1024**3 if usage else None,
+                    "free_gib": usage.free / 1024**3 if usage else None})
+    return out

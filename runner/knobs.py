@@ -124,9 +124,50 @@ ZERO3_DEFAULTS: dict[str, Any] = {
     "stage3_max_reuse_distance": 1_000_000_000,
 }
 
+@dataclass(frozen=True, kw_only=True)
+class LoaderKnobs:
+    """The real data round's DataLoader (runner.data.RealBatches), in ``[runs.options.loader]``;
+    resolved into the specs of real-round runs only (the synthetic round has no loader)."""
+
+    num_workers: int | None = None  # worker processes; None -> 2 on CUDA, 1 on CPU (2 cores shared by the ranks)
+    pin_memory: bool | None = None  # pinned host batches (non_blocking copies); None -> on for CUDA
+    prefetch_factor: int = 2  # batches each worker keeps ready (ignored with num_workers 0)
+    sample_delay_s: float = 0.0  # artificial per-sample delay: a deliberately starved loader, for testing
+
+
+LOADER_TYPES = {"num_workers": int, "pin_memory": bool, "prefetch_factor": int, "sample_delay_s": float}
+
+
+def resolve_loader_knobs(raw: Any, *, device: str, where: str) -> tuple[dict[str, Any], list[str]]:
+    """``options.loader`` with every LoaderKnobs field filled: (resolved, problems)."""
+    if not isinstance(raw, Mapping):
+        return {}, [f"{where}: 'loader' must be a table, got {raw!r}"]
+    problems = [f"{where}: unknown key 'loader.{k}' (valid: {', '.join(sorted(LOADER_TYPES))})"
+                for k in sorted(set(raw) - set(LOADER_TYPES))]
+    for k, kind in LOADER_TYPES.items():
+        v = raw.get(k)
+        if v is None:
+            continue
+        ok = isinstance(v, bool) if kind is bool else (not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else int))
+        if not ok or (kind is not bool and v < 0) or (k == "prefetch_factor" and v < 1):
+            problems.append(f"{where}: 'loader.{k}' must be {'true or false' if kind is bool else 'a number >= 0' if kind is float else 'an integer >= ' + ('1' if k == 'prefetch_factor' else '0')}, got {v!r}")
+    if problems:
+        return {}, problems
+    knobs = dataclasses.asdict(LoaderKnobs(**{k: raw[k] for k in LOADER_TYPES if k in raw}))
+    cuda = device == "cuda"
+    if knobs["num_workers"] is None:
+        knobs["num_workers"] = 2 if cuda else 1
+    if knobs["pin_memory"] is None:
+        knobs["pin_memory"] = cuda
+    knobs["sample_delay_s"] = float(knobs["sample_delay_s"])
+    return knobs, []
+
+
 # Keys every run may set besides its engine's knobs: fault injection and a test-only memory
 # limit for the micro-batch search (the trainer raises torch.OutOfMemoryError above it).
 TEST_OPTION_KEYS = {"fault", "simulate_oom_above_micro_batch_size"}
+# The real data round's loader (LoaderKnobs), resolved by runner.matrix for real-round runs.
+DATA_OPTION_KEYS = {"loader"}
 # Written by the runner after a micro-batch search (never set in a matrix).
 RUNNER_OPTION_KEYS = {"micro_batch_search"}
 
@@ -134,7 +175,7 @@ RUNNER_OPTION_KEYS = {"micro_batch_search"}
 def valid_option_keys(strategy: str, engine: str) -> set[str]:
     cls = KNOBS.get((strategy, engine))
     names = {f.name for f in dataclasses.fields(cls)} if cls else set()
-    return names | TEST_OPTION_KEYS
+    return names | TEST_OPTION_KEYS | DATA_OPTION_KEYS
 
 
 def _type_ok(value: Any, kind: Any) -> bool:
@@ -196,7 +237,7 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
         resolved["reduce_dtype"] = dtype
     if "virtual_stages" in resolved and resolved["virtual_stages"] is None:
         resolved["virtual_stages"] = 2 if resolved["schedule"] == "Interleaved1F1B" else 1
-    extra = {k: v for k, v in options.items() if k in TEST_OPTION_KEYS}
+    extra = {k: v for k, v in options.items() if k in TEST_OPTION_KEYS | DATA_OPTION_KEYS}
     return {**resolved, **extra}, problems
 
 

@@ -4,10 +4,19 @@ Format::
 
     [campaign]            name, preset ("auto" | "gpt-125m" | "tiny"), world_size ("auto" | int),
                           run_timeout_s
-    [fixed]               overrides of the preset's fixed variables (same for every run)
+    [fixed]               overrides of the preset's fixed variables (same for every run);
+                          data = "synthetic" | "real" | ["synthetic", "real"]: the data rounds
+    [data]                the real round's text (runner.corpus.DataSourceConfig): path (a prepared
+                          indexed dataset) or sources (raw files), tokenizer, text_key; neither:
+                          the default corpus (Python's standard library), built at launch
+    [checkpoint]          checkpoint cost (CheckpointConfig): enabled, step, verify_steps, dir, keep
     [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree,
                           micro_batch_size (int | "auto": searched by the runner), [runs.options]
-                          (engine knobs, runner.knobs)
+                          (engine knobs, runner.knobs; options.loader: the real round's DataLoader)
+
+Every [[runs]] layout runs once per data round, rounds in order (synthetic first, to rule
+out the input pipeline, then real text): the synthetic round keeps the run's name, the real
+round is ``<name>-real``; both share RunSpec.layout = name.
 
 Only the parallel layout may differ between runs; a run that sets a fixed variable is
 refused, naming the field. Every problem in a matrix is reported at once (one line each).
@@ -29,8 +38,9 @@ else:  # pragma: no cover
 
 from ingest.errors import ConfigError
 from ingest.schema import STRATEGY_ENGINES, FixedConfig, RunSpec
+from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import build_fault
-from runner.knobs import check_layout_knobs, resolve_knobs
+from runner.knobs import DATA_OPTION_KEYS, check_layout_knobs, resolve_knobs, resolve_loader_knobs
 from runner.presets import PRESETS, build_model_config
 
 CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
@@ -57,7 +67,7 @@ FIXED_TYPES: dict[str, tuple[type, float | None]] = {
     "seq_length": (int, 1), "vocab_size": (int, 2), "global_batch_size": (int, 1), "seed": (int, 0),
     "steps": (int, 1), "warmup_steps": (int, 0), "lr_warmup_steps": (int, 0), "lr": (float, 0.0),
     "min_lr": (float, 0.0), "weight_decay": (float, 0.0), "adam_beta1": (float, 0.0), "adam_beta2": (float, 0.0),
-    "grad_clip": (float, 0.0), "dtype": (str, None), "data": (str, None),
+    "grad_clip": (float, 0.0), "dtype": (str, None),
     "profile_start_step": (int, 1), "profile_num_steps": (int, 0),
 }
 DEFAULT_PROFILE_NUM_STEPS = 3  # traced steps per run; one warm-up step precedes them
@@ -68,6 +78,68 @@ MICRO_BATCH_AUTO = {"auto": "fastest", "auto-largest": "largest"}  # micro_batch
 MICRO_BATCH_SEARCH_MAX_CANDIDATES = 4
 MICRO_BATCH_PROBE_STEPS = 6  # per probe launch; the first MICRO_BATCH_PROBE_WARMUP are not timed
 MICRO_BATCH_PROBE_WARMUP = 3
+DATA_ROUNDS = ("synthetic", "real")
+SECTION_KEYS = {"campaign", "fixed", "data", "checkpoint", "runs"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """The matrix's ``[checkpoint]`` section. enabled: save and restore in every run (default
+    true once the section is there). step: save after this step (default steps - verify_steps -
+    1, after the profiler window). verify_steps: steps replayed after the restore and compared
+    with the uninterrupted run. dir: where checkpoints live (default <run>/checkpoint; a
+    per-run subdirectory of it otherwise). keep: leave the files (default: deleted after the
+    check, once measured)."""
+
+    enabled: bool = False
+    step: int | None = None
+    verify_steps: int = 2
+    dir: str | None = None
+    keep: bool = False
+
+
+CHECKPOINT_TYPES = {"enabled": bool, "step": int, "verify_steps": int, "dir": str, "keep": bool}
+
+
+def _checkpoint_config(raw: Any, *, source: str, steps: int, window: range) -> tuple[CheckpointConfig, list[str]]:
+    if raw is None:
+        return CheckpointConfig(), []
+    where = f"{source} [checkpoint]"
+    if not isinstance(raw, dict):
+        return CheckpointConfig(), [f"{where} must be a table, got {type(raw).__name__}"]
+    problems = _unknown(raw.keys(), set(CHECKPOINT_TYPES), where)
+    for k, kind in CHECKPOINT_TYPES.items():
+        v = raw.get(k)
+        if v is not None and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
+            problems.append(f"{where} {k} must be {kind.__name__}, got {v!r}")
+    if problems:
+        return CheckpointConfig(), problems
+    verify = raw.get("verify_steps", 2)
+    step = raw.get("step", steps - verify - 1)
+    if verify < 1 or step < 0 or step + verify > steps - 1:
+        problems.append(f"{where}: step {step} + verify_steps {verify} must leave the replayed steps inside the run"
+                        f" (0 <= step, verify_steps >= 1, step + verify_steps <= steps - 1 = {steps - 1})")
+    elif step in window and step != window[-1]:
+        problems.append(f"{where}: step {step} is inside the profiler window ({window.start}..{window[-1]}); a save"
+                        " there would land in the traced steps; move step or the window")
+    return CheckpointConfig(enabled=raw.get("enabled", True), step=step, verify_steps=verify, dir=raw.get("dir"),
+                            keep=raw.get("keep", False)), problems
+
+
+def _data_rounds(value: Any, *, source: str) -> tuple[tuple[str, ...], list[str]]:
+    rounds = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else None
+    if not rounds or not all(isinstance(r, str) for r in rounds):
+        return ("synthetic",), [f"{source} [fixed] data must be a round name or a list of them"
+                                f" (valid: {', '.join(DATA_ROUNDS)}), got {value!r}"]
+    bad = [r for r in rounds if r not in DATA_ROUNDS]
+    if bad or len(set(rounds)) != len(rounds):
+        return ("synthetic",), [f"{source} [fixed] data {list(rounds)!r}: each round once, from {', '.join(DATA_ROUNDS)}"]
+    return tuple(r for r in DATA_ROUNDS if r in rounds), []
+
+
+def run_name(layout: str, data_round: str) -> str:
+    """A run's name: the layout's for the synthetic round, ``<layout>-<round>`` otherwise."""
+    return layout if data_round == "synthetic" else f"{layout}-{data_round}"
 DEFAULT_FIXED = {"seed": 1234, "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "grad_clip": 1.0,
                  "data": "synthetic"}
 
@@ -108,6 +180,8 @@ class Campaign:
     startup_timeout_s: float
     fixed: FixedConfig
     runs: tuple[RunSpec, ...]
+    data_source: "DataSourceConfig | None" = None  # [data]: where the real round's text comes from
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
 
 def load_matrix(path: Path) -> dict[str, Any]:
@@ -196,7 +270,7 @@ def resolve_matrix(
     """
     overrides = dict(overrides or {})
     _check_shape(raw, source)
-    problems: list[str] = _unknown(raw.keys(), {"campaign", "fixed", "runs"}, source)
+    problems: list[str] = _unknown(raw.keys(), SECTION_KEYS, source)
     camp = dict(raw.get("campaign", {}))
     problems += _unknown(camp.keys(), CAMPAIGN_KEYS, f"{source} [campaign]")
     fixed_raw = dict(raw.get("fixed", {}))
@@ -230,8 +304,16 @@ def resolve_matrix(
         problems.append(f"{source} [fixed] steps ({values['steps']}) must exceed warmup_steps ({values['warmup_steps']}),"
                         " or no step is measured")
     problems += _profile_window(values, fixed_raw, source)
-    if values["data"] != "synthetic":
-        problems.append(f"{source} [fixed] data '{values['data']}' is not supported yet (valid: synthetic)")
+    rounds, round_problems = _data_rounds(values["data"], source=source)
+    problems += round_problems
+    values["data"] = "+".join(rounds)
+    data_source, data_problems = build_data_source_config(raw.get("data"), where=source)
+    problems += data_problems
+    window = range(values["profile_start_step"] - 1, values["profile_start_step"] + values["profile_num_steps"]) \
+        if values["profile_num_steps"] else range(0)
+    checkpoint, ckpt_problems = _checkpoint_config(raw.get("checkpoint"), source=source, steps=values["steps"],
+                                                   window=window)
+    problems += ckpt_problems
     default_world = camp.get("world_size", "auto")
     if default_world == "auto":
         default_world = num_gpus if num_gpus > 0 else 2
@@ -348,18 +430,52 @@ def resolve_matrix(
             build_fault(options)
         except (ValueError, TypeError) as e:
             problems.append(f"{where}: {e}")
-        specs.append(RunSpec(
-            campaign=str(camp.get("name", "campaign")), name=lay["run"]["name"], strategy=lay["strategy"],
-            engine=lay["engine"], world_size=lay["world"], tp_degree=tp, pp_degree=pp, dp_degree=dp,
-            micro_batch_size=mbs, num_microbatches=per_dp // mbs, device=device,
-            backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=dict(options),
-            collective_timeout_s=timeouts["collective_timeout_s"], nsys=nsys,
-        ))
+        loader_raw = options.pop("loader", None)
+        loader, loader_problems = ({}, []) if "real" not in rounds else resolve_loader_knobs(
+            loader_raw or {}, device=device, where=f"{where} options")
+        problems += loader_problems
+        if loader_raw is not None and "real" not in rounds and not round_problems:
+            problems.append(f"{where} options: 'loader' applies to the real data round only; add \"real\" to "
+                            "[fixed] data or drop it")
+        layout = lay["run"]["name"]
+        for data_round in rounds:
+            run_options = dict(options) | ({"loader": loader} if data_round == "real" else {})
+            specs.append(RunSpec(
+                campaign=str(camp.get("name", "campaign")), name=run_name(layout, data_round), strategy=lay["strategy"],
+                engine=lay["engine"], world_size=lay["world"], tp_degree=tp, pp_degree=pp, dp_degree=dp,
+                micro_batch_size=mbs, num_microbatches=per_dp // mbs, device=device,
+                backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=run_options,
+                collective_timeout_s=timeouts["collective_timeout_s"], nsys=nsys, data_round=data_round, layout=layout,
+                checkpoint_step=checkpoint.step if checkpoint.enabled else None, checkpoint_dir=checkpoint.dir,
+                checkpoint_verify_steps=checkpoint.verify_steps if checkpoint.enabled else 0,
+                checkpoint_keep=checkpoint.keep,
+            ))
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            problems.append(f"{source}: run name '{spec.name}' occurs twice once the data rounds are expanded"
+                            f" (the real round of layout '{spec.layout}' is '<name>-real'); rename a run")
+        seen.add(spec.name)
+    specs.sort(key=lambda sp: rounds.index(sp.data_round))  # round-major: the whole synthetic round first
     if problems:
         raise ConfigError("\n".join(problems))
     return Campaign(
         name=str(camp.get("name", "campaign")), preset=preset_name, device=device,
         run_timeout_s=timeouts["run_timeout_s"], stall_timeout_s=timeouts["stall_timeout_s"],
         startup_timeout_s=timeouts["startup_timeout_s"],
-        fixed=fixed, runs=tuple(specs),
+        fixed=fixed, runs=tuple(specs), data_source=data_source, checkpoint=checkpoint,
     )
+
+
+def tokens_read(campaign: Campaign) -> int:
+    """Tokens one run of the campaign reads (steps x global batch x (seq + 1))."""
+    f = campaign.fixed
+    return f.steps * f.global_batch_size * (f.model.seq_length + 1)
+
+
+def attach_dataset(campaign: Campaign, *, prefix: str, token_dtype: str, num_tokens: int) -> Campaign:
+    """The campaign with the validated real-text dataset in its fixed variables (every spec's)."""
+    fixed = dataclasses.replace(campaign.fixed, data_path=prefix, data_token_dtype=token_dtype,
+                                data_num_tokens=num_tokens)
+    return dataclasses.replace(campaign, fixed=fixed,
+                               runs=tuple(dataclasses.replace(s, fixed=fixed) for s in campaign.runs))

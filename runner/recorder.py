@@ -53,6 +53,7 @@ class StepRecorder:
         self._t0 = time.perf_counter()
         self._pending: _Pending | None = None
         self.step_times: dict[int, float] = {}  # step -> step_time_s of every row written
+        self.losses: dict[int, float | None] = {}  # step -> loss of every row written (checkpoint restore check)
         self._last_end = self._mark()
 
     def _mark(self) -> torch.cuda.Event | float:
@@ -100,13 +101,14 @@ class StepRecorder:
             step_time_s = p.end - self._last_end
         self._last_end = p.end
         self.step_times[p.step] = step_time_s
+        self.losses[p.step] = _scalar(p.loss)
         row = StepRow(
             run=self._run,
             rank=self._rank,
             step=p.step,
             step_time_s=step_time_s,
             tokens=self._tokens,
-            loss=_scalar(p.loss),
+            loss=self.losses[p.step],
             lr=p.lr,
             grad_norm=_scalar(p.grad_norm),
             mem_peak_allocated_gib=p.mem_alloc_gib,

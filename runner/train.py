@@ -2,8 +2,9 @@
 
     python -m runner.train --run-dir RUN_DIR      (reads RUN_DIR/spec.json)
 
-Owns what every strategy shares -- process group, seeds, synthetic data, the LR schedule,
-step timing and the metric rows -- and delegates the step itself to the strategy's trainer.
+Owns what every strategy shares -- process group, seeds, the data round (synthetic tokens or the
+real-text DataLoader), the LR schedule, step timing, the metric rows and the checkpoint probe --
+and delegates the step itself (and its checkpoint format) to the strategy's trainer.
 Each rank's stdout/stderr (NCCL_DEBUG lines included) go to RUN_DIR/logs/rank<r>.log.
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_
 from runner.faults import build_fault, inject
 from runner.launch import write_json_atomic
 from runner.nodes import placement_record
-from runner.data import BatchPrefetcher, SyntheticBatches, slice_batch
+from runner.checkpoint import CheckpointProbe
+from runner.data import BatchPrefetcher, RealBatches, SampleOrder, SyntheticBatches, TokenWindows, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
 from runner.strategies.common import enable_nvtx, phase
@@ -151,10 +153,10 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     )
     if ctx.rank == 0:
         write_json_atomic(run_dir / "run_info.json", to_dict(info))
-    data = SyntheticBatches(
-        vocab_size=f.model.vocab_size, seq_length=f.model.seq_length, global_batch_size=f.global_batch_size, seed=f.seed
-    )
+    data = build_data(spec, dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree)
     fault = build_fault(spec.options)
+    probe = CheckpointProbe(spec, trainer, run_dir=run_dir, rank=ctx.rank, device=ctx.device) \
+        if spec.checkpoint_step is not None else None
     with open_metrics_file(run_dir, ctx.rank) as out:
         recorder = StepRecorder(out, run=spec.name, engine=spec.engine, rank=ctx.rank, tokens_per_step=spec.tokens_per_step, device=ctx.device)
         profiler = build_profiler(spec, run_dir=run_dir, ctx=ctx)
@@ -162,7 +164,8 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
                                      micro_batch_size=spec.micro_batch_size, num_microbatches=spec.num_microbatches,
                                      device=ctx.device)
         try:
-            first = run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx, profiler=profiler)
+            first = run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx, profiler=profiler,
+                             checkpoint=probe)
             recorder.close()
             first.update(measure_loop_overhead(spec, trainer, data, recorder, ctx=ctx))
         except BaseException:
@@ -173,15 +176,54 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
             raise
         finally:
             prefetcher.close()
+            if isinstance(data, RealBatches):
+                data.close()
         recorder.close()
+    if isinstance(data, RealBatches):
+        (run_dir / "data").mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "data" / f"samples_rank{ctx.rank}.json", {
+            "run": spec.name, "rank": ctx.rank, "dp_rank": trainer.dp_rank, "dp_degree": trainer.dp_degree,
+            "steps": {str(k): v for k, v in sorted(data.consumed.items())}})
+    if probe is not None and probe.save_s is not None:  # a run shorter than its checkpoint step saved nothing
+        probe.verify(losses=recorder.losses, lr_at=lambda s: lr_at(s, f),
+                     batches=lambda s: replay_batches(spec, data, s, dp_rank=trainer.dp_rank,
+                                                      dp_degree=trainer.dp_degree, device=ctx.device))
     if ctx.rank == 0 and first:
         write_json_atomic(run_dir / "run_info.json", to_dict(dataclasses.replace(info, **first)))
+
+
+def build_data(spec: RunSpec, *, dp_rank: int, dp_degree: int) -> SyntheticBatches | RealBatches:
+    """This rank's batch source for the run's data round: synthetic Zipf tokens, or the real-text
+    indexed dataset through a DataLoader with the run's ``options.loader`` knobs (runner.data)."""
+    f = spec.fixed
+    if spec.data_round == "synthetic":
+        return SyntheticBatches(vocab_size=f.model.vocab_size, seq_length=f.model.seq_length,
+                                global_batch_size=f.global_batch_size, seed=f.seed)
+    if not f.data_path or not f.data_token_dtype or not f.data_num_tokens:
+        raise ValueError(f"run {spec.name}: data round 'real' without a validated dataset in the spec "
+                         "(runner all resolves one before launching)")
+    loader = dict(spec.options.get("loader") or {})
+    windows = TokenWindows(prefix=f.data_path, token_dtype=f.data_token_dtype, num_tokens=f.data_num_tokens,
+                           seq_length=f.model.seq_length, sample_delay_s=float(loader.get("sample_delay_s", 0.0)))
+    order = SampleOrder(num_samples=len(windows), global_batch_size=f.global_batch_size, seed=f.seed)
+    return RealBatches(windows, order, dp_rank=dp_rank, dp_degree=dp_degree, steps=range(f.steps),
+                       num_workers=int(loader.get("num_workers", 0)),
+                       pin_memory=bool(loader.get("pin_memory", False)) and torch.cuda.is_available(),
+                       prefetch_factor=int(loader.get("prefetch_factor", 2)))
+
+
+def replay_batches(spec: RunSpec, data: SyntheticBatches | RealBatches, step: int, *, dp_rank: int, dp_degree: int,
+                   device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Step ``step``'s micro-batches for this rank, read directly (no loader, no delay), on ``device``."""
+    rows = data.rows_at(step) if isinstance(data, RealBatches) else data.rows(step, dp_rank=dp_rank, dp_degree=dp_degree)
+    return [(x.to(device), y.to(device)) for x, y in slice_batch(
+        rows, dp_rank=0, dp_degree=1, micro_batch_size=spec.micro_batch_size, num_microbatches=spec.num_microbatches)]
 
 
 OVERHEAD_STEPS = 10  # steps replayed through a bare loop after the run to price the instrumentation
 
 
-def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches, recorder: StepRecorder, *,
+def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches | RealBatches, recorder: StepRecorder, *,
                           ctx: RankContext) -> dict:
     """Measurement overhead, same process (issue 7): the run's last OVERHEAD_STEPS steps as the
     recorder timed them (instrumented loop: prefetch wait, phase ranges, per-step rows) against
@@ -198,9 +240,8 @@ def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches, record
     times = recorder.step_times
     if any(s not in times for s in steps):
         return {}
-    batches = [[(x.to(ctx.device), y.to(ctx.device)) for x, y in slice_batch(
-        data.tokens(s), dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree, micro_batch_size=spec.micro_batch_size,
-        num_microbatches=spec.num_microbatches)] for s in steps]
+    batches = [replay_batches(spec, data, s, dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree, device=ctx.device)
+               for s in steps]
     _synced_wall_s(time.perf_counter(), ctx.device)  # start from an idle device
     t0 = time.perf_counter()
     for s, batch in zip(steps, batches):
@@ -218,9 +259,12 @@ def _synced_wall_s(t0: float, device: torch.device) -> float:
 
 
 def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: StepRecorder, *, fault, ctx: RankContext,
-             profiler: torch.profiler.profile | None = None, steps: range | None = None) -> dict:
+             profiler: torch.profiler.profile | None = None, steps: range | None = None,
+             checkpoint: CheckpointProbe | None = None) -> dict:
     """The instrumented training loop: per step, wait for the prefetched batch (``data_wait_s``),
-    the trainer's step, the recorder's row. Returns ``{first_step_s, compile_s}`` (seconds).
+    the trainer's step, the recorder's row; after ``spec.checkpoint_step`` the checkpoint save
+    (its time kept out of every step's by restarting the recorder's clock). Returns
+    ``{first_step_s, compile_s}`` (seconds).
 
     first_step_s: wall time of step 0 (host-synchronised after it), which holds torch.compile's
     tracing and code generation, lazy engine set-up and allocator growth. compile_s:
@@ -254,6 +298,10 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
                 profiler.stop()
                 profiler = None
                 recorder.restart_clock()
+        if checkpoint is not None and step == spec.checkpoint_step:
+            recorder.close()  # the step's row first, then the save; the next step's clock starts after it
+            checkpoint.save(step)
+            recorder.restart_clock()
         if ctx.rank == 0 and (step % 10 == 0 or step == f.steps - 1):
             print(f"[runner] {spec.name} step {step}/{f.steps}", flush=True)
     if 0 not in walls:

@@ -27,7 +27,8 @@ SLOWER_STOP_FRACTION = 0.03  # "fastest" stops at a candidate this much slower t
 
 
 def probe_spec(spec: RunSpec, *, micro_batch_size: int, steps: int, warmup_steps: int) -> RunSpec:
-    """The run's spec at another micro-batch size, shortened to ``steps`` with no profiler window.
+    """The run's spec at another micro-batch size, shortened to ``steps`` with no profiler window
+    and no checkpoint.
     Raises ValueError when the size does not divide the per-DP batch."""
     per_dp = spec.fixed.global_batch_size // spec.dp_degree
     if per_dp % micro_batch_size:
@@ -36,7 +37,8 @@ def probe_spec(spec: RunSpec, *, micro_batch_size: int, steps: int, warmup_steps
                                 profile_start_step=0, lr_warmup_steps=min(spec.fixed.lr_warmup_steps, steps))
     options = {k: v for k, v in spec.options.items() if k != "micro_batch_search"}
     return dataclasses.replace(spec, fixed=fixed, micro_batch_size=micro_batch_size,
-                               num_microbatches=per_dp // micro_batch_size, options=options, nsys=False)
+                               num_microbatches=per_dp // micro_batch_size, options=options, nsys=False,
+                               checkpoint_step=None, checkpoint_verify_steps=0)  # a probe times steps only
 
 
 def load_probe_tokens_per_s(run_dir: Path, *, warmup_steps: int, tokens_per_step: int) -> float | None:

@@ -40,7 +40,8 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _metric_table(note_md: str) -> dict[str, list[str]]:
-    lines = note_md.split("## 4. Metrics", 1)[1].split("## 5.", 1)[0].splitlines()
+    section = note_md.split("## 4. Metrics", 1)[1].split("## 5.", 1)[0]
+    lines = section.split("\n\n", 2)[1].splitlines()  # the first table (section 4 holds more below it)
     table = [ln for ln in lines if ln.startswith("| ")][1:]  # drop header
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in table]
     return {c[0]: c for c in cells if c[0] in RUNS}
@@ -134,7 +135,7 @@ def _evidence_table(note_md: str) -> dict[str, list[str]]:
 
 def test_section5_breakdown_for_every_run_adds_up_to_the_recorded_step_time(campaign):
     table = _evidence_table((campaign / "report" / "note.md").read_text())
-    assert set(table) == set(RUNS)
+    assert set(table) == set(RUNS) | set(REAL_RUNS)  # both data rounds are traced
     for name, cells in table.items():
         shares = [float(cells[i].split("%")[0]) for i in (4, 5, 6, 7, 8)]  # compute .. other
         assert abs(sum(shares) - 100.0) <= 0.3, (name, shares)  # a partition, up to rounding
@@ -169,3 +170,80 @@ def test_same_model_and_same_math_across_layouts(campaign):
     last = [np.mean([r["loss"] for r in _rows(campaign / n) if r["step"] == spec.fixed.steps - 1
                      and r["loss"] is not None]) for n in RUNS]
     assert all(x < ddp[0] - 1.0 for x in last)  # every layout learned (ln V = 6.9 at the start)
+
+
+# Issue 5: the same layouts' real-text round (runs "<layout>-real"), and every run's checkpoint.
+REAL_RUNS = tuple(f"{name}-real" for name in RUNS)
+CHECKPOINT_FORMATS = {"torch-ddp": "torch.distributed.checkpoint", "deepspeed": "deepspeed",
+                      "torch": "torch.distributed.checkpoint"}
+
+
+def test_both_data_rounds_ran_with_measured_data_wait(campaign):
+    for name in RUNS + REAL_RUNS:
+        assert json.loads((campaign / name / "status.json").read_text())["status"] == "ok", name
+        spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
+        assert spec.data_round == ("real" if name.endswith("-real") else "synthetic")
+        assert len(_rows(campaign / name)) == spec.world_size * spec.fixed.steps
+    for name in REAL_RUNS:  # the DataLoader's wait is timed, never zero by construction
+        assert all(r["data_wait_s"] > 0 for r in _rows(campaign / name))
+    dataset = json.loads((campaign / "campaign.json").read_text())["dataset"]
+    assert dataset["source"].startswith("python ") and dataset["tokenizer_trained"] and dataset["num_tokens"] > 0
+    assert (campaign / "data" / "corpus.bin").exists() and (campaign / "data" / "corpus.idx").exists()
+    md = (campaign / "report" / "note.md").read_text()
+    rounds = md.split("**Data rounds**", 1)[1].split("\n\n", 2)[1]
+    table = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in rounds.splitlines()[2:])}
+    assert set(table) == set(RUNS)
+    for name, cells in table.items():
+        assert cells[1:3] == [name, f"{name}-real"]
+        assert "n/a" not in cells[3] and "n/a" not in cells[4] and cells[6] != "n/a"  # both waits and the delta
+    assert "default corpus, the source files of the python" in md
+    conclusion = md.split("## 6. Conclusion", 1)[1]
+    assert sum(f"bottleneck for layout **{name}**" in conclusion for name in RUNS) == 3
+
+
+def test_real_round_batches_identical_across_strategies_and_disjoint_across_dp_ranks(campaign):
+    globals_by_run = {}
+    for name in REAL_RUNS:
+        audits = [json.loads(p.read_text()) for p in sorted((campaign / name / "data").glob("samples_rank*.json"))]
+        spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
+        assert len(audits) == spec.world_size and {a["dp_degree"] for a in audits} == {spec.dp_degree}
+        by_dp: dict[int, dict] = {}
+        for a in audits:  # every rank of one DP rank (its TP/PP ranks) got the very same samples and tokens
+            assert by_dp.setdefault(a["dp_rank"], a["steps"]) == a["steps"], (name, a["rank"])
+        steps = sorted(by_dp[0], key=int)
+        assert len(steps) >= 3
+        for s in steps:
+            ids = [set(by_dp[d][s]["sample_ids"]) for d in range(spec.dp_degree)]
+            assert sum(len(x) for x in ids) == len(set().union(*ids))  # disjoint across DP ranks
+        globals_by_run[name] = {s: [i for d in range(spec.dp_degree) for i in by_dp[d][s]["sample_ids"]]
+                                for s in steps}
+        globals_by_run[name + "/sums"] = {s: [i for d in range(spec.dp_degree) for i in by_dp[d][s]["token_sums"]]
+                                          for s in steps}
+    assert globals_by_run["ddp-real"] == globals_by_run["zero3-real"] == globals_by_run["tp2-pp2-real"]
+    assert globals_by_run["ddp-real/sums"] == globals_by_run["tp2-pp2-real/sums"]
+
+    def first_loss(name: str) -> float:
+        return float(np.mean([r["loss"] for r in _rows(campaign / name) if r["step"] == 0 and r["loss"] is not None]))
+
+    # same initial weights, same tokens in the first global batch: the same step-0 loss on real text
+    assert first_loss("zero3-real") == pytest.approx(first_loss("ddp-real"), rel=1e-5)
+    assert first_loss("tp2-pp2-real") == pytest.approx(first_loss("ddp-real"), rel=1e-4)
+
+
+def test_checkpoint_restore_reproduces_the_uninterrupted_losses_for_every_engine(campaign):
+    table = _metric_table((campaign / "report" / "note.md").read_text())
+    for name in RUNS + REAL_RUNS:
+        spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
+        record = json.loads((campaign / name / "checkpoint.json").read_text())
+        assert record["format"] == CHECKPOINT_FORMATS[spec.engine]
+        assert record["step"] == spec.fixed.steps - 3 and record["verify_steps"] == [spec.fixed.steps - 2,
+                                                                                     spec.fixed.steps - 1]
+        assert record["ok"] is True and record["max_abs_diff_nats"] <= record["tolerance_nats"] == 1e-4, record
+        rows = _rows(campaign / name)
+        for s, want in zip(record["verify_steps"], record["loss_uninterrupted"]):
+            assert want == pytest.approx(np.mean([r["loss"] for r in rows if r["step"] == s and r["loss"] is not None]))
+        assert record["save_s"] > 0 and record["load_s"] > 0 and record["bytes_written"] > 0 and record["num_files"] > 0
+        assert not (campaign / name / "checkpoint").exists()  # deleted once measured (keep = false)
+        if name in table:
+            assert table[name][12] == duration(record["save_s"]) and table[name][13] == duration(record["load_s"])
+            assert table[name][14] != "n/a"

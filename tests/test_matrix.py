@@ -22,8 +22,10 @@ def test_cpu_matrix_resolves_to_layouts_with_same_fixed_variables():
 
     raw = tomllib.loads((ROOT / "examples/matrices/cpu.toml").read_text())
     campaign = resolve_matrix(raw, source="cpu.toml", num_gpus=0)
-    assert [s.name for s in campaign.runs] == ["ddp", "zero3", "zero3-fsdp2", "tp2-pp2"]
-    assert [s.engine for s in campaign.runs] == ["torch-ddp", "deepspeed", "fsdp2", "torch"]
+    # two data rounds (issue 5): the synthetic round keeps the layout's name, the real one is <name>-real
+    assert [s.name for s in campaign.runs] == ["ddp", "zero3", "zero3-fsdp2", "tp2-pp2",
+                                               "ddp-real", "zero3-real", "zero3-fsdp2-real", "tp2-pp2-real"]
+    assert [s.engine for s in campaign.runs][:4] == ["torch-ddp", "deepspeed", "fsdp2", "torch"]
     assert len({s.fixed for s in campaign.runs}) == 1
     for s in campaign.runs:
         assert s.tp_degree * s.pp_degree * s.dp_degree == s.world_size

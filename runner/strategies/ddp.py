@@ -10,7 +10,10 @@ from torch.nn.parallel import DistributedDataParallel
 from ingest.schema import RunSpec
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
-from runner.strategies.common import autocast, build_adamw, build_param_groups, phase, set_lr
+from runner.strategies.common import (
+    TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, load_torch_checkpoint, phase,
+    save_torch_checkpoint, set_lr,
+)
 
 
 class _GPTWithLoss(torch.nn.Module):
@@ -25,6 +28,8 @@ class _GPTWithLoss(torch.nn.Module):
 
 
 class DDPTrainer:
+    checkpoint_format = TORCH_CHECKPOINT_FORMAT
+
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec = spec
         self.ctx = ctx
@@ -66,6 +71,14 @@ class DDPTrainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(loss=total, grad_norm=grad_norm)
+
+
+    def save_checkpoint(self, path) -> None:
+        """Model + AdamW state via torch distributed checkpoint (replicas deduplicated). Collective."""
+        save_torch_checkpoint(self.model, self.optimizer, path, key="ddp")
+
+    def load_checkpoint(self, path) -> None:
+        load_torch_checkpoint(self.model, self.optimizer, path, key="ddp")
 
 
 def build_trainer(spec: RunSpec, *, ctx: RankContext) -> DDPTrainer:

@@ -246,7 +246,16 @@ def _load_runner_gpt_init(model: torch.nn.Module, spec: RunSpec, *, tp_rank: int
         raise RuntimeError(f"weight mapping mismatch: missing {missing}, unexpected {unexpected}")
 
 
+# Megatron-LM's dist-checkpoint metadata (training/checkpointing._build_sharded_state_dict_metadata):
+# the distributed optimizer's "dp_reshardable" layout -- every DP rank saves and loads its own
+# buffer shard, no gather -- for a restore into the same layout, as here.
+DIST_CKPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+                      "chained_optim_avoid_prefix": True}
+
+
 class MegatronTPPPTrainer:
+    checkpoint_format = "megatron.dist_checkpointing"
+
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         from megatron.core import __version__ as mcore_version
         from megatron.core import parallel_state, tensor_parallel
@@ -342,6 +351,43 @@ class MegatronTPPPTrainer:
             raise RuntimeError("Megatron optimizer skipped the update")
         loss = torch.stack([d["lm loss"] for d in losses]).mean() if self.is_last_stage else None
         return StepOutput(loss=loss, grad_norm=grad_norm)
+
+
+    def _sharded_state_dict(self, *, is_loading: bool) -> dict:
+        """{"model": GPTModel.sharded_state_dict, "optimizer": optimizer.sharded_state_dict(...)}
+        as Megatron-LM builds it (training/checkpointing.generate_state_dict on the unwrapped
+        model): ShardedTensors with global offsets per TP shard and PP stage."""
+        from megatron.core.utils import unwrap_model
+
+        state = {"model": unwrap_model(self.model).sharded_state_dict(metadata=dict(DIST_CKPT_METADATA))}
+        state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=is_loading,
+                                                               metadata=dict(DIST_CKPT_METADATA))
+        return state
+
+    def save_checkpoint(self, path) -> None:
+        """Megatron's dist_checkpointing (torch_dist backend), saves spread over the DP replicas
+        (FullyParallelSaveStrategyWrapper, Megatron-LM's --ckpt-fully-parallel-save default).
+        ``path`` must exist. Collective."""
+        from megatron.core import dist_checkpointing, parallel_state
+        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+        from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+        strategy = FullyParallelSaveStrategyWrapper(
+            get_default_save_sharded_strategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
+        dist_checkpointing.save(self._sharded_state_dict(is_loading=False), str(path), sharded_strategy=strategy)
+
+    def load_checkpoint(self, path) -> None:
+        """dist_checkpointing.load into this layout's sharded state dict, then the model's and the
+        optimizer's load_state_dict (Megatron-LM's load_checkpoint order). Collective."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.utils import unwrap_model
+
+        state = dist_checkpointing.load(self._sharded_state_dict(is_loading=True), str(path))
+        missing, unexpected = unwrap_model(self.model).load_state_dict(state["model"], strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {path}: model keys missing {missing[:4]}, unexpected {unexpected[:4]}")
+        self.optimizer.load_state_dict(state["optimizer"])
 
 
 def build_trainer(spec: RunSpec, *, ctx: RankContext) -> MegatronTPPPTrainer:

@@ -51,7 +51,10 @@ from ingest.schema import RunSpec
 from runner.knobs import check_layout_knobs
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
-from runner.strategies.common import autocast, build_adamw, build_param_groups, phase, set_lr
+from runner.strategies.common import (
+    TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, load_torch_checkpoint, phase,
+    save_torch_checkpoint, set_lr,
+)
 
 # Megatron-LM split of one Block (paper section 3, figure 3): f before qkv/fc, g after the projections.
 BLOCK_TP_PLAN = {
@@ -124,6 +127,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class TPPPTorchTrainer:
+    checkpoint_format = TORCH_CHECKPOINT_FORMAT
+
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         cfg = spec.fixed.model
         dp, pp, tp = spec.dp_degree, spec.pp_degree, spec.tp_degree
@@ -264,6 +269,16 @@ class TPPPTorchTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         loss = torch.stack(losses).mean().detach() if self.is_last else None
         return StepOutput(loss=loss, grad_norm=grad_norm)
+
+
+    def save_checkpoint(self, path) -> None:
+        """This stage's module + AdamW state via torch distributed checkpoint, under key
+        ``stage<pp_rank>`` (stages reuse local block names): DTensor shards per TP rank, DP
+        replicas written once. Collective over all ranks."""
+        save_torch_checkpoint(self.stage_module, self.optimizer, path, key=f"stage{self.pp_rank}")
+
+    def load_checkpoint(self, path) -> None:
+        load_torch_checkpoint(self.stage_module, self.optimizer, path, key=f"stage{self.pp_rank}")
 
 
 def build_trainer(spec: RunSpec, *, ctx: RankContext) -> TPPPTorchTrainer:

@@ -36,7 +36,12 @@ def build_deepspeed_config(spec: RunSpec, *, zero_overrides: Mapping[str, Any]) 
     }
 
 
+CHECKPOINT_TAG = "ckpt"
+
+
 class Zero3Trainer:
+    checkpoint_format = "deepspeed"
+
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         import deepspeed  # lazy: only ZeRO-3 runs pay its import
 
@@ -76,6 +81,22 @@ class Zero3Trainer:
                 self.engine.step()  # updates only at the accumulation boundary
             total += loss.detach()
         return StepOutput(loss=total / len(microbatches), grad_norm=self.engine.get_global_grad_norm())
+
+
+    def save_checkpoint(self, path) -> None:
+        """DeepSpeed's own sharded format (``DeepSpeedEngine.save_checkpoint``): every rank writes
+        its ZeRO-3 partition of the fp32 master weights and Adam moments
+        (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``) and the module files under
+        ``path/<tag>/``. Collective."""
+        self.engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG)
+
+    def load_checkpoint(self, path) -> None:
+        """``DeepSpeedEngine.load_checkpoint`` with optimizer states; raises RuntimeError when it
+        finds nothing to load."""
+        loaded, _ = self.engine.load_checkpoint(str(path), tag=CHECKPOINT_TAG, load_optimizer_states=True,
+                                                load_lr_scheduler_states=False)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint '{CHECKPOINT_TAG}' in {path}")
 
 
 def build_trainer(spec: RunSpec, *, ctx: RankContext) -> Zero3Trainer:

@@ -1,0 +1,422 @@
+"""Real text for the data round: raw files -> tokenizer -> Megatron indexed dataset (.bin/.idx).
+
+``runner prepare-data SOURCE... --out PREFIX [--tokenizer tokenizer.json]`` and ``runner all``
+(when a matrix has a real data round and no prepared dataset) both end in ``prepare_data``:
+
+1. documents: a .txt (or any UTF-8 text file, e.g. .py/.md) is one document; a .jsonl file one
+   document per line (its ``text_key`` field); a .parquet file one per row of its ``text_key``
+   column. A file with a NUL byte or invalid UTF-8 in its first 64 KiB is refused as binary.
+2. tokenizer: a local HF ``tokenizer.json`` (HF tokenizers), or -- when none is given -- a
+   byte-level BPE fitted offline on these documents with the same library (vocabulary capped
+   at the model's), EOD = ``<|endoftext|>``.
+3. tokens: every document encoded and followed by EOD (Megatron-LM
+   ``tools/preprocess_data.py --append-eod``), written with megatron-core's
+   ``IndexedDatasetBuilder`` (one sequence per document; uint16 ids when the vocabulary fits,
+   ``DType.optimal_dtype``), so Megatron-LM reads it and a dataset Megatron-LM's tool wrote is
+   read here.
+
+The embedded default corpus needs no download: the source files of this Python's standard
+library (sorted, up to a byte budget), which every machine with Python has.
+
+``validate_dataset`` is the check every real round passes before any process group starts:
+the .idx reads, its sequence pointers and lengths cover the .bin exactly, the largest token id
+fits the model's vocabulary, and there is at least one sample. Every problem is a ConfigError
+naming the file. Deliberately not here: sample order and loading (runner.data).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ingest.errors import ConfigError
+from ingest.schema import DatasetRecord, to_dict
+
+EOD_TOKEN = "<|endoftext|>"
+SNIFF_BYTES = 64 * 1024
+MIN_TRAINED_VOCAB = 257  # 256 byte symbols + EOD
+DEFAULT_VOCAB_SIZE = 50257  # gpt-125m's: `runner prepare-data` without a model at hand
+# the default corpus's byte budget: about 4 bytes of source per token a campaign reads, within these bounds
+DEFAULT_CORPUS_MIN_BYTES = 1 << 20
+DEFAULT_CORPUS_MAX_BYTES = 64 << 20
+CHUNK_TOKENS = 1 << 24  # .bin scan for the largest id, 16M tokens at a time
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSourceConfig:
+    """The matrix's ``[data]`` section: where the real round's text comes from.
+
+    path: prefix of an already prepared indexed dataset (ours or Megatron-LM's), read as is.
+    sources: raw text files to prepare under the campaign directory instead of the default
+    corpus. tokenizer: a local tokenizer.json (with sources or the default corpus: used to
+    encode; with path: only checked against the model's vocabulary). text_key: the jsonl field
+    / parquet column holding the text."""
+
+    path: str | None = None
+    sources: tuple[str, ...] = ()
+    tokenizer: str | None = None
+    text_key: str = "text"
+
+
+DATA_KEYS = {f.name for f in dataclasses.fields(DataSourceConfig)}
+
+
+def build_data_source_config(raw: object, *, where: str) -> tuple[DataSourceConfig, list[str]]:
+    """The ``[data]`` table -> (config, problems); unknown keys and wrong types are problems."""
+    if raw is None:
+        return DataSourceConfig(), []
+    if not isinstance(raw, dict):
+        return DataSourceConfig(), [f"{where}: [data] must be a table, got {type(raw).__name__}"]
+    problems = [f"{where} [data]: unknown key '{k}' (valid: {', '.join(sorted(DATA_KEYS))})"
+                for k in sorted(set(raw) - DATA_KEYS)]
+    for key in ("path", "tokenizer", "text_key"):
+        if key in raw and not isinstance(raw[key], str):
+            problems.append(f"{where} [data] {key} must be a string, got {raw[key]!r}")
+    sources = raw.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        problems.append(f"{where} [data] sources must be a list of file paths, got {sources!r}")
+        sources = []
+    if raw.get("path") and sources:
+        problems.append(f"{where} [data]: set either path (a prepared dataset) or sources (raw text), not both")
+    if problems:
+        return DataSourceConfig(), problems
+    return DataSourceConfig(path=raw.get("path"), sources=tuple(sources), tokenizer=raw.get("tokenizer"),
+                            text_key=raw.get("text_key", "text")), []
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def collect_stdlib_sources(*, max_bytes: int) -> list[Path]:
+    """The default corpus: this Python's standard library ``*.py`` files (site-packages left
+    out), sorted by relative path, taken until ``max_bytes`` of source are reached."""
+    root = stdlib_dir()
+    files = sorted((p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()),
+                   key=lambda p: p.relative_to(root).as_posix())
+    out, total = [], 0
+    for p in files:
+        if total >= max_bytes:
+            break
+        out.append(p)
+        total += p.stat().st_size
+    return out
+
+
+def default_corpus_bytes(*, tokens_needed: int) -> int:
+    """Byte budget of the default corpus for a campaign that reads ``tokens_needed`` tokens."""
+    return int(min(max(4 * tokens_needed, DEFAULT_CORPUS_MIN_BYTES), DEFAULT_CORPUS_MAX_BYTES))
+
+
+def _sniff_text(path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file; pass existing text files (txt, jsonl, parquet)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; pass the text files in it") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    if b"\x00" in head:
+        raise ConfigError(f"{path}: looks binary (NUL bytes), not text; pass txt, jsonl or parquet files")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not just a multi-byte character cut at the sniff boundary
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); pass txt, jsonl or parquet files") from None
+
+
+def read_documents(path: Path, *, text_key: str = "text") -> Iterator[str]:
+    """The documents of one source file (see the module docstring). Raises ConfigError naming
+    the file (and line) for binary content, bad JSON lines or a missing text field/column."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path, columns=[text_key])
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except (KeyError, ValueError, OSError) as e:  # pyarrow: missing column, not parquet
+            raise ConfigError(f"{path}: cannot read column '{text_key}' as parquet ({e}); "
+                              f"set --text-key / [data] text_key") from None
+        for value in table.column(text_key).to_pylist():
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{path}: column '{text_key}' holds {type(value).__name__}, not text")
+            if value:
+                yield value
+        return
+    _sniff_text(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); pass txt, jsonl or parquet files") from None
+    if path.suffix == ".jsonl":
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+            value = obj.get(text_key) if isinstance(obj, dict) else None
+            if not isinstance(value, str):
+                raise ConfigError(f"{path}:{lineno}: no string field '{text_key}'; set --text-key / [data] text_key")
+            if value:
+                yield value
+        return
+    if text.strip():
+        yield text
+
+
+def load_corpus(sources: Sequence[Path], *, text_key: str = "text") -> list[str]:
+    """Every document of every source, in the order given. Raises ConfigError naming the
+    sources when they hold no text at all (empty corpus)."""
+    if not sources:
+        raise ConfigError("no source files given; pass txt, jsonl or parquet files")
+    docs = [d for p in sources for d in read_documents(Path(p), text_key=text_key)]
+    if not docs:
+        names = ", ".join(str(p) for p in sources[:3]) + (f" (+{len(sources) - 3} more)" if len(sources) > 3 else "")
+        raise ConfigError(f"{names}: empty corpus (no non-empty document); pass files that hold text")
+    return docs
+
+
+# ---------------------------------------------------------------------------------------- tokenizer
+
+def load_tokenizer(path: Path):
+    """A local HF ``tokenizer.json``. Raises ConfigError naming the file when it does not load."""
+    from tokenizers import Tokenizer
+
+    if not Path(path).is_file():
+        raise ConfigError(f"{path}: tokenizer file not found; pass a local HF tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception on bad JSON
+        raise ConfigError(f"{path}: not a HF tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+
+
+def train_tokenizer(docs: Sequence[str], *, vocab_size: int):
+    """A byte-level BPE (GPT-2's pre-tokenizer and byte alphabet, EOD special token) fitted on
+    ``docs`` with HF tokenizers' BpeTrainer. Its vocabulary is at most ``vocab_size`` (a small
+    corpus may have fewer merges to learn). Raises ConfigError when vocab_size < 257."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < MIN_TRAINED_VOCAB:
+        raise ConfigError(f"vocab size {vocab_size} < {MIN_TRAINED_VOCAB}: a byte-level BPE needs 256 byte symbols + EOD")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    return tok
+
+
+def check_tokenizer_vocab(tokenizer, *, path: str | Path, model_vocab_size: int) -> int:
+    """The tokenizer's vocabulary size (added tokens included); ConfigError naming ``path``
+    when it exceeds the model's vocabulary (ids past the embedding table)."""
+    size = int(tokenizer.get_vocab_size(with_added_tokens=True))
+    if size > model_vocab_size:
+        raise ConfigError(f"{path}: tokenizer vocabulary {size} > the model's vocab_size {model_vocab_size}; "
+                          "use a smaller tokenizer or a model preset with a larger vocabulary")
+    return size
+
+
+# ------------------------------------------------------------------------------------------ dataset
+
+def _megatron_indexed_dataset():
+    """megatron.core.datasets.indexed_dataset, imported without its TE/apex fallback warnings
+    (they concern training kernels, not the dataset format)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def _index_dtype(vocab_size: int):
+    return _megatron_indexed_dataset().DType.optimal_dtype(vocab_size)
+
+
+def write_indexed_dataset(token_docs: Sequence[Sequence[int]], *, prefix: Path, vocab_size: int) -> None:
+    """Write documents of token ids as ``prefix.bin`` / ``prefix.idx`` with megatron-core's
+    IndexedDatasetBuilder (one sequence per document), atomically (temp names, then rename)."""
+    IndexedDatasetBuilder = _megatron_indexed_dataset().IndexedDatasetBuilder
+    dtype = _index_dtype(vocab_size)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp{os.getpid()}"), Path(f"{prefix}.idx.tmp{os.getpid()}")
+    try:
+        builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
+        for ids in token_docs:
+            arr = np.asarray(ids, dtype=dtype)
+            builder.add_document(arr, [arr.size])
+        builder.finalize(str(tmp_idx))
+        os.replace(tmp_bin, f"{prefix}.bin")
+        os.replace(tmp_idx, f"{prefix}.idx")
+    finally:
+        tmp_bin.unlink(missing_ok=True)
+        tmp_idx.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetInfo:
+    """What ``validate_dataset`` found: token dtype name, counts, largest id, .bin size."""
+
+    token_dtype: str
+    num_documents: int
+    num_tokens: int
+    max_token_id: int
+    bin_bytes: int
+
+
+def validate_dataset(prefix: str | Path, *, model_vocab_size: int, seq_length: int) -> DatasetInfo:
+    """Check an indexed dataset before any process group starts (module docstring); ConfigError
+    naming the .idx or .bin at fault."""
+    idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    for p in (idx, bin_):
+        if not p.is_file():
+            raise ConfigError(f"{p}: not found; [data] path / --out is the prefix of <prefix>.bin and <prefix>.idx")
+    IndexedDataset = _megatron_indexed_dataset().IndexedDataset
+    try:
+        ds = IndexedDataset(str(prefix))
+        lengths = np.asarray(ds.index.sequence_lengths, dtype=np.int64)
+        pointers = np.asarray(ds.index.sequence_pointers, dtype=np.int64)
+        dtype = np.dtype(ds.index.dtype)
+        num_documents = int(len(ds.index.document_indices) - 1)
+    except (AssertionError, ValueError, KeyError, OSError, IndexError, TypeError) as e:
+        raise ConfigError(f"{idx}: not a Megatron indexed-dataset index ({type(e).__name__}: "
+                          f"{str(e)[:100] or 'bad header or truncated'})") from None
+    bin_bytes = bin_.stat().st_size
+    num_tokens = int(lengths.sum())
+    expected = int(pointers[-1] + lengths[-1] * dtype.itemsize) if len(lengths) else 0
+    contiguous = len(lengths) == 0 or (pointers[0] == 0 and np.array_equal(
+        pointers[1:], pointers[:-1] + lengths[:-1] * dtype.itemsize))
+    if expected != bin_bytes or num_tokens * dtype.itemsize != bin_bytes or not contiguous:
+        raise ConfigError(f"{idx}: does not match {bin_.name} (the index covers {expected} bytes of "
+                          f"{dtype.name} tokens, the .bin has {bin_bytes}); rebuild both with `runner prepare-data`")
+    if num_tokens < seq_length + 1:
+        raise ConfigError(f"{bin_}: {num_tokens} tokens, fewer than one sample of seq_length + 1 = {seq_length + 1}; "
+                          "give the corpus more text")
+    data = np.memmap(bin_, dtype=dtype, mode="r")
+    max_id = max(int(data[i : i + CHUNK_TOKENS].max()) for i in range(0, num_tokens, CHUNK_TOKENS))
+    del data
+    if max_id >= model_vocab_size:
+        raise ConfigError(f"{bin_}: token id {max_id} >= the model's vocab_size {model_vocab_size}; it was tokenized "
+                          "with a larger vocabulary than this campaign's model")
+    return DatasetInfo(token_dtype=dtype.name, num_documents=num_documents, num_tokens=num_tokens,
+                       max_token_id=max_id, bin_bytes=bin_bytes)
+
+
+def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: Path | None, vocab_size: int,
+                 text_key: str = "text", source: str = "files", seq_length: int = 1) -> DatasetRecord:
+    """Tokenize ``sources`` into ``out_prefix.{bin,idx}`` and write ``out_prefix.json`` (the
+    DatasetRecord); a trained tokenizer is saved as ``out_prefix.tokenizer.json``. vocab_size:
+    the model's vocabulary (cap of a trained tokenizer; bound a given one must fit). Raises
+    ConfigError naming the file for bad input (module docstring)."""
+    t0 = time.perf_counter()
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    if tokenizer is not None:
+        tok_vocab = check_tokenizer_vocab(tokenizer, path=tokenizer_path, model_vocab_size=vocab_size)
+    docs = load_corpus(sources, text_key=text_key)
+    if tokenizer is None:
+        tokenizer = train_tokenizer(docs, vocab_size=vocab_size)
+        tok_vocab = check_tokenizer_vocab(tokenizer, path="trained tokenizer", model_vocab_size=vocab_size)
+        tokenizer_path = Path(f"{out_prefix}.tokenizer.json")
+        tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(tokenizer_path))
+        trained = True
+    else:
+        trained = False
+    eod = tokenizer.token_to_id(EOD_TOKEN)
+    if eod is None:  # a tokenizer without GPT-2's EOD: Megatron-LM's tool appends the tokenizer's eod; we need one
+        raise ConfigError(f"{tokenizer_path}: no '{EOD_TOKEN}' token to end documents with; use a GPT-2 style tokenizer")
+    encoded = [e.ids + [eod] for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
+    write_indexed_dataset(encoded, prefix=out_prefix, vocab_size=tok_vocab)
+    info = validate_dataset(out_prefix, model_vocab_size=vocab_size, seq_length=seq_length)
+    record = DatasetRecord(
+        prefix=str(Path(out_prefix).resolve()), source=source, sources=tuple(str(p) for p in sources),
+        source_bytes=sum(Path(p).stat().st_size for p in sources), tokenizer=str(Path(tokenizer_path).resolve()),
+        tokenizer_trained=trained, vocab_size=tok_vocab, eod_token_id=eod, num_documents=info.num_documents,
+        num_tokens=info.num_tokens, token_dtype=info.token_dtype, max_token_id=info.max_token_id,
+        bin_bytes=info.bin_bytes, build_s=time.perf_counter() - t0)
+    write_dataset_record(Path(f"{out_prefix}.json"), record)
+    return record
+
+
+def write_dataset_record(path: Path, record: DatasetRecord) -> None:
+    from runner.launch import write_json_atomic
+
+    write_json_atomic(path, to_dict(record))
+
+
+def describe_stdlib() -> str:
+    return f"python {sys.version.split()[0]} standard library ({stdlib_dir()})"
+
+
+def resolve_campaign_dataset(config: DataSourceConfig, *, data_dir: Path, model_vocab_size: int, seq_length: int,
+                             tokens_needed: int) -> DatasetRecord:
+    """The real round's dataset for a campaign, before any launch; records it in
+    ``data_dir/dataset.json``.
+
+    - ``config.path``: a prepared dataset, validated in place (tokenizer, if given, checked
+      against the model's vocabulary);
+    - ``config.sources``: tokenized into ``data_dir/corpus``;
+    - neither: the default corpus (this Python's standard library, ``default_corpus_bytes``)
+      tokenized into ``data_dir/corpus`` -- reused when an earlier build for the same
+      vocabulary is there (the cache of a resumed or re-run campaign).
+    Raises ConfigError naming the file at fault."""
+    record_path = data_dir / "dataset.json"
+    if config.path:
+        prefix = Path(config.path).expanduser().resolve()
+        tok_vocab = None
+        if config.tokenizer:
+            tok_vocab = check_tokenizer_vocab(load_tokenizer(Path(config.tokenizer)), path=config.tokenizer,
+                                              model_vocab_size=model_vocab_size)
+        info = validate_dataset(prefix, model_vocab_size=model_vocab_size, seq_length=seq_length)
+        record = DatasetRecord(prefix=str(prefix), source="prepared", sources=(), source_bytes=0,
+                               tokenizer=str(Path(config.tokenizer).resolve()) if config.tokenizer else None,
+                               tokenizer_trained=False, vocab_size=tok_vocab, eod_token_id=None,
+                               num_documents=info.num_documents, num_tokens=info.num_tokens,
+                               token_dtype=info.token_dtype, max_token_id=info.max_token_id, bin_bytes=info.bin_bytes)
+        write_dataset_record(record_path, record)
+        return record
+    prefix = data_dir / "corpus"
+    if config.sources:
+        sources, source = [Path(s) for s in config.sources], "files"
+    else:
+        sources, source = collect_stdlib_sources(max_bytes=default_corpus_bytes(tokens_needed=tokens_needed)), \
+            describe_stdlib()
+        cached = _cached_record(Path(f"{prefix}.json"), sources=sources, tokenizer=config.tokenizer,
+                                model_vocab_size=model_vocab_size)
+        if cached is not None:
+            validate_dataset(prefix, model_vocab_size=model_vocab_size, seq_length=seq_length)
+            write_dataset_record(record_path, cached)
+            return cached
+    record = prepare_data(sources, out_prefix=prefix, tokenizer_path=Path(config.tokenizer) if config.tokenizer else None,
+                          vocab_size=model_vocab_size, text_key=config.text_key, source=source, seq_length=seq_length)
+    write_dataset_record(record_path, record)
+    return record
+
+
+def _cached_record(path: Path, *, sources: Sequence[Path], tokenizer: str | None,
+                   model_vocab_size: int) -> DatasetRecord | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        record = DatasetRecord(**{**data, "sources": tuple(data["sources"])})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    same = (record.sources == tuple(str(p) for p in sources) and (tokenizer is None) == record.tokenizer_trained
+            and record.vocab_size is not None and record.vocab_size <= model_vocab_size)
+    return record if same else None
+
