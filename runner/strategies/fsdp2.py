@@ -35,7 +35,10 @@ from torch.distributed.tensor import DTensor
 from ingest.schema import RunSpec
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
-from runner.strategies.common import build_adamw, build_param_groups, phase, set_lr
+from runner.strategies.common import (
+    TORCH_CHECKPOINT_FORMAT, build_adamw, build_param_groups, load_torch_checkpoint, phase, save_torch_checkpoint,
+    set_lr,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -49,6 +52,8 @@ def build_mp_policy(*, dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
 
 
 class FSDP2Trainer:
+    checkpoint_format = TORCH_CHECKPOINT_FORMAT
+
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec, self.ctx = spec, ctx
         opts = spec.options
@@ -107,6 +112,14 @@ class FSDP2Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(loss=total, grad_norm=grad_norm)
+
+    def save_checkpoint(self, path) -> None:
+        """Model + AdamW state via torch distributed checkpoint: each rank writes its own DTensor
+        shards (FSDP2's sharded state dict, no all-gather). Collective."""
+        save_torch_checkpoint(self.model, self.optimizer, path, key="fsdp2")
+
+    def load_checkpoint(self, path) -> None:
+        load_torch_checkpoint(self.model, self.optimizer, path, key="fsdp2")
 
 
 def build_trainer(spec: RunSpec, *, ctx: RankContext) -> FSDP2Trainer:
