@@ -103,7 +103,7 @@ def render_breakdown_figure(summary: pd.DataFrame, *, gettext: Gettext = _identi
     """Stacked horizontal bar per run: mean step interval split into BREAKDOWN_CATEGORIES.
     summary: report.evidence.summarize_breakdown (columns run, <category>_s). -> SVG bytes."""
     _ = gettext
-    fig, ax = plt.subplots(figsize=(6.0, 0.6 + 0.45 * max(1, len(summary))))
+    fig, ax = plt.subplots(figsize=(6.0, 1.1 + 0.45 * max(1, len(summary))), layout="constrained")
     runs = list(summary["run"])[::-1]
     left = [0.0] * len(runs)
     rows = summary.set_index("run").loc[runs] if runs else summary
@@ -113,8 +113,8 @@ def render_breakdown_figure(summary: pd.DataFrame, *, gettext: Gettext = _identi
         left = [a + b for a, b in zip(left, widths)]
     ax.set_xlabel(_(N_("mean step time on the profiled steps (ms)")))
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(runs) < 3 else -0.2),
-              frameon=False)
+    # below the axis label, outside the axes: constrained layout makes room (never over the label)
+    fig.legend(fontsize=7, ncol=3, loc="outside lower center", frameon=False)
     return _svg(fig)
 
 
@@ -148,8 +148,8 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
         ax.grid(alpha=0.3, axis="x")
     axes[-1, 0].set_xlabel(_(N_("ms from the step's start")))
     handles = [plt.Rectangle((0, 0), 1, 1, color=CATEGORY_COLORS[c]) for c in CATEGORY_COLORS]
-    axes[-1, 0].legend(handles, [_(CATEGORY_LABELS[c]) for c in CATEGORY_COLORS], fontsize=7, ncol=3,
-                       loc="upper center", bbox_to_anchor=(0.5, -0.6), frameon=False)
+    fig.legend(handles, [_(CATEGORY_LABELS[c]) for c in CATEGORY_COLORS], fontsize=7, ncol=3,
+               loc="outside lower center", frameon=False)
     if not present:
         axes[0, 0].text(0.5, 0.5, _(N_("no profiler timeline")), ha="center", va="center", transform=axes[0, 0].transAxes)
     return _svg(fig)
