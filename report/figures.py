@@ -34,7 +34,7 @@ CATEGORY_LABELS = {"compute": N_("compute"), "exposed_comm": N_("exposed comm"),
 
 # the SVG names the families; the PDF renderer picks each glyph's font (CJK after Latin)
 plt.rcParams.update({"svg.hashsalt": "report", "svg.fonttype": "none", "font.size": 9, "font.family": "sans-serif",
-                     "font.sans-serif": ["DejaVu Sans", "Noto Sans CJK SC", "Noto Sans CJK"]})
+                     "font.sans-serif": ["DejaVu Sans", "Noto Sans CJK SC"]})
 
 
 def _identity(message: str) -> str:
