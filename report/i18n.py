@@ -116,7 +116,7 @@ def catalog_path(code: str) -> Path:
 def available_languages() -> tuple[str, ...]:
     """English plus every language with a catalog under report/locale and a Babel locale."""
     found = sorted(p.parent.parent.name for p in LOCALE_DIR.glob(f"*/LC_MESSAGES/{DOMAIN}.po"))
-    return (DEFAULT_LANGUAGE, *(c for c in found if c != DEFAULT_LANGUAGE))
+    return (DEFAULT_LANGUAGE, *(c for c in found if c != DEFAULT_LANGUAGE and c in BABEL_LOCALES))
 
 
 def placeholders(message: str) -> set[str]:
@@ -149,7 +149,7 @@ def _usable(catalog: Catalog) -> tuple[Catalog, list[str]]:
 @cache
 def load_language(code: str = DEFAULT_LANGUAGE) -> Language:
     """The Language for ``code``; raises ConfigError naming the available ones."""
-    if code not in available_languages() or code not in BABEL_LOCALES:
+    if code not in available_languages():
         raise ConfigError(f"unknown --lang {code!r}; choose from {', '.join(available_languages())} "
                           "(a new language needs report/locale/<lang>/LC_MESSAGES/messages.po and an entry in "
                           "report.i18n.BABEL_LOCALES)")

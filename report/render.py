@@ -1,9 +1,10 @@
 """Render the note (Markdown, HTML, PDF) from the one view-model.
 
 Jinja2 with StrictUndefined (a missing field fails loudly) and autoescape for HTML. All
-number formatting lives in the filters below; templates only loop and print. PDF is
-WeasyPrint applied to the HTML with templates/print.css. Files are written atomically via
-ingest.io. Deliberately not here: any metric computation.
+number formatting lives in the filters below, in the note's language (report.i18n: Python
+rounds, Babel writes the locale's symbols); the fixed text is gettext messages; templates only
+loop and print. PDF is WeasyPrint applied to the HTML with templates/print.css. Files are
+written atomically via ingest.io. Deliberately not here: any metric computation.
 """
 from __future__ import annotations
 
