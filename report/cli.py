@@ -1,4 +1,4 @@
-"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf]` and
+"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf] [--lang en|zh]` and
 `report diff OLD NEW [--out DIR] [--threshold 0.05] [--format md,html,pdf]`.
 
 CAMPAIGN_DIR (and OLD, NEW) is a campaign directory written by `runner all`, a tables
@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ingest.errors import ToolError
+from report.i18n import DEFAULT_LANGUAGE, available_languages
 from report.render import FORMATS, build_diff_report, build_report
 
 
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report)")
     build.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
                        help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
+    build.add_argument("--lang", default=DEFAULT_LANGUAGE, choices=available_languages(),
+                       help=f"language of the note's text, numbers and dates (default: {DEFAULT_LANGUAGE})")
     diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
     diff.add_argument("old", metavar="OLD", help="the baseline campaign (campaign, tables or third-party dir)")
     diff.add_argument("new", metavar="NEW", help="the campaign compared with it")
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diff":
             paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)
         else:
-            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats)
+            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats, lang=args.lang)
     except ToolError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

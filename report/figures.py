@@ -1,11 +1,16 @@
 """SVG figures for the note's evidence section (matplotlib, Agg backend).
 
 Inputs are tables already computed by report.metrics; this module only plots them. Files
-are written through ingest.io (atomic). Deliberately not here: any statistic.
+are written through ingest.io (atomic). Text is SVG text (``svg.fonttype: none``): vector in
+the PDF, searchable, set in the note's fonts (a CJK family after DejaVu Sans, so translated
+labels render). Labels are English messages (``N_``) passed through ``gettext`` (the note
+language's, report.i18n). Deliberately not here: any statistic.
 """
 from __future__ import annotations
 
 import io
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -16,44 +21,58 @@ import pandas as pd  # noqa: E402
 
 from ingest.io import write_bytes_atomic  # noqa: E402
 from ingest.schema import BREAKDOWN_CATEGORIES  # noqa: E402
+from report.i18n import N_  # noqa: E402
+
+Gettext = Callable[[str], str]
 
 # one colour per category, the same in both profiler figures
 CATEGORY_COLORS = {"compute": "tab:green", "exposed_comm": "tab:red", "bubble": "tab:purple",
                    "data_stall": "tab:orange", "other": "tab:gray", "hidden_comm": "tab:pink"}
-CATEGORY_LABELS = {"compute": "compute", "exposed_comm": "exposed comm", "bubble": "pipeline bubble",
-                   "data_stall": "data stall", "other": "other (memcpy, launch gaps, host)",
-                   "hidden_comm": "comm hidden under compute"}
+CATEGORY_LABELS = {"compute": N_("compute"), "exposed_comm": N_("exposed comm"), "bubble": N_("pipeline bubble"),
+                   "data_stall": N_("data stall"), "other": N_("other (memcpy, launch gaps, host)"),
+                   "hidden_comm": N_("comm hidden under compute")}
 
-plt.rcParams.update({"svg.hashsalt": "report", "svg.fonttype": "none", "font.size": 9})
+# the SVG names the families; the PDF renderer picks each glyph's font (CJK after Latin)
+plt.rcParams.update({"svg.hashsalt": "report", "svg.fonttype": "none", "font.size": 9, "font.family": "sans-serif",
+                     "font.sans-serif": ["DejaVu Sans", "Noto Sans CJK SC"]})
+
+
+def _identity(message: str) -> str:
+    return message
 
 
 def _svg(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    with warnings.catch_warnings():  # layout metrics come from DejaVu Sans; CJK glyphs are drawn by the reader
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return buf.getvalue()
 
 
-def render_loss_figure(loss_curve: pd.DataFrame, *, loss_floor_nats: float | None = None) -> bytes:
+def render_loss_figure(loss_curve: pd.DataFrame, *, loss_floor_nats: float | None = None,
+                       gettext: Gettext = _identity) -> bytes:
     """Loss vs step, one line per run. loss_curve: columns run, step, loss (nats). -> SVG bytes."""
+    _ = gettext
     fig, ax = plt.subplots(figsize=(6.0, 3.2))
     for run, df in loss_curve.groupby("run", sort=False):
         ax.plot(df["step"], df["loss"], label=str(run), linewidth=1.2)
     if loss_floor_nats is not None:
-        ax.axhline(loss_floor_nats, color="grey", linestyle=":", linewidth=1, label="data entropy (floor)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats)")
+        ax.axhline(loss_floor_nats, color="grey", linestyle=":", linewidth=1, label=_(N_("data entropy (floor)")))
+    ax.set_xlabel(_(N_("step")))
+    ax.set_ylabel(_(N_("loss (nats)")))
     ax.grid(alpha=0.3)
     if not loss_curve.empty:
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no run reported a loss", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, _(N_("no run reported a loss")), ha="center", va="center", transform=ax.transAxes)
     return _svg(fig)
 
 
-def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str]) -> bytes:
+def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
     """Box plot + strip of per-step times per run. step_times: columns run, step,
     step_time_s (max over ranks, measured steps). runs: order of the boxes. -> SVG bytes."""
+    _ = gettext
     fig, ax = plt.subplots(figsize=(6.0, 3.2))
     present = [r for r in runs if (step_times["run"] == r).any()]
     data = [step_times.loc[step_times["run"] == r, "step_time_s"].to_numpy() for r in present]
@@ -63,45 +82,49 @@ def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str]) -> byt
             offsets = [(j % 7 - 3) * 0.03 for j in range(len(values))]  # deterministic jitter
             ax.scatter([i + o for o in offsets], values, s=6, alpha=0.5, color="tab:blue")
     else:
-        ax.text(0.5, 0.5, "no measured steps", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("step time (s)")
+        ax.text(0.5, 0.5, _(N_("no measured steps")), ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel(_(N_("step time (s)")))
     ax.grid(alpha=0.3, axis="y")
     return _svg(fig)
 
 
 def write_figures(loss_curve: pd.DataFrame, step_times: pd.DataFrame, *, runs: list[str], out_dir: Path,
-                  loss_floor_nats: float | None = None) -> dict[str, Path]:
+                  loss_floor_nats: float | None = None, gettext: Gettext = _identity) -> dict[str, Path]:
     """Write loss.svg and step_time.svg into out_dir; returns {"loss": path, "step_time": path}."""
     return {
-        "loss": write_bytes_atomic(out_dir / "loss.svg", render_loss_figure(loss_curve, loss_floor_nats=loss_floor_nats)),
-        "step_time": write_bytes_atomic(out_dir / "step_time.svg", render_step_time_figure(step_times, runs=runs)),
+        "loss": write_bytes_atomic(out_dir / "loss.svg", render_loss_figure(
+            loss_curve, loss_floor_nats=loss_floor_nats, gettext=gettext)),
+        "step_time": write_bytes_atomic(out_dir / "step_time.svg", render_step_time_figure(
+            step_times, runs=runs, gettext=gettext)),
     }
 
 
-def render_breakdown_figure(summary: pd.DataFrame) -> bytes:
+def render_breakdown_figure(summary: pd.DataFrame, *, gettext: Gettext = _identity) -> bytes:
     """Stacked horizontal bar per run: mean step interval split into BREAKDOWN_CATEGORIES.
     summary: report.evidence.summarize_breakdown (columns run, <category>_s). -> SVG bytes."""
-    fig, ax = plt.subplots(figsize=(6.0, 0.6 + 0.45 * max(1, len(summary))))
+    _ = gettext
+    fig, ax = plt.subplots(figsize=(6.0, 1.1 + 0.45 * max(1, len(summary))), layout="constrained")
     runs = list(summary["run"])[::-1]
     left = [0.0] * len(runs)
     rows = summary.set_index("run").loc[runs] if runs else summary
     for c in BREAKDOWN_CATEGORIES:
         widths = [float(v) * 1e3 for v in rows[f"{c}_s"]] if runs else []
-        ax.barh(runs, widths, left=left, color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c], height=0.6)
+        ax.barh(runs, widths, left=left, color=CATEGORY_COLORS[c], label=_(CATEGORY_LABELS[c]), height=0.6)
         left = [a + b for a, b in zip(left, widths)]
-    ax.set_xlabel("mean step time on the profiled steps (ms)")
+    ax.set_xlabel(_(N_("mean step time on the profiled steps (ms)")))
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(runs) < 3 else -0.2),
-              frameon=False)
+    # below the axis label, outside the axes: constrained layout makes room (never over the label)
+    fig.legend(fontsize=7, ncol=3, loc="outside lower center", frameon=False)
     return _svg(fig)
 
 
 MIN_SPAN_FRACTION = 0.002  # of the step's length: narrower spans are left out of the timeline figure
 
 
-def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str]) -> bytes:
+def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
     """One representative step per run, ranks as rows: merged busy spans per category.
     spans: TimelineSpanRow columns (run, rank, step, category, start_s, end_s). -> SVG bytes."""
+    _ = gettext
     present = [r for r in runs if (spans["run"] == r).any()]
     num_rows = sum(int(spans.loc[spans["run"] == r, "rank"].nunique()) for r in present)
     fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, 0.9 + 0.32 * max(1, num_rows) + 0.45 * len(present)),
@@ -120,13 +143,13 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str]) -> bytes:
                 ax.broken_barh(list(zip(c["start_s"] * 1e3, (c["end_s"] - c["start_s"]) * 1e3)), lane,
                                facecolors=CATEGORY_COLORS.get(cat, "black"))
         step = int(df["step"].iloc[0])
-        ax.set_yticks(range(len(ranks)), [f"rank {k}" for k in ranks])
-        ax.set_title(f"{run} (step {step})", fontsize=8, loc="left")
+        ax.set_yticks(range(len(ranks)), [_(N_("rank %(rank)s")) % {"rank": k} for k in ranks])
+        ax.set_title(_(N_("%(run)s (step %(step)s)")) % {"run": run, "step": step}, fontsize=8, loc="left")
         ax.grid(alpha=0.3, axis="x")
-    axes[-1, 0].set_xlabel("ms from the step's start")
+    axes[-1, 0].set_xlabel(_(N_("ms from the step's start")))
     handles = [plt.Rectangle((0, 0), 1, 1, color=CATEGORY_COLORS[c]) for c in CATEGORY_COLORS]
-    axes[-1, 0].legend(handles, [CATEGORY_LABELS[c] for c in CATEGORY_COLORS], fontsize=7, ncol=3,
-                       loc="upper center", bbox_to_anchor=(0.5, -0.6), frameon=False)
+    fig.legend(handles, [_(CATEGORY_LABELS[c]) for c in CATEGORY_COLORS], fontsize=7, ncol=3,
+               loc="outside lower center", frameon=False)
     if not present:
-        axes[0, 0].text(0.5, 0.5, "no profiler timeline", ha="center", va="center", transform=axes[0, 0].transAxes)
+        axes[0, 0].text(0.5, 0.5, _(N_("no profiler timeline")), ha="center", va="center", transform=axes[0, 0].transAxes)
     return _svg(fig)

@@ -1,13 +1,15 @@
 """Render the note (Markdown, HTML, PDF) from the one view-model.
 
 Jinja2 with StrictUndefined (a missing field fails loudly) and autoescape for HTML. All
-number formatting lives in the filters below; templates only loop and print. PDF is
-WeasyPrint applied to the HTML with templates/print.css. Files are written atomically via
-ingest.io. Deliberately not here: any metric computation.
+number formatting lives in the filters below, in the note's language (report.i18n: Python
+rounds, Babel writes the locale's symbols); the fixed text is gettext messages; templates only
+loop and print. PDF is WeasyPrint applied to the HTML with templates/print.css. Files are
+written atomically via ingest.io. Deliberately not here: any metric computation.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,13 +22,14 @@ from markupsafe import Markup
 from ingest.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
 from report import metrics
+from report.i18n import DEFAULT_LANGUAGE, N_, Language, load_language
 from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 FORMATS = ("md", "html", "pdf")
-NA = "n/a"
+NA = N_("n/a")
 _PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G", 4: "T", 5: "P", 6: "E"}
 
 
@@ -34,97 +37,116 @@ def _missing(x: Any) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
-def pct(x: float | None, digits: int = 1) -> str:
+EN = load_language(DEFAULT_LANGUAGE)
+
+
+def _na(lang: Language) -> str:
+    return lang.gettext(NA)
+
+
+def pct(x: float | None, digits: int = 1, *, lang: Language = EN) -> str:
     """0.4312 -> '43.1%'; None -> 'n/a'."""
-    return NA if _missing(x) else f"{x * 100:.{digits}f}%"
+    return _na(lang) if _missing(x) else lang.percent(x, digits)
 
 
-def si(x: float | None, unit: str = "", digits: int = 3) -> str:
+def si(x: float | None, unit: str = "", digits: int = 3, *, lang: Language = EN) -> str:
     """SI-prefixed, ``digits`` significant digits: 855166464, 'FLOP' -> '855 MFLOP'; None -> 'n/a'."""
     if _missing(x):
-        return NA
+        return _na(lang)
     exp3 = 0 if x == 0 else max(min(math.floor(math.log10(abs(x)) / 3), 6), -4)
     mantissa = float(f"{x / 1000 ** exp3:.{digits}g}")
     if abs(mantissa) >= 1000 and exp3 < 6:  # rounding carried into the next prefix
         exp3, mantissa = exp3 + 1, mantissa / 1000
-    return f"{mantissa:.{digits}g} {_PREFIXES[exp3]}{unit}".rstrip()
+    return f"{lang.number(f'{mantissa:.{digits}g}')} {_PREFIXES[exp3]}{unit}".rstrip()
 
 
-def gib(x: float | None) -> str:
+def gib(x: float | None, *, lang: Language = EN) -> str:
     """3.5 -> '3.50 GiB'; None -> 'n/a'."""
-    return NA if _missing(x) else f"{x:.2f} GiB"
+    return _na(lang) if _missing(x) else f"{lang.number(f'{x:.2f}')} GiB"
 
 
-def duration(seconds: float | None) -> str:
+def duration(seconds: float | None, *, lang: Language = EN) -> str:
     """Seconds -> 'µs' / 'ms' / 's' / 'min s' text; None -> 'n/a'."""
     if _missing(seconds):
-        return NA
+        return _na(lang)
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
+        return f"{lang.number(f'{seconds * 1e6:.0f}')} µs"
     if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
+        return f"{lang.number(f'{seconds * 1e3:.1f}')} ms"
     if seconds < 120:
-        return f"{seconds:.2f} s"
-    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+        return f"{lang.number(f'{seconds:.2f}')} s"
+    return lang.gettext(N_("%(min)s min %(s)s s")) % {"min": int(seconds // 60), "s": lang.number(f"{seconds % 60:.0f}")}
 
 
-def sci(x: float | None, digits: int = 2) -> str:
+def sci(x: float | None, digits: int = 2, *, lang: Language = EN) -> str:
     """Plain number, scientific below 0.01: 0.000378 -> '3.8e-4', 0.0412 -> '0.041', 0 -> '0'; None -> 'n/a'."""
     if _missing(x):
-        return NA
+        return _na(lang)
     if x == 0:
         return "0"
     if abs(x) < 0.01 or abs(x) >= 1e6:
         mantissa, exp = f"{x:.{digits - 1}e}".split("e")
-        return f"{mantissa}e{int(exp)}"
-    return f"{x:.{digits}g}"
+        return f"{lang.number(mantissa)}e{int(exp)}"
+    return lang.number(f"{x:.{digits}g}")
 
 
-def nbytes(x: float | None) -> str:
+def nbytes(x: float | None, *, lang: Language = EN) -> str:
     """Bytes in binary units, three significant digits: 8.2e6 -> '7.82 MiB', 2e9 -> '1.86 GiB'; None -> 'n/a'."""
     if _missing(x):
-        return NA
+        return _na(lang)
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
+            return f"{lang.number(f'{x / scale:.3g}')} {unit}"
+    return f"{lang.number(f'{x:.0f}')} B"
 
 
-def margin(m: float | None) -> str:
+def margin(m: float | None, *, lang: Language = EN) -> str:
     """Relative tokens/s margin (ratio - 1) as the reader reads it: 0.078 -> '+7.8% tokens/s',
     2.09 -> '3.09× the tokens/s'; None -> 'n/a'."""
     if _missing(m):
-        return NA
-    return f"+{m * 100:.1f}% tokens/s" if m < 0.5 else f"{1 + m:.2f}× the tokens/s"
+        return _na(lang)
+    if m < 0.5:
+        return lang.gettext(N_("+%(pct)s tokens/s")) % {"pct": lang.percent(m, 1)}
+    return lang.gettext(N_("%(ratio)s the tokens/s")) % {"ratio": ratio(1 + m, lang=lang)}
 
 
-def count(n: int | None) -> str:
+def count(n: int | None, *, lang: Language = EN) -> str:
     """124439808 -> '124,439,808'; None -> 'n/a'."""
-    return NA if _missing(n) else f"{int(n):,}"
+    return _na(lang) if _missing(n) else lang.number(f"{int(n):,}")
 
 
-def text(v: Any) -> str:
+def text(v: Any, *, lang: Language = EN) -> str:
     """Any value as text; None -> 'n/a'."""
-    return NA if _missing(v) else str(v)
+    return _na(lang) if _missing(v) else str(v)
 
 
-def md_cell(v: Any) -> str:
+def md_cell(v: Any, *, lang: Language = EN) -> str:
     """Text safe inside a Markdown table cell (pipes escaped, newlines flattened); None -> 'n/a'."""
-    return NA if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return _na(lang) if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
-def ratio(x: float | None, digits: int = 2) -> str:
+def ratio(x: float | None, digits: int = 2, *, lang: Language = EN) -> str:
     """0.9987 -> '1.00×', 3.146 -> '3.15×'; None -> 'n/a'."""
-    return NA if _missing(x) else f"{float(x):.{digits}f}×"
+    return _na(lang) if _missing(x) else f"{lang.number(f'{float(x):.{digits}f}')}×"
 
 
-def kernel_name(name: Any, width: int = 60) -> str:
+def num(x: float | None, digits: int = 2, *, lang: Language = EN) -> str:
+    """Fixed-point number in the language's symbols: 1.75 -> '1.75', (2, 0) -> '2'; None -> 'n/a'."""
+    return _na(lang) if _missing(x) else lang.number(f"{float(x):.{digits}f}")
+
+
+def date(iso: str | None, *, lang: Language = EN) -> str:
+    """'2026-11-29T12:45:30+00:00' -> 'November 29, 2026 12:45 UTC' (the language's long date); None -> 'n/a'."""
+    return _na(lang) if _missing(iso) else lang.date(str(iso))
+
+
+def kernel_name(name: Any, width: int = 60, *, lang: Language = EN) -> str:
     """A CUDA kernel's name without return type, template arguments and parameter list
     ('void at::native::elementwise_kernel<128, 4, ...>(int, ...)' ->
     'at::native::elementwise_kernel'), cut to ``width`` characters (HTA shorten_name does
     the same for its tables)."""
     if _missing(name):
-        return NA
+        return _na(lang)
     s = str(name)
     if s.startswith("void "):
         s = s[5:]
@@ -140,51 +162,66 @@ def kernel_name(name: Any, width: int = 60) -> str:
     return short if len(short) <= width else short[: width - 1] + "…"
 
 
-def metric_value(x: float | None, unit: str) -> str:
+def metric_value(x: float | None, unit: str, *, lang: Language = EN) -> str:
     """A report.diff metric in its unit: tokens_per_s -> si, fraction/share -> pct, s -> duration,
     gib -> gib; None -> 'n/a'."""
     if unit == "tokens_per_s":
-        return si(x)
+        return si(x, lang=lang)
     if unit in ("fraction", "share"):
-        return pct(x)
-    return duration(x) if unit == "s" else gib(x) if unit == "gib" else text(x)
+        return pct(x, lang=lang)
+    return duration(x, lang=lang) if unit == "s" else gib(x, lang=lang) if unit == "gib" else text(x, lang=lang)
 
 
-def metric_delta(x: float | None, unit: str) -> str:
+def metric_delta(x: float | None, unit: str, *, lang: Language = EN) -> str:
     """A signed change in the metric's unit: -84000 tokens/s -> '−84 k', +0.012 share -> '+1.2 pp',
     +0.05 s -> '+50.0 ms'; None -> 'n/a'."""
     if _missing(x):
-        return NA
+        return _na(lang)
     sign = "+" if x >= 0 else "−"
     if unit in ("fraction", "share"):
-        return f"{sign}{abs(x) * 100:.1f} pp"
-    return sign + metric_value(abs(x), unit)
+        return f"{sign}{lang.number(f'{abs(x) * 100:.1f}')} pp"
+    return sign + metric_value(abs(x), unit, lang=lang)
 
 
-def signed_pct(x: float | None, digits: int = 1) -> str:
+def signed_pct(x: float | None, digits: int = 1, *, lang: Language = EN) -> str:
     """0.0523 -> '+5.2%', -0.1667 -> '−16.7%'; None -> 'n/a'."""
-    return NA if _missing(x) else ("+" if x >= 0 else "−") + pct(abs(x), digits)
+    return _na(lang) if _missing(x) else ("+" if x >= 0 else "−") + pct(abs(x), digits, lang=lang)
 
 
 FILTERS = {"metric_value": metric_value, "metric_delta": metric_delta, "signed_pct": signed_pct,
-           "pct": pct, "kernel_name": kernel_name, "ratio": ratio, "si": si, "gib": gib, "duration": duration, "count": count, "text": text, "md_cell": md_cell,
-           "sci": sci, "nbytes": nbytes, "margin": margin}
+           "pct": pct, "kernel_name": kernel_name, "ratio": ratio, "si": si, "gib": gib, "duration": duration,
+           "count": count, "text": text, "md_cell": md_cell, "sci": sci, "nbytes": nbytes, "margin": margin,
+           "date": date, "num": num}
 
 
-def build_environment(*, html: bool) -> jinja2.Environment:
-    """Jinja environment over templates/ with StrictUndefined, the filters, autoescape iff html."""
+def _markup(html: bool) -> dict[str, Any]:
+    """Inline markup the wording macros use, so one macro serves Markdown and HTML:
+    strong(x) and code(x), x escaped in HTML."""
+    if html:
+        return {"strong": lambda s: Markup("<b>%s</b>") % s, "code": lambda s: Markup("<code>%s</code>") % s}
+    return {"strong": lambda s: f"**{s}**", "code": lambda s: f"`{s}`"}
+
+
+def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> jinja2.Environment:
+    """Jinja environment over templates/ with StrictUndefined, autoescape iff html, the
+    filters formatting numbers for ``lang``, and gettext (``_``, ``ngettext``, ``pgettext``,
+    new style: ``_("%(n)s runs", n=x)``) from its catalog. Globals: ``strong``, ``code``,
+    ``lang`` (the Language). Raises ConfigError for an unknown language."""
+    lang = load_language(lang) if isinstance(lang, str) else lang
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
-                             autoescape=html, keep_trailing_newline=True)
-    env.filters.update(FILTERS)
+                             autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"])
+    env.install_gettext_translations(lang.translations, newstyle=True)
+    env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})
+    env.globals.update(_markup(html), lang=lang)
     return env
 
 
-def render_markdown(note: Note) -> str:
-    return build_environment(html=False).get_template("note.md.j2").render(note=note)
+def render_markdown(note: Note, *, lang: Language | str = DEFAULT_LANGUAGE) -> str:
+    return build_environment(html=False, lang=lang).get_template("note.md.j2").render(note=note)
 
 
-def render_html(note: Note) -> str:
-    env = build_environment(html=True)
+def render_html(note: Note, *, lang: Language | str = DEFAULT_LANGUAGE) -> str:
+    env = build_environment(html=True, lang=lang)
     css = env.loader.get_source(env, "print.css")[0]
     return env.get_template("note.html.j2").render(note=note, css=Markup(css))
 
@@ -199,42 +236,29 @@ def render_pdf(html: str, *, base_url: Path) -> bytes:
     return weasyprint.HTML(string=html, base_url=str(base_url)).write_pdf()
 
 
-def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float) -> tuple[Figure, ...]:
-    """Compute the figure tables (report.metrics), plot them into out_dir/figures."""
+def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float,
+                  lang: Language = EN) -> tuple[Figure, ...]:
+    """Compute the figure tables (report.metrics), plot them into out_dir/figures (labels in ``lang``)."""
     warmup = campaign.campaign["fixed"]["warmup_steps"]
     paths = write_figures(metrics.compute_loss_curve(campaign.steps),
                           metrics.compute_step_times(campaign.steps, warmup_steps=warmup),
-                          runs=list(campaign.runs["run"]), out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats)
-    return (
-        Figure(title="Loss vs step", path=paths["loss"].relative_to(out_dir).as_posix(),
-               caption="Mean over the ranks that compute the loss; dotted: the data's entropy, the expected loss floor "
-                       "(a model can dip below it on a finite batch). Layouts trained on the same tokens should "
-                       "overlap."),
-        Figure(title="Step-time distribution", path=paths["step_time"].relative_to(out_dir).as_posix(),
-               caption=f"Per measured step (after {warmup} warm-up steps), the slowest rank's step time; "
-                       "box: quartiles and median, whiskers 1.5 IQR, dots: individual steps."),
-    )
+                          runs=list(campaign.runs["run"]), out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats,
+                          gettext=lang.gettext)
+    return tuple(Figure(kind=kind, path=paths[kind].relative_to(out_dir).as_posix()) for kind in ("loss", "step_time"))
 
 
-def build_evidence_figures(note: Note, trace_tables, out_dir: Path) -> tuple[Figure, ...]:
+def build_evidence_figures(note: Note, trace_tables, out_dir: Path, *, lang: Language = EN) -> tuple[Figure, ...]:
     """Section 5's stacked bar (one bar per traced run) and one-step timeline (ranks as rows)."""
     if trace_tables is None or not note.evidence.rows:
         return ()
     summary = pd.DataFrame([dataclasses.asdict(b) for b in note.evidence.rows])
     runs = [b.run for b in note.evidence.rows]
-    bar = write_bytes_atomic(out_dir / "figures" / "breakdown.svg", render_breakdown_figure(summary))
+    bar = write_bytes_atomic(out_dir / "figures" / "breakdown.svg",
+                             render_breakdown_figure(summary, gettext=lang.gettext))
     timeline = write_bytes_atomic(out_dir / "figures" / "timeline.svg",
-                                  render_timeline_figure(trace_tables.spans, runs=runs))
-    return (
-        Figure(title="Where the step time goes", path=bar.relative_to(out_dir).as_posix(),
-               caption="Mean over the traced steps and ranks of each run: compute, exposed communication, pipeline "
-                       "bubble, data stall and other partition the step's interval on its timeline (GPU kernels, or "
-                       "the training thread's host ops on CPU runs)."),
-        Figure(title="One traced step per run", path=timeline.relative_to(out_dir).as_posix(),
-               caption="The median-length traced step of each rank, merged busy spans per category (thin pink lane: "
-                       "communication hidden under compute); spans shorter than 0.2% of the step are not drawn, so "
-                       "read the shares from the table, not from the picture."),
-    )
+                                  render_timeline_figure(trace_tables.spans, runs=runs, gettext=lang.gettext))
+    return (Figure(kind="breakdown", path=bar.relative_to(out_dir).as_posix()),
+            Figure(kind="timeline", path=timeline.relative_to(out_dir).as_posix()))
 
 
 def load_any(source: str | Path) -> Campaign:
@@ -261,20 +285,22 @@ def _check_formats(formats: Sequence[str]) -> None:
 
 
 def build_report(source: str | Path, *, out_dir: str | Path | None = None,
-                 formats: Sequence[str] = FORMATS) -> list[Path]:
+                 formats: Sequence[str] = FORMATS, lang: str = DEFAULT_LANGUAGE) -> list[Path]:
     """Load a campaign or tables dir, write summary.json and note.<fmt> (+ figures/) into
-    out_dir (default SOURCE/report). Returns written paths. Raises ToolError subclasses."""
+    out_dir (default SOURCE/report). lang: the note's language (report.i18n; summary.json
+    is the same in every language). Returns written paths. Raises ToolError subclasses."""
     _check_formats(formats)
+    language = load_language(lang)
     campaign, trace_tables, note = load_note(source)
     out = Path(out_dir) if out_dir else Path(source) / "report"
-    figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats)
-    figures += build_evidence_figures(note, trace_tables, out)
+    figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats, lang=language)
+    figures += build_evidence_figures(note, trace_tables, out, lang=language)
     note = dataclasses.replace(note, figures=figures)
     written = [write_bytes_atomic(out / "summary.json", render_summary_json(build_summary(note)))]
     if "md" in formats:
-        written.append(write_bytes_atomic(out / "note.md", render_markdown(note).encode()))
+        written.append(write_bytes_atomic(out / "note.md", render_markdown(note, lang=language).encode()))
     if "html" in formats or "pdf" in formats:
-        html = render_html(note)
+        html = render_html(note, lang=language)
         if "html" in formats:
             written.append(write_bytes_atomic(out / "note.html", html.encode()))
         if "pdf" in formats:

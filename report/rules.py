@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import re
 from typing import Any
 
+from report.i18n import N_
+
 THRESHOLDS: dict[str, float] = {
     # a throughput margin counts as real only if it exceeds this multiple of the step-time
     # noise, noise = the larger relative (p90 - median) / median spread of the two runs
@@ -182,9 +184,10 @@ def rule_straggler(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) ->
 # Model-state bytes per parameter with Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1):
 # mixed precision 2 (bf16/fp16 weights) + 2 (grads) + 12 (fp32 master weights, m, v);
 # plain fp32 4 (weights) + 4 (grads) + 8 (m, v). Both 16 bytes/param.
-MODEL_STATE_BYTES = {"bf16": (("weights", 2), ("grads", 2), ("fp32 master weights, m and v", 12)),
-                     "fp16": (("weights", 2), ("grads", 2), ("fp32 master weights, m and v", 12)),
-                     "fp32": (("weights", 4), ("grads", 4), ("m and v", 8))}
+# The labels are English messages (report.i18n.N_), translated by the template.
+MODEL_STATE_BYTES = {"bf16": ((N_("weights"), 2), (N_("grads"), 2), (N_("fp32 master weights, m and v"), 12)),
+                     "fp16": ((N_("weights"), 2), (N_("grads"), 2), (N_("fp32 master weights, m and v"), 12)),
+                     "fp32": ((N_("weights"), 4), (N_("grads"), 4), (N_("m and v"), 8))}
 
 
 def _nvlink_in_topology(topology: str) -> tuple[str, ...]:

@@ -23,25 +23,35 @@ from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
 from report.hardware import lookup_peak
+from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
 from report.engines import EngineGroup, build_engine_groups
 from report.rules import Finding, build_findings, build_knowledge_map, rule_conditions
 from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
 
-NOT_MEASURED = "not measured yet"
+# English messages (report.i18n.N_): the templates translate them when they print them
+NOT_MEASURED = N_("not measured yet")
 FORMULAS = (
-    ("FLOPs/token (default)", "6N + 12·L·H·Q·T; N = parameters without position embeddings, tied embedding once",
-     "PaLM (Chowdhery et al. 2022) appendix B; nanoGPT model.py estimate_mfu"),
-    ("FLOPs/token (6N)", "6N", "Kaplan et al. 2020, section 2.1"),
-    ("FLOPs/token (causal)", "6N + 6·L·H·Q·T (attention halved by the causal mask)",
-     "Megatron-LM num_floating_point_operations (2025); llm.c"),
-    ("MFU", "tokens/s × FLOPs/token ÷ (num GPUs × dense peak FLOP/s for the GPU and dtype)", "PaLM appendix B"),
-    ("Step time", "per step: max over ranks; median and p90 over measured (post-warm-up) steps", "this tool"),
-    ("Model states", "16 bytes/param (2 weights + 2 grads + 12 fp32 master/m/v); ZeRO-3: 16Ψ/N",
-     "ZeRO (Rajbhandari et al. 2020) section 3.1"),
-    ("1F1B bubble", "(p − 1) / (m + p − 1) for p stages, m micro-batches", "Narayanan et al. 2021 section 2.2"),
-    ("Interleaved 1F1B bubble", "(p − 1) / (v·m + p − 1) with v model chunks per rank", "Narayanan et al. 2021 section 2.2.2"),
+    (N_("FLOPs/token (default)"),
+     N_("6N + 12·L·H·Q·T; N = parameters without position embeddings, tied embedding once"),
+     N_("PaLM (Chowdhery et al. 2022) appendix B; nanoGPT model.py estimate_mfu")),
+    (N_("FLOPs/token (6N)"), "6N", N_("Kaplan et al. 2020, section 2.1")),
+    (N_("FLOPs/token (causal)"), N_("6N + 6·L·H·Q·T (attention halved by the causal mask)"),
+     N_("Megatron-LM num_floating_point_operations (2025); llm.c")),
+    (N_("MFU"), N_("tokens/s × FLOPs/token ÷ (num GPUs × dense peak FLOP/s for the GPU and dtype)"),
+     N_("PaLM appendix B")),
+    (N_("Step time"), N_("per step: max over ranks; median and p90 over measured (post-warm-up) steps"),
+     N_("this tool")),
+    (N_("Model states"), N_("16 bytes/param (2 weights + 2 grads + 12 fp32 master/m/v); ZeRO-3: 16Ψ/N"),
+     N_("ZeRO (Rajbhandari et al. 2020) section 3.1")),
+    (N_("1F1B bubble"), N_("(p − 1) / (m + p − 1) for p stages, m micro-batches"),
+     N_("Narayanan et al. 2021 section 2.2")),
+    (N_("Interleaved 1F1B bubble"), N_("(p − 1) / (v·m + p − 1) with v model chunks per rank"),
+     N_("Narayanan et al. 2021 section 2.2.2")),
 )
+# RunSpec fields a run may set (its layout); the fixed variables are campaign.json's, the same for all
+LAYOUT_FIELDS = ("strategy", "engine", "world_size", "tp_degree", "pp_degree", "dp_degree", "micro_batch_size",
+                 "num_microbatches", "device", "backend", "options", "collective_timeout_s", "nsys")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +138,7 @@ class RunConfig:
     bubble_fraction: float | None  # theoretical 1F1B idle fraction, PP > 1 only
     num_params: int | None
     device: str
-    options: str  # every engine knob as resolved into the spec, "key=value" (nested: "zero.key=value")
+    options: str  # every engine knob as resolved into the spec, "key=value" (nested: "zero.key=value"); "" = defaults
     micro_batch_search: str | None  # how an automatic search chose micro_batch_size, None when set by hand
     compile: bool | None  # torch.compile on
     first_step_s: float | None  # step 0's wall time (compilation, lazy set-up); a warm-up step
@@ -184,9 +194,8 @@ class HangRank:
 
 @dataclass(frozen=True, kw_only=True)
 class Figure:
-    title: str
+    kind: str  # "loss" | "step_time" | "breakdown" | "timeline": the templates word title and caption
     path: str  # relative to the note's directory
-    caption: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,8 +251,46 @@ class EvidenceSection:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """The title block's hardware line: what the runs ran on."""
+
+    device: str  # "cuda" when any run used GPUs, else "cpu"
+    num_gpus: int  # GPUs recorded in env.json (all nodes), 0 on CPU
+    gpu_name: str | None
+    gpu_memory_gib: float | None
+    num_nodes: int
+    cpu_model: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutiveSummary:
+    """The note's opening paragraph, from the conclusion's findings and conditions: the
+    recommended layout (the fastest run that ended ok), how sure the campaign is of it, and
+    the conditions under which it changes. kind: "recommend" (two or more ranked runs),
+    "only_run" (one), "none" (no run ended ok with measured steps)."""
+
+    kind: str
+    run: str | None = None
+    strategy: str | None = None
+    engine: str | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    runner_up: str | None = None
+    margin: float | None = None  # tokens/s ratio over the runner-up - 1
+    beyond_noise: bool | None = None
+    loss_agrees: bool | None = None  # None: fewer than two losses to compare
+    headroom: float | None = None  # the recommended run's free GPU memory fraction
+    world_sizes: tuple[int, ...] = ()
+    no_comm: bool = False  # every run on one process: no communication measured
+    on_gpu: bool = False
+    gpu_memory_gib: float | None = None
+    max_params_unsharded: float | None = None
+    nvlink: bool | None = None  # None on one GPU or without a recorded topology
+    not_ok: tuple[tuple[str, str], ...] = ()  # (run, status) of runs that did not end ok
+
+
+@dataclass(frozen=True, kw_only=True)
 class Note:
-    title: str
     campaign: str
     created_at: str | None
     tool_version: str | None
@@ -268,6 +315,9 @@ class Note:
     predicted: Any = None  # report.predict.PredictedSection: the model checked on these runs, unrun layouts
     engine_groups: tuple[EngineGroup, ...] = ()  # one layout under several engines (report.engines)
     data_round: DataRoundSection | None = None  # data rounds and checkpoint cost (report.data_rounds)
+    hardware: Hardware | None = None
+    executive: ExecutiveSummary = ExecutiveSummary(kind="none")
+    resolved_config: str = "{}"  # JSON: campaign.json and each run's layout (appendix)
 
 
 def _py(value: Any) -> Any:
@@ -398,7 +448,7 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         bubble_fraction=metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m,
                                                         num_virtual_stages=_virtual_stages(options)) if pp > 1 else None,
         num_params=r.get("num_params"), device=r["device"],
-        options=render_options(options) or "defaults", micro_batch_search=describe_micro_batch_search(options),
+        options=render_options(options), micro_batch_search=describe_micro_batch_search(options),
         compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
         compile_s=_opt_float(r.get("compile_s")))
 
@@ -603,6 +653,67 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                                       if trace_tables.nccl.get(r["run"])))
 
 
+def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
+    """The hardware the campaign ran on (env.json, cleaned)."""
+    names = [g.name for g in env.gpus if g.name]
+    mems = [g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None]
+    num_gpus = sum(n.gpu_count or 0 for n in env.nodes) if env.nodes else len(env.gpus)
+    return Hardware(device="cuda" if on_gpu else "cpu", num_gpus=num_gpus if on_gpu else 0,
+                    gpu_name=names[0] if names else None, gpu_memory_gib=min(mems) if mems else None,
+                    num_nodes=env.num_nodes or 1, cpu_model=env.cpu_model)
+
+
+def build_executive_summary(findings: Sequence[Finding], conditions: Sequence[Finding],
+                            configs: Sequence[RunConfig], rows: Sequence[MetricRow]) -> ExecutiveSummary:
+    """The recommendation and its conditions, from the findings already computed (report.rules):
+    nothing here is measured or decided anew."""
+    kinds = {f.kind: f for f in (*findings, *conditions)}
+    best = kinds.get("fastest") or kinds.get("single_run")
+    if best is None:
+        return ExecutiveSummary(kind="none", not_ok=tuple((m.run, m.status) for m in rows if m.status != "ok"))
+    run = best.runs[0]
+    config = next(c for c in configs if c.run == run)
+    row = next(m for m in rows if m.run == run)
+    noise = kinds.get("beyond_noise") or kinds.get("within_noise")
+    memory = next((f for f in findings if f.kind in ("memory_headroom", "memory_tight") and f.runs == (run,)), None)
+    gpu_count = kinds.get("condition_gpu_count")
+    model_size = kinds.get("condition_model_size")
+    interconnect = kinds.get("condition_interconnect")
+    loss = kinds.get("loss_agrees") or kinds.get("loss_disagrees")
+    return ExecutiveSummary(
+        kind="recommend" if best.kind == "fastest" else "only_run", run=run, strategy=config.strategy,
+        engine=config.engine, tokens_per_s=row.tokens_per_s, mfu=row.mfu,
+        runner_up=noise.runs[1] if noise else None, margin=noise.evidence["margin"] if noise else None,
+        beyond_noise=(noise.kind == "beyond_noise") if noise else None,
+        loss_agrees=(loss.kind == "loss_agrees") if loss else None,
+        headroom=memory.evidence["headroom"] if memory else None,
+        world_sizes=gpu_count.evidence["world_sizes"] if gpu_count else (),
+        no_comm=bool(gpu_count and gpu_count.evidence["no_comm"]),
+        on_gpu=bool(gpu_count and gpu_count.evidence["on_gpu"]),
+        gpu_memory_gib=model_size.evidence.get("gpu_memory_gib") if model_size else None,
+        max_params_unsharded=model_size.evidence.get("max_params_unsharded") if model_size else None,
+        nvlink=(bool(interconnect.evidence["nvlink"]) if interconnect and interconnect.evidence["num_gpus"] > 1
+                and interconnect.evidence["topology_recorded"] else None),
+        not_ok=tuple((m.run, m.status) for m in rows if m.status != "ok"))
+
+
+def build_resolved_config(info: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str:
+    """The full resolved configuration as indented JSON: campaign.json (fixed variables,
+    supervision limits, launch command, tool version) and each run's layout fields
+    (LAYOUT_FIELDS, options decoded)."""
+    def layout(r: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: r.get(k) for k in LAYOUT_FIELDS if k in r}
+        if isinstance(out.get("options"), str):
+            try:
+                out["options"] = json.loads(out["options"])
+            except json.JSONDecodeError:
+                pass
+        return out
+
+    return json.dumps({"campaign": dict(info), "runs": {r["run"]: layout(r) for r in runs}}, indent=2,
+                      ensure_ascii=False, default=str)
+
+
 def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = metrics.DEFAULT_CONVENTION,
                thresholds: Mapping[str, float] | None = None, trace_tables: Any = None) -> Note:
     """The whole note's view-model. Raises KeyError only on a campaign.json without ``fixed``
@@ -653,10 +764,14 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                     ranked=[(r.get("data_round") or "synthetic") == rounds[0] for r in runs]
                                     if len(rounds) > 1 else None))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
+    conditions = tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
+                                       num_params=model.num_params[0] if model.num_params else None,
+                                       num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype))
+    configs = tuple(build_config(r) for r in runs)
     return Note(
-        title=f"Parallel layout trade-off: {campaign.name}", campaign=campaign.name, created_at=info.get("created_at"),
-        tool_version=info.get("tool_version"), tool_git_commit=commit, per_unit="GPU" if on_gpu else "process",
-        env=env, model=model, configs=tuple(build_config(r) for r in runs),
+        campaign=campaign.name, created_at=info.get("created_at"),
+        tool_version=info.get("tool_version"), tool_git_commit=commit,
+        per_unit=N_("GPU") if on_gpu else N_("process"), env=env, model=model, configs=configs,
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         evidence=evidence,
@@ -665,13 +780,14 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                           thresholds=thresholds),
         findings=findings,
         hang_ranks=build_hang_ranks(runs), placements=placements,
-        conditions=tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
-                                         num_params=model.num_params[0] if model.num_params else None,
-                                         num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype)),
+        conditions=conditions,
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
                                     placements=placements)),
-        formulas=FORMULAS, predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
+        formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
+        executive=build_executive_summary(findings, conditions, configs, rows),
+        resolved_config=build_resolved_config(info, runs),
+        predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
             env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
