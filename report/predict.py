@@ -221,13 +221,16 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
     links = load_links()
     intra = links.get(entry.fabric or entry.pcie) if entry else None
     comm = build_comm_model(rows, intra=intra, inter=links.get("ib_ndr"), gpus_per_node=gpus_per_node)
-    if rows:
+    if comm.curves:
         text = "; ".join(sorted({c.source for c in comm.curves.values()}))
         return comm, f"measured: {text} ({bench})"
+    # a table of one-rank rows measures no link (bus bandwidth 0): it is said, and not used
+    why = (f"the `runner commbench` table in {bench} measured no link (one rank: bus bandwidth 0)" if rows
+           else "no `runner commbench` table in CAMPAIGN/commbench")
     if intra is None:
-        return comm, "none: no `runner commbench` table in CAMPAIGN/commbench and no nominal link for this device"
+        return comm, f"none: {why} and no nominal link for this device"
     return comm, (f"nominal {intra.name}, {intra.bus_bw_gbps:g} GB/s bus bandwidth, {intra.latency_us:g} us "
-                  f"(hardware.toml: {intra.source}); no `runner commbench` table in CAMPAIGN/commbench")
+                  f"(hardware.toml: {intra.source}); {why}")
 
 
 def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],

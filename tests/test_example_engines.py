@@ -84,3 +84,13 @@ def test_note_tables_and_engine_groups_trace_to_the_jsonl(note_md):
     # one GPU: the layouts are degenerate, so the note books the whole gap as engine cost
     assert section.count("the whole gap to DDP is engine cost") == 2
     assert "Engine cost — kernels and host/launch gaps" in section
+
+
+def test_one_gpu_commbench_is_ingested_but_prices_no_link(note_md):
+    """`runner commbench` ran on the H200 (one rank): its table is read, and since one rank
+    measures no link (bus bandwidth 0) the predictions say so and use the nominal NVLink."""
+    from ingest.io import load_commbench
+    rows = load_commbench(EXAMPLE / "commbench")
+    assert {r["op"] for r in rows} >= {"all_reduce", "all_gather", "reduce_scatter"}
+    assert all(r["world_size"] == 1 and r["device"] == "cuda" and r["busbw_gbps"] == 0 for r in rows)
+    assert "measured no link (one rank: bus bandwidth 0)" in note_md and "Collectives: nominal NVLink" in note_md
