@@ -175,7 +175,7 @@ def test_same_model_and_same_math_across_layouts(campaign):
 # Issue 5: the same layouts' real-text round (runs "<layout>-real"), and every run's checkpoint.
 REAL_RUNS = tuple(f"{name}-real" for name in RUNS)
 CHECKPOINT_FORMATS = {"torch-ddp": "torch.distributed.checkpoint", "deepspeed": "deepspeed",
-                      "torch": "torch.distributed.checkpoint"}
+                      "fsdp2": "torch.distributed.checkpoint", "torch": "torch.distributed.checkpoint"}
 
 
 def test_both_data_rounds_ran_with_measured_data_wait(campaign):
