@@ -118,6 +118,9 @@ def translate(value: Any, lang: "Language", *, escape: Any = None) -> Any:
         return escape(sep).join(items) if escape is not None else sep.join(str(i) for i in items)
     return value
 
+
+@dataclass(frozen=True)
+class Language:
     """One note language: ``code`` ("en", "zh"), its Babel ``locale`` and its ``translations``
     (gettext; English messages for anything the catalog lacks). ``problems``: catalog entries
     dropped at load (a translation whose placeholders differ from its message's)."""
