@@ -227,16 +227,18 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
     links = load_links()
     intra = links.get(entry.fabric or entry.pcie) if entry else None
     comm = build_comm_model(rows, intra=intra, inter=links.get("ib_ndr"), gpus_per_node=gpus_per_node)
-    if rows:
+    if comm.curves:
         text = "; ".join(sorted({c.source for c in comm.curves.values()}))
         return comm, Message(N_("measured: %(curves)s (%(path)s)"), curves=text, path=bench)
+    # a table of one-rank rows measures no link (bus bandwidth 0): it is said, and not used
+    why = (Message(N_("the `runner commbench` table in %(path)s measured no link (one rank: bus bandwidth 0)"), path=bench)
+           if rows else Message(N_("no `runner commbench` table in CAMPAIGN/commbench")))
     if intra is None:
-        return comm, Message(N_("none: no `runner commbench` table in CAMPAIGN/commbench and no nominal link for this"
-                                " device"))
+        return comm, Message(N_("none: %(why)s and no nominal link for this device"), why=why)
     return comm, Message(N_("nominal %(link)s, %(bandwidth)s GB/s bus bandwidth, %(latency)s us (hardware.toml: "
-                            "%(source)s); no `runner commbench` table in CAMPAIGN/commbench"),
+                            "%(source)s); %(why)s"),
                          link=intra.name, bandwidth=f"{intra.bus_bw_gbps:g}", latency=f"{intra.latency_us:g}",
-                         source=intra.source)
+                         source=intra.source, why=why)
 
 
 def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],

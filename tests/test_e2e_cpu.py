@@ -198,7 +198,7 @@ def test_both_data_rounds_ran_with_measured_data_wait(campaign):
         assert "n/a" not in cells[3] and "n/a" not in cells[4] and cells[6] != "n/a"  # both waits and the delta
     assert "default corpus, the source files of the python" in md
     conclusion = md.split("## 6. Conclusion", 1)[1]
-    assert sum(f"bottleneck for layout **{name}**" in conclusion for name in RUNS) == 3
+    assert sum(f"bottleneck for layout **{name}**" in conclusion for name in RUNS) == len(RUNS)
 
 
 def test_real_round_batches_identical_across_strategies_and_disjoint_across_dp_ranks(campaign):
