@@ -26,6 +26,7 @@ from datetime import datetime
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from babel import Locale
 from babel.dates import format_date, format_time
@@ -53,6 +54,69 @@ def N_(message: str) -> str:  # noqa: N802 - the gettext convention
     """Marks an English message in Python for extraction; the template translates it when it
     prints it (``{{ _(value) }}``). Returns the message unchanged."""
     return message
+
+
+class Message(str):
+    """English text built in Python from a marked message and parameters, printable translated.
+
+    The str value is the English sentence (``msgid % params``: what tests, logs and summary.json
+    see); ``msgid`` (marked ``N_`` where it is written) and ``params`` let a template's ``_(value)``
+    print it in the note's language (report.render translates ``msgid`` and every parameter that
+    is a Message or MessageList itself; other parameters are data and print as they are)."""
+
+    msgid: str
+    params: dict[str, Any]
+
+    def __new__(cls, msgid: str, /, **params: Any) -> "Message":
+        self = super().__new__(cls, msgid % {k: str(v) for k, v in params.items()})
+        self.msgid, self.params = msgid, params
+        return self
+
+    def __reduce__(self):
+        return _message, (self.msgid, self.params)
+
+    def __deepcopy__(self, memo: dict) -> "Message":
+        return self  # immutable
+
+
+def _message(msgid: str, params: dict[str, Any]) -> Message:
+    return Message(msgid, **params)
+
+
+class MessageList(str):
+    """Items (Messages or data) joined by a list separator (``", "`` or ``"; "``), translated
+    item by item with the language's separator (``pgettext("list separator", sep)``)."""
+
+    items: tuple[Any, ...]
+    sep: str
+
+    def __new__(cls, items: Any, sep: str = ", ") -> "MessageList":
+        items = tuple(items)
+        self = super().__new__(cls, sep.join(str(i) for i in items))
+        self.items, self.sep = items, sep
+        return self
+
+    def __reduce__(self):
+        return MessageList, (self.items, self.sep)
+
+    def __deepcopy__(self, memo: dict) -> "MessageList":
+        return self
+
+
+def translate(value: Any, lang: "Language", *, escape: Any = None) -> Any:
+    """A Message / MessageList in ``lang`` (recursively); anything else unchanged. ``escape``:
+    markupsafe.Markup for HTML (the translated message is trusted markup, data parameters are
+    escaped by Markup's %), None for plain text."""
+    if isinstance(value, Message):
+        text = lang.gettext(value.msgid)
+        if escape is not None:
+            text = escape(text)
+        return text % {k: translate(v, lang, escape=escape) for k, v in value.params.items()}
+    if isinstance(value, MessageList):
+        sep = lang.pgettext("list separator", value.sep)
+        items = [translate(i, lang, escape=escape) for i in value.items]
+        return escape(sep).join(items) if escape is not None else sep.join(str(i) for i in items)
+    return value
 
 
 @dataclass(frozen=True)

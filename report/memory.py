@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from report.i18n import N_, Message, MessageList
+
 GIB = 1024**3
 
 
@@ -26,7 +28,8 @@ class ModelStateBytes:
     """Per-rank model-state bytes of one run. ``*_bytes_per_param``: bytes per parameter of the
     whole model (Ψ) held by one rank, so total_bytes = total_bytes_per_param x Ψ. formula: the
     expression in Ψ and the degrees; source: where the byte counts come from; extra: held by the
-    engine outside model states at the step's peak (e.g. an unsharded bf16 copy), or ""."""
+    engine outside model states at the step's peak (e.g. an unsharded bf16 copy), or "". formula,
+    source and extra are report.i18n messages (English str, translated in the note)."""
 
     weights_bytes_per_param: float
     grads_bytes_per_param: float
@@ -38,9 +41,9 @@ class ModelStateBytes:
     extra: str = ""
 
 
-ZERO_SOURCE = "ZeRO (Rajbhandari et al. 2020) §3.1, §5.3"
-MEGATRON_SOURCE = "Megatron-LM docs, distributed optimizer (bytes/param table)"
-FSDP2_SOURCE = "torch FSDP2 fully_shard docs (sharded parameters keep their original dtype); ZeRO §5.3"
+ZERO_SOURCE = N_("ZeRO (Rajbhandari et al. 2020) §3.1, §5.3")
+MEGATRON_SOURCE = N_("Megatron-LM docs, distributed optimizer (bytes/param table)")
+FSDP2_SOURCE = N_("torch FSDP2 fully_shard docs (sharded parameters keep their original dtype); ZeRO §5.3")
 
 
 def compute_param_numels(model: Mapping[str, Any]) -> list[int]:
@@ -99,42 +102,47 @@ def compute_model_state_bytes(*, strategy: str, engine: str, dtype: str, num_par
     if (strategy, engine) in (("ddp", "torch-ddp"), ("tp_pp", "torch")):
         where = "Ψ" if m == 1 else "Ψ/(TP·PP)"
         return _state(4 / m, 4 / m, 8 / m, num_params=num_params, source=ZERO_SOURCE,
-                      formula=f"(4 fp32 weights + 4 fp32 grads + 8 Adam m, v) {where} = 16{where}")
+                      formula=Message(N_("(4 fp32 weights + 4 fp32 grads + 8 Adam m, v) %(where)s = 16%(where)s"),
+                                      where=where))
     if (strategy, engine) == ("zero3", "deepspeed"):
         w, g, o = (2, 2, 12) if bf16 else (4, 4, 8)
-        parts = "2 bf16 weights + 2 bf16 grads + 12 fp32 master, m, v" if bf16 else "4 weights + 4 grads + 8 m, v"
+        parts = Message(N_("2 bf16 weights + 2 bf16 grads + 12 fp32 master, m, v") if bf16
+                        else N_("4 weights + 4 grads + 8 m, v"))
         threshold = (opts.get("zero") or {}).get("stage3_param_persistence_threshold")
         persist = sum(k for k in param_numels if k < threshold) if param_numels and threshold is not None else 0
         w_rank = w * (persist + (num_params - persist) / n) / num_params
-        formula, extra = f"({parts}) Ψ/N = 16Ψ/N, N = {n}", ""
+        formula, extra = Message(N_("(%(parts)s) Ψ/N = 16Ψ/N, N = %(n)s"), parts=parts, n=n), ""
         if persist and n > 1:
-            formula = f"({parts}) Ψ/N + {w}Ψ_persist·(1 − 1/N), N = {n}"
-            extra = (f"Ψ_persist = {persist:,} ({persist / num_params:.1%} of Ψ): parameters below"
-                     f" stage3_param_persistence_threshold ({threshold:,} elements) stay whole on every rank")
+            formula = Message(N_("(%(parts)s) Ψ/N + %(w)sΨ_persist·(1 − 1/N), N = %(n)s"), parts=parts, w=w, n=n)
+            extra = Message(N_("Ψ_persist = %(persist)s (%(share)s of Ψ): parameters below"
+                               " stage3_param_persistence_threshold (%(threshold)s elements) stay whole on every rank"),
+                            persist=f"{persist:,}", share=f"{persist / num_params:.1%}", threshold=f"{threshold:,}")
         return _state(w_rank, g / n, o / n, num_params=num_params, source=ZERO_SOURCE, formula=formula, extra=extra)
     if (strategy, engine) == ("zero3", "fsdp2"):
         extra = []
         if bf16 and not opts.get("reshard_after_forward", True):
-            extra.append("+2Ψ bf16 gathered weights held from forward to backward (reshard_after_forward = false)")
+            extra.append(Message(N_("+2Ψ bf16 gathered weights held from forward to backward"
+                                    " (reshard_after_forward = false)")))
         if not opts.get("reduce_every_microbatch", True):
-            extra.append(f"+{2 if bf16 else 4}Ψ unsharded gradients until the last micro-batch"
-                         " (reduce_every_microbatch = false)")
+            extra.append(Message(N_("+%(bytes)sΨ unsharded gradients until the last micro-batch"
+                                    " (reduce_every_microbatch = false)"), bytes=2 if bf16 else 4))
         return _state(4 / n, 4 / n, 8 / n, num_params=num_params, source=FSDP2_SOURCE,
-                      formula=f"(4 fp32 sharded weights + 4 fp32 grads + 8 m, v) Ψ/N = 16Ψ/N, N = {n}",
-                      extra="; ".join(extra))
+                      formula=Message(N_("(4 fp32 sharded weights + 4 fp32 grads + 8 m, v) Ψ/N = 16Ψ/N, N = %(n)s"), n=n),
+                      extra=MessageList(extra, "; "))
     if (strategy, engine) == ("tp_pp", "megatron"):
         distributed = bool(opts.get("use_distributed_optimizer", n > 1))
         if bf16:
             g = 4 if opts.get("grad_reduce_in_fp32", True) else 2
             w, o = 2, 12
-            parts = f"2 bf16 weights + {g} {'fp32' if g == 4 else 'bf16'} grads + 12 fp32 master, m, v"
+            parts = Message(N_("2 bf16 weights + 4 fp32 grads + 12 fp32 master, m, v") if g == 4
+                            else N_("2 bf16 weights + 2 bf16 grads + 12 fp32 master, m, v"))
         else:
             w, g, o = 4, 4, 8
-            parts = "4 weights + 4 grads + 8 m, v"
+            parts = Message(N_("4 weights + 4 grads + 8 m, v"))
         o_rank = o / n if distributed else o
         where = "Ψ" if m == 1 else "Ψ/(TP·PP)"
-        opt_term = f"{o}/N" if distributed else f"{o}"
+        formula = (N_("(%(parts)s, optimizer / N) %(where)s = (%(wg)s + %(o)s/N)%(where)s, N = %(n)s") if distributed
+                   else N_("(%(parts)s) %(where)s = (%(wg)s + %(o)s)%(where)s, N = %(n)s"))
         return _state(w / m, g / m, o_rank / m, num_params=num_params, source=MEGATRON_SOURCE,
-                      formula=f"({parts}{', optimizer / N' if distributed else ''}) {where}"
-                              f" = ({w + g} + {opt_term}){where}, N = {n}")
+                      formula=Message(formula, parts=parts, where=where, wg=w + g, o=o, n=n))
     return None

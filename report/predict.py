@@ -24,6 +24,7 @@ from typing import Any
 
 from ingest.errors import ToolError
 from report.hardware import lookup_gpu, lookup_peak
+from report.i18n import N_, Message, MessageList
 from runner.perfmodel import (
     CommModel, Layout, build_comm_model, compute_layout_memory, load_assumptions, load_links, predict_layout,
 )
@@ -50,7 +51,7 @@ class PredictedCheck:
     measured_mem_gib: float | None  # peak allocated
     predicted_mem_gib: float | None
     rate_flops: float | None  # the run's own solved compute rate (FLOP/s per GPU)
-    calibration: str  # where the predicted rate came from, or why there is none
+    calibration: str  # where the predicted rate came from, or why there is none (a report.i18n.Message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +79,8 @@ class PredictedLayout:
 
 @dataclass(frozen=True, kw_only=True)
 class PredictedSection:
-    """The predicted block. reason: why there is no check or no prediction (None when both exist)."""
+    """The predicted block. reason: why there is no check or no prediction (None when both exist).
+    calibration, comm_source and reason are report.i18n.Messages (English str, translated in the note)."""
 
     checks: tuple[PredictedCheck, ...]
     max_abs_error: float | None
@@ -96,7 +98,8 @@ def unavailable(reason: str) -> PredictedSection:
     a = load_assumptions()
     return PredictedSection(checks=(), max_abs_error=None, layouts=(), gpu_name=None, comm_source="n/a",
                             compile_speedup=a.compile_speedup, compile_source=a.compile_source,
-                            memory_usable_fraction=a.memory_usable_fraction, reason=f"Predictions unavailable ({reason})")
+                            memory_usable_fraction=a.memory_usable_fraction,
+                            reason=Message(N_("Predictions unavailable (%(reason)s)"), reason=reason))
 
 
 def build_shape(model: Mapping[str, Any], *, name: str) -> ModelShape:
@@ -177,20 +180,23 @@ def choose_rate(pool: Sequence[_Rate], *, engine: str, compiled: bool, exclude: 
     def mean(items: Sequence[_Rate]) -> float:
         return sum(p.rate for p in items) / len(items)
 
-    def names(items: Sequence[_Rate]) -> str:
-        return ", ".join(f"{p.run} ({p.engine}, {'compiled' if p.compiled else 'eager'})" for p in items)
+    def names(items: Sequence[_Rate]) -> MessageList:
+        return MessageList(Message(N_("%(run)s (%(engine)s, compiled)") if p.compiled else N_("%(run)s (%(engine)s, eager)"),
+                                   run=p.run, engine=p.engine) for p in items)
 
     same = [p for p in pool if p.engine == engine and p.compiled == compiled]
     if same:
-        return mean(same), f"{names(same)}"
+        return mean(same), names(same)
     kin = [p for p in pool if p.compiled == compiled]
     if kin:
-        return mean(kin), f"other {mode} engines: {names(kin)}"
+        return mean(kin), Message(N_("other compiled engines: %(runs)s") if compiled else N_("other eager engines: %(runs)s"),
+                                  runs=names(kin))
     other = [p for p in pool if p.compiled != compiled]
     if other:
         factor = speedup if compiled else 1 / speedup
-        return mean(other) * factor, (f"{names(other)} x torch.compile speed-up {factor:.3g} ({speedup_source})")
-    return None, "no other run to calibrate from"
+        return mean(other) * factor, Message(N_("%(runs)s x torch.compile speed-up %(factor)s (%(source)s)"),
+                                             runs=names(other), factor=f"{factor:.3g}", source=speedup_source)
+    return None, Message(N_("no other run to calibrate from"))
 
 
 def _gpu(runs: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> tuple[str | None, float | None]:
@@ -223,14 +229,16 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
     comm = build_comm_model(rows, intra=intra, inter=links.get("ib_ndr"), gpus_per_node=gpus_per_node)
     if comm.curves:
         text = "; ".join(sorted({c.source for c in comm.curves.values()}))
-        return comm, f"measured: {text} ({bench})"
+        return comm, Message(N_("measured: %(curves)s (%(path)s)"), curves=text, path=bench)
     # a table of one-rank rows measures no link (bus bandwidth 0): it is said, and not used
-    why = (f"the `runner commbench` table in {bench} measured no link (one rank: bus bandwidth 0)" if rows
-           else "no `runner commbench` table in CAMPAIGN/commbench")
+    why = (Message(N_("the `runner commbench` table in %(path)s measured no link (one rank: bus bandwidth 0)"), path=bench)
+           if rows else Message(N_("no `runner commbench` table in CAMPAIGN/commbench")))
     if intra is None:
-        return comm, f"none: {why} and no nominal link for this device"
-    return comm, (f"nominal {intra.name}, {intra.bus_bw_gbps:g} GB/s bus bandwidth, {intra.latency_us:g} us "
-                  f"(hardware.toml: {intra.source}); {why}")
+        return comm, Message(N_("none: %(why)s and no nominal link for this device"), why=why)
+    return comm, Message(N_("nominal %(link)s, %(bandwidth)s GB/s bus bandwidth, %(latency)s us (hardware.toml: "
+                            "%(source)s); %(why)s"),
+                         link=intra.name, bandwidth=f"{intra.bus_bw_gbps:g}", latency=f"{intra.latency_us:g}",
+                         source=intra.source, why=why)
 
 
 def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
@@ -253,9 +261,11 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
             continue
         try:
             rate = solve_rate(shape, lay, fixed=fixed, comm=comm, step_time_s=float(median), num_gpus_per_node=per_node)
-            why[r["run"]] = None if rate is not None else "its modelled communication alone exceeds its measured step time"
+            # (message, parameters) completed with the calibration's text below
+            why[r["run"]] = None if rate is not None else (
+                N_("%(how)s; this run's modelled communication alone exceeds its measured step time"), {})
         except ToolError as e:
-            rate, why[r["run"]] = None, f"cannot be modelled: {e}"
+            rate, why[r["run"]] = None, (N_("%(how)s; this run cannot be modelled: %(error)s"), {"error": str(e)})
         solved[r["run"]] = rate
         if rate is not None:
             pool.append(_Rate(run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), rate=rate))
@@ -271,9 +281,10 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
                 predicted = _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
                                      memory_limit_bytes=limit).step_time_s
             except ToolError as e:
-                rate, how = None, f"no prediction: {e}"
+                rate, how = None, Message(N_("no prediction: %(error)s"), error=str(e))
         if rate is None and why.get(r["run"]):
-            how += f"; this run {why[r['run']]}"
+            message, params = why[r["run"]]
+            how = Message(message, how=how, **params)
         state, act = compute_layout_memory(shape, lay, seq_length=int(fixed["model"]["seq_length"]))
         checks.append(PredictedCheck(
             run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), world_size=int(r["world_size"]),
@@ -285,9 +296,10 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
     predicted_layouts: tuple[PredictedLayout, ...] = ()
     reason = None
     if device != "cuda" or gpu_name is None:
-        reason = "No layouts predicted: this is a CPU campaign, and layouts are predicted for GPU campaigns only"
+        reason = Message(N_("No layouts predicted: this is a CPU campaign, and layouts are predicted for GPU campaigns"
+                            " only"))
     elif not pool:
-        reason = "No layouts predicted: no run ended ok with a step time the model could calibrate on"
+        reason = Message(N_("No layouts predicted: no run ended ok with a step time the model could calibrate on"))
     else:
         predicted_layouts = tuple(_predict_unrun(shape, fixed=fixed, runs=runs, pool=pool, comm=comm, limit=limit,
                                                  gpu_name=gpu_name, assumptions=assumptions))

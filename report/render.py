@@ -22,7 +22,7 @@ from markupsafe import Markup
 from ingest.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
 from report import metrics
-from report.i18n import DEFAULT_LANGUAGE, N_, Language, load_language
+from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
 from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
@@ -205,12 +205,24 @@ def _markup(html: bool) -> dict[str, Any]:
 def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> jinja2.Environment:
     """Jinja environment over templates/ with StrictUndefined, autoescape iff html, the
     filters formatting numbers for ``lang``, and gettext (``_``, ``ngettext``, ``pgettext``,
-    new style: ``_("%(n)s runs", n=x)``) from its catalog. Globals: ``strong``, ``code``,
+    new style: ``_("%(n)s runs", n=x)``; ``_(value)`` of a report.i18n.Message prints it
+    translated) from its catalog. Globals: ``strong``, ``code``,
     ``lang`` (the Language). Raises ConfigError for an unknown language."""
     lang = load_language(lang) if isinstance(lang, str) else lang
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
                              autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"])
     env.install_gettext_translations(lang.translations, newstyle=True)
+    newstyle = env.globals["gettext"]
+
+    @jinja2.pass_context
+    def gettext(context: Any, message: Any, /, **variables: Any) -> str:
+        """Newstyle gettext; a report.i18n.Message from Python (``_(value)``) prints translated
+        with its own parameters."""
+        if isinstance(message, (Message, MessageList)) and not variables:
+            return translate(message, lang, escape=Markup if context.eval_ctx.autoescape else None)
+        return newstyle(context, message, **variables)
+
+    env.globals.update(gettext=gettext, _=gettext)
     env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})
     env.globals.update(_markup(html), lang=lang)
     return env

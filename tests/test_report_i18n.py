@@ -129,7 +129,17 @@ def test_unknown_language_is_a_user_error(tmp_path, capsys):
 ALLOWED_WORDS = {"DOCTYPE", "html", "json", "TP", "PP", "DP", "MFU", "AdamW"}
 
 
-@pytest.mark.parametrize("name", ["note.md.j2", "note.html.j2", "_words.j2"])
+NOTE_TEMPLATES = ["note.md.j2", "note.html.j2", "_words.j2",
+                  "_data_source.md.j2", "_data_source.html.j2", "_data_rounds.md.j2", "_data_rounds.html.j2",
+                  "_data_conclusion.md.j2", "_data_conclusion.html.j2", "_data_words.j2",
+                  "_engines.j2", "_engines.md.j2", "_engines.html.j2", "_predicted.md.j2", "_predicted.html.j2"]
+
+
+def test_every_note_partial_is_checked():
+    assert {p.name for p in TEMPLATES.glob("_*.j2")} - {"_diff_words.j2"} <= set(NOTE_TEMPLATES)
+
+
+@pytest.mark.parametrize("name", NOTE_TEMPLATES)
 def test_templates_hold_no_untranslated_text(name):
     """Every word of fixed text in the note templates comes from a gettext call."""
     source = (TEMPLATES / name).read_text()
@@ -243,3 +253,26 @@ def test_page_one_renders(notes, pdf_text, lang, tmp_path):
     for title in TITLES[lang][:3]:
         assert title in page1
     assert {"en": "Hardware", "zh": "硬件"}[lang] in page1 and "NVIDIA H200" in page1
+
+
+# ------------------------------------------------------------------ text built in Python (report.i18n.Message)
+def test_messages_from_python_print_translated_and_stay_english_elsewhere():
+    import copy
+    import json
+
+    from markupsafe import Markup
+
+    from report.i18n import Message, MessageList, translate
+    from report.memory import compute_model_state_bytes
+
+    states = compute_model_state_bytes(strategy="zero3", engine="fsdp2", dtype="bf16", num_params=1000, tp_degree=1,
+                                       pp_degree=1, dp_degree=4, options={"reshard_after_forward": False})
+    assert states.formula == "(4 fp32 sharded weights + 4 fp32 grads + 8 m, v) Ψ/N = 16Ψ/N, N = 4"
+    zh = load_language("zh")
+    assert translate(states.formula, zh) == "（4 fp32 分片权重 + 4 fp32 梯度 + 8 m、v）Ψ/N = 16Ψ/N，N = 4"
+    assert "reshard_after_forward" in translate(states.extra, zh) and "保留" in translate(states.extra, zh)
+    names = MessageList([Message("%(run)s (%(engine)s, eager)", run="<a>", engine="torch")])
+    assert translate(names, zh, escape=Markup) == "&lt;a&gt;（torch，eager）"  # data escaped, message trusted
+    assert copy.deepcopy(names) == names and json.dumps({"x": names}) == '{"x": "<a> (torch, eager)"}'
+    env = build_environment(html=False, lang="zh")
+    assert env.from_string("{{ _(x) }}").render(x=states.formula).startswith("（4 fp32 分片权重")
