@@ -157,6 +157,12 @@ _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\
 Line = tuple  # (lineno, body, timestamp | None, rank | None)
 
 
+def is_timestamp_line(body: str) -> bool:
+    """Whether a non-empty normalised line is an ISO timestamp alone (CloudWatch exports put one
+    before each log line; it belongs to the next line)."""
+    return body[0].isdigit() and len(body) <= 35 and _ISO_TS.fullmatch(body) is not None
+
+
 class TextBlocks:
     """Text streamed as blocks of whole lines: the input's lines are the blocks joined with
     newlines (a block never ends inside a line). ``ingest.io.iter_text_blocks`` reads files
@@ -205,7 +211,7 @@ def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
                 line = line[m.end():]
                 if not line:
                     continue
-        if line[0].isdigit() and len(line) <= 35 and _ISO_TS.fullmatch(line):
+        if is_timestamp_line(line):
             pending_ts = line
             continue
         yield lineno, line, pending_ts, rank
@@ -401,7 +407,7 @@ class Runner:
                 if not line:
                     return
         self.num_lines = lineno
-        if line[0].isdigit() and len(line) <= 35 and _ISO_TS.fullmatch(line):
+        if is_timestamp_line(line):
             self.pending_ts = line
             return
         ts, self.pending_ts = self.pending_ts, None
@@ -473,7 +479,7 @@ class Runner:
                 continue
             m = match(line)
             if m is None:
-                if body[0].isdigit() and len(body) <= 35 and _ISO_TS.fullmatch(body):
+                if is_timestamp_line(body):
                     continue  # consumed by the bulk line after it (checked below: not the last line)
                 return False
             groups = m.groups()
@@ -483,7 +489,7 @@ class Runner:
                     break
         tail = text.rstrip()
         last = tail[tail.rfind("\n") + 1:]
-        if not tail or (last[0].isdigit() and len(last) <= 35 and _ISO_TS.fullmatch(last)):
+        if not tail or is_timestamp_line(last):
             return False  # blank, or a timestamp for the next chunk's first line
         if not first.bulk(counts):
             return False

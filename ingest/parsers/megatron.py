@@ -84,6 +84,8 @@ class MegatronParser(StepRowParser):
         each ``key: value`` with the value stripped, as ``_iteration`` reads them) and the
         column of each key, so the next lines of that shape are read by one match. Keys not in
         the pattern table were warned about already and are read, not kept."""
+        if len(self._shapes) >= MAX_SHAPES:
+            return
         parts, specs = [], []
         for seg in rest.split("|"):
             key, sep, _ = seg.partition(":")
@@ -99,8 +101,7 @@ class MegatronParser(StepRowParser):
             # the value starts and ends with a non-space: one way to match, no backtracking blow-up
             parts.append(rf"\s*{re.escape(key)}\s*:\s*([^|\s](?:[^|]*[^|\s])?|)\s*")
             specs.append(spec)
-        if len(self._shapes) < MAX_SHAPES:
-            self._shapes.append((re.compile(r"\|".join(parts)), tuple(specs)))
+        self._shapes.append((re.compile(r"\|".join(parts)), tuple(specs)))
 
     def fast_iteration(self, lineno: int, m, ts) -> bool:
         return self._iteration(lineno, m.group("m_ts") or ts, m.group("m_step"), m.group("m_total"), m.group("m_rest"),
