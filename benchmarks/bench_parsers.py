@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import resource
 import sys
 import tempfile
@@ -41,6 +42,17 @@ CORPORA = {  # name -> (kind, fixtures whose lines are cycled, target MB/s)
     "megatron": ("megatron", ["17_megatron_2022_bert_timers_memory.txt", "19_megatron_llm_fork_iteration_plain.txt"], 50),
     "deepspeed": ("deepspeed", ["21_deepspeed_2022_timer_samplespersec_notebook.txt"], 50),
     "torchtitan": ("torchtitan", ["25_torchtitan_2025_rank0_prefix_gc_profiler.txt"], 50),
+    # A run's log as training writes it: the fixture's setup lines once, then its steady-state
+    # lines (from the first step line on) repeated with the step numbers moving on.
+    "megatron_run": ("megatron", ["17_megatron_2022_bert_timers_memory.txt"], 50),
+    "deepspeed_run": ("deepspeed", ["21_deepspeed_2022_timer_samplespersec_notebook.txt"], 50),
+    "torchtitan_run": ("torchtitan", ["25_torchtitan_2025_rank0_prefix_gc_profiler.txt"], 50),
+}
+# Step numbers of the steady-state lines, per run corpus (group 1: the number to move on).
+RUN_STEPS = {
+    "megatron_run": [re.compile(r"(?<=iteration)( +[0-9]+)(?=/)"), re.compile(r"(?<=\(after )([0-9]+)(?= iterations\))")],
+    "deepspeed_run": [re.compile(r"(?<=step=)([0-9]+)"), re.compile(r"(?<= [0-9]/)([0-9]+)(?=, SamplesPerSec)")],
+    "torchtitan_run": [re.compile(r"(?<=step: )( *[0-9]+)"), re.compile(r"(?<=at step )([0-9]+)")],
 }
 
 
@@ -74,10 +86,31 @@ def coll_tuning_lines(init: list[str]):
             op += 1
 
 
+def run_lines(lines: list[str], steps: list[re.Pattern]):
+    """A training run's log from a fixture: the lines before its first step line once, then the
+    rest (without the fixtures' ``[trimmed]`` marker) over and over, each step number moved on
+    by the fixture's step span per repetition (numbers keep their printed width when they can)."""
+    first = next(i for i, line in enumerate(lines) if steps[0].search(line))
+    body = [line for line in lines[first:] if line != "[trimmed]"]
+    numbers = [int(m.group(1)) for line in body for rx in steps for m in rx.finditer(line)]
+    span = max(numbers) - min(numbers) + (min(numbers) or 1)
+    yield from lines[:first]
+    for k in itertools.count():
+        def move(m, k=k):
+            text = m.group(1)
+            return f"{int(text) + k * span:>{len(text)}d}"
+        for line in body:
+            for rx in steps:
+                line = rx.sub(move, line)
+            yield line
+
+
 def corpus(names: list[str], num_bytes: int, *, name: str = ""):
     lines = [line for n in names for line in (FIXTURES / n).read_text(encoding="utf-8").split("\n") if line.strip()]
     total = 0
-    for line in (coll_tuning_lines(lines) if name == "nccl_coll_tuning" else itertools.cycle(lines)):
+    source = (coll_tuning_lines(lines) if name == "nccl_coll_tuning" else run_lines(lines, RUN_STEPS[name])
+              if name in RUN_STEPS else itertools.cycle(lines))
+    for line in source:
         if total >= num_bytes:
             return
         total += len(line) + 1

@@ -15,6 +15,7 @@ comm_topology, collectives, events, env, kernels, stacks); every record carries 
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections import Counter
@@ -129,6 +130,7 @@ _UNIT_GIB = {"B": 1 / 2**30, "KB": 1 / 2**20, "KIB": 1 / 2**20, "MB": 1 / 2**10,
 _SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", re.I)
 
 
+@functools.lru_cache(maxsize=1 << 12)  # memory figures repeat from step to step
 def to_gib(text: str) -> float:
     """'649.97 MiB' / '1.01 GiB' / '0.26GB' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed print them)."""
     m = _SIZE.fullmatch(text)
