@@ -420,12 +420,23 @@ def _newlines(text: str) -> str:
 
 
 def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> str:
-    """The first ``num_chars`` characters of a text file (for detecting its kind). Raises ParseError."""
+    """The first ``num_chars`` characters of a text file (for detecting its kind), gzip
+    decompressed when the file starts with gzip's magic bytes (e.g. a rank log stored as
+    ``rank0.log.gz``). Raises ParseError."""
+    import gzip
+
     try:
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
-            return f.read(num_chars)
+        with open(path, "rb") as raw:
+            magic = raw.read(2)
+            raw.seek(0)
+            binary = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
+            import io
+            with io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="") as f:
+                return f.read(num_chars)
     except OSError as e:
-        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
+        raise ParseError(f"{path}: cannot read ({e.strerror or e}); check the path and permissions") from None
+    except EOFError:
+        raise ParseError(f"{path}: truncated gzip stream; re-copy the file") from None
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -454,6 +465,34 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool =
             yield from iter_trace_events(fp, counts=counts, lean=lean)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise ParseError(f"{path}: corrupt gzip stream ({e}); re-copy the trace") from None
+
+
+def write_lean_trace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> tuple[int, int]:
+    """Write the torch.profiler (Kineto) trace ``src`` (plain or gzip) to ``dst`` (gzip) holding
+    only what the step breakdown reads (``ingest.traces.iter_trace_events`` with lean=True):
+    the document's header fields in their order, and of its events the complete ones (ph "X")
+    of the categories kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver and
+    user_annotation, plus cpu_op for a trace without CUDA devices. Section 5's numbers from
+    ``dst`` equal those from ``src``; cpu_op, flow (ac2g) and fwdbwd events, most of a GPU
+    trace's bytes, are left out. Returns (events in, events kept). Raises ParseError when
+    ``src`` is unreadable or is not a Kineto trace document."""
+    import gzip
+
+    from ingest.traces import _LEAN_CATS
+
+    try:
+        with open(src, "rb") as f:
+            raw = f.read()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == _GZIP_MAGIC else raw)
+    except (OSError, EOFError, gzip.BadGzipFile, ValueError) as e:
+        raise ParseError(f"{src}: not a readable trace ({e}); pass a torch.profiler trace file") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list) or "schemaVersion" not in doc:
+        raise ParseError(f"{src}: not a torch.profiler (Kineto) trace document: no schemaVersion/traceEvents")
+    cats = set(_LEAN_CATS) | (set() if doc.get("deviceProperties") else {"cpu_op"})
+    doc["traceEvents"] = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in cats]
+    write_bytes_atomic(dst, gzip.compress(json.dumps(doc).encode("utf-8"), compresslevel=9, mtime=0))
+    return len(events), len(doc["traceEvents"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -520,7 +559,9 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
             else:
                 warnings.append(f"{path}: not a profiler-window record; its export time is not counted")
         recs = []
-        for path in sorted((run_dir / "logs").glob("rank*.log")):
+        for path in sorted((run_dir / "logs").glob("rank*.log*")):
+            if not re.fullmatch(r"rank\d+\.log(?:\.gz)?", path.name):
+                continue
             found = True
             text = read_text_head(path, 1 << 22)
             recs += [r for r in parse_text(text, source=path.name, kind="nccl").records if r["table"] == "comm_topology"]

@@ -433,3 +433,38 @@ def test_lean_reader_skips_a_malformed_event_without_buffering_the_rest(monkeypa
     counts = TraceReadCounts()
     assert len(list(iter_trace_events(io.BytesIO(doc.encode()), counts=counts, lean=True))) == 21
     assert counts == TraceReadCounts(num_events=21, num_skipped=1, truncated=False, reader="lean")
+
+
+@pytest.mark.parametrize("run", ["ddp", "zero3-deepspeed"])
+def test_lean_trace_gives_the_same_breakdown_and_is_smaller(tmp_path, run):
+    """write_lean_trace keeps what section 5 reads: the same steps, kernels, spans and warnings
+    from a committed (full) H200 trace, in a fraction of the bytes."""
+    from ingest.io import write_lean_trace
+    src = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu-engines" / run / "trace" / "profile_rank0.json.gz"
+    dst = tmp_path / "lean.json.gz"
+    num_in, num_kept = write_lean_trace(src, dst)
+    assert 0 < num_kept < num_in and dst.stat().st_size < 0.7 * src.stat().st_size
+    full = compute_step_breakdown(open_trace_events(src, lean=True), run=run, rank=0, pp_degree=1)
+    lean = compute_step_breakdown(open_trace_events(dst, lean=True), run=run, rank=0, pp_degree=1)
+    assert full.steps and (lean.steps, lean.kernels, lean.spans, lean.warnings) == (full.steps, full.kernels, full.spans,
+                                                                                     full.warnings)
+
+
+def test_lean_trace_refuses_what_is_not_a_trace(tmp_path):
+    from ingest.io import write_lean_trace
+    (tmp_path / "x.json").write_text('[{"ph": "X"}]')
+    with pytest.raises(ParseError, match="not a torch.profiler"):
+        write_lean_trace(tmp_path / "x.json", tmp_path / "y.json.gz")
+    (tmp_path / "bad.json.gz").write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(ParseError, match="not a readable trace"):
+        write_lean_trace(tmp_path / "bad.json.gz", tmp_path / "y.json.gz")
+    assert not (tmp_path / "y.json.gz").exists()
+
+
+def test_read_text_head_reads_gzipped_logs(tmp_path):
+    from ingest.io import read_text_head
+    (tmp_path / "rank0.log.gz").write_bytes(gzip.compress("a\r\nNCCL INFO x\n".encode()))
+    assert read_text_head(tmp_path / "rank0.log.gz", 9) == "a\r\nNCCL I"
+    (tmp_path / "cut.log.gz").write_bytes(gzip.compress(b"x" * 1000)[:20])
+    with pytest.raises(ParseError, match="truncated gzip"):
+        read_text_head(tmp_path / "cut.log.gz")
