@@ -156,3 +156,28 @@ def test_bulk_fast_path_equals_per_line_path():
         assert (fast.unparsed, fast.unparsed_lines, fast.num_lines) == (slow.unparsed, slow.unparsed_lines, slow.num_lines), p.name
         streamed = parse_nccl(iter(text.split("\n")), source="s")
         assert (streamed.records, streamed.unparsed_lines) == (fast.records, fast.unparsed_lines)
+
+
+def test_nccl_2_28_tuning_names_init_api_prefix_graph_and_timings():
+    """NCCL 2.28 on two H200s (this project's examples/h200-2gpu): TUNING by name with a
+    channel range, `ncclCommInitRankConfig comm ... - Init COMPLETE`, `Init timings`, the graph
+    search's Pattern lines; the per-call lines aggregate by (func, bytes, algo, proto)."""
+    r = parse("64_nccl_2.28_h200_nvlink_tuning_names_graph.txt")
+    env = {x["key"]: x["value"] for x in r.records if x["table"] == "env"}
+    assert env["nccl_version"] == "2.28.9+cuda13.0" and env["cuda_driver_version"] == "13000"
+    assert env["nccl_network"] == "Socket" and env["NCCL_NVLS_ENABLE"] == "0."
+    done = of(r, "init_complete")
+    assert [(x["comm"], x["rank"], x["num_ranks"], x["cuda_dev"], x["bus_id"], x["comm_id"]) for x in done] == \
+        [("0xc30d700", 0, 2, 0, "60", "0x972042f681bc850f")]
+    assert [(x["rank"], x["num_ranks"], x["init_time_s"]) for x in of(r, "init_timings")] == [(0, 2, 0.52)]
+    assert [(g["graph_pattern"], g["num_channels"], g["graph_bw_gbps"], g["graph_link_type"], g["graph_link_type_inter"])
+            for g in of(r, "graph")] == [(4, 12, 30.0, "NVL", "PIX"), (1, 12, 60.0, "NVL", "PIX")]
+    assert transports(r) == [("P2P/CUMEM", "P2P/CUMEM", None)]
+    tuning = {(t["func"], t["size_b"]): t for t in of(r, "tuning_named")}
+    rs = tuning[("ReduceScatter", 124574208)]
+    assert (rs["algo_name"], rs["proto_name"], rs["algo"], rs["proto"], rs["channel_lo"], rs["channel_hi"],
+            rs["num_calls"]) == ("RING", "SIMPLE", 1, 2, 0, 23, 2)
+    assert (tuning[("Broadcast", 1536)]["proto_name"], tuning[("Broadcast", 1536)]["proto"],
+            tuning[("Broadcast", 1536)]["num_calls"]) == ("LL", 0, 2)
+    assert sum(t["num_calls"] for t in of(r, "tuning_named")) == 11
+    assert r.unparsed == 2 and r.warnings == []

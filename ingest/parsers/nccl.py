@@ -37,7 +37,8 @@ _RULES = {
     "Using": (rule("network", r"Using network (?P<value>.+)", "env", Col("value", "value", S), key="nccl_network"),
               rule("nccl_using", r"Using .*", None)),
     "NET/Plugin": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
-    "NET/IB": (rule("net_ib", r"NET/IB ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),),
+    "NET/IB": (rule("net_ib", r"NET/IB ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),
+               rule("net_ib_none", r"NET/IB ?: No device found\.?$", None)),
     "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),),
     "comm": (
         rule("comm_init", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
@@ -65,14 +66,55 @@ _RULES = {
     "P2P": (rule("p2p_chunksize", r"P2P Chunksize set to (?P<n>\d+)", "comm_topology", Col("n", "p2p_chunk_size_b", I)),
             rule("p2p_other", r"P2P .*", None)),
     "Connected": (rule("connected", r"Connected (?:all rings|all trees|NVLS tree|binomial trees|collnet)", None),),
-    "===": (rule("topo_system", r"=== System : maxBw (?P<max>[\d.]+) totalBw (?P<tot>[\d.]+) ===", "comm_topology",
+    # NCCL 2.28 (GRAPH, INIT, plugins): the graph search's result per pattern, then recognised lines
+    "Pattern": (rule("graph", r"Pattern (?P<pattern>\d+), crossNic (?P<cross>\d+), nChannels (?P<n>\d+), "
+                     r"bw (?P<bw>[\d.]+)/(?P<bw_inter>[\d.]+), type (?P<type>\S+?)/(?P<type_inter>\S+?), "
+                     r"sameChannels (?P<same>\d+)$", "comm_topology",
+                     Col("pattern", "graph_pattern", I), Col("cross", "graph_cross_nic", I), Col("n", "num_channels", I),
+                     Col("bw", "graph_bw_gbps", F), Col("bw_inter", "graph_bw_inter_gbps", F),
+                     Col("type", "graph_link_type", S), Col("type_inter", "graph_link_type_inter", S),
+                     Col("same", "graph_same_channels", I)),),
+    "Ring": (rule("graph_ring", r"Ring \d+ : -?\d+ -> \d+ -> -?\d+$", None),),
+    "Tree": (rule("graph_tree", r"Tree \d+ : -?\d+ -> \d+ -> -?\d+/-?\d+/-?\d+$", None),),
+    "graph_channel": (rule("graph_channel", r"\d+ :(?: [A-Z]+/[\w\-]+)+$", None),),
+    "Init": (rule("init_timings", r"Init timings - \w+: rank (?P<rank>\d+) nranks (?P<nranks>\d+) total (?P<t>[\d.]+)\b",
+                  "comm_topology", Col("rank", "rank", I), Col("nranks", "num_ranks", I), Col("t", "init_time_s", F)),),
+    "CC": (rule("cc_mode", r"CC (?:On|Off), workFifoBytes \d+$", None),),
+    "topo_path": (rule("topo_path", r"[A-Z]+/[\w\-]+ :(?:[A-Z]+/[\w\-]+ \([^)]*\) ?)+$", None),),
+    "tuning_table": (rule("tuning_table", r"(?:Algorithm|Protocol|Max NThreads|[A-Za-z]+) +\|(?: +[\w./ ]+ +\|)+$", None),),
+    "Comm": (rule("comm_config", r"Comm config \w+ set to .*", None),),
+    "RAS": (rule("ras_socket", r"RAS client listening socket at .*", None),),
+    "MNNVL": (rule("mnnvl", r"MNNVL busId .*", None),),
+    "Topology": (rule("topo_detect", r"Topology detection ?: .*", None),),
+    "Could": (rule("topo_path", r"Could not find real path of .*", None),),
+    "TOPO/NET": (rule("topo_net", r"TOPO/NET : .*", None),),
+    "ncclTopoPopulateNics": (rule("topo_nics", r"ncclTopoPopulateNics : .*", None),),
+    "ncclTopoGetCpuAffinity:": (rule("topo_affinity", r"ncclTopoGetCpuAffinity: .*", None),),
+    "ncclP2pSchedule:": (rule("p2p_schedule", r"ncclP2pSchedule: .*", None),),
+    "Check": (rule("p2p_check", r"Check P2P Type .*", None),),
+    "[Proxy": (rule("proxy_core", r"\[Proxy Service(?: UDS)?\] Device \d+ CPU core \d+$", None),),
+    "Initialized": (rule("net_plugin_init", r"Initialized NET plugin \S+$", None),),
+    "Assigned": (rule("net_plugin_assigned", r"Assigned NET plugin \S+ to comm$", None),),
+    "Failed": (rule("net_plugin_failed", r"Failed to initialize NET plugin \S+$", None),),
+    "ENV/Plugin": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "PROFILER/Plugin": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "TUNER/Plugin": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "===": (rule("topo_end", r"=+$", None),
+            rule("topo_system", r"=== System : maxBw (?P<max>[\d.]+) totalBw (?P<tot>[\d.]+) ===", "comm_topology",
                  Col("max", "topo_max_bw_gbps", F), Col("tot", "topo_total_bw_gbps", F)),),
     "+": (rule("topo_node", r"\+ (?P<link>[A-Z]+)\[(?P<bw>[\d.]+)\] - (?P<ntype>[A-Z]+)/(?P<nid>[0-9A-Fa-f\-]+)(?: \((?P<info>[^)]*)\))?$",
                "comm_topology", Col("link", "topo_link", S), Col("bw", "topo_link_bw_gbps", F), Col("ntype", "topo_node_type", S),
                Col("nid", "topo_node_id", S), Col("info", "topo_node_info", S)),),
-    "CPU/": (rule("topo_cpu", r"CPU/(?P<nid>\w+) \((?P<info>[^)]*)\)$", "comm_topology", Col("nid", "topo_node_id", S),
-                  Col("info", "topo_node_info", S), topo_node_type="CPU"),),
-    "tuning": (rule("tuning", r"(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+) "
+    "CPU/": (rule("topo_cpu", r"CPU/(?P<nid>[\w\-]+) \((?P<info>[^)]*)\)$", "comm_topology", Col("nid", "topo_node_id", S),
+                  Col("info", "topo_node_info", S), topo_node_type="CPU"),
+             rule("topo_path", r"[A-Z]+/[\w\-]+ :(?:[A-Z]+/[\w\-]+ \([^)]*\) ?)+$", None)),
+    # TUNING: ids and a time or channel count (NCCL <= 2.2x); names and a channel range (2.28:
+    # ``AllReduce: 16 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}``), ids kept beside them
+    "tuning": (rule("tuning_named", r"(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>[A-Z][A-Z_]*) "
+                    r"proto (?P<proto>[A-Z][A-Z0-9]*) channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\}$", "collectives",
+                    Col("func", "func", S), Col("bytes", "size_b", I), Col("algo", "algo_name", S),
+                    Col("proto", "proto_name", S), Col("lo", "channel_lo", I), Col("hi", "channel_hi", I)),
+               rule("tuning", r"(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+) "
                     r"(?:time|channels) (?P<t>[\d.]+)", "collectives", Col("func", "func", S), Col("bytes", "size_b", I),
                     Col("algo", "algo", I), Col("proto", "proto", I)),),
     "unwind": (rule("error_unwind", r"(?P<file>[\w./\-]+\.(?:cc|cpp|h|c)):(?P<ln>\d+) -> (?P<code>\d+)(?: \((?P<detail>.*)\))?$",
@@ -111,6 +153,8 @@ class NcclParser(LineParser):
                  r"comm (?P<c_comm>0x[0-9a-f]+)(?: \[nranks=[0-9]+\]|)(?: stream \S+|))"),
         ("tuning", r"(?P<u_msg>(?:(?P<u_func>[A-Za-z]+): |)(?P<u_bytes>[0-9]+) Bytes -> "
                    r"Algo (?P<u_algo>[0-9]+) proto (?P<u_proto>[0-9]+) (?:time|channels) [0-9.]+(?:.*\S|))"),
+        ("tuning_named", r"(?P<v_msg>(?P<v_func>[A-Za-z]+): (?P<v_bytes>[0-9]+) Bytes -> Algo (?P<v_algo>[A-Z][A-Z_]*) "
+                         r"proto (?P<v_proto>[A-Z][A-Z0-9]*) channel\{Lo\.\.Hi\}=\{[0-9]+\.\.[0-9]+\})"),
         ("info", r"(?P<i_msg>\S(?:.*\S)?)"),
     )
     bulk_normalise = ((re.compile(r" opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "), " opCount 0 sendbuff 0 recvbuff 0 "),
@@ -120,6 +164,7 @@ class NcclParser(LineParser):
         "edge": ("host", "pid", "dev", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),  # dev: for a new edge's row
         "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
         "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
+        "tuning_named": ("v_func", "v_bytes", "v_algo", "v_proto"),
     }
 
     def __init__(self, source: str) -> None:
@@ -187,6 +232,13 @@ class NcclParser(LineParser):
         have["num_calls"] += 1
         return True
 
+    def fast_tuning_named(self, lineno: int, m, ts) -> bool:
+        have = self._colls.get(_named_key(*m.group("v_func", "v_bytes", "v_algo", "v_proto")))
+        if have is None:
+            return self._msg(lineno, m.group("host", "pid", "dev"), m.group("v_msg"), ts, None)
+        have["num_calls"] += 1
+        return True
+
     def fast_info(self, lineno: int, m, ts) -> bool:
         host, pid, dev, msg, rank = m.group("host", "pid", "dev", "i_msg", "rank")
         return self._msg(lineno, (host, pid, dev), msg, ts, int(rank) if rank else None)
@@ -205,6 +257,8 @@ class NcclParser(LineParser):
             adds.append((self._colls[("coll", host, pid, comm, func, count, dt, redop, root)], "num_calls", n))
         for (func, size, algo, proto), n in counts["tuning"].items():
             adds.append((self._colls[("tuning", func, int(size), int(algo), int(proto))], "num_calls", n))
+        for key, n in counts["tuning_named"].items():
+            adds.append((self._colls[_named_key(*key)], "num_calls", n))
         for row, column, n in adds:
             row[column] += n
         return True
@@ -213,7 +267,8 @@ class NcclParser(LineParser):
         return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
                     for host, pid, func, count, dt, redop, root, comm in counts["coll"])
                 and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
-                        for func, size, algo, proto in counts["tuning"]))
+                        for func, size, algo, proto in counts["tuning"])
+                and all(_named_key(*key) in self._colls for key in counts["tuning_named"]))
 
     def bulk_new(self, counts: dict[str, Counter]) -> set[tuple[str, tuple]] | None:
         """New edges and new channels of known edges (made from their key: see bulk_create);
@@ -264,7 +319,10 @@ class NcclParser(LineParser):
                 return True
             return False
         word = stripped.split(" ", 1)[0]
-        rules = _RULES.get(word)
+        if word.startswith("ncclComm") and stripped[len(word):len(word) + 6] == " comm ":
+            stripped = stripped[len(word) + 1:]  # 2.28 names the API first: "ncclCommInitRankConfig comm 0x.. - Init COMPLETE"
+            word = "comm"
+        rules = _RULES.get(word) or _RULES.get(word[:-1]) if word[-1:] == ":" else _RULES.get(word)
         if rules is None:
             if word.endswith(":") and " Bytes -> Algo " in stripped or stripped[:1].isdigit() and " Bytes -> " in stripped:
                 rules = _RULES["tuning"]
@@ -278,6 +336,14 @@ class NcclParser(LineParser):
                 rules = _RULES["CPU/"]
             elif stripped[:1].isdigit() and " coll channels, " in stripped:
                 return self._channels(lineno, stripped, hdr)
+            elif word.isdigit():
+                rules = _RULES["graph_channel"]
+            elif word.strip("=") == "":
+                rules = _RULES["==="]
+            elif "/" in word and stripped[len(word):len(word) + 2] == " :":
+                rules = _RULES["topo_path"]
+            elif " |" in stripped:
+                rules = _RULES["tuning_table"]
             else:
                 return False
         for r in rules:
@@ -291,6 +357,9 @@ class NcclParser(LineParser):
                     rec.update(rank=rec.get("rank", rank), time=ts, detail=rec.get("detail") or stripped[:500])
                 if r.name == "tuning":
                     return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo"], rec["proto"]), rec)
+                if r.name == "tuning_named":
+                    rec["algo"], rec["proto"] = ALGO_IDS.get(rec["algo_name"]), PROTO_IDS.get(rec["proto_name"])
+                    return self._agg(_named_key(rec["func"], rec["size_b"], rec["algo_name"], rec["proto_name"]), rec)
                 if rec["table"] == "env":
                     k = (rec["key"], rec["value"])
                     if k in self._seen_env:
@@ -371,6 +440,17 @@ class NcclParser(LineParser):
         self.records.extend(self._edges.values())
         self.records.extend(self._colls.values())
         self._edges, self._edge_channels, self._colls = {}, {}, {}
+
+
+# NCCL's algorithm and protocol ids (src/include/device.h: NCCL_ALGO_*, NCCL_PROTO_*), the numbers
+# older TUNING lines print where 2.28 prints the names.
+ALGO_IDS = {"TREE": 0, "RING": 1, "COLLNET_DIRECT": 2, "COLLNET_CHAIN": 3, "NVLS": 4, "NVLS_TREE": 5, "PAT": 6}
+PROTO_IDS = {"LL": 0, "LL128": 1, "SIMPLE": 2}
+
+
+def _named_key(func: str | None, size, algo: str, proto: str) -> tuple:
+    """The aggregation key of a 2.28 TUNING line (names, not ids: an unknown name stays itself)."""
+    return ("tuning", func, int(size), algo, proto)
 
 
 def _transport_kind(transport: str) -> str:
