@@ -167,6 +167,8 @@ class MetricRow:
     # instrumented loop vs a bare train_step loop over the run's last steps (RunInfo), or None
     loop_overhead_fraction: float | None = None
     loop_overhead_num_steps: int | None = None
+    # (max - min) / median of rank 0's step times over those same steps: an estimate inside it is not resolved
+    loop_overhead_spread: float | None = None
     # checkpoint.json (runner.checkpoint): save / restore seconds and bytes written, None without one
     ckpt_save_s: float | None = None
     ckpt_load_s: float | None = None
@@ -526,6 +528,20 @@ def compute_failed_at_step(steps: pd.DataFrame) -> int | None:
     return int(steps.groupby("rank")["step"].max().min()) + 1
 
 
+def compute_window_spread(steps: pd.DataFrame | None, num_steps: Any) -> float | None:
+    """(max − min) ÷ median of rank 0's step times over a run's last ``num_steps`` recorded steps:
+    the window the loop-overhead estimate (runner.train.measure_loop_overhead: those steps' sum
+    against one bare replay of them) compares, so an estimate smaller than this spread is not
+    resolved. None without the steps or the count."""
+    if steps is None or steps.empty or not num_steps or "rank" not in steps or "step_time_s" not in steps:
+        return None
+    rank0 = steps[steps["rank"] == 0].sort_values("step")
+    times = pd.to_numeric(rank0["step_time_s"], errors="coerce").dropna().tail(int(num_steps))
+    if len(times) < int(num_steps) or times.median() <= 0:
+        return None
+    return float((times.max() - times.min()) / times.median())
+
+
 def _diagnosis(r: Mapping[str, Any]) -> dict[str, Any]:
     value = r.get("diagnosis")
     if isinstance(value, str):
@@ -749,6 +765,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                   data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"],
                   loop_overhead_fraction=r.get("loop_overhead_fraction"),
                   loop_overhead_num_steps=r.get("loop_overhead_num_steps"),
+                  loop_overhead_spread=compute_window_spread(steps_by_run.get(r["run"]), r.get("loop_overhead_num_steps")),
                   ckpt_save_s=_opt_float(r.get("ckpt_save_s")), ckpt_load_s=_opt_float(r.get("ckpt_load_s")),
                   ckpt_size_bytes=r.get("ckpt_bytes_written"))
         for s, r in zip(summary, runs))
