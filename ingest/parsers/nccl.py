@@ -19,6 +19,11 @@ from collections import Counter
 from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
 
+try:  # the compiled scanner (ingest/parsers/_nccl_scan.pyx); without it, the Python path
+    from ingest.parsers import _nccl_scan
+except ImportError:  # pragma: no cover - not built (no C compiler)
+    _nccl_scan = None
+
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 
@@ -121,6 +126,7 @@ class NcclParser(LineParser):
         "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
         "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
     }
+    native = _nccl_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -128,6 +134,13 @@ class NcclParser(LineParser):
         self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
+        self._scan_keys: dict[str, tuple] = {}  # the compiled scanner's memo: key text of a line -> its key
+
+    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+        """The compiled scanner (see LineParser.native_scan): it updates this parser's records,
+        edges, call rows and seen env values in place, as the Python path below would."""
+        return _nccl_scan.scan(text, pos, lineno, self.source, self.records, self._edges, self._edge_channels,
+                               self._colls, self._seen_env, self._scan_keys, _transport_kind)
 
     def _header(self, rec: dict, h: tuple) -> dict:
         rec["host"], rec["pid"] = h[0], int(h[1])
