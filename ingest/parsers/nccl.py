@@ -134,13 +134,13 @@ class NcclParser(LineParser):
         self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
-        self._scan_keys: dict[str, tuple] = {}  # the compiled scanner's memo: key text of a line -> its key
+        self._scan_memo = _nccl_scan.Memo() if _nccl_scan is not None else None  # the compiled scanner's memo of keys
 
     def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
         """The compiled scanner (see LineParser.native_scan): it updates this parser's records,
         edges, call rows and seen env values in place, as the Python path below would."""
         return _nccl_scan.scan(text, pos, lineno, self.source, self.records, self._edges, self._edge_channels,
-                               self._colls, self._seen_env, self._scan_keys, _transport_kind)
+                               self._colls, self._seen_env, self._scan_memo)
 
     def _header(self, rec: dict, h: tuple) -> dict:
         rec["host"], rec["pid"] = h[0], int(h[1])
