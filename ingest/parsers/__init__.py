@@ -371,6 +371,16 @@ def bulk_line_regex(parser_type: type) -> re.Pattern | None:
     return re.compile(rx.pattern[len(head):-1])
 
 
+def _has_long_line(text: str) -> bool:
+    """Whether a line of text (lines joined by newlines) is longer than MAX_LINE_CHARS. Such a
+    line holds a whole aligned window of MAX_LINE_CHARS // 2 characters, so the lines are split
+    and measured only where a window holds no newline (a few finds per chunk, not a split)."""
+    w, find = MAX_LINE_CHARS // 2, text.find
+    if all(find("\n", i, i + w) >= 0 for i in range(0, len(text) - w + 1, w)):
+        return False
+    return max(map(len, text.split("\n"))) > MAX_LINE_CHARS
+
+
 def fast_rank(m: re.Match) -> int | None:
     r = m.group("rank")
     return int(r) if r else None
@@ -469,8 +479,8 @@ class Runner:
 
     def _chunk(self, text: str, lines: list[str] | None) -> None:
         """text: a newline, then the chunk's lines joined by newlines (``lines``, if at hand)."""
-        if (self.fast is None and self.hints is None) or (len(text) > MAX_LINE_CHARS and max(map(
-                len, lines if lines is not None else text.split("\n"))) > MAX_LINE_CHARS):
+        if (self.fast is None and self.hints is None) or (len(text) > MAX_LINE_CHARS and (
+                max(map(len, lines)) > MAX_LINE_CHARS if lines is not None else _has_long_line(text))):
             self._general(lines if lines is not None else text[1:].split("\n"))
             return
         start = self.lineno
