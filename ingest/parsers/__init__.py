@@ -484,20 +484,22 @@ class Runner:
             self._general(lines if lines is not None else text[1:].split("\n"))
             return
         start = self.lineno
-        self.lineno += text.count("\n")
         if "\x1b" in text:
             text = _ANSI.sub("", text)  # no escape sequence spans a newline: same as per line
+        if self.native is not None and self.fast is not None:
+            self.lineno = self._native(text, start)  # (it counts the lines: no count of the chunk)
+            return
+        self.lineno += text.count("\n")
         if self.fast is None:
             self._gap(text, 0, len(text), start)
-        elif self.native is not None:
-            self._native(text, start)
         elif self.bulk is None or not (self._bulk_only(text, start) or self._bulk(text, start)):
             self._scan(text, start)
 
-    def _native(self, text: str, start: int) -> None:
+    def _native(self, text: str, start: int) -> int:
         """A chunk through the first parser's compiled scanner (``native_scan``), which takes
         the lines it reads whole and stops before any other; the lines from there to where it
-        can go on take ``_scan`` (at least one, and the line after a timestamp line)."""
+        can go on take ``_scan`` (at least one, and the line after a timestamp line). Returns
+        the number of the chunk's last line."""
         scan = self.native
         pos, lineno, end = 0, start, len(text)
         while pos < end:
@@ -513,6 +515,7 @@ class Runner:
             cut = max(cut if cut >= 0 else end, resume)
             lineno = self._scan(text[pos:cut], lineno)
             pos = cut
+        return lineno
 
     def _bulk_only(self, text: str, start: int) -> bool:
         """A chunk of only bulk lines, timestamp lines before them and blank lines: count its
