@@ -223,18 +223,28 @@ class NcclParser(LineParser):
         return True
 
     def _calls_known(self, counts: dict[str, Counter]) -> bool:
-        return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
-                    for host, pid, func, count, dt, redop, root, comm in counts["coll"])
-                and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
-                        for func, size, algo, proto in counts["tuning"]))
+        try:
+            return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
+                        for host, pid, func, count, dt, redop, root, comm in counts["coll"])
+                    and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
+                            for func, size, algo, proto in counts["tuning"]))
+        except ValueError:  # a number int() refuses (sys.get_int_max_str_digits): the lines warn one by one
+            return False
 
     def bulk_new(self, counts: dict[str, Counter]) -> set[tuple[str, tuple]] | None:
         """New edges and new channels of known edges (made from their key: see bulk_create);
-        None when a call shape is new (its row needs the whole line)."""
+        None when a call shape is new (its row needs the whole line) or a new edge has a number
+        int() refuses (its line warns on the line-by-line path)."""
         if not self._calls_known(counts):
             return None
-        return {("edge", k) for k in counts["edge"]
-                if k[3] not in self._edge_channels.get((k[0], k[1], k[4], k[5], _FAST_DIRECTION[k[6]], k[7]), ())}
+        new = {("edge", k) for k in counts["edge"]
+               if k[3] not in self._edge_channels.get((k[0], k[1], k[4], k[5], _FAST_DIRECTION[k[6]], k[7]), ())}
+        try:
+            for _, (host, pid, dev, ch, src, dst, direction, via) in new:
+                int(pid), int(dev), int(src.partition("[")[0]), int(dst.partition("[")[0]) if dst else None
+        except ValueError:
+            return None
+        return new
 
     def bulk_create(self, lineno: int, name: str, key: tuple) -> None:
         host, pid, dev, ch, src, dst, direction, via = key
