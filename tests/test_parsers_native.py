@@ -206,9 +206,10 @@ _SHAPES = sorted({line for name, text in TEXTS.items() if "nccl" in name for lin
     "h:1:1 [0] NCCL TRACE Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
     "#  Rank  0 Group  0 Pid 1 on h device  0 [0000:18:00] NVIDIA H100 80GB",
     "NCCL version 2.21.5+cuda12.4",
+    "2024-12-04T05:27:45+05:30", "2024-12-04 05:27:45,123", "2024-12-04T05:27:45.123456789Z", "2024-12-04T05:27:45-0800",
 })
 _ODD = ["\u0663", "\uff10", "\u00b2", "\xa0", "\u2003", "\x85", "\x1c", "\x0b", "\t", "\r", " ", "  ", "\u00e9", "\u20ac",
-        "\U0001d7d9", "\x00", "[", "]", ":", "/", "-"]
+        "\U0001d7d9", "\u2028", "\x00", "\x1b", "[", "]", ":", "/", "-", "."]
 
 
 @st.composite

@@ -20,9 +20,9 @@ from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_p
 from ingest.parsers.failures import FailureScanner
 
 try:  # the compiled scanner (ingest/parsers/_nccl_scan.pyx); without it, the Python path
-    from ingest.parsers import _nccl_scan
-except ImportError:  # pragma: no cover - not built (no C compiler)
-    _nccl_scan = None
+    from ingest.parsers._nccl_scan import Memo as _ScanMemo, scan as _native_scan
+except ImportError:  # pragma: no cover - not built (no C compiler), or a stale build without the scanner
+    _ScanMemo = _native_scan = None
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -126,7 +126,7 @@ class NcclParser(LineParser):
         "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
         "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
     }
-    native = _nccl_scan is not None
+    native = _native_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -134,13 +134,13 @@ class NcclParser(LineParser):
         self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
-        self._scan_memo = _nccl_scan.Memo() if _nccl_scan is not None else None  # the compiled scanner's memo of keys
+        self._scan_memo = _ScanMemo() if _ScanMemo is not None else None  # the compiled scanner's memo of keys
 
     def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
         """The compiled scanner (see LineParser.native_scan): it updates this parser's records,
         edges, call rows and seen env values in place, as the Python path below would."""
-        return _nccl_scan.scan(text, pos, lineno, self.source, self.records, self._edges, self._edge_channels,
-                               self._colls, self._seen_env, self._scan_memo)
+        return _native_scan(text, pos, lineno, self.source, self.records, self._edges, self._edge_channels,
+                            self._colls, self._seen_env, self._scan_memo)
 
     def _header(self, rec: dict, h: tuple) -> dict:
         rec["host"], rec["pid"] = h[0], int(h[1])
