@@ -9,6 +9,9 @@ transport) with ``num_channels`` (lines) and ``channels`` (distinct ids, first-s
 aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
 (WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
 Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
+The compiled scanner ingest/parsers/_nccl_scan.pyx (optional; ``NcclParser.native_scan``)
+takes the plain INFO lines that carry the volume and updates the same state; this module's
+Python path is the reference it is tested against, and takes every other line.
 Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
 """
 from __future__ import annotations
