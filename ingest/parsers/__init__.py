@@ -498,8 +498,8 @@ class Runner:
     def _native(self, text: str, start: int) -> int:
         """A chunk through the first parser's compiled scanner (``native_scan``), which takes
         the lines it reads whole and stops before any other; the lines from there to where it
-        can go on take ``_scan`` (at least one, and the line after a timestamp line). Returns
-        the number of the chunk's last line."""
+        can go on take ``_scan`` (at least one, and the line after a timestamp line; a single
+        line takes ``raw``). Returns the number of the chunk's last line."""
         scan = self.native
         pos, lineno, end = 0, start, len(text)
         while pos < end:
@@ -512,8 +512,14 @@ class Runner:
             else:
                 resume = pos  # the line a timestamp line belongs to: the Python path
             cut = text.find("\n", pos + 1)
-            cut = max(cut if cut >= 0 else end, resume)
-            lineno = self._scan(text[pos:cut], lineno)
+            if cut < 0:
+                cut = end
+            if resume <= cut:  # one line, the usual stop: the per-line path (what _scan does with it)
+                lineno += 1
+                self.raw(lineno, text[pos + 1:cut])
+            else:
+                cut = resume
+                lineno = self._scan(text[pos:cut], lineno)
             pos = cut
         return lineno
 
