@@ -441,16 +441,33 @@ cdef inline int _header(dict rec, const chr_t* s, Py_ssize_t* h, bint cuda_dev=T
     return 0
 
 
-cdef bint _env(_State st, Py_ssize_t lineno, str record, str key, str value) except -1:
-    """An env rule's record, deduplicated through seen_env (NcclParser._msg)."""
-    cdef tuple k = (key, value)
+cdef bint _env(_State st, const chr_t* s, Py_ssize_t v0, Py_ssize_t v1, Py_ssize_t lineno, str record, str key,
+               int tag) except -1:
+    """An env rule's record of value s[v0:v1] (non-empty), deduplicated through seen_env
+    (NcclParser._msg); its (key, value) through the memo (tag: one letter per key)."""
+    cdef char buf[MEMO_KEY_MAX]
+    cdef Py_ssize_t nb, i
+    cdef uint64_t hh
+    cdef object k
     cdef dict rec
+    if v1 <= v0:
+        return False
+    buf[0], buf[1] = b"V", <char>tag
+    nb = _pack(buf, 2, s, v0, v1)
+    if nb < 0:
+        k = (key, _text(s, v0, v1))
+    else:
+        hh = _hash(buf, nb)
+        i = st.memo.find(buf, nb, hh)
+        if i < 0:
+            i = st.memo.add(buf, nb, hh, (key, _text(s, v0, v1)))
+        k = <object>st.memo.entries[i].key
     if k in st.seen_env:
         return True
     st.seen_env.add(k)
     rec = _record(st, "env", lineno, record, 7)
     rec["key"] = key
-    rec["value"] = value
+    rec["value"] = (<tuple>k)[1]
     rec["kind"] = "nccl"
     st.records.append(rec)
     return True
@@ -1045,7 +1062,7 @@ cdef bint _message(_State st, const chr_t* s, Py_ssize_t m, Py_ssize_t b, Py_ssi
         if _at(s, m, b, "cudaDriverVersion "):
             v = m + 18
             k = _run(s, v, b, C_DIGIT)
-            return k > v and _env(st, lineno, "cuda_driver_version", "cuda_driver_version", _text(s, v, k))
+            return _env(st, s, v, k, lineno, "cuda_driver_version", "cuda_driver_version", 99)
     elif c == 80:  # P
         if _at(s, m, b, "P2P "):
             if _at(s, m, b, "P2P Chunksize set to "):
@@ -1062,29 +1079,26 @@ cdef bint _message(_State st, const chr_t* s, Py_ssize_t m, Py_ssize_t b, Py_ssi
     elif c == 85:  # U
         if _at(s, m, b, "Using "):
             if _at(s, m, b, "Using network ") and m + 14 < b:
-                return _env(st, lineno, "network", "nccl_network", _text(s, m + 14, b))
+                return _env(st, s, m + 14, b, lineno, "network", "nccl_network", 110)
             return True  # nccl_using: recognised, no record
     elif c == 78:  # N
         if _at(s, m, b, "NCCL "):
             v = m + 13
             k = _nonws(s, v, b)
-            return _at(s, m, b, "NCCL version ") and k > v and _env(st, lineno, "nccl_version", "nccl_version",
-                                                                    _text(s, v, k))
+            return _at(s, m, b, "NCCL version ") and _env(st, s, v, k, lineno, "nccl_version", "nccl_version", 118)
         if _at(s, m, b, "NVLS "):
             return _nvls(st, s, m, b, lineno, h)
         if _at(s, m, b, "NET/IB "):
-            return _at(s, m, b, "NET/IB : Using ") and m + 15 < b and _env(st, lineno, "net_ib", "nccl_net_ib",
-                                                                           _text(s, m + 15, b))
+            return _at(s, m, b, "NET/IB : Using ") and _env(st, s, m + 15, b, lineno, "net_ib", "nccl_net_ib", 105)
         if _at(s, m, b, "NET/Socket "):
-            return _at(s, m, b, "NET/Socket : Using ") and m + 19 < b and _env(
-                st, lineno, "net_socket", "nccl_net_socket", _text(s, m + 19, b))
+            return _at(s, m, b, "NET/Socket : Using ") and _env(st, s, m + 19, b, lineno, "net_socket",
+                                                                "nccl_net_socket", 115)
         if _at(s, m, b, "NET/Plugin "):
-            return _at(s, m, b, "NET/Plugin : ") and m + 13 < b and _env(st, lineno, "net_plugin", "nccl_net_plugin",
-                                                                         _text(s, m + 13, b))
+            return _at(s, m, b, "NET/Plugin : ") and _env(st, s, m + 13, b, lineno, "net_plugin", "nccl_net_plugin", 112)
     elif c == 66:  # B
         if _at(s, m, b, "Bootstrap "):
-            return _at(s, m, b, "Bootstrap : Using ") and m + 18 < b and _env(st, lineno, "bootstrap", "nccl_bootstrap",
-                                                                              _text(s, m + 18, b))
+            return _at(s, m, b, "Bootstrap : Using ") and _env(st, s, m + 18, b, lineno, "bootstrap", "nccl_bootstrap",
+                                                               98)
     elif _is(c, C_DIGIT):  # not a _RULES word: TUNING without its function, or the channel counts
         if _find(s, m, b, " Bytes -> ") >= 0:
             return _tuning(st, s, m, m, m, b, lineno)
