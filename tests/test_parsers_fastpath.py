@@ -140,7 +140,8 @@ def test_synthetic_coll_tuning_repeated():
 
 @pytest.mark.parametrize("chunk_lines", [5, 40])
 def test_bulk_counted_lines_equal_general(chunk_lines):
-    """Chunks whose edge lines are all known are counted in bulk (split + Counter)."""
+    """Chunks whose edge lines are all known are counted in bulk (split + Counter): the path
+    where no compiled scanner is built (NATIVE off here)."""
     from ingest.parsers.nccl import NcclParser
     calls = []
     real = NcclParser.bulk
@@ -153,7 +154,7 @@ def test_bulk_counted_lines_equal_general(chunk_lines):
             for times in (1, 4):
                 with mock.patch.object(ingest.parsers, "CHUNK_LINES", chunk_lines), \
                         mock.patch.object(ingest.parsers, "CHUNK_CHARS", chunk_lines * 50), \
-                        mock.patch.object(NcclParser, "bulk", spy):
+                        mock.patch.object(ingest.parsers, "NATIVE", False), mock.patch.object(NcclParser, "bulk", spy):
                     assert_same("\n".join([text] * times), "nccl")
     assert True in calls
 
@@ -197,7 +198,8 @@ def test_pure_per_call_chunks_take_the_distinct_line_path():
     def spy(self, text, start):
         taken.append(real(self, text, start))
         return taken[-1]
-    with mock.patch.object(ingest.parsers, "CHUNK_CHARS", 20000), mock.patch.object(ingest.parsers.Runner, "_bulk_only", spy):
+    with mock.patch.object(ingest.parsers, "CHUNK_CHARS", 20000), mock.patch.object(ingest.parsers.Runner, "_bulk_only", spy), \
+            mock.patch.object(ingest.parsers, "NATIVE", False):  # (the compiled scanner takes them itself)
         assert_same("\n".join(lines), "nccl")
     assert sum(taken) >= 5  # the later chunks, once every call shape has its row
     calls = [r["num_calls"] for r in parse_text("\n".join(lines), source="s", kind="nccl").records if r["table"] == "collectives"]

@@ -371,6 +371,16 @@ def bulk_line_regex(parser_type: type) -> re.Pattern | None:
     return re.compile(rx.pattern[len(head):-1])
 
 
+def _has_long_line(text: str) -> bool:
+    """Whether a line of text (lines joined by newlines) is longer than MAX_LINE_CHARS. Such a
+    line holds a whole aligned window of MAX_LINE_CHARS // 2 characters, so the lines are split
+    and measured only where a window holds no newline (a few finds per chunk, not a split)."""
+    w, find = MAX_LINE_CHARS // 2, text.find
+    if all(find("\n", i, i + w) >= 0 for i in range(0, len(text) - w + 1, w)):
+        return False
+    return max(map(len, text.split("\n"))) > MAX_LINE_CHARS
+
+
 def fast_rank(m: re.Match) -> int | None:
     r = m.group("rank")
     return int(r) if r else None
@@ -469,25 +479,27 @@ class Runner:
 
     def _chunk(self, text: str, lines: list[str] | None) -> None:
         """text: a newline, then the chunk's lines joined by newlines (``lines``, if at hand)."""
-        if (self.fast is None and self.hints is None) or (len(text) > MAX_LINE_CHARS and max(map(
-                len, lines if lines is not None else text.split("\n"))) > MAX_LINE_CHARS):
+        if (self.fast is None and self.hints is None) or (len(text) > MAX_LINE_CHARS and (
+                max(map(len, lines)) > MAX_LINE_CHARS if lines is not None else _has_long_line(text))):
             self._general(lines if lines is not None else text[1:].split("\n"))
             return
         start = self.lineno
-        self.lineno += text.count("\n")
         if "\x1b" in text:
             text = _ANSI.sub("", text)  # no escape sequence spans a newline: same as per line
+        if self.native is not None and self.fast is not None:
+            self.lineno = self._native(text, start)  # (it counts the lines: no count of the chunk)
+            return
+        self.lineno += text.count("\n")
         if self.fast is None:
             self._gap(text, 0, len(text), start)
-        elif self.native is not None:
-            self._native(text, start)
         elif self.bulk is None or not (self._bulk_only(text, start) or self._bulk(text, start)):
             self._scan(text, start)
 
-    def _native(self, text: str, start: int) -> None:
+    def _native(self, text: str, start: int) -> int:
         """A chunk through the first parser's compiled scanner (``native_scan``), which takes
         the lines it reads whole and stops before any other; the lines from there to where it
-        can go on take ``_scan`` (at least one, and the line after a timestamp line)."""
+        can go on take ``_scan`` (at least one, and the line after a timestamp line; a single
+        line takes ``raw``). Returns the number of the chunk's last line."""
         scan = self.native
         pos, lineno, end = 0, start, len(text)
         while pos < end:
@@ -500,9 +512,16 @@ class Runner:
             else:
                 resume = pos  # the line a timestamp line belongs to: the Python path
             cut = text.find("\n", pos + 1)
-            cut = max(cut if cut >= 0 else end, resume)
-            lineno = self._scan(text[pos:cut], lineno)
+            if cut < 0:
+                cut = end
+            if resume <= cut:  # one line, the usual stop: the per-line path (what _scan does with it)
+                lineno += 1
+                self.raw(lineno, text[pos + 1:cut])
+            else:
+                cut = resume
+                lineno = self._scan(text[pos:cut], lineno)
             pos = cut
+        return lineno
 
     def _bulk_only(self, text: str, start: int) -> bool:
         """A chunk of only bulk lines, timestamp lines before them and blank lines: count its

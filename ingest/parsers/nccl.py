@@ -9,6 +9,9 @@ transport) with ``num_channels`` (lines) and ``channels`` (distinct ids, first-s
 aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
 (WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
 Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
+The compiled scanner ingest/parsers/_nccl_scan.pyx (optional; ``NcclParser.native_scan``)
+takes the plain INFO lines that carry the volume and updates the same state; this module's
+Python path is the reference it is tested against, and takes every other line.
 Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
 """
 from __future__ import annotations
@@ -18,6 +21,11 @@ from collections import Counter
 
 from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
+
+try:  # the compiled scanner (ingest/parsers/_nccl_scan.pyx); without it, the Python path
+    from ingest.parsers._nccl_scan import Memo as _ScanMemo, scan as _native_scan
+except ImportError:  # pragma: no cover - not built (no C compiler), or a stale build without the scanner
+    _ScanMemo = _native_scan = None
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -166,6 +174,7 @@ class NcclParser(LineParser):
         "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
         "tuning_named": ("v_func", "v_bytes", "v_algo", "v_proto"),
     }
+    native = _native_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -173,6 +182,13 @@ class NcclParser(LineParser):
         self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
+        self._scan_memo = _ScanMemo() if _ScanMemo is not None else None  # the compiled scanner's memo of keys
+
+    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+        """The compiled scanner (see LineParser.native_scan): it updates this parser's records,
+        edges, call rows and seen env values in place, as the Python path below would."""
+        return _native_scan(text, pos, lineno, self.source, self.records, self._edges, self._edge_channels,
+                            self._colls, self._seen_env, self._scan_memo)
 
     def _header(self, rec: dict, h: tuple) -> dict:
         rec["host"], rec["pid"] = h[0], int(h[1])
@@ -264,19 +280,29 @@ class NcclParser(LineParser):
         return True
 
     def _calls_known(self, counts: dict[str, Counter]) -> bool:
-        return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
-                    for host, pid, func, count, dt, redop, root, comm in counts["coll"])
-                and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
-                        for func, size, algo, proto in counts["tuning"])
-                and all(_named_key(*key) in self._colls for key in counts["tuning_named"]))
+        try:
+            return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
+                        for host, pid, func, count, dt, redop, root, comm in counts["coll"])
+                    and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
+                            for func, size, algo, proto in counts["tuning"])
+                    and all(_named_key(*key) in self._colls for key in counts["tuning_named"]))
+        except ValueError:  # a number int() refuses (sys.get_int_max_str_digits): the lines warn one by one
+            return False
 
     def bulk_new(self, counts: dict[str, Counter]) -> set[tuple[str, tuple]] | None:
         """New edges and new channels of known edges (made from their key: see bulk_create);
-        None when a call shape is new (its row needs the whole line)."""
+        None when a call shape is new (its row needs the whole line) or a new edge has a number
+        int() refuses (its line warns on the line-by-line path)."""
         if not self._calls_known(counts):
             return None
-        return {("edge", k) for k in counts["edge"]
-                if k[3] not in self._edge_channels.get((k[0], k[1], k[4], k[5], _FAST_DIRECTION[k[6]], k[7]), ())}
+        new = {("edge", k) for k in counts["edge"]
+               if k[3] not in self._edge_channels.get((k[0], k[1], k[4], k[5], _FAST_DIRECTION[k[6]], k[7]), ())}
+        try:
+            for _, (host, pid, dev, ch, src, dst, direction, via) in new:
+                int(pid), int(dev), int(src.partition("[")[0]), int(dst.partition("[")[0]) if dst else None
+        except ValueError:
+            return None
+        return new
 
     def bulk_create(self, lineno: int, name: str, key: tuple) -> None:
         host, pid, dev, ch, src, dst, direction, via = key
