@@ -23,6 +23,14 @@ SYNTHETIC = [  # documented line shapes no fixture holds (fixtures README: COLL 
     "h:1:1 [0] NCCL INFO 4096 Bytes -> Algo 0 proto 0 time 25.874907",
     "h:1:1 [0] NCCL INFO 04096 Bytes -> Algo 0 proto 0 channels 2",
     "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 1.2.3 extra",
+    # NCCL 2.28 TUNING: names and a channel range, with and without the function, odd variants
+    "vm:1:1 [0] NCCL INFO AllReduce: 16 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}",
+    "vm:1:1 [0] NCCL INFO 16 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}",
+    "vm:1:1 [0] NCCL INFO AllReduce: 65536 Bytes -> Algo NVLS_TREE proto LL128 channel{Lo..Hi}={0..15}",
+    "vm:1:1 [0] NCCL INFO AllReduce: 16 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0} extra",
+    "vm:1:1 [0] NCCL INFO AllReduce: 16 Bytes -> Algo Ring proto LL channel{Lo..Hi}={0..0}",
+    "vm:1:1 [0] NCCL INFO AllReduce: 99999999999999999999 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..23}",
+    "vm:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so",
     # DeepSpeed step and throughput-timer lines (fast rows), new timer format, and odd values
     "[2024-01-02 03:04:05,678] [INFO] [timer.py:260:stop] epoch=0/micro_step=20/global_step=20, RunningAvgSamplesPerSec=12.5, "
     "CurrSamplesPerSec=13.1, MemAllocated=1.2GB, MaxMemAllocated=3.4GB",

@@ -695,6 +695,8 @@ cdef bint _tuning(_State st, const chr_t* s, Py_ssize_t f0, Py_ssize_t f1, Py_ss
     if q1 == q or q1 - q > MAX_DIGITS or not _at(s, q1, b, " Bytes -> Algo "):
         return False
     a0 = q1 + 15
+    if a0 < b and 65 <= s[a0] <= 90:  # a name, not an id: NCCL 2.28
+        return _tuning_named(st, s, f0, f1, q, q1, b, lineno)
     a1 = _run(s, a0, b, C_DIGIT)
     if a1 == a0 or a1 - a0 > MAX_DIGITS or not _at(s, a1, b, " proto "):
         return False
@@ -730,6 +732,75 @@ cdef bint _tuning(_State st, const chr_t* s, Py_ssize_t f0, Py_ssize_t f1, Py_ss
     rec["size_b"] = (<tuple>key)[2]
     rec["algo"] = (<tuple>key)[3]
     rec["proto"] = (<tuple>key)[4]
+    rec["num_calls"] = 1
+    st.colls[key] = rec
+    if i >= 0:
+        st.memo.entries[i].row = <PyObject*>rec
+    return True
+
+
+cdef dict _ALGO_IDS = None, _PROTO_IDS = None  # nccl.ALGO_IDS / PROTO_IDS, taken at first use (nccl imports this module)
+
+
+cdef bint _tuning_named(_State st, const chr_t* s, Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t q, Py_ssize_t q1,
+                        Py_ssize_t b, Py_ssize_t lineno) except -1:
+    """``[func: ]bytes Bytes -> Algo NAME proto NAME channel{Lo..Hi}={lo..hi}`` (NCCL 2.28,
+    nccl._RULES["tuning"] "tuning_named", which ends the line), counted into its collectives row
+    keyed by the names (nccl._named_key); the ids beside them from nccl.ALGO_IDS / PROTO_IDS."""
+    global _ALGO_IDS, _PROTO_IDS
+    cdef Py_ssize_t a0 = q1 + 15, a1, r0, r1, l0, l1, h0, h1, nb, i
+    cdef char buf[MEMO_KEY_MAX]
+    cdef uint64_t hh
+    cdef object key
+    cdef dict rec
+    a1 = a0 + 1  # [A-Z][A-Z_]*
+    while a1 < b and (65 <= s[a1] <= 90 or s[a1] == 95):
+        a1 += 1
+    if not _at(s, a1, b, " proto "):
+        return False
+    r0 = a1 + 7
+    if r0 >= b or not 65 <= s[r0] <= 90:  # [A-Z][A-Z0-9]*
+        return False
+    r1 = r0 + 1
+    while r1 < b and (65 <= s[r1] <= 90 or 48 <= s[r1] <= 57):
+        r1 += 1
+    if not _at(s, r1, b, " channel{Lo..Hi}={"):
+        return False
+    l0 = r1 + 18
+    l1 = _run(s, l0, b, C_DIGIT)
+    if l1 == l0 or l1 - l0 > MAX_DIGITS or not _at(s, l1, b, ".."):
+        return False
+    h0 = l1 + 2
+    h1 = _run(s, h0, b, C_DIGIT)
+    if h1 == h0 or h1 - h0 > MAX_DIGITS or h1 + 1 != b or s[h1] != 125:  # "}" ends the line
+        return False
+    buf[0] = b"N"
+    nb = _pack(buf, 1, s, f0, r1)  # "func: bytes Bytes -> Algo NAME proto NAME"
+    if nb < 0:
+        key = ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1), _text(s, a0, a1), _text(s, r0, r1))
+        i = -1
+    else:
+        hh = _hash(buf, nb)
+        i = st.memo.find(buf, nb, hh)
+        if i < 0:
+            i = st.memo.add(buf, nb, hh, ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1),
+                                          _text(s, a0, a1), _text(s, r0, r1)))
+        key = <object>st.memo.entries[i].key
+    if _counted(st, i, key):
+        return True
+    if _ALGO_IDS is None:
+        from ingest.parsers.nccl import ALGO_IDS, PROTO_IDS
+        _ALGO_IDS, _PROTO_IDS = ALGO_IDS, PROTO_IDS
+    rec = _record(st, "collectives", lineno, "tuning_named", 13)
+    if f1 > f0:
+        rec["func"] = (<tuple>key)[1]
+    rec["size_b"] = (<tuple>key)[2]
+    rec["algo_name"] = (<tuple>key)[3]
+    rec["proto_name"] = (<tuple>key)[4]
+    rec["channel_lo"] = _int(s, l0, l1)
+    rec["channel_hi"] = _int(s, h0, h1)
+    rec["algo"] = _ALGO_IDS.get((<tuple>key)[3])
+    rec["proto"] = _PROTO_IDS.get((<tuple>key)[4])
     rec["num_calls"] = 1
     st.colls[key] = rec
     if i >= 0:

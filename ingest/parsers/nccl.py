@@ -45,6 +45,7 @@ _RULES = {
     "Using": (rule("network", r"Using network (?P<value>.+)", "env", Col("value", "value", S), key="nccl_network"),
               rule("nccl_using", r"Using .*", None)),
     "NET/Plugin": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
+    "NET/Plugin:": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
     "NET/IB": (rule("net_ib", r"NET/IB ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),
                rule("net_ib_none", r"NET/IB ?: No device found\.?$", None)),
     "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),),
@@ -104,9 +105,9 @@ _RULES = {
     "Initialized": (rule("net_plugin_init", r"Initialized NET plugin \S+$", None),),
     "Assigned": (rule("net_plugin_assigned", r"Assigned NET plugin \S+ to comm$", None),),
     "Failed": (rule("net_plugin_failed", r"Failed to initialize NET plugin \S+$", None),),
-    "ENV/Plugin": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
-    "PROFILER/Plugin": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
-    "TUNER/Plugin": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "ENV/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "PROFILER/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "TUNER/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
     "===": (rule("topo_end", r"=+$", None),
             rule("topo_system", r"=== System : maxBw (?P<max>[\d.]+) totalBw (?P<tot>[\d.]+) ===", "comm_topology",
                  Col("max", "topo_max_bw_gbps", F), Col("tot", "topo_total_bw_gbps", F)),),
@@ -348,7 +349,7 @@ class NcclParser(LineParser):
         if word.startswith("ncclComm") and stripped[len(word):len(word) + 6] == " comm ":
             stripped = stripped[len(word) + 1:]  # 2.28 names the API first: "ncclCommInitRankConfig comm 0x.. - Init COMPLETE"
             word = "comm"
-        rules = _RULES.get(word) or _RULES.get(word[:-1]) if word[-1:] == ":" else _RULES.get(word)
+        rules = _RULES.get(word)
         if rules is None:
             if word.endswith(":") and " Bytes -> Algo " in stripped or stripped[:1].isdigit() and " Bytes -> " in stripped:
                 rules = _RULES["tuning"]
@@ -385,7 +386,7 @@ class NcclParser(LineParser):
                     return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo"], rec["proto"]), rec)
                 if r.name == "tuning_named":
                     rec["algo"], rec["proto"] = ALGO_IDS.get(rec["algo_name"]), PROTO_IDS.get(rec["proto_name"])
-                    return self._agg(_named_key(rec["func"], rec["size_b"], rec["algo_name"], rec["proto_name"]), rec)
+                    return self._agg(_named_key(rec.get("func"), rec["size_b"], rec["algo_name"], rec["proto_name"]), rec)
                 if rec["table"] == "env":
                     k = (rec["key"], rec["value"])
                     if k in self._seen_env:
