@@ -14,6 +14,7 @@ folder of logs is ingested. Targets (issue 3): NCCL >= 100 MB/s, training logs >
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import os
@@ -50,6 +51,9 @@ CORPORA = {  # name -> (kind, fixtures whose lines are cycled, target MB/s)
     # NCCL_DEBUG=INFO of jobs as NCCL prints them (8 nodes x 8 GPUs, 16 channels, interleaved
     # ranks), one job after another: distinct hosts, pids and comms, so every edge is new.
     "nccl_init_run": ("nccl", [], 100),
+    # NCCL 2.28 as it ran: the rank-0 log of Megatron TP2 on two H200s (examples/h200-2gpu), INIT
+    # and GRAPH output then a TUNING line per collective call, cycled
+    "nccl_2_28_h200_tp2": ("nccl", ["../../../examples/h200-2gpu/megatron-tp2/logs/rank0.log.gz"], 100),
 }
 # Step numbers of the steady-state lines, per run corpus (group 1: the number to move on).
 RUN_STEPS = {
@@ -151,7 +155,7 @@ def run_lines(lines: list[str], steps: list[re.Pattern]):
 
 
 def corpus(names: list[str], num_bytes: int, *, name: str = ""):
-    lines = [line for n in names for line in (FIXTURES / n).read_text(encoding="utf-8").split("\n") if line.strip()]
+    lines = [line for n in names for line in _read(FIXTURES / n).split("\n") if line.strip()]
     total = 0
     source = (coll_tuning_lines(lines) if name == "nccl_coll_tuning" else nccl_init_jobs() if name == "nccl_init_run"
               else run_lines(lines, RUN_STEPS[name]) if name in RUN_STEPS else itertools.cycle(lines))
@@ -160,6 +164,10 @@ def corpus(names: list[str], num_bytes: int, *, name: str = ""):
             return
         total += len(line) + 1
         yield line
+
+
+def _read(path: Path) -> str:
+    return (gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()).decode("utf-8")
 
 
 def write_corpus(name: str, names: list[str], num_bytes: int, directory: Path) -> Path:
