@@ -70,7 +70,8 @@ class MegatronParser(StepRowParser):
     kind = "megatron"
     hints = ("iteration", "time (ms)", "memory (MB)", "...", "datetime: ", "arguments", "(min, max)")
     fast_lines = (  # the frequent lines, handed to feed without the per-line normaliser
-        ("iteration", r"(?:\[(?P<m_ts>[0-9\-: .]+)\] |)iteration +(?P<m_step>[0-9]+)/ *(?P<m_total>[0-9]+) \|(?P<m_rest>.*\S|)"),
+        # (a bracket of digits alone is a launcher prefix the normaliser strips, not a timestamp)
+        ("iteration", r"(?:\[(?P<m_ts>[0-9]*[\-: .][0-9\-: .]*)\] |)iteration +(?P<m_step>[0-9]+)/ *(?P<m_total>[0-9]+) \|(?P<m_rest>.*\S|)"),
         ("timers", r"time \(ms\)(?:.*\S|)"),
         ("memory", r"\[Rank [0-9]+\] \(after [0-9]+ iterations\) memory \(MB\) \|(?:.*\S|)"),
         ("datetime", r"(?:\[[^\]\n]*\] |)datetime: [0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]"),
