@@ -16,6 +16,11 @@ from ingest.parsers import ParseResult, StepRowParser, fast_rank, put_field, run
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
+try:
+    from ingest.parsers import _train_scan
+except ImportError:  # not built (no C compiler at install): the Python path alone
+    _train_scan = None
+
 _ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
 _MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
@@ -66,6 +71,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
 
 
+def _field_spec(key: str) -> tuple | None:
+    """The pattern-table entry of an iteration-line key as ``_iteration`` reads it (ITER_FIELDS,
+    else the ``* loss`` / ``*_loss`` rule); None: not in the table (warned about once)."""
+    spec = ITER_FIELDS.get(key)
+    if spec is None and (key.endswith(" loss") or key.endswith("_loss")):
+        spec = (_slug(key), to_num, 1)
+    return spec
+
+
 class MegatronParser(StepRowParser):
     kind = "megatron"
     hints = ("iteration", "time (ms)", "memory (MB)", "...", "datetime: ", "arguments", "(min, max)")
@@ -77,11 +91,22 @@ class MegatronParser(StepRowParser):
         ("datetime", r"(?:\[[^\]\n]*\] |)datetime: [0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]"),
     )
 
+    native = _train_scan is not None
+
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._last_step: int | None = None
         self._unknown: set[str] = set()
         self._shapes: list[tuple[re.Pattern, tuple]] = []  # the iteration lines' key sequences seen so far, with their plans
+        self._native = None if _train_scan is None else _train_scan.MegatronScan(
+            source, kind=self.kind, field_spec=_field_spec, mem_fields=MEM_FIELDS,
+            converters={to_num: "num", to_int: "int"}, to_num=to_num)
+
+    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+        """Iteration, timer, memory and noise lines in the compiled scanner (_train_scan.MegatronScan)."""
+        pos, lineno, last, resume, self._last_step = self._native.scan(text, pos, lineno, self.records, self._steps,
+                                                                      self._last_step, self._unknown)
+        return pos, lineno, last, resume
 
     def _learn_shape(self, rest: str) -> None:
         """Remember the key sequence of an iteration line as one regex (segments split at ``|``,
