@@ -330,3 +330,13 @@ def test_numbers_read_as_float_reads_them():
             assert repr(got) == repr(float(text)), text
     assert read_float("1,280.5", True) == 1280.5 and read_float("1,280.5") is None
     assert read_float(" 1") is None and read_float("inf") is None and read_float("1_0") is None  # float() decides those
+
+
+def test_unknown_key_first_seen_empty_is_warned_when_it_has_a_value():
+    """A learned line shape never hides the warning the general reading gives: the key was
+    skipped unwarned while its value was empty, and is warned about once it has one."""
+    text = "\n".join([" iteration 1/ 10 | lm loss: 1.0 | foo: |", " iteration 2/ 10 | lm loss: 1.0 | foo: 5 |",
+                      " iteration 3/ 10 | lm loss: 1.0 | foo: 6 |"])
+    native, fast, general = three_ways(text, "megatron")
+    assert native == fast == general
+    assert general[4] == ["line 2: iteration field 'foo' not in the pattern table"]

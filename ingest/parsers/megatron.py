@@ -111,8 +111,10 @@ class MegatronParser(StepRowParser):
     def _learn_shape(self, rest: str) -> None:
         """Remember the key sequence of an iteration line as one regex (segments split at ``|``,
         each ``key: value``, as ``_iteration`` reads them) and per kept key its group, column,
-        converter and unit scale, so the next lines of that shape are read by one match. Keys
-        not in the pattern table were warned about already and are read, not kept."""
+        converter and unit scale, so the next lines of that shape are read by one match. Called
+        after the general reading of the line: keys not in the pattern table are read, not kept,
+        where they were warned about already; a shape with one that was not (its value was
+        empty) is not kept, so the general reading meets that key with a value and warns."""
         if len(self._shapes) >= MAX_SHAPES:
             return
         parts, plan, group = [], [], 0
@@ -124,9 +126,9 @@ class MegatronParser(StepRowParser):
                 parts.append(r"\s*")
                 continue
             key = key.strip()
-            spec = ITER_FIELDS.get(key)
-            if spec is None and (key.endswith(" loss") or key.endswith("_loss")):
-                spec = (_slug(key), to_num, 1)
+            spec = _field_spec(key)
+            if spec is None and key not in self._unknown:
+                return
             # the value with its surrounding spaces: float() and int() ignore them, and ``[^|]*``
             # before a literal bar matches one way only (no backtracking)
             if spec is not None:
@@ -167,7 +169,6 @@ class MegatronParser(StepRowParser):
                 row.setdefault("loss", None)
                 self._last_step = step
                 return True
-        self._learn_shape(rest)
         fields = ITER_FIELDS
         for seg in rest.split("|"):
             key, sep, value = seg.partition(":")
@@ -186,6 +187,7 @@ class MegatronParser(StepRowParser):
                         self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
                     continue
             put_field(row, spec, value)
+        self._learn_shape(rest)
         row.setdefault("loss", None)
         self._last_step = step
         return True
