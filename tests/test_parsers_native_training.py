@@ -340,3 +340,29 @@ def test_unknown_key_first_seen_empty_is_warned_when_it_has_a_value():
     native, fast, general = three_ways(text, "megatron")
     assert native == fast == general
     assert general[4] == ["line 2: iteration field 'foo' not in the pattern table"]
+
+
+@pytest.mark.parametrize("kind, line", [
+    ("megatron", " iteration       10/     100 | consumed samples:        1,280 | lm loss: 2.5E+00 |"),
+    ("deepspeed", "[2022-03-11 02:06:58,985] [INFO] [logging.py:69:log_dist] [Rank 0] step=40, skipped=2, lr=[5e-05]"),
+    ("torchtitan", "[rank0]:[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384  memory: 49.66GiB(52.28%)  "
+                   "tps: 5,856  tflops: 339.16  mfu: 34.29%")])
+def test_unparsed_lines_counted_by_the_scanner_as_the_runner_counts_them(kind, line):
+    """Lines without any of the chain's hints are counted unparsed by the scanner (through the
+    Runner's own count), with their numbers -- except while a parser is not idle: the source
+    line under a traceback frame is the failure scanner's, so the Python path takes it."""
+    html = "<IPython.core.display.HTML object>"
+    text = "\n".join([line, html, html, "", html, line, '  File "train.py", line 3, in main', "    loss.backward()", html,
+                      "Traceback (most recent call last):", html, "  \u00e9t\u00e9 sans indice", html + "\r", line] * 40)
+    gaps = []
+    real = ingest.parsers.Runner._scan
+
+    def spy(self, seg, start):
+        gaps.append(seg)
+        return real(self, seg, start)
+    assert_three_equal(text, kind)
+    with mock.patch.object(ingest.parsers.Runner, "_scan", spy):
+        native = parse_text(text, source="s", kind=kind)
+    # the three lines of each repeat before the traceback are counted by the scanner; the rest may go to Python
+    assert sum(seg.count(html) for seg in gaps) <= 3 * 40
+    assert native.unparsed >= 40 * 5 and native.unparsed_lines[:3] == (2, 3, 5)

@@ -45,6 +45,7 @@ cdef enum:
     BLANK = 2     # nothing to read (the normaliser drops it)
     NOMATCH = 3   # (inside a format) this shape does not match: try the next one
     MAXSEG = 128  # key: value segments read per line; more: the Python path
+    MAXHINTS = 256  # hints of a chain counting unparsed lines here
     NUM_CHARS = 64  # longest number text converted here (longer: the Python converter)
     F_NUM = 1     # ingest.parsers.to_num: float() after dropping thousands separators
     F_INT = 2     # ingest.parsers.to_int: int() after dropping thousands separators
@@ -466,9 +467,13 @@ cdef dict step_row(dict steps, object rank, object step, Py_ssize_t lineno, obje
     return row
 
 
+cdef class Hints
+
+
 cdef class _Scan:
     """The line loop of the protocol: line boundaries, trailing whitespace, the ASCII check and
     launcher prefixes here; each format's lines in ``take``."""
+    cdef Hints hints  # the last chain's hints, prepared
 
     cdef int take(self, const Txt* t, str text, Py_ssize_t b, Py_ssize_t e, Py_ssize_t lineno, object rank,
                   bint commit) except -1:
@@ -496,34 +501,109 @@ cdef class _Scan:
             rank = r
         return self.take(t, text, b, e, lineno, rank, commit)
 
-    cdef tuple run(self, str text, Py_ssize_t pos, Py_ssize_t lineno):
+    cdef tuple run(self, str text, Py_ssize_t pos, Py_ssize_t lineno, object misses):
+        """The protocol's loop; misses: native_scan's ``(hints, count)`` or None."""
         cdef Txt t
-        cdef Py_ssize_t a, e, last = 0
+        cdef Py_ssize_t a, e, last = 0, run_at = 0, run_n = 0
         cdef int r
+        cdef Hints hints = None
         t.d, t.k, t.n, t.ascii = PyUnicode_DATA(text), PyUnicode_KIND(text), PyUnicode_GET_LENGTH(text), PyUnicode_IS_ASCII(text)
+        if misses is not None:
+            if self.hints is None or self.hints.source is not misses[0]:
+                self.hints = Hints(misses[0])
+            hints, count = self.hints, misses[1]
         while pos < t.n:
             a = pos + 1
             e = find_nl(&t, a)
             r = self.line(&t, text, a, e, lineno + 1, True)
+            if r == STOP and hints is not None and hints.unrecognisable(&t, a, e):
+                if run_n == 0:
+                    run_at = lineno
+                run_n += 1
+                pos, lineno = e, lineno + 1
+                continue
+            if run_n:
+                count(run_at, run_n)
+                run_n = 0
             if r == STOP:
-                return pos, lineno, last, self.resume(&t, text, e, lineno + 1)
+                return pos, lineno, last, self.resume(&t, text, e, lineno + 1, hints)
             if r == TAKEN:
                 last = lineno + 1
             pos, lineno = e, lineno + 1
+        if run_n:
+            count(run_at, run_n)
         return pos, lineno, last, pos
 
-    cdef Py_ssize_t resume(self, const Txt* t, str text, Py_ssize_t pos, Py_ssize_t lineno) except -1:
+    cdef Py_ssize_t resume(self, const Txt* t, str text, Py_ssize_t pos, Py_ssize_t lineno, Hints hints) except -1:
         """The newline before the first line after pos (the newline after line lineno) that a dry
-        run would take: the Python path takes the lines up to there."""
+        run would take (or count unparsed): the Python path takes the lines up to there."""
         cdef Py_ssize_t a, e
         while pos < t.n:
             a = pos + 1
             e = find_nl(t, a)
             lineno += 1
-            if self.line(t, text, a, e, lineno, False) == TAKEN:
+            if self.line(t, text, a, e, lineno, False) == TAKEN or (hints is not None and hints.unrecognisable(t, a, e)):
                 return pos
             pos = e
         return t.n
+
+
+cdef class Hints:
+    """The chain's hints (Runner.hints: substrings of which every line a parser of the chain
+    recognises holds one), to tell the lines ``Runner._gap`` counts unparsed unfed: ASCII,
+    none of the hints, and no start that ``_NORMALISED_LINE`` marks (after whitespace: a digit,
+    ``[``, ``(``, ``host/N [``; or nothing: a blank line)."""
+    cdef readonly object source
+    cdef list keep
+    cdef const char* strs[MAXHINTS]
+    cdef unsigned char firsts[MAXHINTS]
+    cdef bint is_first[128]
+    cdef Py_ssize_t n
+    cdef bint never
+
+    def __init__(self, hints):
+        self.source, self.keep, self.n, self.never = hints, [], 0, False
+        for c in range(128):
+            self.is_first[c] = False
+        for h in hints:
+            if not h or len(hints) > MAXHINTS:
+                self.never = True  # ("" is in every line)
+                return
+            if not h.isascii():
+                continue  # in no line counted here (those are ASCII)
+            b = h.encode("ascii")
+            self.keep.append(b)
+            self.strs[self.n] = <const char*>b
+            self.firsts[self.n] = b[0]
+            self.is_first[b[0]] = True
+            self.n += 1
+
+    cdef bint unrecognisable(self, const Txt* t, Py_ssize_t a, Py_ssize_t e) except -1:
+        """Whether raw line text[a:e] is one the Runner counts unparsed without feeding it."""
+        cdef Py_ssize_t i, j, k
+        cdef Py_UCS4 c
+        if self.never or (not t.ascii and not ascii_run(t, a, e)):
+            return False
+        i = spaces(t, a, e)
+        if i == e:
+            return False
+        c = ch(t, i)
+        if isdig(c) or c == 91 or c == 40:
+            return False
+        j = i
+        while j < e and (isword(ch(t, j)) or ch(t, j) == 46 or ch(t, j) == 45):
+            j += 1
+        if j > i and lit(t, j, e, "/") >= 0:  # [\w.\-]+/\d+ \[
+            k = digits(t, j + 1, e)
+            if k > j + 1 and lit(t, k, e, " [") >= 0:
+                return False
+        for i in range(a, e):
+            c = ch(t, i)
+            if self.is_first[c]:
+                for j in range(self.n):
+                    if self.firsts[j] == c and lit(t, i, e, self.strs[j]) >= 0:
+                        return False
+        return True
 
 
 # ---------------------------------------------------------------- Megatron-LM
@@ -596,11 +676,11 @@ cdef class MegatronScan(_Scan):
         self.codes, self.mem_fields = dict(converters), dict(mem_fields)
         self.keys, self.mem_keys, self.names = Strings(), Strings(), Strings()
 
-    def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, list records, dict steps, last_step, set unknown):
+    def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, misses, list records, dict steps, last_step, set unknown):
         """native_scan with the parser's state: returns (pos, lineno, last, resume, last_step)."""
         self.records, self.steps, self.last_step, self.unknown = records, steps, last_step, unknown
         try:
-            pos, lineno, last, resume = self.run(text, pos, lineno)
+            pos, lineno, last, resume = self.run(text, pos, lineno, misses)
             return pos, lineno, last, resume, self.last_step
         finally:
             self.records = self.steps = self.unknown = self.last_step = None
@@ -912,11 +992,11 @@ cdef class DeepSpeedScan(_Scan):
     def __init__(self, source, *, kind, to_gib):
         self.source, self.kind, self.to_gib = source, kind, to_gib
 
-    def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, list records, dict steps, last_step, last_rank):
+    def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, misses, list records, dict steps, last_step, last_rank):
         """native_scan with the parser's state: returns (pos, lineno, last, resume, last_step, last_rank)."""
         self.records, self.steps, self.last_step, self.last_rank = records, steps, last_step, last_rank
         try:
-            pos, lineno, last, resume = self.run(text, pos, lineno)
+            pos, lineno, last, resume = self.run(text, pos, lineno, misses)
             return pos, lineno, last, resume, self.last_step, self.last_rank
         finally:
             self.records = self.steps = self.last_step = self.last_rank = None
@@ -1103,11 +1183,11 @@ cdef class TorchtitanScan(_Scan):
         self.source, self.field_spec, self.codes = source, field_spec, dict(converters)
         self.keys = Strings()
 
-    def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, list records):
+    def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, misses, list records):
         """native_scan with the parser's records: returns (pos, lineno, last, resume)."""
         self.records = records
         try:
-            return self.run(text, pos, lineno)
+            return self.run(text, pos, lineno, misses)
         finally:
             self.records = None
 

@@ -69,7 +69,7 @@ class DeepSpeedParser(StepRowParser):
         ("prefixed", r"(?P<d_msg>.*)"),
     )
 
-    native = _train_scan is not None
+    native = native_misses = _train_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -79,10 +79,10 @@ class DeepSpeedParser(StepRowParser):
         self._last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
         self._native = None if _train_scan is None else _train_scan.DeepSpeedScan(source, kind=self.kind, to_gib=to_gib)
 
-    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
         """Step and throughput-timer lines in the compiled scanner (_train_scan.DeepSpeedScan)."""
         pos, lineno, last, resume, self._last_step, self._last_rank = self._native.scan(
-            text, pos, lineno, self.records, self._steps, self._last_step, self._last_rank)
+            text, pos, lineno, misses, self.records, self._steps, self._last_step, self._last_rank)
         return pos, lineno, last, resume
 
     def _row(self, rank, step: int, lineno: int) -> dict:

@@ -91,7 +91,7 @@ class MegatronParser(StepRowParser):
         ("datetime", r"(?:\[[^\]\n]*\] |)datetime: [0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]"),
     )
 
-    native = _train_scan is not None
+    native = native_misses = _train_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -102,10 +102,10 @@ class MegatronParser(StepRowParser):
             source, kind=self.kind, field_spec=_field_spec, mem_fields=MEM_FIELDS,
             converters={to_num: "num", to_int: "int"}, to_num=to_num)
 
-    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
         """Iteration, timer, memory and noise lines in the compiled scanner (_train_scan.MegatronScan)."""
-        pos, lineno, last, resume, self._last_step = self._native.scan(text, pos, lineno, self.records, self._steps,
-                                                                      self._last_step, self._unknown)
+        pos, lineno, last, resume, self._last_step = self._native.scan(text, pos, lineno, misses, self.records,
+                                                                      self._steps, self._last_step, self._unknown)
         return pos, lineno, last, resume
 
     def _learn_shape(self, rest: str) -> None:

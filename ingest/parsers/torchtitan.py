@@ -58,16 +58,16 @@ class TorchtitanParser(LineParser):
     hints = (" - ",)
     fast_head = r"(?:\[titan\] |)(?P<t_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+) - \w+ - [A-Z]+ - "
     fast_lines = (("step", _FAST_STEP), ("line", r"(?P<l_msg>.*\S)"))
-    native = _train_scan is not None
+    native = native_misses = _train_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._native = None if _train_scan is None else _train_scan.TorchtitanScan(
             source, field_spec=STEP_FIELDS.get, converters={to_num: "num", to_int: "int", to_pct: "pct"})
 
-    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
         """Step and event lines in the compiled scanner (_train_scan.TorchtitanScan)."""
-        return self._native.scan(text, pos, lineno, self.records)
+        return self._native.scan(text, pos, lineno, misses, self.records)
 
     def fast_step(self, lineno: int, m, ts) -> bool:
         rank, time, step, loss, gn, gib, pct, tps, tflops, mfu = m.group(
