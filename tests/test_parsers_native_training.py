@@ -366,3 +366,15 @@ def test_unparsed_lines_counted_by_the_scanner_as_the_runner_counts_them(kind, l
     # the three lines of each repeat before the traceback are counted by the scanner; the rest may go to Python
     assert sum(seg.count(html) for seg in gaps) <= 3 * 40
     assert native.unparsed >= 40 * 5 and native.unparsed_lines[:3] == (2, 3, 5)
+
+
+def test_more_distinct_keys_and_names_than_the_scanner_keeps():
+    """Past the scanner's caches of recurring strings (512 each), keys and names are made per line."""
+    lines = []
+    for i in range(1200):
+        lines.append(f" iteration {i + 1:8d}/ 5000 | lm loss: 1.5 | k{i}_loss: {i}.5 | odd{i}: 1 | consumed samples: {i * 8} |")
+        lines.append(f"time (ms) | fwd-{i}: 1.{i} | bwd: 2.0 | step {i % 700}: 0.5")
+        lines.append(f"[titan] 2025-06-16 22:30:50,322 - root - INFO - step: {i}  loss: 1.0  k{i}: 5  tps: 1,000")
+    text = "\n".join(lines)
+    assert_three_equal(text, "megatron")
+    assert_three_equal(text, "torchtitan")

@@ -76,8 +76,44 @@ cdef inline bint isdig(Py_UCS4 c) noexcept nogil:
     return 48 <= c <= 57
 
 
+cdef enum:  # character classes of ASCII lines (bits of CLASSES)
+    C_WORD = 1    # \w
+    C_NUM = 2     # [\d.]
+    C_TNAME = 4   # [\w\-/ .]: a timer name's characters
+    C_KEY = 8     # [a-z_]: a torchtitan key's
+    C_LOC = 16    # [\w.]: a DeepSpeed file name's
+    C_MTS = 32    # [\d\-: .]: a Megatron bracket timestamp's
+    C_HOST = 64   # [\w.\-]: a host/N launcher prefix's
+
+cdef unsigned char CLASSES[128]
+
+
+cdef void _fill_classes() noexcept:
+    cdef int c
+    for c in range(128):
+        w = (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95
+        CLASSES[c] = ((C_WORD if w else 0) | (C_NUM if 48 <= c <= 57 or c == 46 else 0)
+                      | (C_TNAME if w or c in (45, 47, 32, 46) else 0) | (C_KEY if 97 <= c <= 122 or c == 95 else 0)
+                      | (C_LOC if w or c == 46 else 0) | (C_MTS if 48 <= c <= 57 or c in (45, 58, 32, 46) else 0)
+                      | (C_HOST if w or c in (46, 45) else 0))
+
+
+_fill_classes()
+
+
+cdef inline bint has(Py_UCS4 c, unsigned char cls) noexcept nogil:
+    return c < 128 and (CLASSES[c] & cls) != 0
+
+
 cdef inline bint isword(Py_UCS4 c) noexcept nogil:  # \w of an ASCII line
-    return (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95
+    return has(c, C_WORD)
+
+
+cdef inline Py_ssize_t run_of(const Txt* t, Py_ssize_t i, Py_ssize_t e, unsigned char cls) noexcept nogil:
+    """End of the run of class cls characters at i."""
+    while i < e and has(ch(t, i), cls):
+        i += 1
+    return i
 
 
 cdef inline bint isspc(Py_UCS4 c) noexcept nogil:  # \s and str.strip(): Py_UNICODE_ISSPACE
@@ -154,13 +190,7 @@ cdef inline Py_ssize_t strip_end(const Txt* t, Py_ssize_t a, Py_ssize_t b) noexc
 
 cdef inline Py_ssize_t num_run(const Txt* t, Py_ssize_t i, Py_ssize_t e) noexcept nogil:
     """End of a ``[\\d.]+`` run (ASCII)."""
-    cdef Py_UCS4 c
-    while i < e:
-        c = ch(t, i)
-        if not (isdig(c) or c == 46):
-            break
-        i += 1
-    return i
+    return run_of(t, i, e, C_NUM)
 
 
 cdef inline bint ascii_run(const Txt* t, Py_ssize_t a, Py_ssize_t e) noexcept nogil:
@@ -202,15 +232,11 @@ cdef bint c_double(const Txt* t, Py_ssize_t a, Py_ssize_t b, bint drop_commas, d
     cdef int state = 0, ndig = 0, frac = 0, expo = 0, k
     cdef bint neg = False, eneg = False, exact = True
     cdef double v
+    if b - a > NUM_CHARS:
+        return False
     # states: 0 start, 1 after the sign, 2 integer digits, 3 fraction, 4 after e, 5 after its sign, 6 exponent digits
     for i in range(a, b):
         c = ch(t, i)
-        if c == 44 and drop_commas:
-            continue
-        if n >= NUM_CHARS or c >= 128:
-            return False
-        buf[n] = <char>c
-        n += 1
         if 48 <= c <= 57:
             if state <= 3:
                 if state < 2:
@@ -241,7 +267,7 @@ cdef bint c_double(const Txt* t, Py_ssize_t a, Py_ssize_t b, bint drop_commas, d
                 eneg, state = c == 45, 5
             else:
                 return False
-        else:
+        elif not (c == 44 and drop_commas):
             return False
     if ndig == 0 or state == 4 or state == 5:
         return False
@@ -251,6 +277,11 @@ cdef bint c_double(const Txt* t, Py_ssize_t a, Py_ssize_t b, bint drop_commas, d
         v = v / POW10[-k] if k < 0 else v * POW10[k]
         out[0] = -v if neg else v
         return True
+    for i in range(a, b):  # the text float() reads: without its commas
+        c = ch(t, i)
+        if c != 44:
+            buf[n] = <char>c
+            n += 1
     buf[n] = 0
     out[0] = PyOS_string_to_double(buf, &end, NULL)
     return end == buf + n
@@ -456,7 +487,7 @@ cdef dict step_row(dict steps, object rank, object step, Py_ssize_t lineno, obje
     cdef PyObject* p = PyDict_GetItem(steps, key)
     if p != NULL:
         return <dict>p
-    row = _PyDict_NewPresized(24)  # (the columns a row gets: no resizing on the way)
+    row = _PyDict_NewPresized(21)  # (room for the columns a row gets: no resizing on the way)
     row["table"] = "steps"
     row["source"] = source
     row["line"] = lineno
@@ -474,6 +505,10 @@ cdef class _Scan:
     """The line loop of the protocol: line boundaries, trailing whitespace, the ASCII check and
     launcher prefixes here; each format's lines in ``take``."""
     cdef Hints hints  # the last chain's hints, prepared
+    cdef list spare  # keys and fields made past a full cache, alive until the call ends (lines hold borrowed pointers)
+
+    def __cinit__(self):
+        self.spare = []
 
     cdef int take(self, const Txt* t, str text, Py_ssize_t b, Py_ssize_t e, Py_ssize_t lineno, object rank,
                   bint commit) except -1:
@@ -512,6 +547,8 @@ cdef class _Scan:
             if self.hints is None or self.hints.source is not misses[0]:
                 self.hints = Hints(misses[0])
             hints, count = self.hints, misses[1]
+        if self.spare:
+            del self.spare[:]
         while pos < t.n:
             a = pos + 1
             e = find_nl(&t, a)
@@ -556,15 +593,15 @@ cdef class Hints:
     cdef readonly object source
     cdef list keep
     cdef const char* strs[MAXHINTS]
-    cdef unsigned char firsts[MAXHINTS]
-    cdef bint is_first[128]
+    cdef int after[MAXHINTS]  # the next hint with the same first character (-1: none)
+    cdef int first[128]  # per first character, its first hint (-1: none)
     cdef Py_ssize_t n
     cdef bint never
 
     def __init__(self, hints):
         self.source, self.keep, self.n, self.never = hints, [], 0, False
         for c in range(128):
-            self.is_first[c] = False
+            self.first[c] = -1
         for h in hints:
             if not h or len(hints) > MAXHINTS:
                 self.never = True  # ("" is in every line)
@@ -574,8 +611,8 @@ cdef class Hints:
             b = h.encode("ascii")
             self.keep.append(b)
             self.strs[self.n] = <const char*>b
-            self.firsts[self.n] = b[0]
-            self.is_first[b[0]] = True
+            self.after[self.n] = self.first[b[0]]
+            self.first[b[0]] = self.n
             self.n += 1
 
     cdef bint unrecognisable(self, const Txt* t, Py_ssize_t a, Py_ssize_t e) except -1:
@@ -591,26 +628,21 @@ cdef class Hints:
         if isdig(c) or c == 91 or c == 40:
             return False
         j = i
-        while j < e and (isword(ch(t, j)) or ch(t, j) == 46 or ch(t, j) == 45):
-            j += 1
+        j = run_of(t, i, e, C_HOST)
         if j > i and lit(t, j, e, "/") >= 0:  # [\w.\-]+/\d+ \[
             k = digits(t, j + 1, e)
             if k > j + 1 and lit(t, k, e, " [") >= 0:
                 return False
         for i in range(a, e):
-            c = ch(t, i)
-            if self.is_first[c]:
-                for j in range(self.n):
-                    if self.firsts[j] == c and lit(t, i, e, self.strs[j]) >= 0:
-                        return False
+            k = self.first[ch(t, i)]
+            while k >= 0:
+                if lit(t, i, e, self.strs[k]) >= 0:
+                    return False
+                k = self.after[k]
         return True
 
 
 # ---------------------------------------------------------------- Megatron-LM
-
-cdef inline bint megatron_ts_char(Py_UCS4 c) noexcept nogil:  # [\d\-: .]
-    return isdig(c) or c == 45 or c == 58 or c == 32 or c == 46
-
 
 cdef bint datetime_at(const Txt* t, Py_ssize_t i) noexcept nogil:
     """``datetime: \\d{4}-\\d\\d-\\d\\d \\d\\d:\\d\\d:\\d\\d`` at i (29 characters)."""
@@ -716,9 +748,9 @@ cdef class MegatronScan(_Scan):
             return TAKEN if exact(t, b, e, "(min, max) time across ranks (ms):") else STOP
         return STOP
 
-    cdef Field key_field(self, const Txt* t, str text, Py_ssize_t a, Py_ssize_t b, PyObject** key, list hold):
+    cdef Field key_field(self, const Txt* t, str text, Py_ssize_t a, Py_ssize_t b, PyObject** key):
         """The prepared pattern-table entry of iteration key text[a:b] (None: not in the table),
-        its str in key[0]; entries made past the cache's limit are kept alive in hold."""
+        its str in key[0]."""
         cdef Py_ssize_t i = self.keys.find(t, a, b)
         if i >= 0:
             key[0] = self.keys.str_at(i)
@@ -728,8 +760,8 @@ cdef class MegatronScan(_Scan):
         f = None if spec is None else Field(spec, self.codes)
         i = self.keys.add(k, f)
         if i < 0:
-            hold.append(k)
-            hold.append(f)
+            self.spare.append(k)
+            self.spare.append(f)
         key[0] = <PyObject*>k
         return f
 
@@ -743,11 +775,8 @@ cdef class MegatronScan(_Scan):
         cdef PyObject* fl[MAXSEG]
         cdef PyObject* key = NULL
         cdef Field f
-        cdef list hold = None
         if ch(t, p) == 91:
-            q = p + 1
-            while q < e and megatron_ts_char(ch(t, q)):
-                q += 1
+            q = run_of(t, p + 1, e, C_MTS)
             if q == p + 1 or lit(t, q, e, "] ") < 0:
                 return NOMATCH
             ts0, ts1, p = p + 1, q, q + 2
@@ -776,9 +805,7 @@ cdef class MegatronScan(_Scan):
                 while v1 > v0 and isspc(ch(t, v1 - 1)):
                     v1 -= 1
                 if v1 > v0:  # (an empty value is skipped before the key is looked at)
-                    if hold is None:
-                        hold = []
-                    f = self.key_field(t, text, k0, k1, &key, hold)
+                    f = self.key_field(t, text, k0, k1, &key)
                     if f is None:
                         if commit and not PySet_Contains(self.unknown, <object>key):
                             return STOP  # the Python path warns about it once
@@ -901,10 +928,6 @@ cdef class MegatronScan(_Scan):
         return TAKEN
 
 
-cdef inline bint timer_name_char(Py_UCS4 c) noexcept nogil:  # [\w\-/ .]
-    return isword(c) or c == 45 or c == 47 or c == 32 or c == 46
-
-
 cdef Py_ssize_t timer_segment(const Txt* t, Py_ssize_t j, Py_ssize_t e, Py_ssize_t* n0, Py_ssize_t* n1,
                               Py_ssize_t* v0, Py_ssize_t* v1) noexcept nogil:
     """deepspeed._TIMER_SEGS at the bar at j: its end, name and value, else -1. (The name's
@@ -915,12 +938,10 @@ cdef Py_ssize_t timer_segment(const Txt* t, Py_ssize_t j, Py_ssize_t e, Py_ssize
     if k >= e:
         return -1
     c = ch(t, k)
-    if not (isword(c) or c == 45 or c == 47 or c == 46):
+    if c == 32 or not has(c, C_TNAME):
         return -1
     n0[0] = k
-    k += 1
-    while k < e and timer_name_char(ch(t, k)):
-        k += 1
+    k = run_of(t, k + 1, e, C_TNAME)
     n1[0] = k
     k = lit(t, k, e, ": ")
     if k < 0:
@@ -952,10 +973,8 @@ cdef Py_ssize_t comma_ts(const Txt* t, Py_ssize_t i, Py_ssize_t e) noexcept nogi
     return k if k > i + 20 else -1
 
 
-cdef Py_ssize_t word_run(const Txt* t, Py_ssize_t i, Py_ssize_t e) noexcept nogil:
-    while i < e and isword(ch(t, i)):
-        i += 1
-    return i
+cdef inline Py_ssize_t word_run(const Txt* t, Py_ssize_t i, Py_ssize_t e) noexcept nogil:
+    return run_of(t, i, e, C_WORD)
 
 
 cdef Py_ssize_t upper_run(const Txt* t, Py_ssize_t i, Py_ssize_t e) noexcept nogil:
@@ -1024,8 +1043,7 @@ cdef class DeepSpeedScan(_Scan):
             return STOP
         q0 = p + 3
         p = q0
-        while p < e and (isword(ch(t, p)) or ch(t, p) == 46):
-            p += 1
+        p = run_of(t, p, e, C_LOC)
         if p == q0 or lit(t, p, e, ":") < 0:
             return STOP
         q1 = digits(t, p + 1, e)
@@ -1191,15 +1209,14 @@ cdef class TorchtitanScan(_Scan):
         finally:
             self.records = None
 
-    cdef object field(self, const Txt* t, str text, Py_ssize_t a, Py_ssize_t b, list hold):
+    cdef object field(self, const Txt* t, str text, Py_ssize_t a, Py_ssize_t b):
         cdef Py_ssize_t i = self.keys.find(t, a, b)
         if i >= 0:
             return self.keys.val_at(i)
         k = PyUnicode_Substring(text, a, b)
         spec = self.field_spec(k)
         f = None if spec is None else Field(spec, self.codes)
-        if self.keys.add(k, f) < 0:
-            hold.append(f)
+        self.keys.add(k, f)  # (past the cache's limit: made again next time)
         return f
 
     cdef int take(self, const Txt* t, str text, Py_ssize_t b, Py_ssize_t e, Py_ssize_t lineno, object rank,
@@ -1232,18 +1249,20 @@ cdef class TorchtitanScan(_Scan):
         """The _KV pairs ``[a-z_]+:\\s+\\S+`` found in turn in the message."""
         cdef Py_ssize_t i = m, k0, k1, v0, v1, g1, p0, p1, q
         cdef Py_UCS4 c
-        cdef list hold = []
-        row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
-               "time": PyUnicode_Substring(text, ts0, ts1)}
+        row = _PyDict_NewPresized(14)  # (room for the columns a row gets: no resizing on the way)
+        row["table"] = "steps"
+        row["source"] = self.source
+        row["line"] = lineno
+        row["kind"] = "torchtitan"
+        row["rank"] = rank
+        row["time"] = PyUnicode_Substring(text, ts0, ts1)
         while i < e:
             c = ch(t, i)
-            if not ((97 <= c <= 122) or c == 95):
+            if not has(c, C_KEY):
                 i += 1
                 continue
             k0 = i
-            k1 = i + 1
-            while k1 < e and ((97 <= ch(t, k1) <= 122) or ch(t, k1) == 95):
-                k1 += 1
+            k1 = run_of(t, i + 1, e, C_KEY)
             i = k1  # (a start inside the key ends at the same place: the same failure)
             if k1 >= e or ch(t, k1) != 58:
                 continue
@@ -1265,7 +1284,7 @@ cdef class TorchtitanScan(_Scan):
                         row["mem_max_reserved_gib"] = run_float(t, v0, g1, 1.0)
                         row["mem_max_reserved_pct"] = run_float(t, p0, p1, 1.0)
                 continue
-            f = self.field(t, text, k0, k1, hold)
+            f = self.field(t, text, k0, k1)
             if f is not None:
                 v = (<Field>f).value(t, v0, v1, text)
                 if v is not _SKIP:
