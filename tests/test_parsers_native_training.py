@@ -378,3 +378,13 @@ def test_more_distinct_keys_and_names_than_the_scanner_keeps():
     text = "\n".join(lines)
     assert_three_equal(text, "megatron")
     assert_three_equal(text, "torchtitan")
+
+
+def test_native_off_switch_keeps_the_scanners_out():
+    text = "\n".join(corpus(CORPORA["megatron_run"][1], 20_000, name="megatron_run"))
+    with mock.patch.object(megatron.MegatronParser, "native_scan", side_effect=AssertionError("scanner called")), \
+            mock.patch.object(ingest.parsers, "NATIVE", False):
+        parse_text(text, source="s", kind="megatron")
+    with mock.patch.object(megatron.MegatronParser, "native_scan", side_effect=AssertionError("scanner called")):
+        with pytest.raises(AssertionError, match="scanner called"):
+            parse_text(text, source="s", kind="megatron")
