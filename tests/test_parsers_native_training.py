@@ -388,3 +388,21 @@ def test_native_off_switch_keeps_the_scanners_out():
     with mock.patch.object(megatron.MegatronParser, "native_scan", side_effect=AssertionError("scanner called")):
         with pytest.raises(AssertionError, match="scanner called"):
             parse_text(text, source="s", kind="megatron")
+
+
+@pytest.mark.parametrize("name", ["megatron_run", "deepspeed_run", "torchtitan_run"])
+def test_parsers_with_scanners_pickle(name):
+    """Parsers travel between processes (sharded parsing): a parser that has scanned some lines
+    pickles, and the copy scans on as the original does (its scanner made afresh)."""
+    import pickle
+    from ingest.parsers import run_parsers
+    kind, fixtures, _ = CORPORA[name]
+    lines = list(corpus(fixtures, 60_000, name=name))
+    first, rest = "\n".join(lines[:len(lines) // 2]), "\n".join(lines[len(lines) // 2:])
+    chain = {"megatron": lambda: [megatron.MegatronParser("s"), deepspeed.DeepSpeedParser("s")],
+             "deepspeed": lambda: [deepspeed.DeepSpeedParser("s")],
+             "torchtitan": lambda: [torchtitan.TorchtitanParser("s")]}[kind]
+    parsers = chain()
+    run_parsers(first, parsers, kind=kind)
+    copies = pickle.loads(pickle.dumps(parsers))
+    assert outcome(run_parsers(rest, copies, kind=kind)) == outcome(run_parsers(rest, parsers, kind=kind))

@@ -501,14 +501,24 @@ cdef dict step_row(dict steps, object rank, object step, Py_ssize_t lineno, obje
 cdef class Hints
 
 
+def _remake(cls, made):
+    source, kwargs = made
+    return cls(source, **kwargs)
+
+
 cdef class _Scan:
     """The line loop of the protocol: line boundaries, trailing whitespace, the ASCII check and
     launcher prefixes here; each format's lines in ``take``."""
     cdef Hints hints  # the last chain's hints, prepared
     cdef list spare  # keys and fields made past a full cache, alive until the call ends (lines hold borrowed pointers)
+    cdef tuple made  # (source, keyword arguments) it was made with
 
     def __cinit__(self):
         self.spare = []
+
+    def __reduce__(self):
+        """Pickled as what it was made from (parsers travel between processes): caches start empty."""
+        return _remake, (type(self), self.made)
 
     cdef int take(self, const Txt* t, str text, Py_ssize_t b, Py_ssize_t e, Py_ssize_t lineno, object rank,
                   bint commit) except -1:
@@ -704,6 +714,7 @@ cdef class MegatronScan(_Scan):
     def __init__(self, source, *, kind, field_spec, mem_fields, converters, to_num):
         """field_spec: key -> (column, converter, scale) or None (megatron's rule for iteration
         keys); mem_fields: memory-line key -> column; converters: converter -> "num" / "int"."""
+        self.made = (source, dict(kind=kind, field_spec=field_spec, mem_fields=mem_fields, converters=converters, to_num=to_num))
         self.source, self.kind, self.field_spec, self.to_num = source, kind, field_spec, to_num
         self.codes, self.mem_fields = dict(converters), dict(mem_fields)
         self.keys, self.mem_keys, self.names = Strings(), Strings(), Strings()
@@ -1009,6 +1020,7 @@ cdef class DeepSpeedScan(_Scan):
     cdef object last_step, last_rank
 
     def __init__(self, source, *, kind, to_gib):
+        self.made = (source, dict(kind=kind, to_gib=to_gib))
         self.source, self.kind, self.to_gib = source, kind, to_gib
 
     def scan(self, str text, Py_ssize_t pos, Py_ssize_t lineno, misses, list records, dict steps, last_step, last_rank):
@@ -1198,6 +1210,7 @@ cdef class TorchtitanScan(_Scan):
     def __init__(self, source, *, field_spec, converters):
         """field_spec: key -> (column, converter, scale) or None (torchtitan.STEP_FIELDS.get);
         converters: converter -> "num" / "int" / "pct"."""
+        self.made = (source, dict(field_spec=field_spec, converters=converters))
         self.source, self.field_spec, self.codes = source, field_spec, dict(converters)
         self.keys = Strings()
 

@@ -38,6 +38,13 @@ STEP_FIELDS = {
     "tflops": ("framework_tflops_per_gpu", to_num, 1),
     "mfu": ("framework_mfu", to_pct, 0.01),
 }
+
+
+def _step_field(key: str) -> tuple | None:
+    """The STEP_FIELDS entry of a step-line key (None: not a column)."""
+    return STEP_FIELDS.get(key)
+
+
 _EVENTS = (
     ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
     ("profiler_dump", re.compile(r"Dumping profiler traces at step (?P<step>\d+)")),
@@ -63,7 +70,7 @@ class TorchtitanParser(LineParser):
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._native = None if _train_scan is None else _train_scan.TorchtitanScan(
-            source, field_spec=STEP_FIELDS.get, converters={to_num: "num", to_int: "int", to_pct: "pct"})
+            source, field_spec=_step_field, converters={to_num: "num", to_int: "int", to_pct: "pct"})
 
     def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
         """Step and event lines in the compiled scanner (_train_scan.TorchtitanScan)."""
