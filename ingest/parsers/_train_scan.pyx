@@ -12,17 +12,19 @@ the class docstrings. Numbers are converted by CPython's own routine (``PyOS_str
 what float() calls) where the text is plainly a number, and by the parser's Python converter
 otherwise.
 
-Deliberately not here: any line the chain would count unparsed (the Python path counts those,
-with their line numbers), or one a later parser of the chain could claim. The lines taken here
-are all recognised by the chain's first parser, which the Python path feeds first and which
-then ends the line's way through the chain: the later parsers never see them, whatever their
-state. Parser state lives in the parser (passed in, updated in place, scalars returned); the
-scan objects keep only caches of recurring strings.
+Unparsed lines are counted here only by the Runner's own rule for counting them unfed (given
+``misses``: no hint of the chain, no launcher-like start, every parser idle), through the
+Runner's count, with their line numbers; any other line the chain may not recognise goes to
+the Python path. Deliberately not here: a line a later parser of the chain could claim. The
+lines taken here are all recognised by the chain's first parser, which the Python path feeds
+first and which then ends the line's way through the chain: the later parsers never see them,
+whatever their state. Parser state lives in the parser (passed in, updated in place, scalars
+returned); the scan objects keep only caches of recurring strings.
 """
 from libc.string cimport memchr, memcmp
 from cpython.object cimport PyObject
-from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Contains
-from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.dict cimport PyDict_GetItem, PyDict_Contains
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.set cimport PySet_Contains
 
 cdef extern from "Python.h":
