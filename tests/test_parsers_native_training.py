@@ -406,3 +406,18 @@ def test_parsers_with_scanners_pickle(name):
     run_parsers(first, parsers, kind=kind)
     copies = pickle.loads(pickle.dumps(parsers))
     assert outcome(run_parsers(rest, copies, kind=kind)) == outcome(run_parsers(rest, parsers, kind=kind))
+
+
+def test_separators_float_keeps_around_values():
+    """float() and int() strip spaces, tabs and line ends, not \\x1c-\\x1f, which str.strip()
+    and the patterns' \\s take as whitespace: each reading converts what its Python reading
+    converts (a learned Megatron line shape included)."""
+    megatron_text = "\n".join([" iteration 1/ 10 | lm loss: 1.5 | consumed samples: 8 |",
+                               " iteration 2/ 10 | lm loss: \x1c2.5\x1f | consumed samples: \x1c16 |",
+                               " iteration 3/ 10 | lm loss: 3.5\x0b | consumed samples: 1,024\x1c |"])
+    assert_three_equal(megatron_text, "megatron")
+    assert [(r["loss"], r["consumed_samples"]) for r in parse_text(megatron_text, source="s", kind="megatron").records] == [
+        (1.5, 8), (2.5, 16), (3.5, 1024)]
+    ds = "[2022-03-11 02:06:58,985] [INFO] [logging.py:69:log_dist] [Rank 0] step=40, skipped=2, lr=[{}], mom=[[0.9]]"
+    for lr in ["\x1c5e-05", "5e-05\x1f", " 5e-05 ", "\x0b5e-05"]:
+        assert_three_equal(ds.format(lr), "deepspeed")

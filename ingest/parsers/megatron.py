@@ -129,8 +129,9 @@ class MegatronParser(StepRowParser):
             spec = _field_spec(key)
             if spec is None and key not in self._unknown:
                 return
-            # the value with its surrounding spaces: float() and int() ignore them, and ``[^|]*``
-            # before a literal bar matches one way only (no backtracking)
+            # the value with its surrounding spaces: float() and int() ignore them (where they
+            # refuse it, the general reading's str.strip(), which also strips \x1c-\x1f, comes
+            # first), and ``[^|]*`` before a literal bar matches one way only (no backtracking)
             if spec is not None:
                 plan.append((group, spec[0], _FAST_TYPE[spec[1]], spec[1], spec[2]))
             parts.append(rf"\s*{re.escape(key)}\s*:([^|]*)")
@@ -160,9 +161,9 @@ class MegatronParser(StepRowParser):
                     value = values[group]
                     try:
                         v = fast(value)
-                    except ValueError:  # thousands separators, or not a number
+                    except ValueError:  # thousands separators, separators float() keeps, or not a number
                         try:
-                            v = slow(value)
+                            v = slow(value.strip())
                         except ValueError:
                             continue
                     row[column] = v * scale if scale != 1 else v
