@@ -127,8 +127,10 @@ NUMBERS = st.one_of(
     st.floats(0, 1e7).map(lambda x: f"{x:,.2f}"),
     st.integers(-10, 10**20).map(str),
     st.sampled_from(["", " ", "1,280", "1_000", "\u0661\u0662", "1.2.3", ".", "5.", ".5", "-0", "+7", "1e5", "1E+05",
-                     "nan", "inf", "9" * 30, "0.26GB", "x", "12 34", " 3.5 ", "1,,2", "0x10", "١.٥"]))
+                     "nan", "inf", "9" * 30, "0.26GB", "x", "12 34", " 3.5 ", "1,,2", "0x10", "١.٥", "\x1c2.5",
+                     "2.5\x1f", "\x0b7", "1,5\x1c", "\u20032"]))
 ITER_KEYS = sorted(megatron.ITER_FIELDS) + ["lm loss", "sop loss", "z_loss", "mystery field", "", "  ", "loss"]
+LRS = ["5e-05", "abc", " 1e-4 ", "1,5", "", "0.0001]", "1_0", "\x1c5e-05", "5e-05\x1f", "\t1e-3"]
 TIMER_VALUES = ["193.77", "0.02", ".", "1.2.3", "5.", "12", "", "\u0661.5", "1e3"]
 MEM_RANKS = ["0", "3", "\u0661"]
 KV_GAPS = [" ", "  ", "", "\u2003"]
@@ -184,7 +186,7 @@ def deepspeed_lines(draw):
     msg = draw(st.sampled_from(["step", "old", "new", "other"]))
     if msg == "step":
         body = (f"step={step}, skipped={draw(st.sampled_from(['2', '0', '']))}, "
-                f"lr=[{draw(st.sampled_from(['5e-05', 'abc', ' 1e-4 ', '1,5', '', '0.0001]', '1_0']))}], mom=[[0.9, 0.999]]")
+                f"lr=[{draw(st.sampled_from(LRS))}], mom=[[0.9, 0.999]]")
     elif msg == "old":
         body = f"0/{step}, SamplesPerSec={draw(st.sampled_from(['83.48', '1.2.3', '.', '5']))}"
     elif msg == "new":
@@ -421,3 +423,11 @@ def test_separators_float_keeps_around_values():
     ds = "[2022-03-11 02:06:58,985] [INFO] [logging.py:69:log_dist] [Rank 0] step=40, skipped=2, lr=[{}], mom=[[0.9]]"
     for lr in ["\x1c5e-05", "5e-05\x1f", " 5e-05 ", "\x0b5e-05"]:
         assert_three_equal(ds.format(lr), "deepspeed")
+
+
+def test_deepspeed_lr_at_the_end_of_the_line():
+    """An lr list cut at the end of the line: what the normaliser leaves of it (trailing
+    whitespace stripped first) is the value, in every reading; nothing left: not a step line."""
+    ds = "[2022-03-11 02:06:58,985] [INFO] [a:1:b] [Rank 0] step=40, skipped=2, lr=[{}"
+    for tail in ["5e-05\x1f", "5e-05 \t", "5e-05\x1c\x1d", " \x1f", "5e-05", "5e-05\x1f]"]:
+        assert_three_equal(ds.format(tail) + "\n" + ds.format(tail), "deepspeed")

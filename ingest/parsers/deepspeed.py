@@ -107,6 +107,10 @@ class DeepSpeedParser(StepRowParser):
         time, func, rank, step, skipped, lr = m.group("d_ts", "d_func", "s_rank", "s_step", "s_skip", "s_lr")
         if func == "see_memory_usage":
             return False  # a memory label: the general path
+        if m.end("s_lr") == m.end("step"):  # the lr run ends the line: without the whitespace the normaliser strips
+            lr = lr.rstrip()
+            if not lr:
+                return False
         row = self._row(int(rank) if rank else fast_rank(m), int(step), lineno)
         row.update(time=time, num_skipped_iterations=int(skipped))
         try:
