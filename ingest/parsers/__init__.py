@@ -250,8 +250,9 @@ class LineParser:
     bulk_normalise: tuple[tuple[re.Pattern, str], ...] = ()
     bulk_markers: tuple[str, ...] = ()
     native = False  # True where ``native_scan`` is a compiled scanner (ingest/parsers/_*_scan.pyx) that is built
+    native_misses = False  # True where ``native_scan`` takes ``misses`` (see there)
 
-    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
         """The compiled scanner's protocol. ``text``: a chunk, a newline before each line;
         ``pos``: the index of the newline before the next line; ``lineno``: the number of the
         line before it. Takes lines from there while it reads each whole exactly as the Python
@@ -260,7 +261,15 @@ class LineParser:
         lineno, last, resume)``: where it stopped (``len(text)`` at the end), the number of the
         line before ``pos``, the number of the last non-blank line it took (0: none), and the
         index of the newline before the next line after ``pos`` it may take (``pos`` if it
-        does not know), so the Python path takes the lines in between."""
+        does not know), so the Python path takes the lines in between.
+
+        ``misses`` (passed only to a parser with ``native_misses``, only while every parser of
+        the chain has hints and is idle): ``(hints, count)``. The scanner may then also take
+        the lines ``Runner._gap`` counts unparsed without feeding them -- a line holding none of
+        ``hints`` that does not start (after whitespace) with a digit, ``[`` or ``(`` or as a
+        ``host/N [`` launcher prefix (``_NORMALISED_LINE``) -- calling ``count(lineno, n)`` for
+        each run of n such lines after line lineno, in line order. (Its own lines must leave
+        every parser idle: the chain stays idle while it scans.)"""
         raise NotImplementedError
 
     def bulk(self, counts: dict[str, Counter]) -> bool:
@@ -406,6 +415,7 @@ class Runner:
         self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
         self.fast = fast_regex(type(parsers[0])) if fast else None
         self.native = parsers[0].native_scan if fast and NATIVE and parsers[0].native else None
+        self.native_misses = (self.hints, self._misses) if self.native and parsers[0].native_misses and self.hints else None
         self.bulk, self.bulk_rows = (bulk_regex(type(parsers[0])) if fast else None) or (None, [])
         self.bulk_line = bulk_line_regex(type(parsers[0])) if self.bulk is not None else None
         first = parsers[0]
@@ -504,7 +514,10 @@ class Runner:
         pos, lineno, end = 0, start, len(text)
         while pos < end:
             if self.pending_ts is None:
-                pos, lineno, last, resume = scan(text, pos, lineno)
+                if self.native_misses is not None and all(p.idle() for p in self.parsers):
+                    pos, lineno, last, resume = scan(text, pos, lineno, self.native_misses)
+                else:
+                    pos, lineno, last, resume = scan(text, pos, lineno)
                 if last > self.num_lines:
                     self.num_lines = last
                 if pos >= end:

@@ -15,6 +15,11 @@ import re
 from ingest.parsers import ParseResult, StepRowParser, fast_rank, run_parsers, to_gib, to_num
 from ingest.parsers.failures import FailureScanner
 
+try:
+    from ingest.parsers import _train_scan
+except ImportError:  # not built (no C compiler at install): the Python path alone
+    _train_scan = None
+
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
 _RANK = re.compile(r"\[Rank (\d+)\] ")
 _STEP = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?step=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=\[(?P<lr>[^\],]+)")
@@ -64,12 +69,21 @@ class DeepSpeedParser(StepRowParser):
         ("prefixed", r"(?P<d_msg>.*)"),
     )
 
+    native = native_misses = _train_scan is not None
+
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._last_step = None
         self._mem_label: tuple[int, str] | None = None
         self._mem: dict | None = None
         self._last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
+        self._native = None if _train_scan is None else _train_scan.DeepSpeedScan(source, kind=self.kind, to_gib=to_gib)
+
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
+        """Step and throughput-timer lines in the compiled scanner (_train_scan.DeepSpeedScan)."""
+        pos, lineno, last, resume, self._last_step, self._last_rank = self._native.scan(
+            text, pos, lineno, misses, self.records, self._steps, self._last_step, self._last_rank)
+        return pos, lineno, last, resume
 
     def _row(self, rank, step: int, lineno: int) -> dict:
         if rank is None:
@@ -93,6 +107,10 @@ class DeepSpeedParser(StepRowParser):
         time, func, rank, step, skipped, lr = m.group("d_ts", "d_func", "s_rank", "s_step", "s_skip", "s_lr")
         if func == "see_memory_usage":
             return False  # a memory label: the general path
+        if m.end("s_lr") == m.end("step"):  # the lr run ends the line: without the whitespace the normaliser strips
+            lr = lr.rstrip()
+            if not lr:
+                return False
         row = self._row(int(rank) if rank else fast_rank(m), int(step), lineno)
         row.update(time=time, num_skipped_iterations=int(skipped))
         try:

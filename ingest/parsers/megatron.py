@@ -16,6 +16,11 @@ from ingest.parsers import ParseResult, StepRowParser, fast_rank, put_field, run
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
+try:
+    from ingest.parsers import _train_scan
+except ImportError:  # not built (no C compiler at install): the Python path alone
+    _train_scan = None
+
 _ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
 _MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
@@ -66,27 +71,50 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
 
 
+def _field_spec(key: str) -> tuple | None:
+    """The pattern-table entry of an iteration-line key as ``_iteration`` reads it (ITER_FIELDS,
+    else the ``* loss`` / ``*_loss`` rule); None: not in the table (warned about once)."""
+    spec = ITER_FIELDS.get(key)
+    if spec is None and (key.endswith(" loss") or key.endswith("_loss")):
+        spec = (_slug(key), to_num, 1)
+    return spec
+
+
 class MegatronParser(StepRowParser):
     kind = "megatron"
     hints = ("iteration", "time (ms)", "memory (MB)", "...", "datetime: ", "arguments", "(min, max)")
     fast_lines = (  # the frequent lines, handed to feed without the per-line normaliser
-        ("iteration", r"(?:\[(?P<m_ts>[0-9\-: .]+)\] |)iteration +(?P<m_step>[0-9]+)/ *(?P<m_total>[0-9]+) \|(?P<m_rest>.*\S|)"),
+        # (a bracket of digits alone is a launcher prefix the normaliser strips, not a timestamp)
+        ("iteration", r"(?:\[(?P<m_ts>[0-9]*[\-: .][0-9\-: .]*)\] |)iteration +(?P<m_step>[0-9]+)/ *(?P<m_total>[0-9]+) \|(?P<m_rest>.*\S|)"),
         ("timers", r"time \(ms\)(?:.*\S|)"),
         ("memory", r"\[Rank [0-9]+\] \(after [0-9]+ iterations\) memory \(MB\) \|(?:.*\S|)"),
         ("datetime", r"(?:\[[^\]\n]*\] |)datetime: [0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]"),
     )
+
+    native = native_misses = _train_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._last_step: int | None = None
         self._unknown: set[str] = set()
         self._shapes: list[tuple[re.Pattern, tuple]] = []  # the iteration lines' key sequences seen so far, with their plans
+        self._native = None if _train_scan is None else _train_scan.MegatronScan(
+            source, kind=self.kind, field_spec=_field_spec, mem_fields=MEM_FIELDS,
+            converters={to_num: "num", to_int: "int"}, to_num=to_num)
+
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
+        """Iteration, timer, memory and noise lines in the compiled scanner (_train_scan.MegatronScan)."""
+        pos, lineno, last, resume, self._last_step = self._native.scan(text, pos, lineno, misses, self.records,
+                                                                      self._steps, self._last_step, self._unknown)
+        return pos, lineno, last, resume
 
     def _learn_shape(self, rest: str) -> None:
         """Remember the key sequence of an iteration line as one regex (segments split at ``|``,
         each ``key: value``, as ``_iteration`` reads them) and per kept key its group, column,
-        converter and unit scale, so the next lines of that shape are read by one match. Keys
-        not in the pattern table were warned about already and are read, not kept."""
+        converter and unit scale, so the next lines of that shape are read by one match. Called
+        after the general reading of the line: keys not in the pattern table are read, not kept,
+        where they were warned about already; a shape with one that was not (its value was
+        empty) is not kept, so the general reading meets that key with a value and warns."""
         if len(self._shapes) >= MAX_SHAPES:
             return
         parts, plan, group = [], [], 0
@@ -98,11 +126,12 @@ class MegatronParser(StepRowParser):
                 parts.append(r"\s*")
                 continue
             key = key.strip()
-            spec = ITER_FIELDS.get(key)
-            if spec is None and (key.endswith(" loss") or key.endswith("_loss")):
-                spec = (_slug(key), to_num, 1)
-            # the value with its surrounding spaces: float() and int() ignore them, and ``[^|]*``
-            # before a literal bar matches one way only (no backtracking)
+            spec = _field_spec(key)
+            if spec is None and key not in self._unknown:
+                return
+            # the value with its surrounding spaces: float() and int() ignore them (where they
+            # refuse it, the general reading's str.strip(), which also strips \x1c-\x1f, comes
+            # first), and ``[^|]*`` before a literal bar matches one way only (no backtracking)
             if spec is not None:
                 plan.append((group, spec[0], _FAST_TYPE[spec[1]], spec[1], spec[2]))
             parts.append(rf"\s*{re.escape(key)}\s*:([^|]*)")
@@ -132,16 +161,15 @@ class MegatronParser(StepRowParser):
                     value = values[group]
                     try:
                         v = fast(value)
-                    except ValueError:  # thousands separators, or not a number
+                    except ValueError:  # thousands separators, separators float() keeps, or not a number
                         try:
-                            v = slow(value)
+                            v = slow(value.strip())
                         except ValueError:
                             continue
                     row[column] = v * scale if scale != 1 else v
                 row.setdefault("loss", None)
                 self._last_step = step
                 return True
-        self._learn_shape(rest)
         fields = ITER_FIELDS
         for seg in rest.split("|"):
             key, sep, value = seg.partition(":")
@@ -160,6 +188,7 @@ class MegatronParser(StepRowParser):
                         self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
                     continue
             put_field(row, spec, value)
+        self._learn_shape(rest)
         row.setdefault("loss", None)
         self._last_step = step
         return True

@@ -13,9 +13,20 @@ import re
 from ingest.parsers import LineParser, ParseResult, fast_rank, put_field, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
+try:
+    from ingest.parsers import _train_scan
+except ImportError:  # not built (no C compiler at install): the Python path alone
+    _train_scan = None
+
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
 _KV = re.compile(r"(?P<key>[a-z_]+):\s+(?P<value>\S+)")
 _MEMORY = re.compile(r"(?P<gib>[\d.]+)GiB\((?P<pct>[\d.]+)%\)")
+
+
+def to_pct(text: str) -> float:
+    """'34.29%' -> 34.29 (thousands separators dropped as to_num does)."""
+    return to_num(text.rstrip("%"))
+
 
 # Pattern table: key -> (column, type, unit scale).
 STEP_FIELDS = {
@@ -25,8 +36,15 @@ STEP_FIELDS = {
     "tps": ("tokens_per_s_per_gpu", to_num, 1),
     "wps": ("tokens_per_s_per_gpu", to_num, 1),
     "tflops": ("framework_tflops_per_gpu", to_num, 1),
-    "mfu": ("framework_mfu", lambda v: to_num(v.rstrip("%")), 0.01),
+    "mfu": ("framework_mfu", to_pct, 0.01),
 }
+
+
+def _step_field(key: str) -> tuple | None:
+    """The STEP_FIELDS entry of a step-line key (None: not a column)."""
+    return STEP_FIELDS.get(key)
+
+
 _EVENTS = (
     ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
     ("profiler_dump", re.compile(r"Dumping profiler traces at step (?P<step>\d+)")),
@@ -47,6 +65,16 @@ class TorchtitanParser(LineParser):
     hints = (" - ",)
     fast_head = r"(?:\[titan\] |)(?P<t_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+) - \w+ - [A-Z]+ - "
     fast_lines = (("step", _FAST_STEP), ("line", r"(?P<l_msg>.*\S)"))
+    native = native_misses = _train_scan is not None
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._native = None if _train_scan is None else _train_scan.TorchtitanScan(
+            source, field_spec=_step_field, converters={to_num: "num", to_int: "int", to_pct: "pct"})
+
+    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
+        """Step and event lines in the compiled scanner (_train_scan.TorchtitanScan)."""
+        return self._native.scan(text, pos, lineno, misses, self.records)
 
     def fast_step(self, lineno: int, m, ts) -> bool:
         rank, time, step, loss, gn, gib, pct, tps, tflops, mfu = m.group(
