@@ -543,6 +543,28 @@ def _first_linenos(f, cuts: list[int]) -> list[int]:
     return out
 
 
+def write_spill(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """Pickle ``obj`` into a new file ``path`` (a worker's result handed to its parent through a
+    private temporary directory, not a pipe). Returns the path."""
+    import pickle
+
+    path = Path(path)
+    with open(path, "xb") as f:
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def load_spill(path: str | os.PathLike[str]) -> Any:
+    """The object ``write_spill`` put in ``path``; the file is deleted. Only for files this
+    program wrote itself (unpickling runs code named in the file)."""
+    import pickle
+
+    path = Path(path)
+    data = path.read_bytes()
+    path.unlink()
+    return pickle.loads(data)
+
+
 def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> str:
     """The first ``num_chars`` characters of a text file (for detecting its kind). Raises ParseError."""
     try:
