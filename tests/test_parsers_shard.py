@@ -8,6 +8,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -15,7 +16,8 @@ from ingest.errors import ParseError
 from ingest.io import iter_text_blocks, plan_text_shards
 from ingest.parsers import SHARD_KINDS, detect_kind, parse_text
 from ingest.sharded import parse_file_sharded
-from ingest.thirdparty import ingest_file
+from ingest.cli import main
+from ingest.thirdparty import SHARD_MIN_BYTES, ingest_file, ingest_files
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEXTS = {p.name: p.read_text(encoding="utf-8") for p in sorted((FIXTURES / "real").glob("*.txt"))}
@@ -333,3 +335,21 @@ def test_ingest_file_shards_big_files_and_can_be_told_not_to(tmp_path):
     assert ingest_file(path, shard_min_bytes=0).result == plain.result  # one shard per CPU
     with pytest.raises(ParseError, match="cannot read"):
         ingest_file(tmp_path / "missing.log", max_workers=3, shard_min_bytes=0)
+
+
+
+def test_ingest_files_and_cli_jobs(tmp_path, capsys):
+    """A file of SHARD_MIN_BYTES, alone (fewer files than CPUs), is sharded by ingest_files; the
+    CLI's --jobs 1 parses in one process; the tables are the same either way."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    text = TEXTS["08_nccl_cumem_read_cloudwatch_ts_lines.txt"]
+    big = write(logs, "cw.log", text * (SHARD_MIN_BYTES // len(text) + 1))
+    (got,) = ingest_files([big], max_workers=2)
+    assert outcome(got.result) == outcome(ingest_file(big, max_workers=1).result)
+    for jobs in ("1", "2"):
+        assert main([str(logs), "--out", str(tmp_path / f"out{jobs}"), "--jobs", jobs]) == 0
+    for table in (tmp_path / "out1").iterdir():
+        assert pd.read_parquet(table).equals(pd.read_parquet(tmp_path / "out2" / table.name)), table.name
+    assert main([str(logs), "--jobs", "0"]) == 2
+    assert "--jobs: must be at least 1, got 0" in capsys.readouterr().err

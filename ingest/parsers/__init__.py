@@ -2,7 +2,9 @@
 
 Shared pieces live here: ``ParseResult``, the line normaliser every parser runs its input
 through (launcher prefixes, ANSI colour, paste indentation, ISO timestamps on their own
-line), ``detect_kind`` (by content, never by file name) and ``parse_text`` (detect + parse).
+line), ``detect_kind`` (by content, never by file name) and ``parse_text`` (detect + parse),
+and the shard protocol ``ingest.sharded`` reads one file with on several processes: each
+parser's ``start_shard`` / ``at_rest`` / ``absorb``, ``Runner.absorb``, ``run_shard``.
 
 Each format has its own module with one pattern table (``Rule`` rows: name, regex with named
 groups, table, and per group the column, type and unit scale): a new field is one row.

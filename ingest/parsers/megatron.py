@@ -196,9 +196,9 @@ class MegatronParser(StepRowParser):
         for rec in later.records:
             if rec.get("step") is UNKNOWN:
                 rec["step"] = self._last_step
-        for key in later._unknown & self._unknown:
-            said = f": iteration field {key!r} not in the pattern table"
-            later.warnings.remove(next(w for w in later.warnings if w.startswith("line ") and w.endswith(said)))
+        warned = {f": iteration field {key!r} not in the pattern table" for key in later._unknown & self._unknown}
+        if warned:  # (a key holds no ':', so the warning's text after its first ':' is this)
+            later.warnings = [w for w in later.warnings if not (w.startswith("line ") and w[w.find(":"):] in warned)]
         self._unknown |= later._unknown
         if later._last_step is not UNKNOWN:
             self._last_step = later._last_step
