@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import resource
 import sys
 import tempfile
@@ -49,6 +50,20 @@ CORPORA = {  # name -> (kind, fixtures whose lines are cycled, target MB/s)
     "megatron": ("megatron", ["17_megatron_2022_bert_timers_memory.txt", "19_megatron_llm_fork_iteration_plain.txt"], 50),
     "deepspeed": ("deepspeed", ["21_deepspeed_2022_timer_samplespersec_notebook.txt"], 50),
     "torchtitan": ("torchtitan", ["25_torchtitan_2025_rank0_prefix_gc_profiler.txt"], 50),
+    # A run's log as training writes it: the fixture's setup lines once, then its steady-state
+    # lines (from the first step line on) repeated with the step numbers moving on.
+    "megatron_run": ("megatron", ["17_megatron_2022_bert_timers_memory.txt"], 50),
+    "deepspeed_run": ("deepspeed", ["21_deepspeed_2022_timer_samplespersec_notebook.txt"], 50),
+    "torchtitan_run": ("torchtitan", ["25_torchtitan_2025_rank0_prefix_gc_profiler.txt"], 50),
+    # NCCL_DEBUG=INFO of jobs as NCCL prints them (8 nodes x 8 GPUs, 16 channels, interleaved
+    # ranks), one job after another: distinct hosts, pids and comms, so every edge is new.
+    "nccl_init_run": ("nccl", [], 100),
+}
+# Step numbers of the steady-state lines, per run corpus (group 1: the number to move on).
+RUN_STEPS = {
+    "megatron_run": [re.compile(r"(?<=iteration)( +[0-9]+)(?=/)"), re.compile(r"(?<=\(after )([0-9]+)(?= iterations\))")],
+    "deepspeed_run": [re.compile(r"(?<=step=)([0-9]+)"), re.compile(r"(?<= [0-9]/)([0-9]+)(?=, SamplesPerSec)")],
+    "torchtitan_run": [re.compile(r"(?<=step: )( *[0-9]+)"), re.compile(r"(?<=at step )([0-9]+)")],
 }
 
 
@@ -82,10 +97,73 @@ def coll_tuning_lines(init: list[str]):
             op += 1
 
 
+def nccl_init_jobs(num_nodes: int = 8, gpus: int = 8, channels: int = 16):
+    """Init output of one job after another, in the line formats of the NCCL fixtures (2.19+):
+    per rank the version lines, comm init, trees, intra-node P2P/CUMEM edges and inter-node
+    NET/IB send/receive edges per channel, thresholds, channel counts and Init COMPLETE;
+    rank 0 prints the rings. Phases run over all ranks in turn (as their lines interleave)."""
+    n = num_nodes * gpus
+    for job in itertools.count():
+        ranks = [(f"node-{job}-{r // gpus}:{1000 + job * 97 + r}:{2000 + job * 97 + r} [{r % gpus}] NCCL INFO ", r)
+                 for r in range(n)]
+        comm = [f"0x{0x55d0c000 + job * 4096 + r * 64:x}" for r in range(n)]
+        yield f"{ranks[0][0]}NCCL version 2.21.5+cuda12.4"
+        for head, r in ranks:
+            yield f"{head}cudaDriverVersion 12040"
+            yield f"{head}Bootstrap : Using eth0:192.0.2.{r // gpus + 10}<0>"
+            yield f"{head}NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:192.0.2.{r // gpus + 10}<0>"
+            yield f"{head}Using network IB"
+            yield (f"{head}comm {comm[r]} rank {r} nRanks {n} nNodes {num_nodes} localRanks {gpus} "
+                   f"localRank {r % gpus} MNNVL 0")
+        for c in range(channels):
+            ring = "".join(f"{(r + c * gpus) % n:4d}" for r in range(n))
+            yield f"{ranks[0][0]}Channel {c:02d}/{channels:02d} :{ring}"
+        for head, r in ranks:
+            yield head + "Trees " + " ".join(f"[{c}] {(r + 1) % n}/-1/-1->{r}->{(r - 1) % n}" for c in range(channels))
+            yield f"{head}P2P Chunksize set to 131072"
+        for c in range(channels):
+            for head, r in ranks:
+                if r % gpus < gpus - 1:
+                    yield f"{head}Channel {c:02d}/0 : {r}[{r % gpus}] -> {r + 1}[{r % gpus + 1}] via P2P/CUMEM/read"
+                else:
+                    peer = (r + 1) % n
+                    yield f"{head}Channel {c:02d}/0 : {r}[{r % gpus}] -> {peer}[{peer % gpus}] [send] via NET/IB/{c % 2}/GDRDMA"
+                    src = (r - gpus) % n
+                    yield f"{head}Channel {c:02d}/0 : {src}[{src % gpus}] -> {r}[{r % gpus}] [receive] via NET/IB/{c % 2}/GDRDMA"
+        for head, r in ranks:
+            yield f"{head}Connected all rings"
+            yield f"{head}Connected all trees"
+            yield f"{head}threadThresholds 8/8/64 | 512/8/64 | 512 | 512"
+            yield f"{head}{channels} coll channels, 0 collnet channels, 0 nvls channels, {channels * 2} p2p channels, 2 p2p channels per peer"
+            yield (f"{head}comm {comm[r]} rank {r} nranks {n} cudaDev {r % gpus} nvmlDev {r % gpus} busId {(r % gpus) * 16 + 0x18:x}000 "
+                   f"commId 0x{job * 7919 + 12345:x} - Init COMPLETE")
+
+
+def run_lines(lines: list[str], steps: list[re.Pattern]):
+    """A training run's log from a fixture: the lines before its first step line once, then the
+    rest (without the fixtures' ``[trimmed]`` marker) over and over, each step number moved on
+    by the fixture's step span per repetition (numbers keep their printed width when they can)."""
+    first = next(i for i, line in enumerate(lines) if steps[0].search(line))
+    body = [line for line in lines[first:] if line != "[trimmed]"]
+    numbers = [int(m.group(1)) for line in body for rx in steps for m in rx.finditer(line)]
+    span = max(numbers) - min(numbers) + (min(numbers) or 1)
+    yield from lines[:first]
+    for k in itertools.count():
+        def move(m, k=k):
+            text = m.group(1)
+            return f"{int(text) + k * span:>{len(text)}d}"
+        for line in body:
+            for rx in steps:
+                line = rx.sub(move, line)
+            yield line
+
+
 def corpus(names: list[str], num_bytes: int, *, name: str = ""):
     lines = [line for n in names for line in (FIXTURES / n).read_text(encoding="utf-8").split("\n") if line.strip()]
     total = 0
-    for line in (coll_tuning_lines(lines) if name == "nccl_coll_tuning" else itertools.cycle(lines)):
+    source = (coll_tuning_lines(lines) if name == "nccl_coll_tuning" else nccl_init_jobs() if name == "nccl_init_run"
+              else run_lines(lines, RUN_STEPS[name]) if name in RUN_STEPS else itertools.cycle(lines))
+    for line in source:
         if total >= num_bytes:
             return
         total += len(line) + 1

@@ -23,6 +23,22 @@ SYNTHETIC = [  # documented line shapes no fixture holds (fixtures README: COLL 
     "h:1:1 [0] NCCL INFO 4096 Bytes -> Algo 0 proto 0 time 25.874907",
     "h:1:1 [0] NCCL INFO 04096 Bytes -> Algo 0 proto 0 channels 2",
     "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 1 proto 2 time 1.2.3 extra",
+    # DeepSpeed step and throughput-timer lines (fast rows), new timer format, and odd values
+    "[2024-01-02 03:04:05,678] [INFO] [timer.py:260:stop] epoch=0/micro_step=20/global_step=20, RunningAvgSamplesPerSec=12.5, "
+    "CurrSamplesPerSec=13.1, MemAllocated=1.2GB, MaxMemAllocated=3.4GB",
+    "[2024-01-02 03:04:05,678] [INFO] [timer.py:260:stop] epoch=0/micro_step=21/global_step=21, RunningAvgSamplesPerSec=12.5, "
+    "CurrSamplesPerSec=1.2.3",
+    "[2024-01-02 03:04:05,678] [INFO] [timer.py:260:stop] 0/\u0663, SamplesPerSec=3.0",
+    "[2024-01-02 03:04:05,678] [INFO] [logging.py:96:log_dist] [Rank 3] step=20, skipped=0, lr=[0.0001], mom=[(0.9, 0.95)]",
+    "[2024-01-02 03:04:05,678] [INFO] [logging.py:96:log_dist] [Rank 3] step=22, skipped=0, lr=[abc]",
+    "[2024-01-02 03:04:05,678] [INFO] [logging.py:96:see_memory_usage] step=20, skipped=0, lr=[1e-4]",
+    "[2024-01-02 03:04:05,678] [INFO] [logging.py:96:log_dist]  [Rank 1] [Rank 2] step=23, skipped=1, lr=[2e-4]",
+    # Megatron iteration lines of one learned shape with thousands separators, empty and bad values
+    " iteration       10/     100 | consumed samples:        1,280 | elapsed time per iteration (ms): 1,234.5 | lm loss: "
+    "| grad norm:  x | tokens/s/GPU: 12 34 |",
+    " iteration       11/     100 | consumed samples:        2,560 | elapsed time per iteration (ms): 999.0 | lm loss: "
+    "2.5E+00 | grad norm: \u0661.5 | tokens/s/GPU: 1_000 |",
+    "time (ms) | forward-compute: 193.77 | \u00fcn\u00efcode-name: 1.0 | bad: x |",
 ]
 LINES = sorted({line for text in TEXTS.values() for line in text.split("\n")} | set(SYNTHETIC))
 KINDS = PARSED_KINDS + (None,)
@@ -209,3 +225,10 @@ def test_parsing_a_file_equals_parsing_its_text(tmp_path):
         path.write_text(text.replace("\n", "\r\n") if "megatron" in name else text, encoding="utf-8", newline="")
         general = outcome(parse_text(text, source="s", fast=False))
         assert outcome(parse_text(iter_text_blocks(path, block_chars=500), source="s", kind=general[5])) == general, name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_synthetic_lines_fast_equals_general(kind):
+    """The documented shapes no fixture holds, each twice (a second line of a learned shape takes
+    the fast reading), in every parser."""
+    assert_same("\n".join(SYNTHETIC + SYNTHETIC), kind)

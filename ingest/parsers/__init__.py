@@ -17,12 +17,14 @@ comm_topology, collectives, events, env, kernels, stacks); every record carries 
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
+NATIVE = True  # use a parser's compiled scanner where it is built (tests switch it off to compare)
 MAX_LINE_CHARS = 1 << 16  # longer lines are counted unparsed unread: bounded time per line
 MAX_UNPARSED_LINENOS = 1000  # line numbers kept for --strict; the count is always exact
 
@@ -131,6 +133,7 @@ _UNIT_GIB = {"B": 1 / 2**30, "KB": 1 / 2**20, "KIB": 1 / 2**20, "MB": 1 / 2**10,
 _SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", re.I)
 
 
+@functools.lru_cache(maxsize=1 << 12)  # memory figures repeat from step to step
 def to_gib(text: str) -> float:
     """'649.97 MiB' / '1.01 GiB' / '0.26GB' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed print them)."""
     m = _SIZE.fullmatch(text)
@@ -248,11 +251,35 @@ class LineParser:
     bulk_lines: dict[str, tuple[str, ...]] = {}
     bulk_normalise: tuple[tuple[re.Pattern, str], ...] = ()
     bulk_markers: tuple[str, ...] = ()
+    native = False  # True where ``native_scan`` is a compiled scanner (ingest/parsers/_*_scan.pyx) that is built
+
+    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
+        """The compiled scanner's protocol. ``text``: a chunk, a newline before each line;
+        ``pos``: the index of the newline before the next line; ``lineno``: the number of the
+        line before it. Takes lines from there while it reads each whole exactly as the Python
+        path would (records, aggregates, state), and stops before the first it does not (a
+        timestamp line, a prefix, a shape it does not know, anything unusual). Returns ``(pos,
+        lineno, last, resume)``: where it stopped (``len(text)`` at the end), the number of the
+        line before ``pos``, the number of the last non-blank line it took (0: none), and the
+        index of the newline before the next line after ``pos`` it may take (``pos`` if it
+        does not know), so the Python path takes the lines in between."""
+        raise NotImplementedError
 
     def bulk(self, counts: dict[str, Counter]) -> bool:
         """Apply the line counts of ``bulk_lines`` rows (row name -> key groups -> lines) if
         that adds no new row or order-dependent value; else change nothing, return False."""
         return False
+
+    def bulk_new(self, counts: dict[str, Counter]) -> set[tuple[str, tuple]] | None:
+        """When ``bulk`` refused ``counts``: the (row name, key) entries that are new and that
+        ``bulk_create`` can make from the key alone; None (or empty) if any new entry cannot be
+        made that way. Changes nothing."""
+        return None
+
+    def bulk_create(self, lineno: int, name: str, key: tuple) -> None:
+        """Make the row (or row part) of a ``bulk_new`` entry, as its first line (``lineno``)
+        would; counts one line."""
+        raise NotImplementedError
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -421,6 +448,7 @@ class Runner:
         hints = [p.hints for p in parsers]
         self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
         self.fast = fast_regex(type(parsers[0])) if fast else None
+        self.native = parsers[0].native_scan if fast and NATIVE and parsers[0].native else None
         self.bulk, self.bulk_rows = (bulk_regex(type(parsers[0])) if fast else None) or (None, [])
         self.bulk_line = bulk_line_regex(type(parsers[0])) if self.bulk is not None else None
         first = parsers[0]
@@ -504,8 +532,30 @@ class Runner:
             text = _ANSI.sub("", text)  # no escape sequence spans a newline: same as per line
         if self.fast is None:
             self._gap(text, 0, len(text), start)
+        elif self.native is not None:
+            self._native(text, start)
         elif self.bulk is None or not (self._bulk_only(text, start) or self._bulk(text, start)):
             self._scan(text, start)
+
+    def _native(self, text: str, start: int) -> None:
+        """A chunk through the first parser's compiled scanner (``native_scan``), which takes
+        the lines it reads whole and stops before any other; the lines from there to where it
+        can go on take ``_scan`` (at least one, and the line after a timestamp line)."""
+        scan = self.native
+        pos, lineno, end = 0, start, len(text)
+        while pos < end:
+            if self.pending_ts is None:
+                pos, lineno, last, resume = scan(text, pos, lineno)
+                if last > self.num_lines:
+                    self.num_lines = last
+                if pos >= end:
+                    break
+            else:
+                resume = pos  # the line a timestamp line belongs to: the Python path
+            cut = text.find("\n", pos + 1)
+            cut = max(cut if cut >= 0 else end, resume)
+            lineno = self._scan(text[pos:cut], lineno)
+            pos = cut
 
     def _bulk_only(self, text: str, start: int) -> bool:
         """A chunk of only bulk lines, timestamp lines before them and blank lines: count its
@@ -553,25 +603,41 @@ class Runner:
     def _bulk(self, text: str, start: int) -> bool:
         """Aggregate the first parser's bulk lines of a chunk in one split + Counter (no Python
         per line), if its ``bulk`` accepts the counts (it does when they add nothing new, so
-        order does not matter); the lines between them take ``_scan``."""
+        order does not matter) or its ``bulk_new`` can create the new rows from their keys at
+        their first lines, in order; the lines between them take ``_scan``."""
         parts = self.bulk.split(text)
         step = self.bulk.groups + 1  # per match: the timestamp line before it (or None), then the rows' groups
         if len(parts) == 1:
             return False
+        first = self.parsers[0]
+        matches = list(zip(*(parts[i::step] for i in range(2, step))))
         counts: dict[str, Counter] = {name: Counter() for name, _, _ in self.bulk_rows}
-        for groups, n in Counter(zip(*(parts[i::step] for i in range(2, step)))).items():  # distinct keys only
+        keys: dict[tuple, tuple[str, tuple]] = {}  # distinct groups -> (row, key)
+        for groups, n in Counter(matches).items():
             for name, marker, at in self.bulk_rows:
                 if groups[marker] is not None:  # the row that matched
-                    counts[name][tuple(groups[i] for i in at)] += n
+                    key = keys[groups] = (name, tuple(groups[i] for i in at))
+                    counts[name][key[1]] += n
                     break
-        if not self.parsers[0].bulk(counts):
-            return False
+        new = None
+        if not first.bulk(counts):
+            new = first.bulk_new(counts)
+            if not new:
+                return False
         lineno = start
-        for piece, ts in zip(parts[::step], parts[1::step]):
+        for piece, ts, groups in zip(parts[::step], parts[1::step], matches):
             if piece:
                 lineno = self._scan(piece, lineno)
             lineno += 1 if ts is None else 2
             self.pending_ts = None
+            if new:  # rows created at their first line, in line order, between the lines _scan takes
+                row = keys[groups]
+                if row in new:
+                    new.discard(row)
+                    first.bulk_create(lineno, *row)
+                    counts[row[0]][row[1]] -= 1
+        if new is not None and not first.bulk(counts):  # every row exists now: bulk only adds
+            raise RuntimeError(f"{type(first).__name__}.bulk refused counts after bulk_create made their rows")
         if lineno > self.num_lines:
             self.num_lines = lineno
         if parts[-1]:

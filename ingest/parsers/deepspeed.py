@@ -37,17 +37,32 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
     m = _TIMER_LINE.match(body)
     if not m:
         return []
-    r = int(m.group("rank")) if m.group("rank") else rank
-    return [{"table": "timers", "source": source, "line": lineno, "kind": kind, "rank": r, "step": step,
-             "name": name, "time_s": float(v) * 1e-3}
-            for name, v in _TIMER_SEGS.findall(m.group("rest"))]
+    base = {"table": "timers", "source": source, "line": lineno, "kind": kind,
+            "rank": int(m.group("rank")) if m.group("rank") else rank, "step": step}
+    out = []
+    for name, v in _TIMER_SEGS.findall(m.group("rest")):  # a copy of the common part: cheaper than a literal
+        rec = base.copy()
+        rec["name"], rec["time_s"] = name, float(v) * 1e-3
+        out.append(rec)
+    return out
 
 
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
     hints = ("[", "MA ", "CPU Virtual Memory:")
-    fast_lines = (("prefixed", r"\[(?P<d_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+)\] "
-                               r"\[[A-Z]+\] \[[\w.]+:[0-9]+:(?P<d_func>\w+)\] ?(?P<d_msg>.*)"),)
+    # Fast lines: the step and throughput-timer messages whole (groups as _STEP / _OLD_TIMER /
+    # _NEW_TIMER read them; anything unusual -- a second space, a second rank tag, non-ASCII
+    # digits -- fails them and takes "prefixed"), then any prefixed line.
+    fast_head = (r"\[(?P<d_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+)\] "
+                 r"\[[A-Z]+\] \[[\w.]+:[0-9]+:(?P<d_func>\w+)\] ?")
+    fast_lines = (
+        ("step", r"(?:\[Rank (?P<s_rank>[0-9]+)\] |)step=(?P<s_step>[0-9]+), skipped=(?P<s_skip>[0-9]+), "
+                 r"lr=\[(?P<s_lr>[^\],\n]+)(?:.*\S|)"),
+        ("timer", r"(?:[0-9]+/(?P<t_step>[0-9]+), |epoch=[0-9]+/micro_step=[0-9]+/global_step=(?P<t_gstep>[0-9]+), "
+                  r"RunningAvgSamplesPerSec=(?P<t_avg>[0-9.]+), Curr)SamplesPerSec=(?P<t_sps>[0-9.]+)"
+                  r"(?:, MemAllocated=(?P<t_ma>[0-9.]+\w*B), MaxMemAllocated=(?P<t_mma>[0-9.]+\w*B)|)(?:.*\S|)"),
+        ("prefixed", r"(?P<d_msg>.*)"),
+    )
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -72,6 +87,36 @@ class DeepSpeedParser(StepRowParser):
 
     def fast_prefixed(self, lineno: int, m, ts) -> bool:
         return self._message(lineno, m.group("d_ts"), m.group("d_func"), m.group("d_msg").strip(), fast_rank(m))
+
+    def fast_step(self, lineno: int, m, ts) -> bool:
+        """A ``step=`` progress line: as ``_message`` reads it."""
+        time, func, rank, step, skipped, lr = m.group("d_ts", "d_func", "s_rank", "s_step", "s_skip", "s_lr")
+        if func == "see_memory_usage":
+            return False  # a memory label: the general path
+        row = self._row(int(rank) if rank else fast_rank(m), int(step), lineno)
+        row.update(time=time, num_skipped_iterations=int(skipped))
+        try:
+            row["lr"] = float(lr)
+        except ValueError:
+            pass
+        return True
+
+    def fast_timer(self, lineno: int, m, ts) -> bool:
+        """A throughput-timer line (old ``e/s, SamplesPerSec=`` or new ``epoch=/micro_step=/
+        global_step=``): as ``_message`` reads it."""
+        time, func, step, gstep, avg, sps, ma, mma = m.group("d_ts", "d_func", "t_step", "t_gstep", "t_avg", "t_sps",
+                                                             "t_ma", "t_mma")
+        if func == "see_memory_usage":
+            return False
+        row = self._row(fast_rank(m), int(step or gstep), lineno)
+        row.setdefault("time", time)
+        row["samples_per_s"] = float(sps)
+        if avg:
+            row["samples_per_s_running_avg"] = float(avg)
+        if ma:
+            row["mem_allocated_gib"] = to_gib(ma)
+            row["mem_max_allocated_gib"] = to_gib(mma)
+        return True
 
     def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
         """The message of a ``[ts] [LEVEL] [file.py:line:func]`` line. (The ``in`` tests are

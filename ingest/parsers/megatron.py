@@ -56,6 +56,9 @@ _NOISE = (
 )
 
 
+# The C converter tried first for each pattern-table converter: the same value whenever the
+# text holds no thousands separator (the converter is the fallback for those).
+_FAST_TYPE = {to_num: float, to_int: int}
 MAX_SHAPES = 8  # distinct iteration-line key sequences read by a learned regex; more take the general path
 
 
@@ -77,16 +80,16 @@ class MegatronParser(StepRowParser):
         super().__init__(source)
         self._last_step: int | None = None
         self._unknown: set[str] = set()
-        self._shapes: list[tuple[re.Pattern, tuple]] = []  # the iteration lines' key sequences seen so far
+        self._shapes: list[tuple[re.Pattern, tuple]] = []  # the iteration lines' key sequences seen so far, with their plans
 
     def _learn_shape(self, rest: str) -> None:
         """Remember the key sequence of an iteration line as one regex (segments split at ``|``,
-        each ``key: value`` with the value stripped, as ``_iteration`` reads them) and the
-        column of each key, so the next lines of that shape are read by one match. Keys not in
-        the pattern table were warned about already and are read, not kept."""
+        each ``key: value``, as ``_iteration`` reads them) and per kept key its group, column,
+        converter and unit scale, so the next lines of that shape are read by one match. Keys
+        not in the pattern table were warned about already and are read, not kept."""
         if len(self._shapes) >= MAX_SHAPES:
             return
-        parts, specs = [], []
+        parts, plan, group = [], [], 0
         for seg in rest.split("|"):
             key, sep, _ = seg.partition(":")
             if not sep:
@@ -98,14 +101,22 @@ class MegatronParser(StepRowParser):
             spec = ITER_FIELDS.get(key)
             if spec is None and (key.endswith(" loss") or key.endswith("_loss")):
                 spec = (_slug(key), to_num, 1)
-            # the value starts and ends with a non-space: one way to match, no backtracking blow-up
-            parts.append(rf"\s*{re.escape(key)}\s*:\s*([^|\s](?:[^|]*[^|\s])?|)\s*")
-            specs.append(spec)
-        self._shapes.append((re.compile(r"\|".join(parts)), tuple(specs)))
+            # the value with its surrounding spaces: float() and int() ignore them, and ``[^|]*``
+            # before a literal bar matches one way only (no backtracking)
+            if spec is not None:
+                plan.append((group, spec[0], _FAST_TYPE[spec[1]], spec[1], spec[2]))
+            parts.append(rf"\s*{re.escape(key)}\s*:([^|]*)")
+            group += 1
+        self._shapes.append((re.compile(r"\|".join(parts)), tuple(plan)))
 
     def fast_iteration(self, lineno: int, m, ts) -> bool:
         return self._iteration(lineno, m.group("m_ts") or ts, m.group("m_step"), m.group("m_total"), m.group("m_rest"),
                                fast_rank(m))
+
+    def fast_timers(self, lineno: int, m, ts) -> bool:
+        self.records.extend(timer_records(m.string[m.end("body_at"):m.end("timers")], source=self.source, lineno=lineno,
+                                          step=self._last_step, rank=fast_rank(m), kind="megatron"))
+        return True
 
     def _iteration(self, lineno: int, time, step: str, total: str, rest: str, rank) -> bool:
         """An iteration line: ``iteration N/ M | key: value | ...`` (rest: after the first ``|``)."""
@@ -113,12 +124,20 @@ class MegatronParser(StepRowParser):
         row = self._step_row(rank, step, lineno)
         row["time"] = time
         row["num_steps_total"] = int(total)
-        for rx, specs in self._shapes:
+        for rx, plan in self._shapes:
             m = rx.fullmatch(rest)
             if m:
-                for spec, value in zip(specs, m.groups()):
-                    if value and spec is not None:
-                        put_field(row, spec, value)
+                values = m.groups()
+                for group, column, fast, slow, scale in plan:  # put_field, inlined: the hot loop
+                    value = values[group]
+                    try:
+                        v = fast(value)
+                    except ValueError:  # thousands separators, or not a number
+                        try:
+                            v = slow(value)
+                        except ValueError:
+                            continue
+                    row[column] = v * scale if scale != 1 else v
                 row.setdefault("loss", None)
                 self._last_step = step
                 return True

@@ -117,7 +117,7 @@ class NcclParser(LineParser):
                       (re.compile(r" time [0-9.]+"), " time 0"))
     bulk_markers = (" opCount ", " Bytes -> Algo ", " via ")
     bulk_lines = {
-        "edge": ("host", "pid", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),
+        "edge": ("host", "pid", "dev", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),  # dev: for a new edge's row
         "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
         "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
     }
@@ -194,20 +194,38 @@ class NcclParser(LineParser):
     def bulk(self, counts: dict[str, Counter]) -> bool:
         """Lines per key of the bulk rows (see bulk_lines); only adds to rows that exist."""
         adds = []
-        for (host, pid, ch, src, dst, direction, via), n in counts["edge"].items():
+        for (host, pid, _, ch, src, dst, direction, via), n in counts["edge"].items():
             key = (host, pid, src, dst, _FAST_DIRECTION[direction], via)
             if ch not in self._edge_channels.get(key, ()):
-                return False  # a new edge or channel: its first line and order matter
+                return False  # a new edge or channel: its first line and order matter (bulk_new)
             adds.append((self._edges[key], "num_channels", n))
-        for (host, pid, func, count, dt, redop, root, comm), n in counts["coll"].items():
-            adds.append((self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root)), "num_calls", n))
-        for (func, size, algo, proto), n in counts["tuning"].items():
-            adds.append((self._colls.get(("tuning", func, int(size), int(algo), int(proto))), "num_calls", n))
-        if any(row is None for row, _, _ in adds):
+        if not self._calls_known(counts):
             return False  # a new call shape
+        for (host, pid, func, count, dt, redop, root, comm), n in counts["coll"].items():
+            adds.append((self._colls[("coll", host, pid, comm, func, count, dt, redop, root)], "num_calls", n))
+        for (func, size, algo, proto), n in counts["tuning"].items():
+            adds.append((self._colls[("tuning", func, int(size), int(algo), int(proto))], "num_calls", n))
         for row, column, n in adds:
             row[column] += n
         return True
+
+    def _calls_known(self, counts: dict[str, Counter]) -> bool:
+        return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
+                    for host, pid, func, count, dt, redop, root, comm in counts["coll"])
+                and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
+                        for func, size, algo, proto in counts["tuning"]))
+
+    def bulk_new(self, counts: dict[str, Counter]) -> set[tuple[str, tuple]] | None:
+        """New edges and new channels of known edges (made from their key: see bulk_create);
+        None when a call shape is new (its row needs the whole line)."""
+        if not self._calls_known(counts):
+            return None
+        return {("edge", k) for k in counts["edge"]
+                if k[3] not in self._edge_channels.get((k[0], k[1], k[4], k[5], _FAST_DIRECTION[k[6]], k[7]), ())}
+
+    def bulk_create(self, lineno: int, name: str, key: tuple) -> None:
+        host, pid, dev, ch, src, dst, direction, via = key
+        self._add_edge(lineno, (host, pid, dev), (host, pid, src, dst, _FAST_DIRECTION[direction], via), ch, False)
 
     def _add_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
         """key: (host, pid, src, dst, direction, transport); one row per key, counting channels."""
