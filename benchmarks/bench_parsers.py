@@ -8,8 +8,16 @@ lines of a 16-rank data-parallel run, generated in the documented formats: no fi
 them). Measured, as ``ingest`` does it: the file streamed in blocks of whole lines
 (ingest.io.iter_text_blocks) through the parser, best of --repeats; nothing holds the whole
 text, so memory stays bounded by the parser's aggregated records. Throughput = file bytes /
-wall time. Then ``ingest_files`` on all corpora at once (a process per CPU): the rate when a
-folder of logs is ingested. Targets (issue 3): NCCL >= 100 MB/s, training logs >= 50 MB/s.
+wall time. Each corpus is also read through ``ingest_file`` in 2 shards on 2 processes
+(ingest.sharded; ``mb_per_s_sharded``, same result as the serial parse), with the machine's
+load average when measured. Then ``ingest_files`` on all corpora at once (a process per CPU):
+the rate when a folder of logs is ingested. Targets (issue 3): NCCL >= 100 MB/s, training
+logs >= 50 MB/s.
+
+    python benchmarks/bench_parsers.py --shard-sizes 1,2,4,8,16 [--out /tmp/sizes.json]
+
+measures instead, for each corpus cut to each size (MB), the serial and the 2-shard rate:
+the evidence for ingest.thirdparty.SHARD_MIN_BYTES (below it, one process is faster).
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.io import iter_text_blocks  # noqa: E402
 from ingest.parsers import parse_text  # noqa: E402
-from ingest.thirdparty import ingest_files  # noqa: E402
+from ingest.thirdparty import ingest_file, ingest_files  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "real"
 CORPORA = {  # name -> (kind, fixtures whose lines are cycled, target MB/s)
@@ -190,12 +198,48 @@ def measure(path: Path, kind: str, repeats: int) -> dict:
             "mb_per_s": round(size / dt / 1e6, 1), "records": len(result.records), "unparsed": result.unparsed}
 
 
+def measure_sharded(path: Path, repeats: int, *, num_workers: int = 2) -> dict:
+    """``ingest_file`` in shards on ``num_workers`` processes, best of ``repeats``."""
+    size = path.stat().st_size
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ingest_file(path, max_workers=num_workers, shard_min_bytes=0)
+        times.append(time.perf_counter() - t0)
+    return {"seconds_best_sharded": round(min(times), 3), "seconds_all_sharded": [round(t, 3) for t in times],
+            "mb_per_s_sharded": round(size / min(times) / 1e6, 1), "num_workers_sharded": num_workers,
+            "loadavg_sharded": [round(x, 2) for x in os.getloadavg()]}
+
+
+def shard_sizes(sizes_mb: list[float], repeats: int, out: str) -> int:
+    """Serial vs 2-shard rate per corpus and size (the SHARD_MIN_BYTES evidence)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (kind, names, _) in CORPORA.items():
+            for mb in sizes_mb:
+                path = write_corpus(name, names, int(mb * 1e6), Path(tmp))
+                serial = measure(path, kind, repeats)
+                sharded = measure_sharded(path, repeats)
+                rows.append({"corpus": name, "mb": mb, "mb_per_s": serial["mb_per_s"],
+                             "mb_per_s_sharded": sharded["mb_per_s_sharded"], "loadavg": sharded["loadavg_sharded"]})
+                print(f"{name:22s} {mb:6.1f} MB  serial {serial['mb_per_s']:7.1f} MB/s  2 shards "
+                      f"{sharded['mb_per_s_sharded']:7.1f} MB/s  (load {sharded['loadavg_sharded'][0]})")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"python": platform.python_version(), "cpu_count": os.cpu_count(), "rows": rows},
+                                    indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "parsers.json"))
+    ap.add_argument("--shard-sizes", metavar="MB,MB,...", help="measure serial vs 2 shards at these sizes instead")
     args = ap.parse_args(argv)
+    if args.shard_sizes:
+        return shard_sizes([float(x) for x in args.shard_sizes.split(",")], args.repeats, args.out)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
@@ -204,8 +248,10 @@ def main(argv=None) -> int:
             r = measure(paths[-1], kind, args.repeats)
             r["target_mb_per_s"] = target
             r["meets_target"] = r["mb_per_s"] >= target
+            r.update(measure_sharded(paths[-1], args.repeats))
             results[name] = r
-            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {target}) records={r['records']} unparsed={r['unparsed']}")
+            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {target}) records={r['records']} unparsed={r['unparsed']}; "
+                  f"2 shards {r['mb_per_s_sharded']:7.1f} MB/s (load {r['loadavg_sharded'][0]})")
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()

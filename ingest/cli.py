@@ -6,7 +6,8 @@
 torchtitan logs, env dumps, failure reports; files or folders of them, kinds detected by
 content) -> steps/comm_topology/collectives/events/env/... Parquet tables (ingest.thirdparty).
 A single directory holding campaign.json (or runs.parquet) is a campaign, exactly as before.
---strict: exit 1 listing file:line of every unparsed line (first 20 per file).
+--strict: exit 1 listing file:line of every unparsed line (first 20 per file). --jobs N:
+processes to parse with (a big log is parsed in shards on all of them; 1: one process).
 
 Exit codes: 0 ok, 2 user error (one line ``ingest: error: ...`` on stderr, never a traceback).
 """
@@ -16,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ingest.errors import ToolError
+from ingest.errors import ConfigError, ToolError
 from ingest.io import load_campaign, write_tables
 
 
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "global_batch_size, world_size, tp_degree, pp_degree, micro_batch_size, dtype, gpu_name, "
                              "position_embedding); with them runs.parquet is written for `report build`")
     parser.add_argument("--strict", action="store_true", help="third-party files: exit 1 if any line was not parsed, listing file:line")
+    parser.add_argument("--jobs", type=int, metavar="N", help="third-party files: processes to parse with (default: one "
+                        "per CPU; a big log is cut into shards parsed in parallel, same result; 1: one process)")
     return parser
 
 
@@ -46,7 +49,9 @@ def _is_campaign(paths: list[str]) -> bool:
 def run_thirdparty(args: argparse.Namespace) -> int:
     from ingest import thirdparty
 
-    files = thirdparty.ingest_files(thirdparty.find_artifacts(args.paths))
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs: must be at least 1, got {args.jobs}")
+    files = thirdparty.ingest_files(thirdparty.find_artifacts(args.paths), max_workers=args.jobs)
     first = Path(args.paths[0])
     out_dir = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "tables"
     tables = thirdparty.build_tables(files)

@@ -11,6 +11,7 @@ metric computation (report).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ingest.errors import NoDataError
 from ingest.io import iter_text_blocks, read_text_head, write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, PARSED_KINDS, ParseResult, detect_kind, parse_text
 from ingest.schema import SCHEMA_VERSION
+from ingest.sharded import can_shard, count_shards, parse_file_sharded
 
 TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
           "flops_profile")
@@ -57,34 +59,58 @@ def find_artifacts(paths: list[str]) -> list[Path]:
     return out
 
 
-def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
-    """Detect the kind of one file and parse it, streaming its text in blocks of whole lines."""
+# Below this size a file is parsed in one process: a worker's records travel back pickled and
+# the pool starts in tens of milliseconds, which a small file does not win back (measured: see
+# benchmarks/bench_parsers.py --shard-sizes).
+SHARD_MIN_BYTES = 8 << 20
+
+
+def ingest_file(path: str | os.PathLike[str], *, max_workers: int | None = None,
+                shard_min_bytes: int = SHARD_MIN_BYTES) -> IngestedFile:
+    """Detect the kind of one file and parse it, streaming its text in blocks of whole lines.
+
+    A file of at least ``shard_min_bytes`` bytes whose kind shards is cut into shards read on
+    ``max_workers`` processes, this one included (default: one per CPU; 1: this process
+    only, serially); the result is the serial parse's (``ingest.sharded``). Raises
+    ParseError for an unreadable file."""
     kind = detect_kind(read_text_head(path, HEAD_CHARS))
     source = str(path)
-    if kind is None:
+    workers = max_workers or os.cpu_count() or 1
+    size = _size(path)
+    if workers >= 2 and can_shard(kind) and size >= shard_min_bytes:
+        result, _ = parse_file_sharded(path, kind=kind, source=source, num_shards=count_shards(size, workers),
+                                       max_workers=workers - 1)
+    elif kind is None:
         result = parse_text(iter_text_blocks(path), source=source, kind="unknown")
     else:
         result = parse_text(iter_text_blocks(path), source=source, kind=kind)
     return IngestedFile(path=source, result=result)
 
 
+def _size(path: str | os.PathLike[str]) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # the error comes from the reading, with its message
+
+
 PARALLEL_MIN_BYTES = 8 << 20  # below this in all, one process parses faster than starting a pool
 
 
 def ingest_files(paths: list[Path], *, max_workers: int | None = None) -> list[IngestedFile]:
-    """``ingest_file`` for each path, in input order; files are parsed in parallel processes
-    (one per CPU, at most one per file) when there are several and together they hold more
-    than ``PARALLEL_MIN_BYTES``. Raises ParseError for an unreadable file, as ingest_file."""
-    workers = min(max_workers or os.cpu_count() or 1, len(paths))
-    try:
-        total = sum(p.stat().st_size for p in paths)
-    except OSError:
-        total = 0  # the per-file error comes from ingest_file, with its message
-    if workers < 2 or total < PARALLEL_MIN_BYTES:
-        return [ingest_file(p) for p in paths]
+    """``ingest_file`` for each path, in input order. Several files holding together more than
+    ``PARALLEL_MIN_BYTES`` are parsed in parallel processes (one per CPU, at most one per
+    file), each in one process; but when there are fewer files than CPUs and one is at least
+    ``SHARD_MIN_BYTES``, the files are parsed one after another, each big one in shards on
+    every CPU (``ingest_file``). Raises ParseError for an unreadable file, as ingest_file."""
+    cpus = max_workers or os.cpu_count() or 1
+    workers = min(cpus, len(paths))
+    sizes = [_size(p) for p in paths]
+    if workers < 2 or sum(sizes) < PARALLEL_MIN_BYTES or (len(paths) < cpus and max(sizes) >= SHARD_MIN_BYTES):
+        return [ingest_file(p, max_workers=cpus) for p in paths]
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(ingest_file, paths))
+        return list(pool.map(functools.partial(ingest_file, max_workers=1), paths))
 
 
 def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:

@@ -2,7 +2,9 @@
 
 Shared pieces live here: ``ParseResult``, the line normaliser every parser runs its input
 through (launcher prefixes, ANSI colour, paste indentation, ISO timestamps on their own
-line), ``detect_kind`` (by content, never by file name) and ``parse_text`` (detect + parse).
+line), ``detect_kind`` (by content, never by file name) and ``parse_text`` (detect + parse),
+and the shard protocol ``ingest.sharded`` reads one file with on several processes: each
+parser's ``start_shard`` / ``at_rest`` / ``absorb``, ``Runner.absorb``, ``run_shard``.
 
 Each format has its own module with one pattern table (``Rule`` rows: name, regex with named
 groups, table, and per group the column, type and unit scale): a new field is one row.
@@ -303,6 +305,32 @@ class LineParser:
     def finish(self) -> None:
         pass
 
+    # Shards (ingest.sharded): a file read in pieces by fresh parsers, merged in order. A parser
+    # whose state another piece's lines may need says so in ``at_rest``; ``absorb`` merges.
+
+    def start_shard(self) -> None:
+        """Make a fresh parser the reader of a shard after the first: state that earlier lines
+        would have set (a last step, a last rank...) becomes ``UNKNOWN``, to be filled in by
+        ``absorb`` once the shards before it are merged. Nothing to do for a parser without state."""
+
+    def at_rest(self) -> bool:
+        """Whether the next shard, read from a fresh parser after ``start_shard``, gives what
+        reading on from this state gives, once ``absorb`` merges it: no multi-line block open,
+        no carried state ``absorb`` cannot fill in. A parser with state of its own says when;
+        by default only a parser with none is at rest."""
+        return vars(self).keys() <= {"source", "records", "warnings"}
+
+    def can_absorb(self, later: LineParser) -> bool:
+        """Whether ``absorb(later)`` is exact (checked only when ``at_rest`` holds)."""
+        return True
+
+    def absorb(self, later: LineParser) -> None:
+        """Merge the parser of the next shard (same class, before ``finish``) into this one, so
+        this one is as if it had read that shard's lines itself: its records and warnings follow
+        these; a subclass merges its own state."""
+        self.records.extend(later.records)
+        self.warnings.extend(later.warnings)
+
 
 class StepRowParser(LineParser):
     """A LineParser whose step rows are assembled from several lines (iteration line, timers,
@@ -322,6 +350,31 @@ class StepRowParser(LineParser):
     def finish(self) -> None:
         self.records.extend(self._steps.values())
         self._steps = {}
+
+    def start_shard(self) -> None:
+        """Rows this shard makes are ``ShardRow``s (they tell which values only setdefault put)."""
+        self._step_row = self._shard_step_row
+
+    def _shard_step_row(self, rank, step: int, lineno: int) -> dict:
+        row = type(self)._step_row(self, rank, step, lineno)
+        if type(row) is not ShardRow:
+            row = self._steps[(rank, step)] = ShardRow(row)
+        return row
+
+    def at_rest(self) -> bool:
+        return vars(self).keys() <= {"source", "records", "warnings", "_steps", "_step_row"}
+
+    def absorb(self, later: StepRowParser) -> None:
+        """Rows of a (rank, step) both shards made: the earlier row (its ``line``, its key order)
+        takes the later row's values as the serial parse would have; new rows follow, in order."""
+        steps = self._steps
+        for key, row in later._steps.items():
+            mine = steps.get(key)
+            if mine is None:
+                steps[key] = {k: v.value if type(v) is Soft else v for k, v in row.items()}
+            else:
+                merge_step_row(mine, row, keep_soft=False)
+        super().absorb(later)
 
 
 # Fast lines: after a newline, the launcher prefixes the fast path takes itself (indentation, one
@@ -700,6 +753,41 @@ class Runner:
         return ParseResult(records=records, unparsed=self.unparsed, warnings=warnings, kind=self.kind,
                            unparsed_lines=tuple(self.linenos), num_lines=self.num_lines)
 
+    # Shards (ingest.sharded)
+
+    def start_shard(self, first_lineno: int) -> None:
+        """Read a shard after the first: lines are numbered from ``first_lineno`` (1-based) and
+        the (fresh) parsers take their shard start state (``LineParser.start_shard``)."""
+        self.lineno = first_lineno - 1
+        for p in self.parsers:
+            p.start_shard()
+
+    def shard_state(self) -> ShardState:
+        """What this runner read, before ``result`` (which would finish the parsers)."""
+        return ShardState(parsers=self.parsers, unparsed=self.unparsed, unparsed_lines=self.linenos,
+                          num_lines=self.num_lines, huge=self.huge, pending_ts=self.pending_ts, last_lineno=self.lineno)
+
+    def at_rest(self) -> bool:
+        """Whether a shard read from here by a fresh chain can be merged exactly (``absorb``): no
+        timestamp line waits for the next line, and every parser is at rest."""
+        return self.pending_ts is None and all(p.at_rest() for p in self.parsers)
+
+    def absorb(self, state: ShardState) -> bool:
+        """Merge the next shard's state, read by a fresh chain of the same parsers, as if this
+        runner had read its lines; False (nothing changed) when that would not be exact (then
+        read the shard's text on with ``chunk_text``)."""
+        if not self.at_rest() or not all(p.can_absorb(q) for p, q in zip(self.parsers, state.parsers)):
+            return False
+        for p, q in zip(self.parsers, state.parsers):
+            p.absorb(q)
+        self.unparsed += state.unparsed
+        self.linenos.extend(state.unparsed_lines[:MAX_UNPARSED_LINENOS - len(self.linenos)])
+        self.num_lines = max(self.num_lines, state.num_lines)
+        self.huge += state.huge
+        self.pending_ts = state.pending_ts
+        self.lineno = state.last_lineno
+        return True
+
 
 def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str, fast: bool = True) -> ParseResult:
     """Feed every line of ``text`` (a string or an iterable of lines) to ``parsers``, in chunks.
@@ -818,9 +906,15 @@ def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = Non
     parser = _parsers().get(kind or "")
     if parser is not None:
         return parser(text, source=source, fast=fast)
-    result = run_parsers(text, [_Nothing(source)], kind=kind or "unknown", fast=fast)
-    what = f"kind {kind!r} has no parser yet" if kind and kind != "unknown" else "unknown kind (no known signature in the first 64 KiB)"
-    return ParseResult(records=[], unparsed=result.unparsed, warnings=[what], kind=kind or "unknown",
+    return no_parser_result(run_parsers(text, [_Nothing(source)], kind=kind or "unknown", fast=fast))
+
+
+def no_parser_result(result: ParseResult) -> ParseResult:
+    """The result for a kind with no parser (``result``: its lines read by ``_Nothing``): no
+    records, every non-blank line unparsed, one warning saying why."""
+    kind = result.kind
+    what = f"kind {kind!r} has no parser yet" if kind != "unknown" else "unknown kind (no known signature in the first 64 KiB)"
+    return ParseResult(records=[], unparsed=result.unparsed, warnings=[what], kind=kind,
                        unparsed_lines=result.unparsed_lines, num_lines=result.num_lines)
 
 
@@ -833,3 +927,118 @@ class _Nothing(LineParser):
 
 PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q",
                 "collect_env", "failures", "profiler_table", "nsys_stats", "flight_recorder", "pyspy", "nccl_ras")
+
+
+# ---------------------------------------------------------------- shards (ingest.sharded)
+
+class _Unknown:
+    """State a shard's parser would have taken from the lines before the shard (last step,
+    last rank, memory label): not known until the shards before it are merged (``absorb``).
+    Pickles as itself, so a worker's records come back holding this very object."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+    def __reduce__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+
+
+class Soft:
+    """A value ``setdefault`` put in a ``ShardRow``: the serial parse would have kept an
+    earlier shard's value of that key instead."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __reduce__(self):
+        return Soft, (self.value,)
+
+    def __repr__(self) -> str:
+        return f"Soft({self.value!r})"
+
+
+class ShardRow(dict):
+    """A step row made by a shard after the first. ``setdefault`` stores its value as ``Soft``;
+    plain assignments replace it. Parsers only write rows while parsing, never read them."""
+
+    def setdefault(self, key, default=None):
+        if key in self:
+            value = self[key]
+            return value.value if type(value) is Soft else value
+        self[key] = Soft(default)
+        return default
+
+
+_ROW_KEYS = frozenset(("table", "source", "line", "kind", "rank", "step"))  # set when a row is made, never after
+
+
+def merge_step_row(into: dict, later: dict, *, keep_soft: bool) -> None:
+    """Give ``into`` (a step row) the values that ``later``, the same (rank, step) row made by
+    a later stretch of the log, was given: assigned values overwrite, ``Soft`` ones only fill
+    a missing key (as setdefault would have); the keys set when a row is made stay ``into``'s.
+    keep_soft: keep Soft wrappers (``into`` is itself a ShardRow) instead of their values."""
+    for key, value in later.items():
+        if key in _ROW_KEYS:
+            continue
+        if type(value) is Soft:
+            if key not in into:
+                into[key] = value if keep_soft else value.value
+        else:
+            into[key] = value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardState:
+    """A shard's reading before ``finish``: its parsers (records and carried state), its
+    counts as ``Runner`` keeps them, the timestamp line left waiting at its end (None if none)
+    and the number of its last line (blank ones included)."""
+
+    parsers: list[LineParser]
+    unparsed: int
+    unparsed_lines: list[int]
+    num_lines: int
+    huge: int
+    pending_ts: str | None
+    last_lineno: int
+
+
+# Kinds whose parsers merge across shards (every parser of the chain has at_rest/absorb); kinds
+# with no parser (unknown, chrome_trace) too. The others are small files (tables, dumps) whose
+# parsers carry a header or a section across the whole text: read serially.
+SHARD_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "failures")
+
+
+def _chains() -> dict[str, Callable[[str], list[LineParser]]]:
+    from ingest.parsers import deepspeed, failures, megatron, nccl, torchtitan
+    return {"nccl": nccl.build_nccl_chain, "megatron": megatron.build_megatron_chain,
+            "deepspeed": deepspeed.build_deepspeed_chain, "torchtitan": torchtitan.build_torchtitan_chain,
+            "failures": failures.build_failures_chain}
+
+
+def build_chain(kind: str, *, source: str) -> list[LineParser] | None:
+    """The parser chain the parse function of ``kind`` runs (``[_Nothing]`` for a kind with
+    no parser, e.g. "unknown"), or None when the kind's parsers cannot read shards."""
+    if kind in SHARD_KINDS:
+        return _chains()[kind](source)
+    if kind not in PARSED_KINDS:
+        return [_Nothing(source)]
+    return None
+
+
+def run_shard(text: str | TextBlocks, *, kind: str, source: str, first_lineno: int) -> ShardState:
+    """Read one shard of a file (``text``: its lines; ``first_lineno``: the file's 1-based
+    number of its first line) with a fresh chain of ``kind`` in shard start state. Pure;
+    never raises on content. Raises ValueError for a kind ``build_chain`` has no chain for."""
+    parsers = build_chain(kind, source=source)
+    if parsers is None:
+        raise ValueError(f"kind {kind!r} is not read in shards (SHARD_KINDS)")
+    runner = Runner(parsers, kind=kind)
+    runner.start_shard(first_lineno)
+    for block in iter_blocks(text):
+        runner.chunk_text(block)
+    return runner.shard_state()

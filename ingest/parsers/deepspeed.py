@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import ParseResult, StepRowParser, fast_rank, run_parsers, to_gib, to_num
+from ingest.parsers import UNKNOWN, LineParser, ParseResult, StepRowParser, fast_rank, merge_step_row, run_parsers, to_gib, to_num
 from ingest.parsers.failures import FailureScanner
 
 try:
@@ -206,8 +206,67 @@ class DeepSpeedParser(StepRowParser):
             return True
         return False
 
+    # Shards (LineParser.start_shard): last step, last rank and memory label are unknown until
+    # the shards before are merged; CPU lines before the shard's first MA line update the
+    # previous shard's last memory record, so they are kept aside until then.
+
+    def start_shard(self) -> None:
+        super().start_shard()
+        self._last_step = self._last_rank = UNKNOWN
+        self._mem_label = (None, UNKNOWN)
+        self._mem = self._mem_before = _MemUpdates()
+
+    def at_rest(self) -> bool:
+        return True  # every carried value merges (absorb)
+
+    def absorb(self, later: DeepSpeedParser) -> None:
+        label = self._mem_label[1] if self._mem_label else None
+        for rec in later.records:
+            if rec.get("step") is UNKNOWN:
+                rec["step"] = self._last_step
+            if rec.get("label") is UNKNOWN:
+                rec["label"] = label
+        if later._mem_before and self._mem is not None:
+            self._mem.update(later._mem_before)
+        if later._mem is not later._mem_before:
+            self._mem = later._mem
+        if later._mem_label[1] is not UNKNOWN:
+            self._mem_label = later._mem_label
+        if later._last_step is not UNKNOWN:
+            self._last_step = later._last_step
+        if any(rank is UNKNOWN for rank, _ in later._steps):
+            later._steps = _resolve_rank(later._steps, self._last_rank)
+        if later._last_rank is not UNKNOWN:
+            self._last_rank = later._last_rank
+        super().absorb(later)
+
+
+class _MemUpdates(dict):
+    """The CPU-memory values a shard read before its first MA line (see DeepSpeedParser.absorb)."""
+
+
+def _resolve_rank(steps: dict[tuple, dict], rank) -> dict[tuple, dict]:
+    """A shard's rows with the unknown last rank replaced by ``rank``. Rows keyed with the
+    unknown rank were all made before the shard's first explicit rank, so a row that now has
+    the key of a later one of the shard is its earlier part: the two merge, in line order."""
+    out: dict[tuple, dict] = {}
+    for (r, step), row in steps.items():
+        if r is UNKNOWN:
+            r = row["rank"] = rank
+        have = out.get((r, step))
+        if have is None:
+            out[(r, step)] = row
+        else:
+            merge_step_row(have, row, keep_soft=True)
+    return out
+
+
+def build_deepspeed_chain(source: str) -> list[LineParser]:
+    """The parsers a DeepSpeed log goes through, first that recognises a line wins."""
+    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
+    return [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
+
+
 def parse_deepspeed(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
-    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
-    return run_parsers(text, [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source),
-                              FailureScanner(source)], kind="deepspeed", fast=fast)
+    return run_parsers(text, build_deepspeed_chain(source), kind="deepspeed", fast=fast)

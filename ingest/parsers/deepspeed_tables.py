@@ -130,6 +130,13 @@ class FlopsProfileParser(LineParser):
                 return True
         return bool(_NOTATION.match(body))
 
+    def at_rest(self) -> bool:
+        return self._rec is None and not self._modules
+
+    def absorb(self, later: FlopsProfileParser) -> None:
+        self._rec, self._modules = later._rec, later._modules  # a summary open at the later shard's end
+        super().absorb(later)
+
 
 class CommsLogParser(LineParser):
     kind = "deepspeed"
@@ -187,3 +194,10 @@ class CommsLogParser(LineParser):
         return {"table": "collectives", "source": self.source, "line": lineno, "record": record, "kind": self.kind,
                 "rank": rank, "collective": op, "caller": caller, "msg_size_bytes": size_bytes, "num_calls": count,
                 **extra}
+
+    def at_rest(self) -> bool:
+        return self._table is None and self._op is None
+
+    def absorb(self, later: CommsLogParser) -> None:
+        self._table, self._op = later._table, later._op  # a table open at the later shard's end
+        super().absorb(later)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import ParseResult, StepRowParser, fast_rank, put_field, run_parsers, to_int, to_num
+from ingest.parsers import UNKNOWN, LineParser, ParseResult, StepRowParser, fast_rank, put_field, run_parsers, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -229,6 +229,35 @@ class MegatronParser(StepRowParser):
                 return True
         return False
 
+    # Shards (LineParser.start_shard): the last step is unknown until the shards before are merged.
+
+    def start_shard(self) -> None:
+        super().start_shard()
+        self._last_step = UNKNOWN
+
+    def at_rest(self) -> bool:
+        return True  # rows, last step and warned keys merge; _shapes is a cache of what _iteration reads
+
+    def absorb(self, later: MegatronParser) -> None:
+        """Timers read before the later shard's first iteration line get this one's last step;
+        an unknown iteration field is warned about once per file (its first line)."""
+        for rec in later.records:
+            if rec.get("step") is UNKNOWN:
+                rec["step"] = self._last_step
+        warned = {f": iteration field {key!r} not in the pattern table" for key in later._unknown & self._unknown}
+        if warned:  # (a key holds no ':', so the warning's text after its first ':' is this)
+            later.warnings = [w for w in later.warnings if not (w.startswith("line ") and w[w.find(":"):] in warned)]
+        self._unknown |= later._unknown
+        if later._last_step is not UNKNOWN:
+            self._last_step = later._last_step
+        super().absorb(later)
+
+
+def build_megatron_chain(source: str) -> list[LineParser]:
+    """The parsers a Megatron-LM log goes through, first that recognises a line wins."""
+    return [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)]
+
+
 def parse_megatron(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron", fast=fast)
+    return run_parsers(text, build_megatron_chain(source), kind="megatron", fast=fast)

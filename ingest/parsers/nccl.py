@@ -468,6 +468,42 @@ class NcclParser(LineParser):
         self.records.extend(self._colls.values())
         self._edges, self._edge_channels, self._colls = {}, {}, {}
 
+    # Shards (LineParser.start_shard): the aggregated rows and the env keys seen merge.
+
+    def at_rest(self) -> bool:
+        return True
+
+    def absorb(self, later: NcclParser) -> None:
+        """Edges and call shapes both shards saw keep the earlier row (its line and columns),
+        with the later counts added (and the later channels, in first-seen order); new ones
+        follow in order. An env record the earlier shards already gave is dropped (nccl-tests
+        device rows are never deduplicated)."""
+        channels = self._edge_channels
+        for key, edge in later._edges.items():
+            mine = self._edges.get(key)
+            if mine is None:
+                self._edges[key], channels[key] = edge, later._edge_channels[key]
+            else:
+                mine["num_channels"] += edge["num_channels"]
+                channels[key].update(later._edge_channels[key])
+        for key, rec in later._colls.items():
+            mine = self._colls.get(key)
+            if mine is None:
+                self._colls[key] = rec
+            else:
+                mine["num_calls"] += rec["num_calls"]
+        seen = self._seen_env
+        if seen & later._seen_env:
+            later.records = [r for r in later.records if r["table"] != "env" or r["record"] == "nccl_tests_device"
+                             or (r["key"], r["value"]) not in seen]
+        seen |= later._seen_env
+        super().absorb(later)
+
+
+def build_nccl_chain(source: str) -> list[LineParser]:
+    """The parsers NCCL output goes through, first that recognises a line wins."""
+    return [NcclParser(source), FailureScanner(source)]
+
 
 # NCCL's algorithm and protocol ids (src/include/device.h: NCCL_ALGO_*, NCCL_PROTO_*), the numbers
 # older TUNING lines print where 2.28 prints the names.
@@ -496,4 +532,4 @@ def parse_nccl(text, *, source: str, fast: bool = True) -> ParseResult:
     ``text``: a string or an iterable of lines (streamed in chunks; memory is bounded by the
     number of distinct edges / call shapes, not by the log size).
     """
-    return run_parsers(text, [NcclParser(source), FailureScanner(source)], kind="nccl", fast=fast)
+    return run_parsers(text, build_nccl_chain(source), kind="nccl", fast=fast)

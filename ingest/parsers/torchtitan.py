@@ -134,6 +134,11 @@ class TorchtitanParser(LineParser):
         return False
 
 
+def build_torchtitan_chain(source: str) -> list[LineParser]:
+    """The parsers a torchtitan log goes through, first that recognises a line wins."""
+    return [TorchtitanParser(source), FailureScanner(source)]
+
+
 def parse_torchtitan(text, *, source: str, fast: bool = True) -> ParseResult:
     """Parse a torchtitan log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan", fast=fast)
+    return run_parsers(text, build_torchtitan_chain(source), kind="torchtitan", fast=fast)
