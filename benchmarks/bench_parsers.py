@@ -8,9 +8,10 @@ lines of a 16-rank data-parallel run, generated in the documented formats: no fi
 them). Measured, as ``ingest`` does it: the file streamed in blocks of whole lines
 (ingest.io.iter_text_blocks) through the parser, best of --repeats; nothing holds the whole
 text, so memory stays bounded by the parser's aggregated records. Throughput = file bytes /
-wall time. Each corpus is also read through ``ingest_file`` in 2 shards on 2 processes
-(ingest.sharded; ``mb_per_s_sharded``, same result as the serial parse), with the machine's
-load average when measured. Then ``ingest_files`` on all corpora at once (a process per CPU):
+wall time; ``native``: whether a compiled scanner read it (ingest/parsers/_*_scan.pyx). Each
+corpus is also read on the parsers' Python path (scanners off; ``mb_per_s_python``) and, on
+that path, through ``ingest_file`` in 2 shards on 2 processes (ingest.sharded;
+``mb_per_s_sharded``, same result as the serial parse), with the machine's load average. Then ``ingest_files`` on all corpora at once (a process per CPU):
 the rate when a folder of logs is ingested. Targets (issue 3): NCCL >= 100 MB/s, training
 logs >= 50 MB/s.
 
@@ -39,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.io import iter_text_blocks  # noqa: E402
 from ingest.parsers import parse_text  # noqa: E402
-from ingest.thirdparty import ingest_file, ingest_files  # noqa: E402
+import ingest.parsers  # noqa: E402
+from ingest.thirdparty import ingest_file, ingest_files, scanned_natively  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "real"
 CORPORA = {  # name -> (kind, fixtures whose lines are cycled, target MB/s)
@@ -186,26 +188,38 @@ def write_corpus(name: str, names: list[str], num_bytes: int, directory: Path) -
     return path
 
 
-def measure(path: Path, kind: str, repeats: int) -> dict:
+def measure(path: Path, kind: str, repeats: int, *, native: bool = True) -> dict:
+    """One process, best of ``repeats``; native=False: the parsers' Python path (compiled
+    scanners off, ``ingest.parsers.NATIVE``)."""
     size = path.stat().st_size
     times = []
-    for _ in range(repeats):  # best of N: the machine is shared, the best run is the parser's cost
-        t0 = time.perf_counter()
-        result = parse_text(iter_text_blocks(path), source="bench", kind=kind)
-        times.append(time.perf_counter() - t0)
+    ingest.parsers.NATIVE = native
+    try:
+        for _ in range(repeats):  # best of N: the machine is shared, the best run is the parser's cost
+            t0 = time.perf_counter()
+            result = parse_text(iter_text_blocks(path), source="bench", kind=kind)
+            times.append(time.perf_counter() - t0)
+    finally:
+        ingest.parsers.NATIVE = True
     dt = min(times)
     return {"kind": kind, "bytes": size, "seconds_best": round(dt, 3), "seconds_all": [round(t, 3) for t in times],
-            "mb_per_s": round(size / dt / 1e6, 1), "records": len(result.records), "unparsed": result.unparsed}
+            "mb_per_s": round(size / dt / 1e6, 1), "records": len(result.records), "unparsed": result.unparsed,
+            "native": native and scanned_natively(kind), "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
 def measure_sharded(path: Path, repeats: int, *, num_workers: int = 2) -> dict:
-    """``ingest_file`` in shards on ``num_workers`` processes, best of ``repeats``."""
+    """``ingest_file`` on the Python path (compiled scanners off: with them built it does not
+    shard) in shards on ``num_workers`` processes, best of ``repeats``."""
     size = path.stat().st_size
     times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ingest_file(path, max_workers=num_workers, shard_min_bytes=0)
-        times.append(time.perf_counter() - t0)
+    ingest.parsers.NATIVE = False
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ingest_file(path, max_workers=num_workers, shard_min_bytes=0)
+            times.append(time.perf_counter() - t0)
+    finally:
+        ingest.parsers.NATIVE = True
     return {"seconds_best_sharded": round(min(times), 3), "seconds_all_sharded": [round(t, 3) for t in times],
             "mb_per_s_sharded": round(size / min(times) / 1e6, 1), "num_workers_sharded": num_workers,
             "loadavg_sharded": [round(x, 2) for x in os.getloadavg()]}
@@ -248,10 +262,12 @@ def main(argv=None) -> int:
             r = measure(paths[-1], kind, args.repeats)
             r["target_mb_per_s"] = target
             r["meets_target"] = r["mb_per_s"] >= target
+            r["mb_per_s_python"] = measure(paths[-1], kind, args.repeats, native=False)["mb_per_s"]
             r.update(measure_sharded(paths[-1], args.repeats))
             results[name] = r
-            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {target}) records={r['records']} unparsed={r['unparsed']}; "
-                  f"2 shards {r['mb_per_s_sharded']:7.1f} MB/s (load {r['loadavg_sharded'][0]})")
+            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {target}{', compiled scanner' if r['native'] else ''}) "
+                  f"records={r['records']} unparsed={r['unparsed']}; Python path {r['mb_per_s_python']:7.1f}, "
+                  f"in 2 shards {r['mb_per_s_sharded']:7.1f} MB/s (load {r['loadavg'][0]})")
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()

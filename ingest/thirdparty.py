@@ -69,7 +69,9 @@ def ingest_file(path: str | os.PathLike[str], *, max_workers: int | None = None,
                 shard_min_bytes: int = SHARD_MIN_BYTES) -> IngestedFile:
     """Detect the kind of one file and parse it, streaming its text in blocks of whole lines.
 
-    A file of at least ``shard_min_bytes`` bytes whose kind shards is cut into shards read on
+    A file of at least ``shard_min_bytes`` bytes whose kind shards and has no compiled scanner
+    built (``scanned_natively``: one process with the scanner beats shards, whose records travel
+    back pickled: benchmarks/results/parsers.json) is cut into shards read on
     ``max_workers`` processes, this one included (default: one per CPU; 1: this process
     only, serially); the result is the serial parse's (``ingest.sharded``). Raises
     ParseError for an unreadable file."""
@@ -77,7 +79,7 @@ def ingest_file(path: str | os.PathLike[str], *, max_workers: int | None = None,
     source = str(path)
     workers = max_workers or os.cpu_count() or 1
     size = _size(path)
-    if workers >= 2 and can_shard(kind) and size >= shard_min_bytes:
+    if workers >= 2 and can_shard(kind) and not scanned_natively(kind) and size >= shard_min_bytes:
         result, _ = parse_file_sharded(path, kind=kind, source=source, num_shards=count_shards(size, workers),
                                        max_workers=workers - 1)
     elif kind is None:
@@ -85,6 +87,14 @@ def ingest_file(path: str | os.PathLike[str], *, max_workers: int | None = None,
     else:
         result = parse_text(iter_text_blocks(path), source=source, kind=kind)
     return IngestedFile(path=source, result=result)
+
+
+def scanned_natively(kind: str | None) -> bool:
+    """Whether the first parser of ``kind``'s chain reads with a compiled scanner here
+    (ingest/parsers/_*_scan.pyx built and ``ingest.parsers.NATIVE`` on)."""
+    import ingest.parsers
+    chain = ingest.parsers.build_chain(kind or "unknown", source="")
+    return bool(chain) and ingest.parsers.NATIVE and bool(chain[0].native)
 
 
 def _size(path: str | os.PathLike[str]) -> int:
@@ -106,7 +116,7 @@ def ingest_files(paths: list[Path], *, max_workers: int | None = None) -> list[I
     cpus = max_workers or os.cpu_count() or 1
     workers = min(cpus, len(paths))
     sizes = [_size(p) for p in paths]
-    if workers < 2 or sum(sizes) < PARALLEL_MIN_BYTES or (len(paths) < cpus and max(sizes) >= SHARD_MIN_BYTES):
+    if workers < 2 or sum(sizes) < PARALLEL_MIN_BYTES:
         return [ingest_file(p, max_workers=cpus) for p in paths]
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=workers) as pool:

@@ -325,7 +325,28 @@ def test_no_trailing_newline(tmp_path, pool):
 
 # ---------------------------------------------------------------- ingest_file
 
-def test_ingest_file_shards_big_files_and_can_be_told_not_to(tmp_path):
+@pytest.fixture
+def python_path(monkeypatch):
+    """The parsers' Python path (compiled scanners off), where ingest_file shards big files."""
+    import ingest.parsers
+    monkeypatch.setattr(ingest.parsers, "NATIVE", False)
+
+
+def test_files_of_natively_scanned_kinds_are_not_sharded(tmp_path, monkeypatch):
+    """With a compiled scanner built, one process reads faster than shards whose records travel
+    back pickled (benchmarks/results/parsers.json), so ingest_file does not shard."""
+    import ingest.sharded
+    from ingest.thirdparty import scanned_natively
+    path = write(tmp_path, "m.log", TEXTS["17_megatron_2022_bert_timers_memory.txt"] * 60)
+    if not scanned_natively("megatron"):
+        pytest.skip("the compiled training-log scanner is not built here")
+    calls = []
+    monkeypatch.setattr("ingest.thirdparty.parse_file_sharded", lambda *a, **k: calls.append(a))
+    ingest_file(path, max_workers=3, shard_min_bytes=0)
+    assert calls == [] and ingest.sharded.can_shard("megatron")
+
+
+def test_ingest_file_shards_big_files_and_can_be_told_not_to(tmp_path, python_path):
     text = TEXTS["17_megatron_2022_bert_timers_memory.txt"]
     path = write(tmp_path, "m.log", text * 60)
     plain = ingest_file(path, max_workers=1)
@@ -338,9 +359,9 @@ def test_ingest_file_shards_big_files_and_can_be_told_not_to(tmp_path):
 
 
 
-def test_ingest_files_and_cli_jobs(tmp_path, capsys):
-    """A file of SHARD_MIN_BYTES, alone (fewer files than CPUs), is sharded by ingest_files; the
-    CLI's --jobs 1 parses in one process; the tables are the same either way."""
+def test_ingest_files_and_cli_jobs(tmp_path, capsys, python_path):
+    """A file of SHARD_MIN_BYTES, alone, is sharded by ingest_files on the Python path; the CLI's
+    --jobs 1 parses in one process; the tables are the same either way."""
     logs = tmp_path / "logs"
     logs.mkdir()
     text = TEXTS["08_nccl_cumem_read_cloudwatch_ts_lines.txt"]
