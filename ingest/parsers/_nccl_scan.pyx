@@ -682,125 +682,107 @@ cdef bint _counted(_State st, Py_ssize_t i, object key) except -1:
     return True
 
 
+cdef dict _ALGO_IDS = None, _PROTO_IDS = None  # nccl.ALGO_IDS / PROTO_IDS, taken at first use (nccl imports this module)
+
+
+cdef inline Py_ssize_t _name_run(const chr_t* s, Py_ssize_t i, Py_ssize_t b, unsigned int other) noexcept nogil:
+    """End of ``[A-Z][A-Z<other>]*`` from i (i itself: none)."""
+    if i >= b or not 65 <= s[i] <= 90:
+        return i
+    i += 1
+    while i < b and (65 <= s[i] <= 90 or (other == 95 and s[i] == 95) or (other == 48 and 48 <= s[i] <= 57)):
+        i += 1
+    return i
+
+
+cdef tuple _tuning_key(const chr_t* s, Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t q, Py_ssize_t q1, Py_ssize_t a0,
+                       Py_ssize_t a1, Py_ssize_t r0, Py_ssize_t r1, bint named):
+    """NcclParser's collectives key of a TUNING line: ids as ints, 2.28's names as text (nccl._named_key)."""
+    return ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1),
+            _text(s, a0, a1) if named else _int(s, a0, a1), _text(s, r0, r1) if named else _int(s, r0, r1))
+
+
 cdef bint _tuning(_State st, const chr_t* s, Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t q, Py_ssize_t b,
                   Py_ssize_t lineno) except -1:
-    """``[func: ]bytes Bytes -> Algo a proto p (time|channels) t...`` (nccl._RULES["tuning"]), counted
-    into its collectives row (NcclParser._agg); f0:f1 the function (f0 == f1: none), q the bytes."""
-    cdef Py_ssize_t q1, a0, a1, r0, r1, j, nb, i
+    """A TUNING line, counted into its collectives row (NcclParser._agg); f0:f1 the function
+    (f0 == f1: none), q the bytes. Two forms (nccl._RULES["tuning"]): ``[func: ]bytes Bytes ->
+    Algo a proto p (time|channels) t...`` (ids), and NCCL 2.28's ``[func: ]bytes Bytes -> Algo
+    NAME proto NAME channel{Lo..Hi}={lo..hi}`` ("tuning_named", which ends the line: the ids
+    from nccl.ALGO_IDS / PROTO_IDS beside the names)."""
+    global _ALGO_IDS, _PROTO_IDS
+    cdef Py_ssize_t q1, a0, a1, r0, r1, j, nb, i, l0 = 0, l1 = 0, h0 = 0, h1 = 0
     cdef char buf[MEMO_KEY_MAX]
     cdef uint64_t hh
     cdef object key
     cdef dict rec
+    cdef bint named
     q1 = _run(s, q, b, C_DIGIT)
     if q1 == q or q1 - q > MAX_DIGITS or not _at(s, q1, b, " Bytes -> Algo "):
         return False
     a0 = q1 + 15
-    if a0 < b and 65 <= s[a0] <= 90:  # a name, not an id: NCCL 2.28
-        return _tuning_named(st, s, f0, f1, q, q1, b, lineno)
-    a1 = _run(s, a0, b, C_DIGIT)
-    if a1 == a0 or a1 - a0 > MAX_DIGITS or not _at(s, a1, b, " proto "):
-        return False
-    r0 = a1 + 7
-    r1 = _run(s, r0, b, C_DIGIT)
-    if r1 == r0 or r1 - r0 > MAX_DIGITS:
-        return False
-    if _at(s, r1, b, " time "):
-        j = r1 + 6
-    elif _at(s, r1, b, " channels "):
-        j = r1 + 10
+    named = a0 < b and 65 <= s[a0] <= 90
+    if named:
+        a1 = _name_run(s, a0, b, 95)  # [A-Z][A-Z_]*
+        if not _at(s, a1, b, " proto "):
+            return False
+        r0 = a1 + 7
+        r1 = _name_run(s, r0, b, 48)  # [A-Z][A-Z0-9]*
+        if r1 == r0 or not _at(s, r1, b, " channel{Lo..Hi}={"):
+            return False
+        l0 = r1 + 18
+        l1 = _run(s, l0, b, C_DIGIT)
+        if l1 == l0 or l1 - l0 > MAX_DIGITS or not _at(s, l1, b, ".."):
+            return False
+        h0 = l1 + 2
+        h1 = _run(s, h0, b, C_DIGIT)
+        if h1 == h0 or h1 - h0 > MAX_DIGITS or h1 + 1 != b or s[h1] != 125:  # "}" ends the line
+            return False
     else:
-        return False
-    if j >= b or not (_is(s[j], C_DIGIT) or s[j] == 46):  # [\d.]+
-        return False
-    buf[0] = b"T"
+        a1 = _run(s, a0, b, C_DIGIT)
+        if a1 == a0 or a1 - a0 > MAX_DIGITS or not _at(s, a1, b, " proto "):
+            return False
+        r0 = a1 + 7
+        r1 = _run(s, r0, b, C_DIGIT)
+        if r1 == r0 or r1 - r0 > MAX_DIGITS:
+            return False
+        if _at(s, r1, b, " time "):
+            j = r1 + 6
+        elif _at(s, r1, b, " channels "):
+            j = r1 + 10
+        else:
+            return False
+        if j >= b or not (_is(s[j], C_DIGIT) or s[j] == 46):  # [\d.]+
+            return False
+    buf[0] = b"N" if named else b"T"
     nb = _pack(buf, 1, s, f0, r1)  # "func: bytes Bytes -> Algo a proto p"
     if nb < 0:
-        key = ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1), _int(s, a0, a1), _int(s, r0, r1))
+        key = _tuning_key(s, f0, f1, q, q1, a0, a1, r0, r1, named)
         i = -1
     else:
         hh = _hash(buf, nb)
         i = st.memo.find(buf, nb, hh)
         if i < 0:
-            i = st.memo.add(buf, nb, hh, ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1),
-                                          _int(s, a0, a1), _int(s, r0, r1)))
+            i = st.memo.add(buf, nb, hh, _tuning_key(s, f0, f1, q, q1, a0, a1, r0, r1, named))
         key = <object>st.memo.entries[i].key
     if _counted(st, i, key):
         return True
-    rec = _record(st, "collectives", lineno, "tuning", 9)
+    rec = _record(st, "collectives", lineno, "tuning_named" if named else "tuning", 13 if named else 9)
     if f1 > f0:
         rec["func"] = (<tuple>key)[1]
     rec["size_b"] = (<tuple>key)[2]
-    rec["algo"] = (<tuple>key)[3]
-    rec["proto"] = (<tuple>key)[4]
-    rec["num_calls"] = 1
-    st.colls[key] = rec
-    if i >= 0:
-        st.memo.entries[i].row = <PyObject*>rec
-    return True
-
-
-cdef dict _ALGO_IDS = None, _PROTO_IDS = None  # nccl.ALGO_IDS / PROTO_IDS, taken at first use (nccl imports this module)
-
-
-cdef bint _tuning_named(_State st, const chr_t* s, Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t q, Py_ssize_t q1,
-                        Py_ssize_t b, Py_ssize_t lineno) except -1:
-    """``[func: ]bytes Bytes -> Algo NAME proto NAME channel{Lo..Hi}={lo..hi}`` (NCCL 2.28,
-    nccl._RULES["tuning"] "tuning_named", which ends the line), counted into its collectives row
-    keyed by the names (nccl._named_key); the ids beside them from nccl.ALGO_IDS / PROTO_IDS."""
-    global _ALGO_IDS, _PROTO_IDS
-    cdef Py_ssize_t a0 = q1 + 15, a1, r0, r1, l0, l1, h0, h1, nb, i
-    cdef char buf[MEMO_KEY_MAX]
-    cdef uint64_t hh
-    cdef object key
-    cdef dict rec
-    a1 = a0 + 1  # [A-Z][A-Z_]*
-    while a1 < b and (65 <= s[a1] <= 90 or s[a1] == 95):
-        a1 += 1
-    if not _at(s, a1, b, " proto "):
-        return False
-    r0 = a1 + 7
-    if r0 >= b or not 65 <= s[r0] <= 90:  # [A-Z][A-Z0-9]*
-        return False
-    r1 = r0 + 1
-    while r1 < b and (65 <= s[r1] <= 90 or 48 <= s[r1] <= 57):
-        r1 += 1
-    if not _at(s, r1, b, " channel{Lo..Hi}={"):
-        return False
-    l0 = r1 + 18
-    l1 = _run(s, l0, b, C_DIGIT)
-    if l1 == l0 or l1 - l0 > MAX_DIGITS or not _at(s, l1, b, ".."):
-        return False
-    h0 = l1 + 2
-    h1 = _run(s, h0, b, C_DIGIT)
-    if h1 == h0 or h1 - h0 > MAX_DIGITS or h1 + 1 != b or s[h1] != 125:  # "}" ends the line
-        return False
-    buf[0] = b"N"
-    nb = _pack(buf, 1, s, f0, r1)  # "func: bytes Bytes -> Algo NAME proto NAME"
-    if nb < 0:
-        key = ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1), _text(s, a0, a1), _text(s, r0, r1))
-        i = -1
+    if named:
+        if _ALGO_IDS is None:
+            from ingest.parsers.nccl import ALGO_IDS, PROTO_IDS
+            _ALGO_IDS, _PROTO_IDS = ALGO_IDS, PROTO_IDS
+        rec["algo_name"] = (<tuple>key)[3]
+        rec["proto_name"] = (<tuple>key)[4]
+        rec["channel_lo"] = _int(s, l0, l1)
+        rec["channel_hi"] = _int(s, h0, h1)
+        rec["algo"] = _ALGO_IDS.get((<tuple>key)[3])
+        rec["proto"] = _PROTO_IDS.get((<tuple>key)[4])
     else:
-        hh = _hash(buf, nb)
-        i = st.memo.find(buf, nb, hh)
-        if i < 0:
-            i = st.memo.add(buf, nb, hh, ("tuning", _text(s, f0, f1) if f1 > f0 else None, _int(s, q, q1),
-                                          _text(s, a0, a1), _text(s, r0, r1)))
-        key = <object>st.memo.entries[i].key
-    if _counted(st, i, key):
-        return True
-    if _ALGO_IDS is None:
-        from ingest.parsers.nccl import ALGO_IDS, PROTO_IDS
-        _ALGO_IDS, _PROTO_IDS = ALGO_IDS, PROTO_IDS
-    rec = _record(st, "collectives", lineno, "tuning_named", 13)
-    if f1 > f0:
-        rec["func"] = (<tuple>key)[1]
-    rec["size_b"] = (<tuple>key)[2]
-    rec["algo_name"] = (<tuple>key)[3]
-    rec["proto_name"] = (<tuple>key)[4]
-    rec["channel_lo"] = _int(s, l0, l1)
-    rec["channel_hi"] = _int(s, h0, h1)
-    rec["algo"] = _ALGO_IDS.get((<tuple>key)[3])
-    rec["proto"] = _PROTO_IDS.get((<tuple>key)[4])
+        rec["algo"] = (<tuple>key)[3]
+        rec["proto"] = (<tuple>key)[4]
     rec["num_calls"] = 1
     st.colls[key] = rec
     if i >= 0:
