@@ -468,7 +468,7 @@ class Runner:
         self.hints = None if not fast or None in hints else tuple(h for hs in hints for h in hs)
         self.fast = fast_regex(type(parsers[0])) if fast else None
         self.native = parsers[0].native_scan if fast and NATIVE and parsers[0].native else None
-        self.native_misses = (self.hints, self._misses) if self.native and parsers[0].native_misses and self.hints else None
+        self.native_misses = bool(self.native and parsers[0].native_misses and self.hints)
         self.bulk, self.bulk_rows = (bulk_regex(type(parsers[0])) if fast else None) or (None, [])
         self.bulk_line = bulk_line_regex(type(parsers[0])) if self.bulk is not None else None
         first = parsers[0]
@@ -567,8 +567,8 @@ class Runner:
         pos, lineno, end = 0, start, len(text)
         while pos < end:
             if self.pending_ts is None:
-                if self.native_misses is not None and all(p.idle() for p in self.parsers):
-                    pos, lineno, last, resume = scan(text, pos, lineno, self.native_misses)
+                if self.native_misses and all(p.idle() for p in self.parsers):  # (made per call: no cycle through self)
+                    pos, lineno, last, resume = scan(text, pos, lineno, (self.hints, self._misses))
                 else:
                     pos, lineno, last, resume = scan(text, pos, lineno)
                 if last > self.num_lines:
