@@ -459,29 +459,36 @@ _TIMESTAMP_LOOKBACK = 256  # a line longer than this before a cut is not an ISO 
 
 
 def plan_text_shards(path: str | os.PathLike[str], num_shards: int, *, near: list[int] | None = None,
-                     avoid_timestamps: bool = True) -> list[TextShard]:
-    """Cut a text file into about ``num_shards`` shards of about equal size, for reading in parallel.
+                     avoid_timestamps: bool = True, start: int = 0) -> list[TextShard]:
+    """Cut a text file (from byte ``start`` on: 0, or just after a newline) into about
+    ``num_shards`` shards of about equal size, for reading in parallel.
 
-    Each cut lies just after a ``\\n`` byte at or after its target (``size * i / num_shards``,
-    or each byte offset of ``near``), so no line, UTF-8 sequence or ``\\r\\n`` is split; a
+    Each cut lies just after a ``\\n`` byte at or after its target (``start + (size - start)
+    * i / num_shards``, or each byte offset of ``near``), so no line, UTF-8 sequence or
+    ``\\r\\n`` is split; a
     target past the last newline gives no cut, so a file of one huge line is one shard.
     avoid_timestamps: move a cut down a line (up to 4 times) while the line before it is an
     ISO timestamp alone (CloudWatch exports put one before each line; it belongs to the next
     line, so a shard starting after it could not be merged). Shard first line numbers count
     the line breaks before the cut as universal newlines do (``\\n``, ``\\r\\n``, lone
     ``\\r``): one binary pass over the file up to the last cut. Returns the shards in order,
-    covering the file (at least one). Raises ParseError if the file cannot be read.
+    covering the file from ``start`` (at least one; none if ``start`` is at a non-empty file's end). Raises
+    ParseError if the file cannot be read.
     """
     try:
         size = os.path.getsize(path)
         f = open(path, "rb")
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
-    targets = sorted(near) if near is not None else [size * i // max(num_shards, 1) for i in range(1, num_shards)]
+    if start >= size > 0:
+        f.close()
+        return []
+    targets = sorted(near) if near is not None else [start + (size - start) * i // max(num_shards, 1)
+                                                     for i in range(1, num_shards)]
     cuts: list[int] = []
     with f:
         for target in targets:
-            cut = _line_end(f, max(target, cuts[-1] + 1 if cuts else 1, 1))
+            cut = _line_end(f, max(target, cuts[-1] + 1 if cuts else start + 1))
             for _ in range(4 if avoid_timestamps else 0):
                 if cut is None or not _timestamp_before(f, cut):
                     break
@@ -489,8 +496,8 @@ def plan_text_shards(path: str | os.PathLike[str], num_shards: int, *, near: lis
             if cut is None or cut >= size:
                 break
             cuts.append(cut)
-        firsts = _first_linenos(f, cuts)
-    bounds = [0, *cuts, size]
+        firsts = _first_linenos(f, [start, *cuts])
+    bounds = [start, *cuts, size]
     return [TextShard(start=a, end=b, first_lineno=n) for a, b, n in zip(bounds, bounds[1:], firsts)]
 
 
@@ -523,11 +530,11 @@ def _timestamp_before(f, cut: int) -> bool:
     return bool(line.strip()) and next(iter_lines(line), None) is None
 
 
-def _first_linenos(f, cuts: list[int]) -> list[int]:
-    """1 + the number of line breaks before offset 0 and each cut (sorted), by universal newlines."""
-    out, breaks, pos, last_cr = [1], 0, 0, False
+def _first_linenos(f, offsets: list[int]) -> list[int]:
+    """1 + the number of line breaks before each offset (sorted), by universal newlines."""
+    out, breaks, pos, last_cr = [], 0, 0, False
     f.seek(0)
-    for cut in cuts:
+    for cut in offsets:
         while pos < cut:
             piece = f.read(min(_COUNT_BYTES, cut - pos))
             if not piece:
@@ -541,6 +548,14 @@ def _first_linenos(f, cuts: list[int]) -> list[int]:
             pos += len(piece)
         out.append(breaks + 1)
     return out
+
+
+def file_size(path: str | os.PathLike[str]) -> int:
+    """The size of a file in bytes. Raises ParseError if it cannot be read."""
+    try:
+        return os.path.getsize(path)
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
 
 
 def write_spill(obj: Any, path: str | os.PathLike[str]) -> Path:

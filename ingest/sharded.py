@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import shutil
 import tempfile
+import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.errors import ParseError
-from ingest.io import TextShard, iter_text_blocks, load_spill, plan_text_shards, write_spill
+from ingest.io import TextShard, file_size, iter_text_blocks, load_spill, plan_text_shards, write_spill
 from ingest.parsers import (PARSED_KINDS, ParseResult, Runner, ShardState, build_chain, iter_blocks, no_parser_result,
                             parse_text, run_shard)
 
@@ -37,19 +39,26 @@ class ShardStats:
     not at rest, or their merge would not have been exact); failed: indexes whose worker
     raised or died (read again too, so also in redone); read_here: indexes this process read
     while waiting instead of a worker (in order on the merged state, or ahead with a fresh
-    chain), whose workers had not started them."""
+    chain), whose workers had not started them; predicted_speedup: from the probe (see
+    ``parse_file_sharded``), None without one."""
 
     num_shards: int
     redone: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()
     read_here: tuple[int, ...] = ()
+    predicted_speedup: float | None = None
 
 
-# Shards per process: more shards than processes lets the faster side take more of them, and
-# keeps the last state a worker pickles back small (see parse_file_sharded); but no shard
-# smaller than MIN_SHARD_BYTES (each starts its parsers afresh, and costs a task).
-SHARDS_PER_WORKER = 4
+# Shards per process: more than one lets the faster side take more of them (the caller steals
+# queued shards), but each shard starts its parsers afresh and costs a merge; on a 2-CPU machine
+# one each was fastest for every benchmark corpus (2 shards beat 4 and 8 at 16 MB).
+SHARDS_PER_WORKER = 1
 MIN_SHARD_BYTES = 2 << 20
+# The probe: the first PROBE_BYTES (at most 1/16 of the file) read serially before any worker
+# starts, to tell whether shipping a worker's records back costs more than reading them here.
+PROBE_BYTES = 1 << 20
+MIN_SPEEDUP = 1.25  # predicted: below it, the file is read on serially (pool start, merges, a busy machine)
+_SAMPLE = 2000  # records pickled to time what shipping one costs
 
 
 def count_shards(num_bytes: int, num_workers: int) -> int:
@@ -65,25 +74,50 @@ def can_shard(kind: str | None) -> bool:
 
 def parse_file_sharded(path: str | os.PathLike[str], *, kind: str | None, source: str, num_shards: int,
                        plan: list[TextShard] | None = None, pool: Executor | None = None,
-                       max_workers: int | None = None, steal: bool = True) -> tuple[ParseResult, ShardStats]:
+                       max_workers: int | None = None, steal: bool = True, probe: bool = True,
+                       min_speedup: float = MIN_SPEEDUP) -> tuple[ParseResult, ShardStats]:
     """Parse a text file of a known ``kind`` (None: unknown) in ``num_shards`` shards on
     parallel processes; the result equals ``parse_text(iter_text_blocks(path), kind=kind)``.
 
-    This process reads shard 0, then merges the shards in order (verify or redo, see the
-    module doc). The others go to ``pool`` (default: a process pool made for this call, forked
-    where the platform can, of ``max_workers`` processes, default one per shard after the
-    first). steal: while waiting for shard k, read shards no worker has started yet here: k
-    itself on the merged state, else the last one with a fresh chain (no pickling), so a
-    slow or busy worker costs no idle time. plan: the shards to use (``plan_text_shards``;
-    tests force cut points with it), instead of about ``num_shards`` equal ones. A kind whose
-    parsers cannot be sharded, or a file with no place to cut, is parsed serially. Returns
-    the result and ``ShardStats``. Raises ParseError if the file cannot be read; a worker
-    that fails otherwise only costs time (its shard is read by this process).
+    probe (without ``plan``): first read the file's first PROBE_BYTES here, and go on
+    serially unless the predicted speedup on ``max_workers + 1`` processes (from the probe's
+    parse time per byte, and the time to pickle and unpickle a sample of its records, times
+    its records per byte) is at least ``min_speedup``: a log that makes a record per line or
+    more (torchtitan, Megatron timers) costs about as much to ship back as to parse. Then
+    this process reads the first shard, and merges the shards in order (verify or redo, see
+    the module doc). The others go to ``pool`` (default: a process pool made for this call,
+    forked where the platform can, of ``max_workers`` processes, default one per shard after
+    the first). steal: while waiting for shard k, read shards no worker has started yet
+    here: k itself on the merged state, else the last one with a fresh chain (no pickling),
+    so a slow or busy worker costs no idle time. plan: the shards to use
+    (``plan_text_shards``; tests force cut points with it; no probe), instead of about
+    ``num_shards`` equal ones. A kind whose parsers cannot be sharded, or a file with no
+    place to cut, is parsed serially. Returns the result and ``ShardStats``. Raises
+    ParseError if the file cannot be read; a worker that fails otherwise only costs time
+    (its shard is read by this process).
     """
     kind = kind or "unknown"
-    shards = plan if plan is not None else plan_text_shards(path, num_shards)
-    if len(shards) < 2 or not can_shard(kind):
+    if not can_shard(kind):
         return parse_text(iter_text_blocks(path), source=source, kind=kind), ShardStats(num_shards=1)
+    runner = Runner(build_chain(kind, source=source), kind=kind)
+    predicted = None
+    if plan is None and probe:
+        head = plan_text_shards(path, 0, near=[min(PROBE_BYTES, file_size(path) // 16)])
+        t0 = time.process_time()
+        _read_on(runner, path, head[0])
+        if len(head) > 1:
+            predicted = _predicted_speedup(runner, seconds=time.process_time() - t0, num_bytes=head[0].end,
+                                           num_workers=min((max_workers or num_shards - 1) + 1, num_shards))
+            plan = plan_text_shards(path, num_shards, start=head[1].start)
+        if len(head) < 2 or predicted < min_speedup:
+            for shard in plan or ():
+                _read_on(runner, path, shard)
+            return _finish(runner, kind), ShardStats(num_shards=1, predicted_speedup=predicted)
+    shards = plan if plan is not None else plan_text_shards(path, num_shards)
+    if len(shards) < 2:
+        for shard in shards:
+            _read_on(runner, path, shard)
+        return _finish(runner, kind), ShardStats(num_shards=1, predicted_speedup=predicted)
     own = pool is None
     if own:
         pool = ProcessPoolExecutor(max_workers=min(max_workers or len(shards) - 1, len(shards) - 1),
@@ -92,7 +126,6 @@ def parse_file_sharded(path: str | os.PathLike[str], *, kind: str | None, source
     try:
         futures = [None] + [pool.submit(_spill_shard, str(path), shard, kind, source, os.path.join(spill, f"{k}.pickle"))
                             for k, shard in enumerate(shards[1:], start=1)]
-        runner = Runner(build_chain(kind, source=source), kind=kind)
         _read_on(runner, path, shards[0])
         ahead: dict[int, ShardState] = {}  # shards read here with a fresh chain, before their turn
         redone, failed, here = [], [], []
@@ -118,11 +151,29 @@ def parse_file_sharded(path: str | os.PathLike[str], *, kind: str | None, source
         if own:
             pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(spill, ignore_errors=True)
+    return _finish(runner, kind), ShardStats(num_shards=len(shards), redone=tuple(redone), failed=tuple(failed),
+                                             read_here=tuple(sorted(here)), predicted_speedup=predicted)
+
+
+def _finish(runner: Runner, kind: str) -> ParseResult:
     result = runner.result()
-    if kind not in PARSED_KINDS:
-        result = no_parser_result(result)
-    return result, ShardStats(num_shards=len(shards), redone=tuple(redone), failed=tuple(failed),
-                              read_here=tuple(sorted(here)))
+    return result if kind in PARSED_KINDS else no_parser_result(result)
+
+
+def _predicted_speedup(runner: Runner, *, seconds: float, num_bytes: int, num_workers: int) -> float:
+    """Serial time / predicted sharded time on ``num_workers`` processes, for text like the
+    ``num_bytes`` the runner has read in ``seconds`` (CPU). Per byte: parsing p; shipping q (the
+    records and step rows read so far, each at the cost of pickling and unpickling a sample
+    of them); a worker parses and pickles its 1/W, this process parses its 1/W and unpickles
+    the other (W-1)/W: p/W + q/2W + q/2 (W-1)/W."""
+    objects = [o for p in runner.parsers for o in (*p.records[-_SAMPLE:], *list(getattr(p, "_steps", {}).values())[-_SAMPLE:])]
+    num_objects = sum(len(p.records) + len(getattr(p, "_steps", ())) for p in runner.parsers)
+    t0 = time.process_time()
+    pickle.loads(pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL))
+    ship = (time.process_time() - t0) / max(len(objects), 1) * num_objects
+    w = max(num_workers, 1)
+    sharded = seconds / w + ship / (2 * w) + ship / 2 * (w - 1) / w
+    return seconds / sharded if sharded > 0 else float(w)
 
 
 def _last_queued(futures: list, ahead: dict, k: int) -> int | None:

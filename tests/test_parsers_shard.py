@@ -67,14 +67,21 @@ def lines_of(blocks):
 @settings(max_examples=150, deadline=None)
 @given(data=st.lists(st.sampled_from(["a", "NCCL", " ", "\n", "\r", "\r\n", "\n\n", "é", "€", "\udcff", "\udce2\udc82",
                                       "2024-12-04T05:27:45.082Z\n", "[rank0]:"]), max_size=80),
-       near=st.lists(st.integers(0, 400), max_size=8), avoid=st.booleans(), block_chars=st.sampled_from([1, 3, 1 << 20]))
-def test_shards_hold_the_files_lines(tmp_path_factory, data, near, avoid, block_chars):
+       near=st.lists(st.integers(0, 400), max_size=8), avoid=st.booleans(), block_chars=st.sampled_from([1, 3, 1 << 20]),
+       num_shards=st.integers(0, 9), start_at=st.integers(0, 400))
+def test_shards_hold_the_files_lines(tmp_path_factory, data, near, avoid, block_chars, num_shards, start_at):
     """Cut anywhere (\\r\\n, lone \\r, invalid UTF-8, no trailing newline): the shards' lines,
-    one after another, are the file's lines, and each shard's first line number is right."""
+    one after another, are the file's lines, and each shard's first line number is right; so
+    too for a plan of the rest of the file after a first cut."""
     path = tmp_path_factory.mktemp("plan") / "log.txt"
     path.write_bytes("".join(data).encode("utf-8", errors="surrogateescape"))
     whole = lines_of(iter_text_blocks(path))
-    shards = plan_text_shards(path, 0, near=near, avoid_timestamps=avoid)
+    shards = plan_text_shards(path, num_shards, near=near or None, avoid_timestamps=avoid)
+    first = plan_text_shards(path, 0, near=[start_at], avoid_timestamps=avoid)
+    if len(first) > 1:  # the rest after the first cut, in about num_shards equal shards
+        rest = plan_text_shards(path, num_shards, start=first[1].start, avoid_timestamps=avoid)
+        assert rest[0].start == first[1].start and rest[0].first_lineno == first[1].first_lineno
+        shards = [first[0], *rest]
     assert shards[0].start == 0 and shards[-1].end == path.stat().st_size
     assert all(a.end == b.start and a.start < a.end for a, b in zip(shards, shards[1:]))
     raw = path.read_bytes()
@@ -321,6 +328,34 @@ def test_no_trailing_newline(tmp_path, pool):
     text = TEXTS["25_torchtitan_2025_rank0_prefix_gc_profiler.txt"] * 30
     path = write(tmp_path, "tt.log", text.rstrip("\n"))
     assert assert_sharded_equal(path, "torchtitan", pool, num_shards=4).num_shards == 4
+
+
+# ---------------------------------------------------------------- the probe
+
+@pytest.mark.parametrize("name", ["17_megatron_2022_bert_timers_memory.txt", "04_nccl_ib_2node_rings_trees_mnnvl.txt",
+                                  "23_deepspeed_2024_launcher_free_output.txt", "51_torchrun_childfailed_multi_failures_sigabrt.txt"])
+def test_probe_then_shards_or_serial_equal_serial(tmp_path, pool, name):
+    """The first part read alone, then the rest in shards (or serially, when shipping the
+    records back is predicted to cost more than it saves): the serial parse either way."""
+    text = TEXTS[name]
+    path = write(tmp_path, name, text * max(2, 200_000 // len(text)))
+    kind = detect_kind(text)
+    want = outcome(serial(path, kind))
+    sharded, stats = parse_file_sharded(path, kind=kind, source="s", num_shards=3, pool=pool, min_speedup=0)
+    assert outcome(sharded) == want and stats.num_shards == 3 and stats.predicted_speedup > 0
+    alone, stats = parse_file_sharded(path, kind=kind, source="s", num_shards=3, pool=pool, min_speedup=float("inf"))
+    assert outcome(alone) == want and stats.num_shards == 1 and stats.predicted_speedup > 0
+
+
+def test_probe_predicts_record_dense_logs_do_not_pay(tmp_path, pool):
+    """A log with a record per line and a fast parser (torchtitan) is predicted below a log
+    whose lines mostly make no record (NCCL init with its aggregated edges)."""
+    def predicted(name):
+        path = write(tmp_path, name, TEXTS[name] * (2_000_000 // len(TEXTS[name])))
+        kind = detect_kind(TEXTS[name])
+        return parse_file_sharded(path, kind=kind, source="s", num_shards=2, pool=pool,
+                                  min_speedup=float("inf"))[1].predicted_speedup
+    assert predicted("25_torchtitan_2025_rank0_prefix_gc_profiler.txt") < predicted("02_nccl_busid_p2p_ipc_read_container.txt")
 
 
 # ---------------------------------------------------------------- ingest_file
