@@ -757,8 +757,11 @@ class Runner:
 
     def start_shard(self, first_lineno: int) -> None:
         """Read a shard after the first: lines are numbered from ``first_lineno`` (1-based) and
-        the (fresh) parsers take their shard start state (``LineParser.start_shard``)."""
+        the (fresh) parsers take their shard start state (``LineParser.start_shard``). Such a
+        shard is read on the Python path: its step rows are ``ShardRow``s, which the compiled
+        scanners do not make."""
         self.lineno = first_lineno - 1
+        self.native = None
         for p in self.parsers:
             p.start_shard()
 
