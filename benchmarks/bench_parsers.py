@@ -274,7 +274,8 @@ def main(argv=None) -> int:
             ingest_files(paths)
             times.append(time.perf_counter() - t0)
         size = sum(p.stat().st_size for p in paths)
-        folder = {"files": len(paths), "bytes": size, "workers": min(os.cpu_count() or 1, len(paths)),
+        serial = all(scanned_natively(CORPORA[p.stem][0]) for p in paths)  # ingest_files' own rule
+        folder = {"files": len(paths), "bytes": size, "workers": 1 if serial else min(os.cpu_count() or 1, len(paths)),
                   "seconds_best": round(min(times), 3), "mb_per_s": round(size / min(times) / 1e6, 1)}
         print(f"all {len(paths)} files via ingest_files: {folder['mb_per_s']} MB/s with {folder['workers']} processes")
     out = {"python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
