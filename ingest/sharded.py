@@ -59,6 +59,9 @@ MIN_SHARD_BYTES = 2 << 20
 PROBE_BYTES = 1 << 20
 MIN_SPEEDUP = 1.25  # predicted: below it, the file is read on serially (pool start, merges, a busy machine)
 _SAMPLE = 2000  # records pickled to time what shipping one costs
+# A whole shard's state costs more per record to ship than the sample pickled alone (unpickled
+# into this process's larger heap, through a file): 1.2 to 3 times on this 2-CPU machine.
+SHIP_FACTOR = 2.0
 
 
 def count_shards(num_bytes: int, num_workers: int) -> int:
@@ -164,13 +167,13 @@ def _predicted_speedup(runner: Runner, *, seconds: float, num_bytes: int, num_wo
     """Serial time / predicted sharded time on ``num_workers`` processes, for text like the
     ``num_bytes`` the runner has read in ``seconds`` (CPU). Per byte: parsing p; shipping q (the
     records and step rows read so far, each at the cost of pickling and unpickling a sample
-    of them); a worker parses and pickles its 1/W, this process parses its 1/W and unpickles
-    the other (W-1)/W: p/W + q/2W + q/2 (W-1)/W."""
+    of them, times SHIP_FACTOR); a worker parses and pickles its 1/W, this process parses its
+    1/W and unpickles the other (W-1)/W: p/W + q/2W + q/2 (W-1)/W."""
     objects = [o for p in runner.parsers for o in (*p.records[-_SAMPLE:], *list(getattr(p, "_steps", {}).values())[-_SAMPLE:])]
     num_objects = sum(len(p.records) + len(getattr(p, "_steps", ())) for p in runner.parsers)
     t0 = time.process_time()
     pickle.loads(pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL))
-    ship = (time.process_time() - t0) / max(len(objects), 1) * num_objects
+    ship = (time.process_time() - t0) / max(len(objects), 1) * num_objects * SHIP_FACTOR
     w = max(num_workers, 1)
     sharded = seconds / w + ship / (2 * w) + ship / 2 * (w - 1) / w
     return seconds / sharded if sharded > 0 else float(w)

@@ -262,12 +262,14 @@ def test_deepspeed_memory_triplet_across_a_cut_merges(tmp_path, pool):
 
 
 def test_deepspeed_rows_of_an_unknown_rank_join_the_later_rows_of_that_rank(tmp_path, pool):
-    """After the cut a timer line (no rank: the last rank, unknown in the shard) and then the
-    step line naming rank 0 make one row, as in the serial parse (the timer's time kept only
-    if nothing assigns one)."""
+    """After the cut, lines without a rank (the last rank: unknown in the shard) and then lines
+    naming rank 0 make one row per step, as in the serial parse: a timer's time (setdefault)
+    gives way to a step line's, never the other way round."""
     text = "\n".join([PREFIX + "[logging.py:96:log_dist] [Rank 0] step=4, skipped=0, lr=[0.1]",
-                      SNIPPETS[3].replace("11", "5"),
+                      SNIPPETS[3].replace("11", "5"),  # timer, no rank: time 10:00:09,999 (setdefault)
+                      PREFIX.replace("00:00", "00:05") + "[logging.py:96:log_dist] step=7, skipped=0, lr=[0.1]",
                       PREFIX.replace("00:00", "00:07") + "[logging.py:96:log_dist] [Rank 0] step=5, skipped=0, lr=[0.1]",
+                      SNIPPETS[3].replace("11", "7"),  # rank 0 now: setdefault keeps step 7's time
                       SNIPPETS[3].replace("11", "6"), ""])
     path = write(tmp_path, "ds.log", text)
     assert assert_sharded_equal(path, "deepspeed", pool, plan=cut_before(path, "global_step=5")).redone == ()
@@ -275,7 +277,8 @@ def test_deepspeed_rows_of_an_unknown_rank_join_the_later_rows_of_that_rank(tmp_
                                    pool=pool)
     steps = [r for r in result.records if r["table"] == "steps"]
     assert [(r["rank"], r["step"], r["time"], r["line"]) for r in steps] == [
-        (0, 4, "2024-05-01 10:00:00,123", 1), (0, 5, "2024-05-01 10:00:07,123", 2), (0, 6, "2024-05-01 10:00:09,999", 4)]
+        (0, 4, "2024-05-01 10:00:00,123", 1), (0, 5, "2024-05-01 10:00:07,123", 2), (0, 7, "2024-05-01 10:00:05,123", 3),
+        (0, 6, "2024-05-01 10:00:09,999", 6)]
 
 
 def test_megatron_rows_and_warnings_across_cuts(tmp_path, pool):

@@ -313,6 +313,10 @@ class LineParser:
         would have set (a last step, a last rank...) becomes ``UNKNOWN``, to be filled in by
         ``absorb`` once the shards before it are merged. Nothing to do for a parser without state."""
 
+    def end_shard(self) -> None:
+        """At a shard's end, in the process that read it: put the state in the form ``absorb``
+        takes (work done here is done in parallel; ``absorb`` runs in one process)."""
+
     def at_rest(self) -> bool:
         """Whether the next shard, read from a fresh parser after ``start_shard``, gives what
         reading on from this state gives, once ``absorb`` merges it: no multi-line block open,
@@ -361,19 +365,34 @@ class StepRowParser(LineParser):
             row = self._steps[(rank, step)] = ShardRow(row)
         return row
 
+    def end_shard(self) -> None:
+        """Rows as plain dicts, and per row (``_soft``) the keys only setdefault filled."""
+        steps, soft = {}, {}
+        for key, row in self._steps.items():
+            plain = dict(row)
+            if row.soft:
+                keys = [k for k in row.soft if type(plain[k]) is Soft]  # (an assignment since made it a value)
+                for k in keys:
+                    plain[k] = plain[k].value
+                if keys:
+                    soft[key] = keys
+            steps[key] = plain
+        self._steps, self._soft = steps, soft
+        del self._step_row  # (the ShardRow maker: not shipped back)
+
     def at_rest(self) -> bool:
-        return vars(self).keys() <= {"source", "records", "warnings", "_steps", "_step_row"}
+        return vars(self).keys() <= {"source", "records", "warnings", "_steps"}
 
     def absorb(self, later: StepRowParser) -> None:
         """Rows of a (rank, step) both shards made: the earlier row (its ``line``, its key order)
         takes the later row's values as the serial parse would have; new rows follow, in order."""
-        steps = self._steps
+        steps, soft = self._steps, later._soft
         for key, row in later._steps.items():
             mine = steps.get(key)
             if mine is None:
-                steps[key] = {k: v.value if type(v) is Soft else v for k, v in row.items()}
+                steps[key] = row
             else:
-                merge_step_row(mine, row, keep_soft=False)
+                merge_step_row(mine, row, soft.get(key, ()))
         super().absorb(later)
 
 
@@ -766,7 +785,10 @@ class Runner:
             p.start_shard()
 
     def shard_state(self) -> ShardState:
-        """What this runner read, before ``result`` (which would finish the parsers)."""
+        """What this runner read, before ``result`` (which would finish the parsers), in the
+        form ``absorb`` takes (``LineParser.end_shard``)."""
+        for p in self.parsers:
+            p.end_shard()
         return ShardState(parsers=self.parsers, unparsed=self.unparsed, unparsed_lines=self.linenos,
                           num_lines=self.num_lines, huge=self.huge, pending_ts=self.pending_ts, last_lineno=self.lineno)
 
@@ -966,33 +988,46 @@ class Soft:
 
 
 class ShardRow(dict):
-    """A step row made by a shard after the first. ``setdefault`` stores its value as ``Soft``;
-    plain assignments replace it. Parsers only write rows while parsing, never read them."""
+    """A step row made by a shard after the first. ``setdefault`` stores its value as ``Soft``
+    and lists the key in ``soft``; plain assignments replace the value. Parsers only write
+    rows while parsing, never read them."""
+
+    __slots__ = ("soft",)
+
+    def __init__(self, row: dict) -> None:
+        super().__init__(row)
+        self.soft: list = []
 
     def setdefault(self, key, default=None):
         if key in self:
             value = self[key]
             return value.value if type(value) is Soft else value
         self[key] = Soft(default)
+        self.soft.append(key)
         return default
 
 
 _ROW_KEYS = frozenset(("table", "source", "line", "kind", "rank", "step"))  # set when a row is made, never after
 
 
-def merge_step_row(into: dict, later: dict, *, keep_soft: bool) -> None:
+def merge_step_row(into: dict, later: dict, soft, into_soft: list | None = None) -> None:
     """Give ``into`` (a step row) the values that ``later``, the same (rank, step) row made by
-    a later stretch of the log, was given: assigned values overwrite, ``Soft`` ones only fill
-    a missing key (as setdefault would have); the keys set when a row is made stay ``into``'s.
-    keep_soft: keep Soft wrappers (``into`` is itself a ShardRow) instead of their values."""
+    a later stretch of the log, was given: assigned values overwrite, those of the keys in
+    ``soft`` (only setdefault filled them) only fill a missing key; the keys set when a row is
+    made stay ``into``'s. into_soft: ``into``'s own setdefault-only keys, kept up to date
+    (when ``into`` is itself a shard's row)."""
     for key, value in later.items():
         if key in _ROW_KEYS:
             continue
-        if type(value) is Soft:
+        if key in soft:
             if key not in into:
-                into[key] = value if keep_soft else value.value
+                into[key] = value
+                if into_soft is not None:
+                    into_soft.append(key)
         else:
             into[key] = value
+            if into_soft and key in into_soft:
+                into_soft.remove(key)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -216,12 +216,18 @@ class DeepSpeedParser(StepRowParser):
         self._mem_label = (None, UNKNOWN)
         self._mem = self._mem_before = _MemUpdates()
 
+    def end_shard(self) -> None:
+        super().end_shard()
+        self._unknown_at = [i for i, rec in enumerate(self.records)
+                            if rec.get("step") is UNKNOWN or rec.get("label") is UNKNOWN]
+
     def at_rest(self) -> bool:
         return True  # every carried value merges (absorb)
 
     def absorb(self, later: DeepSpeedParser) -> None:
         label = self._mem_label[1] if self._mem_label else None
-        for rec in later.records:
+        for i in later._unknown_at:
+            rec = later.records[i]
             if rec.get("step") is UNKNOWN:
                 rec["step"] = self._last_step
             if rec.get("label") is UNKNOWN:
@@ -235,7 +241,7 @@ class DeepSpeedParser(StepRowParser):
         if later._last_step is not UNKNOWN:
             self._last_step = later._last_step
         if any(rank is UNKNOWN for rank, _ in later._steps):
-            later._steps = _resolve_rank(later._steps, self._last_rank)
+            later._steps, later._soft = _resolve_rank(later._steps, later._soft, self._last_rank)
         if later._last_rank is not UNKNOWN:
             self._last_rank = later._last_rank
         super().absorb(later)
@@ -245,20 +251,24 @@ class _MemUpdates(dict):
     """The CPU-memory values a shard read before its first MA line (see DeepSpeedParser.absorb)."""
 
 
-def _resolve_rank(steps: dict[tuple, dict], rank) -> dict[tuple, dict]:
-    """A shard's rows with the unknown last rank replaced by ``rank``. Rows keyed with the
-    unknown rank were all made before the shard's first explicit rank, so a row that now has
-    the key of a later one of the shard is its earlier part: the two merge, in line order."""
+def _resolve_rank(steps: dict[tuple, dict], soft: dict[tuple, list], rank) -> tuple[dict, dict]:
+    """A shard's rows (and their setdefault-only keys, see StepRowParser.end_shard) with the
+    unknown last rank replaced by ``rank``. Rows keyed with the unknown rank were all made
+    before the shard's first explicit rank, so a row that now has the key of a later one of
+    the shard is its earlier part: the two merge, in line order."""
     out: dict[tuple, dict] = {}
+    out_soft: dict[tuple, list] = {}
     for (r, step), row in steps.items():
+        keys = soft.get((r, step), [])
         if r is UNKNOWN:
             r = row["rank"] = rank
         have = out.get((r, step))
         if have is None:
             out[(r, step)] = row
+            out_soft[(r, step)] = list(keys)
         else:
-            merge_step_row(have, row, keep_soft=True)
-    return out
+            merge_step_row(have, row, keys, out_soft[(r, step)])
+    return out, {k: v for k, v in out_soft.items() if v}
 
 
 def build_deepspeed_chain(source: str) -> list[LineParser]:

@@ -235,15 +235,18 @@ class MegatronParser(StepRowParser):
         super().start_shard()
         self._last_step = UNKNOWN
 
+    def end_shard(self) -> None:
+        super().end_shard()
+        self._unknown_step = [i for i, rec in enumerate(self.records) if rec.get("step") is UNKNOWN]
+
     def at_rest(self) -> bool:
         return True  # rows, last step and warned keys merge; _shapes is a cache of what _iteration reads
 
     def absorb(self, later: MegatronParser) -> None:
         """Timers read before the later shard's first iteration line get this one's last step;
         an unknown iteration field is warned about once per file (its first line)."""
-        for rec in later.records:
-            if rec.get("step") is UNKNOWN:
-                rec["step"] = self._last_step
+        for i in later._unknown_step:
+            later.records[i]["step"] = self._last_step
         warned = {f": iteration field {key!r} not in the pattern table" for key in later._unknown & self._unknown}
         if warned:  # (a key holds no ':', so the warning's text after its first ':' is this)
             later.warnings = [w for w in later.warnings if not (w.startswith("line ") and w[w.find(":"):] in warned)]
