@@ -90,7 +90,7 @@ _RULES = {
                   "comm_topology", Col("rank", "rank", I), Col("nranks", "num_ranks", I), Col("t", "init_time_s", F)),),
     "CC": (rule("cc_mode", r"CC (?:On|Off), workFifoBytes \d+$", None),),
     "topo_path": (rule("topo_path", r"[A-Z]+/[\w\-]+ :(?:[A-Z]+/[\w\-]+ \([^)]*\) ?)+$", None),),
-    "tuning_table": (rule("tuning_table", r"(?:Algorithm|Protocol|Max NThreads|[A-Za-z]+) +\|(?: +[\w./ ]+ +\|)+$", None),),
+    "tuning_table": (rule("tuning_table", r"[A-Za-z][A-Za-z ]* \|(?:[^|]*\|)+$", None),),
     "Comm": (rule("comm_config", r"Comm config \w+ set to .*", None),),
     "RAS": (rule("ras_socket", r"RAS client listening socket at .*", None),),
     "MNNVL": (rule("mnnvl", r"MNNVL busId .*", None),),
