@@ -223,7 +223,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
             row.update({k: v for k, v in value.items() if k != "model"})
             row.update(value["model"])
         elif key not in ("name", "schema_version"):
-            row[key] = json.dumps(value, sort_keys=True) if key == "options" else value
+            # nested records as JSON text, so a Parquet column keeps one type
+            row[key] = json.dumps(value, sort_keys=True) if key in ("options", "plant") else value
     row["tokens_per_step"] = spec.tokens_per_step
     status = _read_record(run_dir / "status.json", RunStatus, problems)
     for f in dataclasses.fields(RunStatus):
@@ -673,6 +674,9 @@ class TraceTables:
     nccl: dict[str, list[str]]
     nccl_transports: dict[str, list[str]]
     warnings: tuple[str, ...] = ()
+    # ingest.attribution across each run's ranks: AttributionRow / CollectiveRow columns
+    attribution: pd.DataFrame | None = None
+    collectives: pd.DataFrame | None = None
 
 
 def load_trace_tables(campaign: Campaign) -> TraceTables | None:
@@ -684,12 +688,14 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
     from ingest.parsers import parse_text
     from ingest.schema import KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
     from ingest.thirdparty import nccl_transports, summarize_nccl_topology
+    from ingest.attribution import compute_attribution
+    from ingest.schema import AttributionRow, CollectiveRow
     from ingest.traces import compute_step_breakdown
 
     root = Path(campaign.source)
     if not root.is_dir() or campaign.runs.empty:
         return None
-    steps, kernels, spans, metas, warnings = [], [], [], [], []
+    steps, kernels, spans, metas, warnings, attributed, collectives = [], [], [], [], [], [], []
     nccl: dict[str, list[str]] = {}
     transports: dict[str, list[str]] = {}
     found = False
@@ -697,20 +703,31 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
         name = str(run["run"])
         run_dir = root / name
         pp = int(run["pp_degree"]) if not pd.isna(run.get("pp_degree")) else 1
+        m = run.get("num_microbatches")
+        num_microbatches = int(m) if m is not None and not pd.isna(m) and int(m) >= 1 else 1
+        timelines = {}
         for path in sorted((run_dir / "trace").glob("profile_rank*.json*"), key=lambda p: p.name):
-            m = re.fullmatch(r"profile_rank(\d+)\.json(\.gz)?", path.name)
-            if not m or path.is_symlink():
+            match = re.fullmatch(r"profile_rank(\d+)\.json(\.gz)?", path.name)
+            if not match or path.is_symlink():
                 continue
             found = True
             try:
-                result = compute_step_breakdown(open_trace_events(path, lean=True), run=name, rank=int(m.group(1)), pp_degree=pp)
+                result = compute_step_breakdown(open_trace_events(path, lean=True), run=name,
+                                                rank=int(match.group(1)), pp_degree=pp)
             except ParseError as e:
                 warnings.append(str(e))
                 continue
+            if result.rank_timeline is not None:
+                timelines[int(match.group(1))] = result.rank_timeline
             steps += result.steps
             kernels += result.kernels
             spans += result.spans
             warnings += [f"{name}/trace/{path.name}: {w}" for w in result.warnings]
+        if timelines:
+            att = compute_attribution(timelines, run=name, pp_degree=pp, num_microbatches=num_microbatches)
+            attributed += att.rows
+            collectives += att.collectives
+            warnings += [f"{name}: {w}" for w in att.warnings]
         for path in sorted((run_dir / "trace").glob("profile_meta_rank*.json")):
             found = True
             data = _read_json(path)
@@ -739,7 +756,8 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
     return TraceTables(breakdown=frame(steps, StepBreakdownRow), kernels=frame(kernels, KernelSummaryRow),
                        spans=frame(spans, TimelineSpanRow),
                        meta=pd.DataFrame(metas, columns=["run", "rank", "export_s", "trace_bytes"]),
-                       nccl=nccl, nccl_transports=transports, warnings=tuple(warnings))
+                       nccl=nccl, nccl_transports=transports, warnings=tuple(warnings),
+                       attribution=frame(attributed, AttributionRow), collectives=frame(collectives, CollectiveRow))
 
 
 COMMBENCH_JSON, COMMBENCH_TABLE = "commbench.json", "commbench.parquet"

@@ -307,6 +307,71 @@ class KernelSummaryRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AttributionRow:
+    """Where one profiled step's time went on one rank, with the other ranks' traces taken
+    into account (ingest.attribution). The eight ``*_s`` categories tile step_time_s:
+
+    * compute_s: a compute kernel (host compute op on CPU timelines) runs;
+    * transfer_s: a collective runs exposed (no compute) after the last rank has arrived;
+    * skew_wait_s: exposed collective time spent waiting for a later rank, plus, on the rank
+      the others waited for, its device-idle host time that made it late;
+    * bubble_s: pipeline warm-up/cool-down waits that 1F1B implies for balanced stages;
+    * imbalance_s: the other pipeline waits (a slower stage);
+    * launch_gaps_s: device idle while the host runs code (not a batch fetch);
+    * data_stall_s: device idle while the host fetches the batch;
+    * other_s: the rest (exposed memcpy/memset, other kernels, host ops outside the phases).
+
+    num_launch_gaps / launch_gap_p50_s / launch_gap_max_s: count and sizes of the idle gaps of
+    1 us or more. late: the other ranks waited for this rank in this step; late_cause: what it
+    was doing ("GPU busy", "host compute", "data", "host code"); late_caused_wait_s: the
+    largest exposed wait it caused on another rank."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    rank: int
+    step: int
+    timeline: str
+    step_time_s: float
+    compute_s: float
+    transfer_s: float
+    skew_wait_s: float
+    bubble_s: float
+    imbalance_s: float
+    launch_gaps_s: float
+    data_stall_s: float
+    other_s: float
+    num_launch_gaps: int
+    launch_gap_p50_s: float | None
+    launch_gap_max_s: float | None
+    late: bool
+    late_cause: str | None
+    late_caused_wait_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveRow:
+    """One collective matched across the ranks' traces (ingest.attribution). group: process
+    group name ("gloo" on CPU timelines); kind: runner commbench's op name; seq: its order
+    among the step's collectives of that group and kind; nbytes: nccl-tests' size (None when
+    the trace does not say); late_rank: the rank that arrived last (shortest duration);
+    transfer_s: that rank's duration; max_wait_s: the longest wait of another rank;
+    busbw_gbps: nbytes / transfer_s x bus factor (nccl-tests doc/PERFORMANCE.md), GB/s."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    step: int
+    group: str
+    kind: str
+    seq: int
+    num_ranks: int
+    nbytes: int | None
+    late_rank: int
+    transfer_s: float
+    max_wait_s: float
+    busbw_gbps: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class TimelineSpanRow:
     """A merged busy span of one category in one step on one rank, for the timeline figure.
     start_s/end_s: seconds from the step's start on that timeline. category: one of

@@ -337,6 +337,9 @@ class _Collected:
     h_annot: array = field(default_factory=lambda: array("b"))
     # ProfilerStep#k ranges: (k, start, end, tid)
     steps: list[tuple[int, float, float, int]] = field(default_factory=list)
+    # NCCL kernels' collective record (index into the g_* arrays -> (process group, in/out
+    # elements, dtype)); Kineto copies these from record_param_comms into the kernel's args
+    comm_args: dict[int, tuple[str, float, float, str]] = field(default_factory=dict)
     num_ignored: int = 0
 
 
@@ -392,6 +395,8 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
                 corr = int(args.get("correlation", -1))
                 if not (lo < ts < hi and 0.0 <= dur < hi and -(1 << 62) < corr < (1 << 62)):
                     raise ValueError(ts, dur, corr)
+                if type(name) is str and name.startswith("nccl") and "Process Group Name" in args:
+                    c.comm_args[len(c.g_ts)] = _comm_args(args)
                 gts(ts)
                 gdur(dur)
                 gcorr(corr)
@@ -399,6 +404,30 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
             c.num_ignored += 1
     return c
+
+
+_DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1,
+                "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+
+
+def _coll_bytes(kind: str, args: tuple[str, float, float, str] | None) -> float:
+    """Bytes of one collective in nccl-tests' convention (runner commbench's nbytes): the
+    gathered output for all-gather, the input otherwise. NaN when the trace does not say."""
+    if args is None or args[3] not in _DTYPE_BYTES:
+        return float("nan")
+    nelems = args[2] if kind == "all_gather" else args[1]
+    return nelems * _DTYPE_BYTES[args[3]]
+
+
+def _comm_args(args: dict[str, Any]) -> tuple[str, float, float, str]:
+    """(process group name, in elements, out elements, dtype) of an NCCL kernel's args; NaN
+    where a count is missing or not a number."""
+    def num(key: str) -> float:
+        try:
+            return float(args.get(key))
+        except (TypeError, ValueError):
+            return float("nan")
+    return str(args.get("Process Group Name")), num("In msg nelems"), num("Out msg nelems"), str(args.get("dtype"))
 
 
 # --- interval algebra on int64 nanoseconds (sorted, disjoint, half-open [s, e)) ------------------
@@ -525,6 +554,76 @@ class TraceBreakdown:
     spans: tuple[TimelineSpanRow, ...]
     timeline: str | None
     warnings: tuple[str, ...] = ()
+    # the rank's interval sets and collectives, for the cross-rank pass (ingest.attribution)
+    rank_timeline: RankTimeline | None = None
+
+
+# collective kind from an NCCL kernel or gloo range name (runner commbench's op names)
+_COLL_KINDS = (("all_reduce", re.compile(r"all_?reduce", re.I)), ("all_gather", re.compile(r"all_?gather", re.I)),
+               ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)), ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+               ("broadcast", re.compile(r"broadcast", re.I)), ("send_recv", re.compile(r"send|recv", re.I)),
+               ("reduce", re.compile(r"reduce", re.I)))
+
+
+def collective_kind(name: str) -> str:
+    """runner commbench's op name for a collective kernel/range name ("other" if none fits)."""
+    return next((k for k, pat in _COLL_KINDS if pat.search(name)), "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTimeline:
+    """One rank's analysed steps as interval sets (int64 ns on the rank's own clock, base
+    subtracted) and its collectives, for ingest.attribution. Per step i: window [lo_i, hi_i);
+    compute, data_stall, pipeline_wait (PP ranks: exposed P2P kernels on GPU timelines, P2P
+    ops on CPU ones), gaps (device idle outside data fetches and pipeline waits), rest
+    (exposed memcpy/other kernels; host ops outside the phases on CPU) -- with exposed (collectives, not P2P on PP ranks) these tile the
+    window. exposed_set / gap_set: the intervals behind exposed and gaps. Collectives
+    (coll_*): one entry per collective kernel (GPU) or gloo worker range (CPU) in an analysed
+    step, P2P left out on PP ranks: step, process group, kind (collective_kind), bytes (NaN:
+    unknown), start and end."""
+
+    timeline: str
+    steps: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    compute: np.ndarray
+    exposed: np.ndarray
+    pipeline_wait: np.ndarray
+    data_stall: np.ndarray
+    gaps: np.ndarray
+    rest: np.ndarray
+    exposed_set: tuple[np.ndarray, np.ndarray]
+    gap_set: tuple[np.ndarray, np.ndarray]
+    coll_step: np.ndarray
+    coll_group: tuple[str, ...]
+    coll_kind: tuple[str, ...]
+    coll_nbytes: np.ndarray
+    coll_start: np.ndarray
+    coll_end: np.ndarray
+
+
+def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, compute: np.ndarray,
+                   exposed_set: tuple[np.ndarray, np.ndarray], pipeline_set: tuple[np.ndarray, np.ndarray],
+                   data_set: tuple[np.ndarray, np.ndarray], covered: tuple[np.ndarray, np.ndarray],
+                   coll: tuple[np.ndarray, list[str], list[str], np.ndarray, np.ndarray, np.ndarray]) -> RankTimeline:
+    """covered: everything that is not a gap (busy device / running host op, data, pipeline
+    waits); gaps = windows minus covered."""
+    windows = _union(lo, hi)
+    gap_set = _minus(windows, covered)
+    length = hi - lo
+    exposed = _measure(exposed_set, lo, hi)
+    pipeline_wait = _measure(pipeline_set, lo, hi)
+    data_stall = _measure(data_set, lo, hi)
+    gaps = _measure(gap_set, lo, hi)
+    rest = length - compute - exposed - pipeline_wait - data_stall - gaps
+    assert (rest >= 0).all(), "attribution partition broke"
+    c_step, c_group, c_kind, c_bytes, c_start, c_end = coll
+    order = np.lexsort((c_start, c_step))
+    return RankTimeline(timeline=timeline, steps=steps, lo=lo, hi=hi, compute=compute, exposed=exposed,
+                        pipeline_wait=pipeline_wait, data_stall=data_stall, gaps=gaps, rest=rest,
+                        exposed_set=exposed_set, gap_set=gap_set, coll_step=c_step[order],
+                        coll_group=tuple(c_group[i] for i in order), coll_kind=tuple(c_kind[i] for i in order),
+                        coll_nbytes=c_bytes[order], coll_start=c_start[order], coll_end=c_end[order])
 
 
 def _ns(us: np.ndarray, base: float) -> np.ndarray:
@@ -787,6 +886,21 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     rows = _step_rows(run=run, rank=rank, timeline="gpu", steps=step_k[used], length=length, compute=compute,
                       exposed=exposed_comm, bubble=bubble, data_stall=data_stall, other=other, hidden=hidden,
                       idle=idle, num_kernels=num_kernels)
+    # pipeline waits for the cross-rank pass: exposed P2P kernels only (a receive waits on the
+    # device); idle between kernels inside the step is host launch time there, as elsewhere
+    p2p_wait = _minus(_union(start[is_p2p[name]], end[is_p2p[name]]), C) if pp_degree > 1 else _EMPTY
+    # collectives for the cross-rank pass: comm kernels (P2P ones are pipeline traffic on PP ranks)
+    coll_mask = is_comm[name] & (~is_p2p[name] if pp_degree > 1 else True)
+    orig = np.flatnonzero(in_step)[coll_mask]
+    args = [c.comm_args.get(int(i)) for i in orig]
+    kinds = [collective_kind(names[n]) for n in name[coll_mask].tolist()]
+    nbytes = np.array([_coll_bytes(k, a) for k, a in zip(kinds, args)], np.float64)
+    groups = [a[0] if a else "?" for a in args]
+    used_pos = np.searchsorted(used, ev_step[coll_mask])
+    rank_tl = _rank_timeline(
+        timeline="gpu", steps=step_k[used], lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
+        pipeline_set=p2p_wait, data_set=idle_set_data, covered=_union_of(A, D),
+        coll=(step_k[used][used_pos], groups, kinds, nbytes, start[coll_mask], end[coll_mask]))
     classes = _classify(names, KERNEL_CLASS_PATTERNS)
     kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=name,
                            dur_ns=end - start, num_steps=len(rows))
@@ -798,7 +912,8 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     sets["other"] = _minus(window, _union_of(C, exposed_set, bubble_set, idle_set_data))
     spans = _span_rows(run=run, rank=rank, step=int(step_k[used[j]]), lo=lo_j, hi=hi_j, sets=sets,
                        max_spans=max_spans)
-    return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="gpu", warnings=tuple(warnings))
+    return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="gpu", warnings=tuple(warnings),
+                          rank_timeline=rank_tl)
 
 
 def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e: np.ndarray, tid: int | None,
@@ -854,6 +969,19 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     rows = _step_rows(run=run, rank=rank, timeline="cpu", steps=step_k, length=length, compute=compute,
                       exposed=exposed, bubble=bubble, data_stall=data_stall, other=other, hidden=hidden, idle=idle,
                       num_kernels=num_ops)
+    # collectives for the cross-rank pass: gloo's worker-thread ranges (the work itself; the
+    # training thread's c10d op only enqueues it), P2P left out on PP ranks
+    gloo = np.array([n.startswith("gloo:") for n in names], bool) if names else np.zeros(1, bool)
+    cm = comm_bg & gloo[h_name] & (~name_p2p[h_name] if pp_degree > 1 else True)
+    cs, ce = start[cm], end[cm]
+    ci = np.searchsorted(lo, cs, side="right") - 1
+    ok = (ci >= 0) & (cs < hi[np.maximum(ci, 0)])
+    cnames = [names[n] for n in h_name[cm][ok].tolist()]
+    rank_tl = _rank_timeline(
+        timeline="cpu", steps=step_k, lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
+        pipeline_set=bubble_set, data_set=D, covered=_union_of(B, comm, D, F),
+        coll=(step_k[ci[ok]], ["gloo"] * len(cnames), [collective_kind(n) for n in cnames],
+              np.full(len(cnames), np.nan), cs[ok], ce[ok]))
     # kernel summary: leaf host ops of the training thread (no op nested inside), so that
     # durations are self times and do not double count aten::linear -> aten::addmm
     idx = np.flatnonzero(ops_t)
@@ -874,4 +1002,5 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
             "bubble": bubble_set, "data_stall": D}
     sets["other"] = _minus(window, _union_of(compute_set, exposed_set, bubble_set, D))
     spans = _span_rows(run=run, rank=rank, step=int(step_k[j]), lo=lo_j, hi=hi_j, sets=sets, max_spans=max_spans)
-    return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="cpu", warnings=tuple(warnings))
+    return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="cpu", warnings=tuple(warnings),
+                          rank_timeline=rank_tl)

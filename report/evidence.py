@@ -7,6 +7,9 @@ rounds, formats or plots.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -148,3 +151,125 @@ def summarize_profile_tables(kernels: pd.DataFrame, *, num: int = 8) -> list[dic
                  None if pd.isna(r.get("num_calls")) else int(r["num_calls"])) for _, r in g.head(num).iterrows()]
         out.append({"source": str(source), "report": str(report) or None, "time_column": column, "rows": rows})
     return out
+
+
+ATTRIBUTION_KEYS = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall", "other")
+
+
+def summarize_attribution(attribution: pd.DataFrame, *, run: str, median_step_s: float | None) -> dict | None:
+    """One run's critical-path attribution (ingest.attribution rows) as the note shows it.
+
+    Per rank: mean seconds per analysed step of each ATTRIBUTION_KEYS category. The run: the
+    mean over ranks (each rank's categories tile the same steps). shares: category / traced
+    step (sum 1). breakdown_ms: shares x the unprofiled median step (the metric table's, ms);
+    without it, the traced means in ms. rescale: traced step / unprofiled median step (how much
+    slower the profiled steps ran). launch gaps: mean count per rank-step, median of the
+    per-step median gap and the largest gap (s). None when the run has no rows."""
+    df = attribution[attribution["run"] == run] if not attribution.empty else attribution
+    if df.empty:
+        return None
+    cols = [f"{c}_s" for c in ATTRIBUTION_KEYS]
+    per_rank = df.groupby("rank")[cols + ["step_time_s"]].mean()
+    mean = per_rank.mean(axis=0)
+    traced = float(mean["step_time_s"])
+    shares = {c: float(mean[f"{c}_s"]) / traced if traced > 0 else None for c in ATTRIBUTION_KEYS}
+    scale = median_step_s if median_step_s else traced
+    return {
+        "run": run, "timeline": str(df["timeline"].iloc[0]), "num_ranks": int(df["rank"].nunique()),
+        "num_steps": int(df["step"].nunique()), "traced_step_s": traced, "median_step_s": median_step_s,
+        "rescale": traced / median_step_s if median_step_s else None,
+        "shares": shares,
+        "breakdown_ms": {c: (s * scale * 1e3 if s is not None else None) for c, s in shares.items()},
+        "per_rank": {int(r): {c: float(per_rank.loc[r, f"{c}_s"]) for c in ATTRIBUTION_KEYS}
+                     for r in per_rank.index},
+        "num_launch_gaps": float(df["num_launch_gaps"].mean()),
+        "launch_gap_p50_s": float(df["launch_gap_p50_s"].dropna().median()) if df["launch_gap_p50_s"].notna().any() else None,
+        "launch_gap_max_s": float(df["launch_gap_max_s"].dropna().max()) if df["launch_gap_max_s"].notna().any() else None,
+    }
+
+
+def compute_trace_straggler(attribution: pd.DataFrame, *, run: str, min_fraction: float,
+                            hosts: Mapping[int, str] | None = None) -> dict | None:
+    """The rank the others wait for inside the steps, from the traces (ingest.attribution's
+    per-step late rank and the exposed wait it caused).
+
+    Per rank: late_steps (analysed steps in which it was the late rank); the straggler is the
+    rank late in most steps. late_s per step: the wait it caused (0 in steps where another rank
+    was late); late_ms_median / late_ms_p90 over the analysed steps (numpy percentile, linear).
+    cause: its most frequent late_cause. named: late_ms_median >= min_fraction x the mean traced
+    step. None with fewer than 2 ranks or when no rank was ever late."""
+    df = attribution[attribution["run"] == run] if not attribution.empty else attribution
+    if df.empty or df["rank"].nunique() < 2:
+        return None
+    late = df[df["late"].astype(bool)]
+    if late.empty:
+        return None
+    counts = late.groupby("rank").size()
+    rank = int(counts.sort_values(ascending=False, kind="stable").index[0])
+    steps = sorted(df["step"].unique().tolist())
+    caused = late[late["rank"] == rank].set_index("step")["late_caused_wait_s"]
+    per_step = np.array([float(caused.get(s, 0.0)) for s in steps])
+    step_s = float(df.groupby("rank")["step_time_s"].mean().mean())
+    median_s = float(np.percentile(per_step, 50))
+    cause = late[late["rank"] == rank]["late_cause"].mode()
+    return {"rank": rank, "host": (hosts or {}).get(rank), "late_steps": int(counts[rank]), "num_steps": len(steps),
+            "late_ms_median": median_s * 1e3, "late_ms_p90": float(np.percentile(per_step, 90)) * 1e3,
+            "cause": str(cause.iloc[0]) if len(cause) else None,
+            "named": step_s > 0 and median_s >= min_fraction * step_s}
+
+
+def compute_stage_balance(attribution: pd.DataFrame, *, run: str, pp_degree: int, ranks_per_stage: int,
+                          layers: Sequence[int]) -> dict | None:
+    """Pipeline stages' compute per step and the layer split that would balance them.
+
+    Stage of rank r: r // ranks_per_stage (Megatron's rank order puts pipeline outermost).
+    Per-layer cost from the first stage, l = compute_0 / layers_0 (its embedding lookup is
+    cheap); the last stage's extra (LM head + loss) h = compute_last - layers_last x l. The
+    balanced split gives the last stage n layers and the others the rest evenly, minimising
+    max(ceil((L - n)/(p - 1)) x l, n x l + h). Returns stage_compute_s, layers, split,
+    predicted_max_stage_s, imbalance_s (max - mean stage compute); None without PP or rows."""
+    df = attribution[attribution["run"] == run] if not attribution.empty else attribution
+    if pp_degree < 2 or df.empty or len(layers) != pp_degree:
+        return None
+    per_rank = df.groupby("rank")["compute_s"].mean()
+    stage = {}
+    for r, c in per_rank.items():
+        stage.setdefault(int(r) // max(ranks_per_stage, 1), []).append(float(c))
+    if sorted(stage) != list(range(pp_degree)):
+        return None
+    compute = [float(np.mean(stage[s])) for s in range(pp_degree)]
+    total = int(sum(layers))
+    per_layer = compute[0] / layers[0] if layers[0] else None
+    split, best = None, None
+    if per_layer:
+        head = compute[-1] - layers[-1] * per_layer
+        for n in range(1, total - pp_degree + 2):
+            rest = total - n
+            cost = max(-(-rest // (pp_degree - 1)) * per_layer, n * per_layer + head)
+            if best is None or cost < best - 1e-12:
+                base, extra = divmod(rest, pp_degree - 1)
+                split, best = [base + (1 if i < extra else 0) for i in range(pp_degree - 1)] + [n], cost
+    return {"stage_compute_s": compute, "layers": list(layers), "split": split, "predicted_max_stage_s": best,
+            "imbalance_s": max(compute) - float(np.mean(compute))}
+
+
+def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,
+                                 commbench: Sequence[Mapping[str, Any]] = ()) -> list[dict]:
+    """Per collective kind and size: count, median transfer time (the last-arriving rank's
+    duration, s) and achieved bus bandwidth (GB/s, nccl-tests convention), next to `runner
+    commbench`'s busbw for the same op at the nearest measured size within a factor of 2 (None
+    if none). Rows sorted by total transfer time, largest first."""
+    df = collectives[(collectives["run"] == run) & collectives["nbytes"].notna()] if not collectives.empty else collectives
+    if df.empty:
+        return []
+    out = []
+    for (kind, nbytes), g in df.groupby(["kind", "nbytes"]):
+        bench = [b for b in commbench if b.get("op") == kind and b.get("nbytes")
+                 and 0.5 <= float(b["nbytes"]) / float(nbytes) <= 2.0]
+        near = min(bench, key=lambda b: abs(np.log(float(b["nbytes"]) / float(nbytes))), default=None)
+        out.append({"kind": kind, "nbytes": int(nbytes), "num_calls": int(len(g)),
+                    "transfer_s": float(g["transfer_s"].median()), "total_s": float(g["transfer_s"].sum()),
+                    "busbw_gbps": float(g["busbw_gbps"].median()) if g["busbw_gbps"].notna().any() else None,
+                    "commbench_busbw_gbps": float(near["busbw_gbps"]) if near else None,
+                    "commbench_nbytes": int(near["nbytes"]) if near else None})
+    return sorted(out, key=lambda r: -r["total_s"])

@@ -25,6 +25,9 @@ THRESHOLDS: dict[str, float] = {
     # steps), both in seconds and as a fraction of the median step time
     "straggler_lag_min_s": 0.005,
     "straggler_lag_min_fraction": 0.05,
+    # a rank is the traces' straggler when the wait it causes inside the step (median over the
+    # traced steps) is at least this fraction of the traced step
+    "straggler_trace_min_fraction": 0.02,
     # one layout under several engines: a tokens/s ratio - 1 below this is engine parity (and it
     # must also exceed noise_multiple x the step-to-step spread to count as a gap)
     "engine_gap_min": 0.05,

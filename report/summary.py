@@ -64,6 +64,26 @@ def build_environment_summary(note: Note) -> dict[str, Any]:
     }
 
 
+def build_run_caveats(note: Note) -> dict[str, list[str]]:
+    """run -> the note's caveats that concern it, as plain English sentences (the note words
+    the same findings through its templates; these are for machines and diffs)."""
+    out: dict[str, list[str]] = {m.run: [] for m in note.metrics}
+    for f in note.caveats:
+        text = caveat_text(f)
+        for run in (f.runs or tuple(out)):
+            if run in out and text:
+                out[run].append(text)
+    return out
+
+
+def caveat_text(f: Any) -> str:
+    """One caveat finding as a short English sentence with its evidence numbers."""
+    ev = {k: _jsonable(v) for k, v in f.evidence.items()}
+    if "text" in ev and len(ev) == 1:
+        return str(ev["text"])
+    return f"{f.kind}: " + ", ".join(f"{k}={v}" for k, v in sorted(ev.items()))
+
+
 def build_summary(note: Note) -> dict[str, Any]:
     """Note -> the summary record (plain JSON types, None for missing values).
 
@@ -74,8 +94,11 @@ def build_summary(note: Note) -> dict[str, Any]:
     shares = {b.run: {k: _num(getattr(b, k)) for k in BREAKDOWN_SHARES} | {"timeline": b.timeline,
                                                                            "step_time_s": _num(b.step_time_s)}
               for b in note.evidence.rows}
+    attributed = {b.run: b.attribution for b in note.evidence.rows if b.attribution is not None}
+    caveats = build_run_caveats(note)
     runs = []
     for m in note.metrics:
+        a = attributed.get(m.run)
         runs.append({
             "run": m.run, "status": m.status, "partial": m.partial, "num_steps_measured": m.num_steps_measured,
             "tokens_per_s": _num(m.tokens_per_s), "tokens_per_s_per_gpu": _num(m.tokens_per_s_per_gpu),
@@ -89,6 +112,13 @@ def build_summary(note: Note) -> dict[str, Any]:
             "data_wait_median_s": _num(m.data_wait_median_s),
             "loss_first": _num(m.loss_first), "loss_last": _num(m.loss_last),
             "breakdown": shares.get(m.run),
+            # section 5 across ranks: ms of the unprofiled median step (report.evidence.summarize_attribution)
+            "breakdown_ms": dict(a.breakdown_ms) if a else None,
+            "straggler": ({"rank": a.straggler["rank"], "host": a.straggler["host"],
+                           "late_ms_median": a.straggler["late_ms_median"]}
+                          if a and a.straggler and a.straggler["named"] else None),
+            "caveats": caveats.get(m.run, []),
+            "plant": dict(a.plant) if a and a.plant else None,
             "checkpoint_save_s": _num(m.ckpt_save_s), "checkpoint_load_s": _num(m.ckpt_load_s),
             "checkpoint_size_gib": m.ckpt_size_bytes / 2**30 if m.ckpt_size_bytes is not None else None,
         })

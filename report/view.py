@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,6 +27,7 @@ from report.hardware import lookup_peak
 from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
 from report.engines import EngineGroup, build_engine_groups
+from report import rules
 from report.rules import Finding, build_findings, build_knowledge_map, rule_conditions
 from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
 
@@ -237,6 +239,31 @@ class BreakdownRow:
     profile_cost_share: float | None
     export_s: float | None
     nccl: tuple[str, ...]  # NCCL topology/transport lines from the run's rank logs
+    attribution: AttributionView | None = None  # the cross-rank attribution (ingest.attribution)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttributionView:
+    """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends):
+    breakdown_ms / shares keyed by ATTRIBUTION_KEYS (ms of the unprofiled median step; shares
+    of the traced step), per_rank: rank -> category -> s per traced step, rescale: traced step /
+    unprofiled median step; straggler (compute_trace_straggler), stages (compute_stage_balance,
+    PP runs), bandwidth (compute_collective_bandwidth rows), plant: the planted cause (matrix
+    ``plant`` table) or None."""
+
+    breakdown_ms: Mapping[str, float | None]
+    shares: Mapping[str, float | None]
+    per_rank: Mapping[int, Mapping[str, float]]
+    traced_step_s: float
+    median_step_s: float | None
+    rescale: float | None
+    num_launch_gaps: float
+    launch_gap_p50_s: float | None
+    launch_gap_max_s: float | None
+    straggler: Mapping[str, Any] | None
+    stages: Mapping[str, Any] | None
+    bandwidth: tuple[Mapping[str, Any], ...]
+    plant: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -624,6 +651,44 @@ def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: 
     return out
 
 
+BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwidth
+PROFILED_SLOWER_MIN = 0.05  # profiled steps this much slower than unprofiled ones are worth a caveat
+
+
+def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: EvidenceSection,
+                              fixed: Mapping[str, Any]) -> list[Finding]:
+    """Caveats from facts the campaign already holds: planted causes, profiled steps slower
+    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, runs at
+    different compile modes (kernels differ, not only layouts), one run per layout (margins
+    compared with step-to-step spread only), synthetic data only."""
+    out: list[Finding] = []
+    for r in runs:
+        plant = _plant(r)
+        if plant:
+            out.append(Finding(kind="planted", runs=(r["run"],), evidence={"plant": plant}))
+    for b in evidence.rows:
+        a = b.attribution
+        if a is not None and a.rescale is not None and abs(a.rescale - 1) > PROFILED_SLOWER_MIN:
+            out.append(Finding(kind="profiled_slower", runs=(b.run,), evidence={"rescale": a.rescale},
+                               threshold=PROFILED_SLOWER_MIN))
+        if b.profile_cost_share is not None and b.profile_cost_share > 0.02:
+            out.append(Finding(kind="profile_cost", runs=(b.run,), evidence={"share": b.profile_cost_share},
+                               threshold=0.02))
+    compiled = {bool((json.loads(r["options"]) if isinstance(r.get("options"), str) else r.get("options") or {})
+                     .get("compile", False)): r["run"] for r in runs}
+    if len(compiled) > 1:
+        modes = {m: tuple(r["run"] for r in runs if bool((json.loads(r["options"]) if isinstance(r.get("options"), str)
+                                                          else r.get("options") or {}).get("compile", False)) == m)
+                 for m in (True, False)}
+        out.append(Finding(kind="mixed_compile", runs=tuple(r["run"] for r in runs),
+                           evidence={"compiled": modes[True], "eager": modes[False]}))
+    if len(runs) > 1:
+        out.append(Finding(kind="no_repeats", runs=()))
+    if str(fixed.get("data") or "synthetic") == "synthetic":
+        out.append(Finding(kind="synthetic_only", runs=()))
+    return out
+
+
 def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping[str, Any]],
                    summary: Sequence[Mapping[str, Any]], findings: Sequence[Finding]) -> EvidenceSection:
     """Section 5 from the trace tables (ingest.io.TraceTables or None when the source has no
@@ -646,8 +711,10 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
         top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
         k = classes.get(b["run"], {})
         c = cost.get(b["run"], {})
+        median = next((x["step_time_median_s"] for x in summary if x["run"] == b["run"]), None)
         rows.append(BreakdownRow(
-            median_step_time_s=next((x["step_time_median_s"] for x in summary if x["run"] == b["run"]), None),
+            attribution=build_attribution(trace_tables, campaign, r, median_step_s=median),
+            median_step_time_s=median,
             **{f: b[f] for f in ("run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s",
                                  "sum_error", "compute_s", "exposed_comm_s", "bubble_s", "data_stall_s", "other_s",
                                  "compute_share", "exposed_comm_share", "bubble_share", "data_stall_share",
@@ -667,6 +734,60 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                            warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler,
                            nccl=tuple((r["run"], tuple(trace_tables.nccl[r["run"]])) for r in runs
                                       if trace_tables.nccl.get(r["run"])))
+
+
+def _plant(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    raw = run.get("plant")
+    if raw is None or (isinstance(raw, float) and pd.isna(raw)):
+        return None
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, Mapping) else None
+
+
+def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, Any], *,
+                      median_step_s: float | None) -> AttributionView | None:
+    """One run's cross-rank attribution view (None when the run has no attribution rows)."""
+    att = getattr(trace_tables, "attribution", None)
+    if att is None or att.empty or not run:
+        return None
+    name = str(run["run"])
+    s = ev.summarize_attribution(att, run=name, median_step_s=median_step_s)
+    if s is None:
+        return None
+    env = campaign.env if isinstance(campaign.env, Mapping) else {}
+    host = env.get("hostname") if int(env.get("num_nodes") or 1) == 1 else None
+    hosts = {r: host for r in s["per_rank"]} if host else None
+    straggler = ev.compute_trace_straggler(att, run=name, min_fraction=rules.THRESHOLDS["straggler_trace_min_fraction"],
+                                           hosts=hosts)
+    pp = int(run.get("pp_degree") or 1)
+    plant = _plant(run)
+    num_layers = int(run.get("num_layers") or 0)
+    layers = (list(plant["pp_layers"]) if plant and plant.get("pp_layers")
+              else [num_layers // pp] * pp if pp > 1 and num_layers % pp == 0 else [])
+    stages = ev.compute_stage_balance(att, run=name, pp_degree=pp, layers=layers,
+                                      ranks_per_stage=int(run.get("world_size") or pp) // pp)
+    bench = _commbench_rows(campaign)
+    collectives = getattr(trace_tables, "collectives", None)
+    bandwidth = ev.compute_collective_bandwidth(collectives, run=name, commbench=bench) if collectives is not None else []
+    return AttributionView(
+        breakdown_ms=s["breakdown_ms"], shares=s["shares"], per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
+        median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
+        launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
+        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=plant)
+
+
+def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
+    """CAMPAIGN/commbench rows on the campaign's device, or [] (none, or unreadable)."""
+    from ingest.errors import ToolError
+    from ingest.io import load_commbench
+
+    bench = Path(str(campaign.source)) / "commbench"
+    if not bench.is_dir():
+        return []
+    try:
+        return load_commbench(bench)
+    except ToolError:
+        return []
 
 
 def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
@@ -800,7 +921,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         conditions=conditions,
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
-                                    placements=placements)),
+                                    placements=placements)) + tuple(build_measurement_caveats(runs, evidence, fixed)),
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
         executive=build_executive_summary(findings, conditions, configs, rows),
         resolved_config=build_resolved_config(info, runs),

@@ -1,0 +1,197 @@
+"""Per-rank attribution of each profiled step on the critical path, across the ranks of a run.
+
+Records in, records out: ``compute_attribution`` takes every rank's ``RankTimeline`` (built by
+ingest.traces from that rank's profiler trace) and returns ``AttributionRow`` (one per rank and
+analysed step; the categories of ATTRIBUTION_CATEGORIES tile the step) and ``CollectiveRow``
+(one per collective matched across ranks) records.
+
+Method (DESIGN.md "slow-run triage, per rank on the critical path"):
+
+* Collectives are matched across ranks by (step, process group, kind, order within them).
+  A collective ends at about the same moment on every rank, so the rank whose kernel (or gloo
+  range) is shortest arrived last and waited for nobody: its duration is the **transfer**
+  time, and every other rank's extra duration is time spent waiting for it. This needs no
+  clock alignment between ranks or hosts.
+* On each rank the exposed part of those waits (not under compute) is **skew_wait**; the rest
+  of the exposed collective time is **transfer**.
+* The late rank is charged: per step, the rank the others waited for most is that step's late
+  rank; its own step is compared with the median of the others (compute, data stall, device
+  gaps) to say what it was doing -- "GPU busy" / "host compute" (more compute), "data" (longer
+  batch fetch) or "host code" (more device-idle gaps: host code between launches, a sleep, GC).
+  In the last case that many gap milliseconds of the late rank (at most the others' exposed
+  wait) are counted as its skew_wait too, so the run's mean over ranks shows the skew once.
+* Pipeline waits (exposed P2P plus idle between a step's first and last compute, ingest.traces)
+  split into **bubble** -- what 1F1B implies for balanced stages, mean stage compute x
+  (p - 1) / m (Narayanan et al. 2021, section 2.2) -- and **imbalance**, the rest (steady-state
+  waits for a slower stage).
+* **launch_gaps**: device idle outside data fetches and pipeline waits (the host is in
+  framework or user code); **data_stall**: device idle while the host fetches the batch;
+  **other**: exposed memcpy/memset and other kernels.
+
+Deliberately not here: reading files, per-rank interval construction (ingest.traces), units
+beyond seconds, and any rescaling to unprofiled steps (report.evidence).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ingest.schema import AttributionRow, CollectiveRow
+from ingest.traces import RankTimeline, _I64, _intersect, _measure, _union
+
+ATTRIBUTION_CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall",
+                          "other")
+LATE_CAUSES = ("GPU busy", "host compute", "data", "host code")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attribution:
+    """Result of ``compute_attribution``: rows per (rank, step), matched collectives, and
+    warnings (collectives that could not be matched, ranks without timelines)."""
+
+    rows: tuple[AttributionRow, ...]
+    collectives: tuple[CollectiveRow, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def _bus_factor(kind: str, n: int) -> float | None:
+    from ingest.commbench import _FACTORS  # nccl-tests doc/PERFORMANCE.md
+
+    f = _FACTORS.get(kind)
+    return f(n) if f is not None and n > 1 else None
+
+
+def _match(timelines: Mapping[int, RankTimeline]) -> dict[tuple, dict[int, int]]:
+    """(step, group, kind, seq) -> {rank: index into that rank's coll_* arrays}."""
+    keys: dict[tuple, dict[int, int]] = {}
+    for rank, tl in timelines.items():
+        seen: dict[tuple, int] = {}
+        for i, (step, group, kind) in enumerate(zip(tl.coll_step.tolist(), tl.coll_group, tl.coll_kind)):
+            base = (step, group, kind)
+            seq = seen.get(base, 0)
+            seen[base] = seq + 1
+            keys.setdefault((*base, seq), {})[rank] = i
+    return keys
+
+
+def _gap_sizes(tl: RankTimeline, i: int) -> np.ndarray:
+    """Durations (ns) of the device-idle gaps inside step i's window."""
+    lo, hi = int(tl.lo[i]), int(tl.hi[i])
+    s, e = _intersect(tl.gap_set, (np.array([lo], _I64), np.array([hi], _I64)))
+    return e - s
+
+
+def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_degree: int,
+                        num_microbatches: int) -> Attribution:
+    """Attribute every analysed step of every rank (see the module doc).
+
+    timelines: rank -> RankTimeline (ingest.traces); pp_degree, num_microbatches: the run's
+    pipeline stages p and micro-batches per step m (bubble = mean stage compute x (p-1)/m).
+    Returns Attribution; times in seconds. Raises ValueError for pp_degree or
+    num_microbatches < 1.
+    """
+    if pp_degree < 1 or num_microbatches < 1:
+        raise ValueError(f"pp_degree and num_microbatches must be >= 1, got {pp_degree}, {num_microbatches}")
+    warnings: list[str] = []
+    ranks = sorted(timelines)
+    # 1. match collectives, waits per instance
+    waits = {r: np.zeros(timelines[r].coll_step.size, _I64) for r in ranks}
+    coll_rows: list[CollectiveRow] = []
+    late_by_step: dict[int, dict[int, int]] = {}  # step -> late rank -> summed wait it caused (ns)
+    num_unmatched = 0
+    for (step, group, kind, seq), members in sorted(_match(timelines).items(), key=lambda kv: kv[0][:1] + kv[0][3:]):
+        if len(members) < 2:
+            num_unmatched += 1
+            continue
+        durs = {r: int(timelines[r].coll_end[i] - timelines[r].coll_start[i]) for r, i in members.items()}
+        late = min(durs, key=lambda r: (durs[r], r))
+        transfer = durs[late]
+        for r, i in members.items():
+            waits[r][i] = durs[r] - transfer
+        max_wait = max(durs.values()) - transfer
+        late_by_step.setdefault(step, {})
+        late_by_step[step][late] = late_by_step[step].get(late, 0) + max_wait
+        nbytes = float(timelines[late].coll_nbytes[members[late]])
+        factor = _bus_factor(kind, len(members))
+        busbw = (nbytes / transfer * factor if factor and transfer > 0 and np.isfinite(nbytes) else None)
+        coll_rows.append(CollectiveRow(
+            run=run, step=int(step), group=str(group), kind=kind, seq=int(seq), num_ranks=len(members),
+            nbytes=None if not np.isfinite(nbytes) else int(nbytes), late_rank=int(late),
+            transfer_s=transfer / 1e9, max_wait_s=max_wait / 1e9, busbw_gbps=busbw))
+    if num_unmatched:
+        warnings.append(f"{num_unmatched} collective(s) were seen on one rank only (the others' traces lack them); "
+                        "their time counts as transfer")
+
+    # 2. per-rank, per-step categories before the cross-rank charges
+    per: dict[int, dict[str, np.ndarray]] = {}
+    for r in ranks:
+        tl = timelines[r]
+        c_s, c_e = tl.coll_start, tl.coll_start + waits[r]
+        wait_set = _union(c_s, c_e)
+        skew = _measure(_intersect(wait_set, tl.exposed_set), tl.lo, tl.hi)
+        per[r] = {"compute": tl.compute.copy(), "transfer": tl.exposed - skew, "skew_wait": skew.copy(),
+                  "pipeline": tl.pipeline_wait.copy(), "launch_gaps": tl.gaps.copy(),
+                  "data_stall": tl.data_stall.copy(), "other": tl.rest.copy()}
+
+    # 3. bubble vs imbalance: what 1F1B implies for stages of the mean compute
+    mean_compute = float(np.mean([per[r]["compute"].mean() for r in ranks if per[r]["compute"].size])) if ranks else 0.0
+    implied = mean_compute * (pp_degree - 1) / num_microbatches if pp_degree > 1 else 0.0
+    for r in ranks:
+        pw = per[r]["pipeline"]
+        per[r]["bubble"] = np.minimum(pw, np.int64(round(implied)))
+        per[r]["imbalance"] = pw - per[r]["bubble"]
+
+    # 4. charge the late rank of each step
+    index = {r: {int(k): i for i, k in enumerate(timelines[r].steps.tolist())} for r in ranks}
+    cause: dict[tuple[int, int], tuple[str, int]] = {}
+    for step, caused in late_by_step.items():
+        present = [r for r in ranks if step in index[r]]
+        if len(present) < 2:
+            continue
+        late = max(caused, key=lambda r: (caused[r], -r))
+        if late not in index or step not in index[late]:
+            continue
+        others = [r for r in present if r != late]
+        exposed_wait = max(int(per[r]["skew_wait"][index[r][step]]) for r in others)
+        if exposed_wait <= 0:
+            continue
+        li = index[late][step]
+
+        def excess(cat: str) -> float:
+            own = float(per[late][cat][li])
+            return own - float(np.median([per[r][cat][index[r][step]] for r in others]))
+
+        deltas = {"compute": excess("compute"), "data": excess("data_stall"), "host code": excess("launch_gaps")}
+        what = max(deltas, key=deltas.get)
+        label = what if what != "compute" else ("GPU busy" if timelines[late].timeline == "gpu" else "host compute")
+        if what == "host code" and deltas[what] > 0:
+            moved = int(min(exposed_wait, deltas[what], per[late]["launch_gaps"][li]))
+            per[late]["launch_gaps"][li] -= moved
+            per[late]["skew_wait"][li] += moved
+        cause[(late, step)] = (label, exposed_wait)
+
+    # 5. rows
+    rows: list[AttributionRow] = []
+    for r in ranks:
+        tl = timelines[r]
+        p = per[r]
+        length = tl.hi - tl.lo
+        other = length - sum(p[c] for c in ATTRIBUTION_CATEGORIES if c != "other")
+        assert (other >= 0).all(), "attribution partition broke"
+        for i, step in enumerate(tl.steps.tolist()):
+            gaps = _gap_sizes(tl, i)
+            gaps = gaps[gaps >= 1000]  # gaps under 1 us are kernel-to-kernel scheduling, not host time
+            label, caused = cause.get((r, int(step)), (None, 0))
+            rows.append(AttributionRow(
+                run=run, rank=r, step=int(step), timeline=tl.timeline, step_time_s=int(length[i]) / 1e9,
+                compute_s=int(p["compute"][i]) / 1e9, transfer_s=int(p["transfer"][i]) / 1e9,
+                skew_wait_s=int(p["skew_wait"][i]) / 1e9, bubble_s=int(p["bubble"][i]) / 1e9,
+                imbalance_s=int(p["imbalance"][i]) / 1e9, launch_gaps_s=int(p["launch_gaps"][i]) / 1e9,
+                data_stall_s=int(p["data_stall"][i]) / 1e9, other_s=int(other[i]) / 1e9,
+                num_launch_gaps=int(gaps.size),
+                launch_gap_p50_s=float(np.median(gaps)) / 1e9 if gaps.size else None,
+                launch_gap_max_s=float(gaps.max()) / 1e9 if gaps.size else None,
+                late=label is not None, late_cause=label, late_caused_wait_s=caused / 1e9))
+    return Attribution(rows=tuple(rows), collectives=tuple(coll_rows), warnings=tuple(warnings))
