@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
 
 from ingest.errors import NoDataError, ParseError
 from ingest.schema import (
-    SCHEMA_VERSION, CheckpointRecord, FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow,
+    SCHEMA_VERSION, CheckpointRecord, FixedConfig, ModelConfig, Plant, RunInfo, RunSpec, RunStatus, StepRow,
     run_spec_from_dict,
 )
 
@@ -141,7 +141,7 @@ def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
             if "None" not in kind:
                 out.append(f"{prefix}{name}: null, expected {kind}")
             continue
-        nested = {"ModelConfig": ModelConfig, "FixedConfig": FixedConfig}.get(kind)
+        nested = {"ModelConfig": ModelConfig, "FixedConfig": FixedConfig, "Plant": Plant}.get(kind.split(" | ")[0])
         if nested is not None:
             out.extend(_field_problems(nested, value, f"{prefix}{name}."))
             continue
@@ -223,8 +223,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
             row.update({k: v for k, v in value.items() if k != "model"})
             row.update(value["model"])
         elif key not in ("name", "schema_version"):
-            # nested records as JSON text, so a Parquet column keeps one type
-            row[key] = json.dumps(value, sort_keys=True) if key in ("options", "plant") else value
+            # nested records as JSON text, so Parquet keeps one column type (plant: None or an object)
+            row[key] = json.dumps(value, sort_keys=True) if key in ("options", "plant") and value is not None else value
     row["tokens_per_step"] = spec.tokens_per_step
     status = _read_record(run_dir / "status.json", RunStatus, problems)
     for f in dataclasses.fields(RunStatus):
@@ -238,7 +238,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     info = _read_record(run_dir / "run_info.json", RunInfo, problems)
     for f in dataclasses.fields(RunInfo):
         if f.name not in ("run", "schema_version", "engine"):
-            row[f.name] = info[f.name] if info else None
+            value = info[f.name] if info else None
+            row[f.name] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
     ckpt = _read_record(run_dir / "checkpoint.json", CheckpointRecord, problems)
     for col in CHECKPOINT_COLUMNS:
         value = ckpt[col[5:]] if ckpt else None

@@ -71,6 +71,23 @@ class FixedConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Plant:
+    """A known slowdown deliberately injected into one run (the matrix's ``plant`` table), so the
+    analysis can be proven to find it (DESIGN.md, planted causes). None: not planted.
+
+    host_delay_ms: rank ``host_delay_rank`` sleeps this long on the host right before every
+    step's forward (a ``plant_host_delay`` profiler range on the training thread). data_delay_ms:
+    every rank's every batch fetch takes this much longer (inside the step's ``data`` range).
+    pp_layers: transformer layers per pipeline stage, in stage order (len == pp_degree, each >= 1,
+    sum == num_layers) instead of the even split. Checked by runner.matrix."""
+
+    host_delay_ms: float | None = None
+    host_delay_rank: int | None = None  # set whenever host_delay_ms is
+    data_delay_ms: float | None = None
+    pp_layers: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunSpec:
     """What one run was asked to do: the fixed variables plus its parallel layout.
 
@@ -106,6 +123,7 @@ class RunSpec:
     checkpoint_dir: str | None = None
     checkpoint_verify_steps: int = 0
     checkpoint_keep: bool = False
+    plant: Plant | None = None  # a deliberately injected slowdown (planted-cause tests); None in real runs
 
     @property
     def tokens_per_step(self) -> int:
@@ -165,6 +183,9 @@ class RunInfo:
     # steps / a bare train_step loop over the same steps' batches after the run, minus 1
     loop_overhead_fraction: float | None = None
     loop_overhead_num_steps: int | None = None
+    # transformer layers each pipeline rank's built modules hold, in pp-rank order (gathered from
+    # the ranks, so a planted uneven split is evidenced by what was built); None without PP
+    pp_stage_num_layers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,8 +437,15 @@ def to_dict(record: Any) -> dict[str, Any]:
 
 
 def run_spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
-    """Inverse of ``to_dict`` for RunSpec. Raises KeyError/TypeError on a malformed dict."""
+    """Inverse of ``to_dict`` for RunSpec. Raises KeyError/TypeError on a malformed dict.
+    A spec written before ``plant`` existed (no key) reads as unplanted."""
     fixed = dict(data["fixed"])
     fixed["model"] = ModelConfig(**fixed["model"])
-    rest = {k: v for k, v in data.items() if k != "fixed"}
-    return RunSpec(fixed=FixedConfig(**fixed), **rest)
+    rest = {k: v for k, v in data.items() if k not in ("fixed", "plant")}
+    plant = data.get("plant")
+    if plant is not None:
+        plant = dict(plant)
+        if plant.get("pp_layers") is not None:
+            plant["pp_layers"] = tuple(plant["pp_layers"])
+        plant = Plant(**plant)
+    return RunSpec(fixed=FixedConfig(**fixed), plant=plant, **rest)

@@ -18,6 +18,7 @@ plain `[runner] ...` lines otherwise. User errors print one line per problem and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import shlex
 import shutil
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 from ingest.errors import ConfigError, ToolError
-from ingest.schema import SCHEMA_VERSION, run_spec_from_dict, to_dict
+from ingest.schema import SCHEMA_VERSION, Plant, run_spec_from_dict, to_dict
 from runner import __version__
 from runner.matrix import Campaign, attach_dataset, load_matrix, resolve_matrix, tokens_read
 from runner.nodes import (
@@ -84,7 +85,8 @@ def _print_dry_run(campaign: Campaign, out: Path, node: NodeLaunch | None = None
               + (f"micro_batch_size=auto (probes {spec.options['micro_batch_search']['candidates']}, largest first)"
                  if "micro_batch_search" in spec.options else
                  f"micro_batch_size={spec.micro_batch_size} num_microbatches={spec.num_microbatches}")
-              + (f" options={dict(spec.options)}" if spec.options else ""))
+              + (f" options={dict(spec.options)}" if spec.options else "")
+              + (f" plant={describe_plant(spec.plant)}" if spec.plant is not None else ""))
         run_dir = out / spec.name
         added = {k: v for k, v in collect_env_vars(build_run_env(spec, run_dir=run_dir, base={}, node=node)).items()}
         added["PYTHONUNBUFFERED"] = "1"
@@ -94,6 +96,13 @@ def _print_dry_run(campaign: Campaign, out: Path, node: NodeLaunch | None = None
               + shlex.join(build_command(spec, run_dir=run_dir, master_port=29500, node=node, run_index=i)))
     print("(the master port is a free port picked at launch; runner.train reads <run-dir>/spec.json, "
           "which `runner all` writes before launching)")
+
+
+def describe_plant(plant: Plant) -> str:
+    """A run's plant as matrix-style text: the keys it sets, e.g. ``{host_delay_ms = 40.0, host_delay_rank = 0}``."""
+    fields = {f.name: getattr(plant, f.name) for f in dataclasses.fields(plant)}
+    return "{" + ", ".join(f"{k} = {list(v) if isinstance(v, tuple) else v}" for k, v in fields.items()
+                           if v is not None) + "}"
 
 
 FINAL_STATUSES = {"ok", "oom", "crash", "hang", "timeout", "skipped"}  # "interrupted" is re-run by --resume

@@ -12,7 +12,16 @@ Format::
     [checkpoint]          checkpoint cost (CheckpointConfig): enabled, step, verify_steps, dir, keep
     [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree,
                           micro_batch_size (int | "auto": searched by the runner), [runs.options]
-                          (engine knobs, runner.knobs; options.loader: the real round's DataLoader)
+                          (engine knobs, runner.knobs; options.loader: the real round's DataLoader),
+                          plant (a deliberately injected slowdown, below)
+
+A run's ``plant`` table (planted causes, DESIGN.md; run-level, not a fixed variable)::
+
+    plant = { host_delay_ms = 40, host_delay_rank = 0 }   # that rank sleeps before every step's forward
+    plant = { data_delay_ms = 30 }                        # every rank's every batch fetch, that much longer
+    plant = { pp_layers = [1, 3] }                        # layers per pipeline stage instead of the even split
+
+Keys combine; host_delay_rank defaults to 0.
 
 Every [[runs]] layout runs once per data round, rounds in order (synthetic first, to rule
 out the input pipeline, then real text): the synthetic round keeps the run's name, the real
@@ -25,6 +34,7 @@ Deliberately not here: launching, hardware probing (the caller passes ``num_gpus
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -37,7 +47,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ingest.errors import ConfigError
-from ingest.schema import STRATEGY_ENGINES, FixedConfig, RunSpec
+from ingest.schema import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
 from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import build_fault
 from runner.knobs import DATA_OPTION_KEYS, check_layout_knobs, resolve_knobs, resolve_loader_knobs
@@ -59,7 +69,9 @@ FIXED_KEYS = MODEL_KEYS | {
     "global_batch_size", "dtype", "seed", "steps", "warmup_steps", "lr", "min_lr", "lr_warmup_steps",
     "weight_decay", "adam_beta1", "adam_beta2", "grad_clip", "data", "profile_start_step", "profile_num_steps",
 }
-RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options"}
+RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options",
+            "plant"}
+PLANT_KEYS = {"host_delay_ms", "host_delay_rank", "data_delay_ms", "pp_layers"}
 DTYPES = ("bf16", "fp32")
 # [fixed] key -> (type, minimum); bool is rejected where a number is expected
 FIXED_TYPES: dict[str, tuple[type, float | None]] = {
@@ -124,6 +136,64 @@ def _checkpoint_config(raw: Any, *, source: str, steps: int, window: range) -> t
                         " there would land in the traced steps; move step or the window")
     return CheckpointConfig(enabled=raw.get("enabled", True), step=step, verify_steps=verify, dir=raw.get("dir"),
                             keep=raw.get("keep", False)), problems
+
+
+def _delay_ms(raw: Mapping[str, Any], key: str, where: str, problems: list[str]) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        problems.append(f"{where} {key} must be a finite number of milliseconds >= 0, got {value!r}")
+        return None
+    return float(value)
+
+
+def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_layers: int,
+                schedule: str | None = None) -> tuple[Plant | None, list[str]]:
+    """A run's ``plant`` table -> (Plant or None, problems, one line each naming the field).
+
+    host_delay_rank must lie in [0, world_size) (default 0, only with host_delay_ms); pp_layers
+    needs pp_degree > 1, one entry >= 1 per stage, summing to num_layers, and the one-chunk-per-rank
+    1F1B schedule (``schedule``: the run's resolved options.schedule, None where there is none)."""
+    where = f"{where} plant"
+    if raw is None:
+        return None, []
+    if not isinstance(raw, dict):
+        return None, [f"{where} must be a table such as {{ data_delay_ms = 30 }}, got {raw!r}"]
+    problems = _unknown(raw.keys(), PLANT_KEYS, where)
+    if not raw:
+        problems.append(f"{where} is empty; set one of {', '.join(sorted(PLANT_KEYS))} or drop it")
+    host = _delay_ms(raw, "host_delay_ms", where, problems)
+    data = _delay_ms(raw, "data_delay_ms", where, problems)
+    rank = raw.get("host_delay_rank")
+    if rank is not None and "host_delay_ms" not in raw:
+        problems.append(f"{where} host_delay_rank without host_delay_ms; set host_delay_ms too")
+    elif isinstance(rank, bool) or not isinstance(rank, (int, type(None))) or (
+            isinstance(rank, int) and not 0 <= rank < world_size):
+        problems.append(f"{where} host_delay_rank must be a rank in [0, {world_size}) (world_size {world_size}),"
+                        f" got {rank!r}")
+        rank = None
+    elif host is not None and rank is None:
+        rank = 0
+    layers = raw.get("pp_layers")
+    if layers is not None:
+        if not isinstance(layers, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
+            problems.append(f"{where} pp_layers must be a list of integers (layers per pipeline stage), got {layers!r}")
+        elif pp_degree < 2:
+            problems.append(f"{where} pp_layers needs a pipeline (strategy 'tp_pp' with pp_degree >= 2), got"
+                            f" pp_degree {pp_degree}; drop pp_layers or raise pp_degree")
+        elif len(layers) != pp_degree or min(layers) < 1 or sum(layers) != num_layers:
+            problems.append(f"{where} pp_layers {layers} must have one entry >= 1 per stage (pp_degree {pp_degree})"
+                            f" summing to num_layers {num_layers}")
+        elif schedule not in (None, "1F1B"):
+            problems.append(f"{where} pp_layers needs schedule '1F1B' (one chunk per rank), got {schedule!r}")
+        layers = tuple(layers)
+    if problems:
+        return None, problems
+    if host is None and data is None and layers is None:
+        return None, problems
+    return Plant(host_delay_ms=host, host_delay_rank=rank if host is not None else None, data_delay_ms=data,
+                 pp_layers=layers), []
 
 
 def _data_rounds(value: Any, *, source: str) -> tuple[tuple[str, ...], list[str]]:
@@ -391,8 +461,16 @@ def resolve_matrix(
             continue
         if model.num_heads % tp or model.ffn_hidden_size % tp:
             problems.append(f"{where}: tp_degree {tp} must divide num_heads {model.num_heads} and ffn_hidden_size")
-        if model.num_layers % pp:
-            problems.append(f"{where}: pp_degree {pp} must divide num_layers {model.num_layers}")
+        plant_raw = lay["run"].get("plant")
+        raw_options = lay["run"].get("options")
+        plant, plant_problems = build_plant(
+            plant_raw, where=where, world_size=lay["world"], pp_degree=pp, num_layers=model.num_layers,
+            schedule=raw_options.get("schedule") if isinstance(raw_options, dict) else None)
+        problems += plant_problems
+        uneven = isinstance(plant_raw, dict) and plant_raw.get("pp_layers") is not None
+        if model.num_layers % pp and not uneven:
+            problems.append(f"{where}: pp_degree {pp} must divide num_layers {model.num_layers}"
+                            " (or set plant.pp_layers, an explicit split)")
         per_dp = gbs // dp
         min_m = 4 * pp if pp > 1 else 1
         mbs = lay["run"].get("micro_batch_size")
@@ -448,7 +526,7 @@ def resolve_matrix(
                 collective_timeout_s=timeouts["collective_timeout_s"], nsys=nsys, data_round=data_round, layout=layout,
                 checkpoint_step=checkpoint.step if checkpoint.enabled else None, checkpoint_dir=checkpoint.dir,
                 checkpoint_verify_steps=checkpoint.verify_steps if checkpoint.enabled else 0,
-                checkpoint_keep=checkpoint.keep,
+                checkpoint_keep=checkpoint.keep, plant=plant,
             ))
     seen: set[str] = set()
     for spec in specs:

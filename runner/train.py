@@ -150,6 +150,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
         num_gpus=ctx.world_size if ctx.device.type == "cuda" else 0,
         compile=bool(spec.options.get("compile", False)),
+        pp_stage_num_layers=getattr(trainer, "pp_stage_num_layers", None),
     )
     if ctx.rank == 0:
         write_json_atomic(run_dir / "run_info.json", to_dict(info))
@@ -268,11 +269,26 @@ def _synced_wall_s(t0: float, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+PLANT_HOST_DELAY_RANGE = "plant_host_delay"  # the profiler range a planted host delay sleeps in
+
+
+def planted_delays_s(spec: RunSpec, *, rank: int) -> tuple[float, float]:
+    """(data delay, host delay) in seconds this rank sleeps every step under the run's plant
+    (ingest.schema.Plant): the data delay on every rank, the host delay on host_delay_rank only."""
+    plant = spec.plant
+    if plant is None:
+        return 0.0, 0.0
+    data = (plant.data_delay_ms or 0.0) / 1e3
+    host = (plant.host_delay_ms or 0.0) / 1e3 if rank == plant.host_delay_rank else 0.0
+    return data, host
+
+
 def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: StepRecorder, *, fault, ctx: RankContext,
              profiler: torch.profiler.profile | None = None, steps: range | None = None,
              checkpoint: CheckpointProbe | None = None) -> dict:
-    """The instrumented training loop: per step, wait for the prefetched batch (``data_wait_s``),
-    the trainer's step, the recorder's row; after ``spec.checkpoint_step`` the checkpoint save
+    """The instrumented training loop: per step, wait for the prefetched batch (``data_wait_s``;
+    a planted data delay sleeps inside it), a planted host delay, the trainer's step, the
+    recorder's row; after ``spec.checkpoint_step`` the checkpoint save
     (its time kept out of every step's by restarting the recorder's clock). Returns
     ``{first_step_s, compile_s}`` (seconds).
 
@@ -287,15 +303,21 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
     walls: dict[int, float] = {}
     if profiler is not None:
         profiler.start()
+    data_delay_s, host_delay_s = planted_delays_s(spec, rank=ctx.rank)
     for step in steps if steps is not None else range(f.steps):
         recorder.begin_step()
         t_step = t0 = time.perf_counter()
         with phase("data"):
             inject(fault, point="data", step=step, rank=ctx.rank, device=ctx.device)
             microbatches = prefetcher.get(step)
+            if data_delay_s:  # planted: the fetch takes longer, in the loop, so the step waits for it
+                time.sleep(data_delay_s)
         data_wait_s = time.perf_counter() - t0
         lr = lr_at(step, f)
         inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
+        if host_delay_s:  # planted: host time on the training thread right before the forward
+            with torch.profiler.record_function(PLANT_HOST_DELAY_RANGE):
+                time.sleep(host_delay_s)
         entry_time_s = time.time()  # wall clock: comparable across ranks of one host
         out_step = trainer.train_step(microbatches, lr=lr)
         recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s,

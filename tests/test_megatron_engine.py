@@ -52,6 +52,7 @@ from runner.strategies.tp_pp_megatron import (  # noqa: E402
     build_transformer_config,
     count_local_params,
     map_gpt_state_to_megatron,
+    pipeline_layout,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,6 +221,56 @@ def test_tp2_forward_matches_runner_gpt(tmp_path):
         assert r["counts"] == [count_gpt_params(TINY), TINY.seq_length * TINY.hidden_size]
         assert r["max_logit_diff"] < 1e-5
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+
+
+def _pp_split_worker(rank: int, store: str, out_dir: str) -> None:
+    """PP=2 over gloo with the planted split [1, 3]: build this stage (no schedule: that needs
+    CUDA), load the runner GPT's weights into it, report what was built."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+        # With PP > 1 GPTModel syncs the tied embedding's two copies on CUDA at construction
+        # (LanguageModule.setup_embeddings_and_output_layer); on CPU skip only that sync -- the
+        # copy is loaded from the runner GPT below anyway. Nothing of the layer split is bypassed.
+        from megatron.core.models.common.language_module.language_module import LanguageModule
+        LanguageModule._is_in_embd_group = lambda self: False
+        config = build_transformer_config(TINY, dtype="fp32", tp_degree=1, pp_degree=2, pp_layers=(1, 3),
+                                          use_cpu_initialization=True)
+        model = build_gpt_model(TINY, config, pp_rank=rank)
+        torch.manual_seed(0)
+        state = GPT(TINY).state_dict()
+        missing, unexpected = model.load_state_dict(map_gpt_state_to_megatron(
+            state, TINY, tp_rank=0, tp_degree=1, pp_rank=rank, pp_degree=2, pp_layers=(1, 3)), strict=False)
+        first = model.decoder.layers[0]
+        counts = torch.tensor(count_local_params(model, tp_rank=0))
+        dist.all_reduce(counts)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
+            "num_layers": len(model.decoder.layers), "layer_numbers": [la.layer_number for la in model.decoder.layers],
+            "missing": [k for k in missing if not k.endswith("_extra_state")], "unexpected": list(unexpected),
+            "first_qkv_equal": torch.equal(first.self_attention.linear_qkv.weight,
+                                           state[f"blocks.{0 if rank == 0 else 1}.attn.qkv.weight"]),
+            "counts": counts.tolist(), "final_norm": model.decoder.final_layernorm is not None,
+        }))
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def test_planted_pp_layers_build_uneven_stages(tmp_path):
+    """plant.pp_layers [1, 3] -> Megatron's custom pipeline layout "Et|tttL": stage 0 builds layer
+    1 with the embedding, stage 1 layers 2..4 with the final norm, and the runner GPT's blocks land
+    on the matching layers."""
+    assert pipeline_layout((1, 3)) == "Et|tttL" and pipeline_layout((2, 1, 1)) == "Ett|t|tL"
+    mp.spawn(_pp_split_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert (r0["num_layers"], r0["layer_numbers"], r0["final_norm"]) == (1, [1], False)
+    assert (r1["num_layers"], r1["layer_numbers"], r1["final_norm"]) == (3, [2, 3, 4], True)
+    for r in (r0, r1):
+        assert r["missing"] == r["unexpected"] == [] and r["first_qkv_equal"]
+        assert r["counts"] == [count_gpt_params(TINY), TINY.seq_length * TINY.hidden_size]
+    with pytest.raises(ValueError, match="pp_layers"):
+        map_gpt_state_to_megatron(GPT(TINY).state_dict(), TINY, tp_rank=0, tp_degree=1, pp_rank=0, pp_degree=2,
+                                  pp_layers=(1, 2))
 
 
 # --- GPU: real runs through runner.train (skipped without CUDA) -------------------------------

@@ -1,10 +1,12 @@
-"""Pieces every torch-side trainer shares: optimizer param groups and the autocast policy."""
+"""Pieces every torch-side trainer shares: optimizer param groups, the autocast policy, phase
+ranges, torch checkpoints and the pipeline layer split."""
 from __future__ import annotations
 
 import contextlib
 from typing import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ingest.schema import PHASE_RANGES, RunSpec
@@ -65,6 +67,30 @@ def phase(name: str):
                 yield
         else:
             yield
+
+
+def pipeline_layer_split(spec: RunSpec, *, num_stages: int | None = None) -> tuple[int, ...]:
+    """Transformer layers per pipeline stage, in stage order: the run's planted ``pp_layers``
+    (ingest.schema.Plant) when it has one, else the even split of num_layers over ``num_stages``
+    (default pp_degree). Raises ValueError when neither fits."""
+    num_layers, n = spec.fixed.model.num_layers, num_stages or spec.pp_degree
+    planted = spec.plant.pp_layers if spec.plant is not None else None
+    if planted is not None:
+        if len(planted) != n or min(planted) < 1 or sum(planted) != num_layers:
+            raise ValueError(f"plant.pp_layers {list(planted)} must give each of {n} stages >= 1 layer,"
+                             f" {num_layers} in all")
+        return tuple(planted)
+    if num_layers % n:
+        raise ValueError(f"num_layers {num_layers} is not divisible by {n} pipeline stages")
+    return (num_layers // n,) * n
+
+
+def gather_stage_num_layers(num_local_layers: int, *, group: dist.ProcessGroup, device: torch.device) -> tuple[int, ...]:
+    """Every pipeline rank's built layer count, in pp-rank order (collective over ``group``)."""
+    local = torch.tensor([num_local_layers], dtype=torch.int64, device=device)
+    out = [torch.zeros_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, local, group=group)
+    return tuple(int(t.item()) for t in out)
 
 
 TORCH_CHECKPOINT_FORMAT = "torch.distributed.checkpoint"

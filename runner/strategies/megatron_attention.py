@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.process_groups_config import ProcessGroupCollection
-from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.enums import AttnMaskType, LayerType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
@@ -145,7 +145,11 @@ def build_gpt_layer_spec() -> ModuleSpec:
 
 def build_gpt_block_spec(config: TransformerConfig, *, pp_rank: Optional[int] = None) -> TransformerBlockSubmodules:
     """The decoder block of this pipeline stage: its share of layers plus the final LayerNorm
-    (built only on the last stage). ``pp_rank`` defaults to parallel_state's."""
-    num_local = get_num_layers_to_build(config, pp_rank=pp_rank)
+    (built only on the last stage). ``pp_rank`` defaults to parallel_state's. With a custom
+    pipeline layout (a planted uneven split) the count comes from the layout for ``pp_rank``:
+    megatron-core 0.16's get_num_layers_to_build drops pp_rank on that path."""
+    layout = config.pipeline_model_parallel_layout
+    num_local = layout.get_num_layers_to_build(LayerType.decoder, pp_rank=pp_rank) if layout is not None \
+        else get_num_layers_to_build(config, pp_rank=pp_rank)
     layer = build_gpt_layer_spec()
     return TransformerBlockSubmodules(layer_specs=[layer] * num_local, layer_norm=SequenceParallelLayerNorm)

@@ -5,7 +5,9 @@ data-parallel over what is left (world = TP x PP x DP).
 
 Layout. ``parallel_state.initialize_model_parallel(tp, pp)``: TP groups are consecutive ranks,
 then PP, then DP (Megatron's default order "tp-cp-ep-dp-pp"). Each rank holds layers
-[pp_rank * L/pp, (pp_rank+1) * L/pp); the first stage the word + position embeddings, the last
+[pp_rank * L/pp, (pp_rank+1) * L/pp), or, for a run with a planted uneven split
+(``plant.pp_layers``), that many layers per stage through Megatron's custom pipeline layout
+(``TransformerConfig.pipeline_model_parallel_layout``, e.g. "Et|tttL" for [1, 3]); the first stage the word + position embeddings, the last
 the final LayerNorm and the LM head, which with pp > 1 is a *copy* of the tied word embedding
 (initialised from stage 0 by an all-reduce, its gradient summed with stage 0's in
 ``finalize_model_grads``). Within a stage, QKV and fc1 are column-parallel (each rank whole
@@ -48,7 +50,8 @@ Gradient clipping to ``grad_clip`` and the pre-clip global norm (tied and TP-dup
 parameters counted once) come from ``optimizer.step()``.
 
 Deliberately not here: Transformer Engine, apex, FP8, the interleaved (virtual-pipeline)
-schedule, context / expert parallelism, activation recomputation, uneven pipeline splits.
+schedule, context / expert parallelism, activation recomputation, uneven pipeline splits other than a
+planted one.
 Megatron's schedules need CUDA: this engine runs on GPU only; on CPU the torch TP+PP engine
 runs the same layout.
 """
@@ -62,18 +65,29 @@ import torch.distributed as dist
 from ingest.schema import ModelConfig, RunSpec
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.megatron_attention import build_gpt_block_spec, gelu_tanh
-from runner.strategies.common import phase
+from runner.strategies.common import gather_stage_num_layers, phase, pipeline_layer_split
 
 INIT_STD = 0.02
 
 
+def pipeline_layout(pp_layers: tuple[int, ...]) -> str:
+    """Megatron's custom pipeline layout string for ``pp_layers`` transformer layers per stage:
+    "E" (embedding) on the first stage, "t" per decoder layer, "L" (loss) on the last, stages
+    split by "|" (megatron.core.transformer.pipeline_parallel_layer_layout, parse_str_to_list).
+    [1, 3] -> "Et|tttL"."""
+    return "E" + "|".join("t" * n for n in pp_layers) + "L"
+
+
 def build_transformer_config(
-    cfg: ModelConfig, *, dtype: str, tp_degree: int, pp_degree: int, use_cpu_initialization: bool = False
+    cfg: ModelConfig, *, dtype: str, tp_degree: int, pp_degree: int, pp_layers: tuple[int, ...] | None = None,
+    use_cpu_initialization: bool = False,
 ):
     """The TransformerConfig matching runner.model.GPT(cfg). ``dtype``: "bf16" | "fp32".
 
     Sequence parallelism is on whenever tp_degree > 1 (Megatron's guidance; it cannot be on
-    at tp 1). ``use_cpu_initialization`` is for CPU tests only."""
+    at tp 1). ``pp_layers``: layers per pipeline stage (a planted uneven split, as
+    ``pipeline_model_parallel_layout``); None: Megatron's even split. ``use_cpu_initialization``
+    is for CPU tests only."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     bf16 = dtype == "bf16"
@@ -104,6 +118,7 @@ def build_transformer_config(
         gradient_accumulation_fusion=False,  # needs apex's fused_weight_gradient_mlp_cuda
         deallocate_pipeline_outputs=True,  # Megatron-LM's default: free sent activations early
         calculate_per_token_loss=False,
+        pipeline_model_parallel_layout=pipeline_layout(pp_layers) if pp_layers is not None else None,
     )
 
 
@@ -145,16 +160,21 @@ def count_local_params(model: torch.nn.Module, *, tp_rank: int) -> tuple[int, in
 
 
 def map_gpt_state_to_megatron(
-    gpt_state: dict[str, torch.Tensor], cfg: ModelConfig, *, tp_rank: int, tp_degree: int, pp_rank: int, pp_degree: int
+    gpt_state: dict[str, torch.Tensor], cfg: ModelConfig, *, tp_rank: int, tp_degree: int, pp_rank: int, pp_degree: int,
+    pp_layers: tuple[int, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
     """runner.model.GPT state dict -> the state dict of this (tp_rank, pp_rank) GPTModel shard.
 
     Column-parallel weights/biases (qkv, fc1, word embedding / LM head) are cut along dim 0,
     row-parallel weights (proj, fc2) along dim 1; both models lay QKV out as
     (head, {q,k,v}, head_dim), so a contiguous cut gives each rank whole heads. Layers split
-    evenly over stages. Raises ValueError when the shape does not divide."""
+    evenly over stages, or ``pp_layers`` per stage. Raises ValueError when the shape does not
+    divide or pp_layers does not cover the layers."""
     L = cfg.num_layers
-    if L % pp_degree or cfg.num_heads % tp_degree or cfg.padded_vocab_size % tp_degree:
+    if pp_layers is not None and (len(pp_layers) != pp_degree or min(pp_layers) < 1 or sum(pp_layers) != L):
+        raise ValueError(f"pp_layers {list(pp_layers)} must give each of {pp_degree} stages >= 1 layer, {L} in all")
+    split = tuple(pp_layers) if pp_layers is not None else (L // pp_degree,) * pp_degree
+    if (pp_layers is None and L % pp_degree) or cfg.num_heads % tp_degree or cfg.padded_vocab_size % tp_degree:
         raise ValueError(f"layers {L} / heads {cfg.num_heads} / vocab {cfg.padded_vocab_size} "
                          f"do not divide by pp {pp_degree} / tp {tp_degree}")
 
@@ -168,9 +188,9 @@ def map_gpt_state_to_megatron(
     if pp_rank == 0:
         out["embedding.word_embeddings.weight"] = col(gpt_state["wte.weight"])
         out["embedding.position_embeddings.weight"] = gpt_state["wpe.weight"].clone()
-    per_stage = L // pp_degree
-    for local in range(per_stage):
-        src, dst = f"blocks.{pp_rank * per_stage + local}.", f"decoder.layers.{local}."
+    first = sum(split[:pp_rank])
+    for local in range(split[pp_rank]):
+        src, dst = f"blocks.{first + local}.", f"decoder.layers.{local}."
         for a, b, split in (
             ("ln_1.weight", "input_layernorm.weight", None), ("ln_1.bias", "input_layernorm.bias", None),
             ("attn.qkv.weight", "self_attention.linear_qkv.weight", col),
@@ -226,6 +246,11 @@ def _loss_func(per_token_loss: torch.Tensor):
     return loss, {"lm loss": loss.detach().clone()}
 
 
+def _planted_pp_layers(spec: RunSpec) -> tuple[int, ...] | None:
+    """The run's planted layers per stage (ingest.schema.Plant.pp_layers), or None: the even split."""
+    return pipeline_layer_split(spec) if spec.plant is not None and spec.plant.pp_layers is not None else None
+
+
 def _load_runner_gpt_init(model: torch.nn.Module, spec: RunSpec, *, tp_rank: int, pp_rank: int) -> None:
     """Overwrite this shard with the initial weights of runner.model.GPT under the campaign
     seed -- bit for bit the DDP / ZeRO-3 / torch TP+PP engines' start (built on CPU after
@@ -239,7 +264,7 @@ def _load_runner_gpt_init(model: torch.nn.Module, spec: RunSpec, *, tp_rank: int
     gpt_state = GPT(spec.fixed.model).state_dict()
     torch.set_rng_state(cpu_rng)
     shard = map_gpt_state_to_megatron(gpt_state, spec.fixed.model, tp_rank=tp_rank, tp_degree=spec.tp_degree,
-                                      pp_rank=pp_rank, pp_degree=spec.pp_degree)
+                                      pp_rank=pp_rank, pp_degree=spec.pp_degree, pp_layers=_planted_pp_layers(spec))
     missing, unexpected = model.load_state_dict(shard, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
@@ -277,8 +302,13 @@ class MegatronTPPPTrainer:
         torch.manual_seed(f.seed + 100 * pp_rank)
         tensor_parallel.model_parallel_cuda_manual_seed(f.seed + 100 * pp_rank)
 
-        self.config = build_transformer_config(cfg, dtype=f.dtype, tp_degree=spec.tp_degree, pp_degree=spec.pp_degree)
+        self.config = build_transformer_config(cfg, dtype=f.dtype, tp_degree=spec.tp_degree, pp_degree=spec.pp_degree,
+                                               pp_layers=_planted_pp_layers(spec))
         model = build_gpt_model(cfg, self.config, pp_rank=pp_rank)
+        # what was built, gathered over the pipeline: the run's record of its stage split
+        self.pp_stage_num_layers = gather_stage_num_layers(
+            len(model.decoder.layers), group=parallel_state.get_pipeline_model_parallel_group(),
+            device=ctx.device) if spec.pp_degree > 1 else None
         init = spec.options.get("init", "runner")
         if init == "runner":
             _load_runner_gpt_init(model, spec, tp_rank=tp_rank, pp_rank=pp_rank)

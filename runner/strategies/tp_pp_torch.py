@@ -19,7 +19,7 @@ Pipeline parallel (Narayanan et al. 2021, "Efficient Large-Scale Language Model 
 Clusters", section 2.2, 1F1B): ``PipelineStage`` + ``Schedule1F1B`` over the "pp" group with
 num_microbatches >= pp_degree. The shared GPT (built whole with the campaign seed, so the
 weights equal the DDP run's) is cut into S = pp_degree x v contiguous stages of num_layers/S
-blocks: stage 0 owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head.
+blocks (or, with v = 1, the run's planted ``plant.pp_layers`` blocks per stage, an uneven split): stage 0 owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head.
 ``options.schedule = "Interleaved1F1B"`` (section 2.2.2) gives each rank v = ``virtual_stages``
 chunks, rank r the stages r, r + p, ..., r + (v-1)p (torch's loop-style placement), run by
 ``ScheduleInterleaved1F1B``: the bubble shrinks to about (p-1)/(v·m) of the ideal time for v times
@@ -52,8 +52,8 @@ from runner.knobs import check_layout_knobs
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.common import (
-    TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, load_torch_checkpoint, phase,
-    save_torch_checkpoint, set_lr,
+    TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, gather_stage_num_layers,
+    load_torch_checkpoint, phase, pipeline_layer_split, save_torch_checkpoint, set_lr,
 )
 
 # Megatron-LM split of one Block (paper section 3, figure 3): f before qkv/fc, g after the projections.
@@ -69,14 +69,16 @@ class GPTStage(nn.Module):
     """One pipeline stage cut from a built GPT: tokens [mbs, T] int64 (first stage) or hidden
     [mbs, T, H] in; hidden [mbs, T, H] or logits [mbs, T, padded_vocab] (last stage) out."""
 
-    def __init__(self, gpt: GPT, *, stage: int, num_stages: int, spec: RunSpec) -> None:
+    def __init__(self, gpt: GPT, *, stage: int, split: tuple[int, ...], spec: RunSpec) -> None:
+        """``split``: blocks per stage, all stages in order (common.pipeline_layer_split); this
+        stage takes blocks sum(split[:stage]) .. + split[stage] - 1."""
         super().__init__()
-        per_stage = gpt.cfg.num_layers // num_stages
+        num_stages, start = len(split), sum(split[:stage])
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.spec = spec
         self.wte = gpt.wte if self.is_first else None
         self.wpe = gpt.wpe if self.is_first else None
-        self.blocks = nn.ModuleList(gpt.blocks[stage * per_stage : (stage + 1) * per_stage])
+        self.blocks = nn.ModuleList(gpt.blocks[start : start + split[stage]])
         self.ln_f = gpt.ln_f if self.is_last else None
         self.lm_head = None
         if self.is_last:
@@ -135,7 +137,8 @@ class TPPPTorchTrainer:
         problems = []
         if dp * pp * tp != ctx.world_size:
             problems.append(f"dp {dp} x pp {pp} x tp {tp} != world size {ctx.world_size}")
-        if cfg.num_layers % pp:
+        planted = spec.plant is not None and spec.plant.pp_layers is not None
+        if cfg.num_layers % pp and not planted:
             problems.append(f"num_layers {cfg.num_layers} is not divisible by pp_degree {pp}")
         if cfg.num_heads % tp or cfg.ffn_hidden_size % tp:
             problems.append(f"num_heads {cfg.num_heads} / ffn {cfg.ffn_hidden_size} not divisible by tp_degree {tp}")
@@ -145,6 +148,9 @@ class TPPPTorchTrainer:
         v = int(spec.options.get("virtual_stages", 1))
         problems += check_layout_knobs({"schedule": schedule, "virtual_stages": v}, num_layers=cfg.num_layers,
                                        pp_degree=pp, num_microbatches=spec.num_microbatches, where="options")
+        if planted and (schedule != "1F1B" or v != 1):
+            problems.append(f"plant.pp_layers needs schedule '1F1B' with one chunk per rank, got {schedule!r}"
+                            f" with virtual_stages {v}")
         if problems:
             raise ValueError("tp_pp/torch layout: " + "; ".join(problems))
         self.spec, self.ctx = spec, ctx
@@ -157,7 +163,9 @@ class TPPPTorchTrainer:
         self.num_params_position_embedding = gpt.wpe.weight.numel()
         self.engine_version = torch.__version__
         # this rank's chunks: stages pp_rank, pp_rank + pp, ... (v = 1: the one stage pp_rank)
-        chunks = [GPTStage(gpt, stage=self.pp_rank + k * pp, num_stages=pp * v, spec=spec).to(ctx.device)
+        # blocks per stage: the even split of the S = pp * v stages, or the run's planted pp_layers
+        split = pipeline_layer_split(spec, num_stages=pp * v)
+        chunks = [GPTStage(gpt, stage=self.pp_rank + k * pp, split=split, spec=spec).to(ctx.device)
                   for k in range(v)]
         del gpt
         for chunk in chunks:
@@ -167,6 +175,9 @@ class TPPPTorchTrainer:
                 if spec.options.get("compile", False):
                     chunk.blocks[i] = torch.compile(block)
         self.stage_module = nn.ModuleList(chunks)  # every parameter of this rank, for the optimizer and norms
+        # what was built, gathered: the run's record that a planted split is really in place
+        self.pp_stage_num_layers = gather_stage_num_layers(
+            sum(len(c.blocks) for c in chunks), group=self.mesh.get_group("pp"), device=ctx.device) if pp > 1 else None
         self.stages = [PipelineStage(chunk, self.pp_rank + k * pp, pp * v, ctx.device, group=self.mesh.get_group("pp"))
                        for k, chunk in enumerate(chunks)]
         self.is_first = any(stage.is_first for stage in self.stages)
