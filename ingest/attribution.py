@@ -20,10 +20,11 @@ Method (DESIGN.md "slow-run triage, per rank on the critical path"):
   batch fetch) or "host code" (more device-idle gaps: host code between launches, a sleep, GC).
   In the last case that many gap milliseconds of the late rank (at most the others' exposed
   wait) are counted as its skew_wait too, so the run's mean over ranks shows the skew once.
-* Pipeline waits (exposed P2P plus idle between a step's first and last compute, ingest.traces)
-  split into **bubble** -- what 1F1B implies for balanced stages, mean stage compute x
-  (p - 1) / m (Narayanan et al. 2021, section 2.2) -- and **imbalance**, the rest (steady-state
-  waits for a slower stage).
+* Pipeline waits (exposed P2P kernels, or P2P ops on CPU timelines; ingest.traces) split into
+  **bubble** -- what 1F1B implies for balanced stages, mean stage compute x (p - 1) / m
+  (Narayanan et al. 2021, section 2.2) --, **imbalance** -- steady-state waits for a stage with
+  more compute, at most this rank's compute gap to the slowest stage -- and the rest, a peer
+  late for other reasons, which counts as skew_wait.
 * **launch_gaps**: device idle outside data fetches and pipeline waits (the host is in
   framework or user code); **data_stall**: device idle while the host fetches the batch;
   **other**: exposed memcpy/memset and other kernels.
@@ -135,13 +136,19 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
                   "pipeline": tl.pipeline_wait.copy(), "launch_gaps": tl.gaps.copy(),
                   "data_stall": tl.data_stall.copy(), "other": tl.rest.copy()}
 
-    # 3. bubble vs imbalance: what 1F1B implies for stages of the mean compute
-    mean_compute = float(np.mean([per[r]["compute"].mean() for r in ranks if per[r]["compute"].size])) if ranks else 0.0
+    # 3. pipeline waits: the 1F1B bubble for stages of the mean compute, then waits for a
+    # stage with more compute (at most the compute gap to the slowest stage), then the rest:
+    # a peer late for other reasons (host code, data), i.e. skew
+    means = {r: float(per[r]["compute"].mean()) for r in ranks if per[r]["compute"].size}
+    mean_compute = float(np.mean(list(means.values()))) if means else 0.0
     implied = mean_compute * (pp_degree - 1) / num_microbatches if pp_degree > 1 else 0.0
+    slowest = max(means.values(), default=0.0)
     for r in ranks:
         pw = per[r]["pipeline"]
         per[r]["bubble"] = np.minimum(pw, np.int64(round(implied)))
-        per[r]["imbalance"] = pw - per[r]["bubble"]
+        gap = np.int64(round(max(slowest - means.get(r, slowest), 0.0)))
+        per[r]["imbalance"] = np.minimum(pw - per[r]["bubble"], gap)
+        per[r]["skew_wait"] += pw - per[r]["bubble"] - per[r]["imbalance"]
 
     # 4. charge the late rank of each step
     index = {r: {int(k): i for i, k in enumerate(timelines[r].steps.tolist())} for r in ranks}
