@@ -85,7 +85,8 @@ def pipeline_layer_split(spec: RunSpec, *, num_stages: int | None = None) -> tup
     return (num_layers // n,) * n
 
 
-def gather_stage_num_layers(num_local_layers: int, *, group: dist.ProcessGroup, device: torch.device) -> tuple[int, ...]:
+def gather_stage_num_layers(num_local_layers: int, *, group: dist.ProcessGroup,
+                            device: torch.device) -> tuple[int, ...]:
     """Every pipeline rank's built layer count, in pp-rank order (collective over ``group``)."""
     local = torch.tensor([num_local_layers], dtype=torch.int64, device=device)
     out = [torch.zeros_like(local) for _ in range(dist.get_world_size(group))]

@@ -7,8 +7,9 @@ Layout. ``parallel_state.initialize_model_parallel(tp, pp)``: TP groups are cons
 then PP, then DP (Megatron's default order "tp-cp-ep-dp-pp"). Each rank holds layers
 [pp_rank * L/pp, (pp_rank+1) * L/pp), or, for a run with a planted uneven split
 (``plant.pp_layers``), that many layers per stage through Megatron's custom pipeline layout
-(``TransformerConfig.pipeline_model_parallel_layout``, e.g. "Et|tttL" for [1, 3]); the first stage the word + position embeddings, the last
-the final LayerNorm and the LM head, which with pp > 1 is a *copy* of the tied word embedding
+(``TransformerConfig.pipeline_model_parallel_layout``, e.g. "Et|tttL" for [1, 3]); the first
+stage the word + position embeddings, the last the final LayerNorm and the LM head, which
+with pp > 1 is a *copy* of the tied word embedding
 (initialised from stage 0 by an all-reduce, its gradient summed with stage 0's in
 ``finalize_model_grads``). Within a stage, QKV and fc1 are column-parallel (each rank whole
 heads), proj and fc2 row-parallel, the vocabulary split across TP ranks; activations between

@@ -19,7 +19,8 @@ Pipeline parallel (Narayanan et al. 2021, "Efficient Large-Scale Language Model 
 Clusters", section 2.2, 1F1B): ``PipelineStage`` + ``Schedule1F1B`` over the "pp" group with
 num_microbatches >= pp_degree. The shared GPT (built whole with the campaign seed, so the
 weights equal the DDP run's) is cut into S = pp_degree x v contiguous stages of num_layers/S
-blocks (or, with v = 1, the run's planted ``plant.pp_layers`` blocks per stage, an uneven split): stage 0 owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head.
+blocks (or, with v = 1, the run's planted ``plant.pp_layers`` blocks per stage, an uneven
+split): stage 0 owns wte+wpe and its blocks, the last stage its blocks + ln_f + LM head.
 ``options.schedule = "Interleaved1F1B"`` (section 2.2.2) gives each rank v = ``virtual_stages``
 chunks, rank r the stages r, r + p, ..., r + (v-1)p (torch's loop-style placement), run by
 ``ScheduleInterleaved1F1B``: the bubble shrinks to about (p-1)/(v·m) of the ideal time for v times
