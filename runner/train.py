@@ -304,7 +304,13 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
     if profiler is not None:
         profiler.start()
     data_delay_s, host_delay_s = planted_delays_s(spec, rank=ctx.rank)
+    planted = bool(data_delay_s or host_delay_s) and ctx.device.type == "cuda"
     for step in steps if steps is not None else range(f.steps):
+        if planted:
+            # a planted delay must land on the critical path: with the device queue drained the
+            # sleep below is device idle time, as a blocking host call followed by slow host code
+            # or a slow fetch would make it (else the host's one step of lead hides it)
+            torch.cuda.synchronize(ctx.device)
         recorder.begin_step()
         t_step = t0 = time.perf_counter()
         with phase("data"):
