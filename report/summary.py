@@ -119,6 +119,7 @@ def build_summary(note: Note) -> dict[str, Any]:
                           if a and a.straggler and a.straggler["named"] else None),
             "caveats": caveats.get(m.run, []),
             "plant": dict(a.plant) if a and a.plant else None,
+            "plant_checks": [dataclasses.asdict(c) for c in note.evidence.plant_checks if c.run == m.run],
             "checkpoint_save_s": _num(m.ckpt_save_s), "checkpoint_load_s": _num(m.ckpt_load_s),
             "checkpoint_size_gib": m.ckpt_size_bytes / 2**30 if m.ckpt_size_bytes is not None else None,
         })

@@ -267,6 +267,26 @@ class AttributionView:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlantCheck:
+    """One planted cause against section 5: run, the matrix key (cause), planted_ms (the
+    delay; for pp_layers the stage excess over the mean stage compute the traces measure),
+    category it must land in, reference (the unplanted run of the same layout it is compared
+    with, or None), recovered_ms (the category's ms minus the reference's), error
+    (recovered / planted - 1), rank (the planted rank) and straggler_rank (the traces' named
+    straggler, or None)."""
+
+    run: str
+    cause: str
+    planted_ms: float
+    category: str
+    reference: str | None
+    recovered_ms: float | None
+    error: float | None
+    rank: int | None
+    straggler_rank: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvidenceSection:
     rows: tuple[BreakdownRow, ...]
     runs_without_trace: tuple[str, ...]
@@ -277,6 +297,8 @@ class EvidenceSection:
     nccl: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # third-party profiler / nsys summary tables (report.evidence.summarize_profile_tables)
     profile_tables: tuple[Mapping[str, Any], ...] = ()
+    # planted causes against what section 5 recovered (build_plant_checks)
+    plant_checks: tuple[PlantCheck, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -731,6 +753,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
     kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports)
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
+                           plant_checks=tuple(build_plant_checks(rows, runs)),
                            warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler,
                            nccl=tuple((r["run"], tuple(trace_tables.nccl[r["run"]])) for r in runs
                                       if trace_tables.nccl.get(r["run"])))
@@ -774,6 +797,42 @@ def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, A
         median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
         launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
         stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=plant)
+
+
+def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str, Any]]) -> list[PlantCheck]:
+    """Each planted cause (matrix ``plant``) against the category it must be found in: a host
+    delay in skew_wait (launch_gaps on one rank: nobody waits), a data delay in data_stall, an
+    uneven pipeline split in imbalance; recovered = the category's ms minus that of the
+    unplanted run of the same strategy, engine and degrees (no reference: the category's ms)."""
+    by_name = {r["run"]: r for r in runs}
+    att = {b.run: b.attribution for b in rows if b.attribution is not None}
+    layout = ("strategy", "engine", "world_size", "tp_degree", "pp_degree", "dp_degree", "data_round")
+    out = []
+    for name, a in att.items():
+        if not a.plant:
+            continue
+        r = by_name.get(name, {})
+        ref = next((n for n, b in att.items() if not b.plant and all(by_name.get(n, {}).get(k) == r.get(k)
+                                                                       for k in layout)), None)
+        causes = []
+        if a.plant.get("host_delay_ms"):
+            causes.append(("host_delay_ms", float(a.plant["host_delay_ms"]),
+                           "skew_wait" if int(r.get("world_size") or 1) > 1 else "launch_gaps",
+                           int(a.plant.get("host_delay_rank") or 0)))
+        if a.plant.get("data_delay_ms"):
+            causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None))
+        if a.plant.get("pp_layers") and a.stages:
+            causes.append(("pp_layers", a.stages["imbalance_s"] * 1e3, "imbalance", None))
+        for cause, planted, cat, rank in causes:
+            got = a.breakdown_ms.get(cat)
+            base = att[ref].breakdown_ms.get(cat) if ref and cause != "pp_layers" else 0.0
+            recovered = got - base if got is not None and base is not None else None
+            out.append(PlantCheck(run=name, cause=cause, planted_ms=planted, category=cat,
+                                  reference=ref if cause != "pp_layers" else None, recovered_ms=recovered,
+                                  error=recovered / planted - 1 if recovered is not None and planted > 0 else None,
+                                  rank=rank, straggler_rank=(a.straggler["rank"] if a.straggler and a.straggler["named"]
+                                                             else None)))
+    return out
 
 
 def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
