@@ -822,7 +822,8 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str,
         if a.plant.get("data_delay_ms"):
             causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None))
         if a.plant.get("pp_layers") and a.stages:
-            causes.append(("pp_layers", a.stages["imbalance_s"] * 1e3, "imbalance", None))
+            # the traced excess, rescaled to the unprofiled median step like breakdown_ms
+            causes.append(("pp_layers", a.stages["imbalance_s"] * 1e3 / (a.rescale or 1.0), "imbalance", None))
         for cause, planted, cat, rank in causes:
             got = a.breakdown_ms.get(cat)
             base = att[ref].breakdown_ms.get(cat) if ref and cause != "pp_layers" else 0.0
