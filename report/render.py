@@ -66,9 +66,12 @@ def gib(x: float | None, *, lang: Language = EN) -> str:
 
 
 def duration(seconds: float | None, *, lang: Language = EN) -> str:
-    """Seconds -> 'µs' / 'ms' / 's' / 'min s' text; None -> 'n/a'."""
+    """Seconds -> 'µs' / 'ms' / 's' / 'min s' text; None -> 'n/a'. A negative duration (a
+    difference) is its magnitude's text after a minus sign: -0.047 -> '−47.0 ms'."""
     if _missing(seconds):
         return _na(lang)
+    if seconds < 0:
+        return "−" + duration(-seconds, lang=lang)
     if seconds < 1e-3:
         return f"{lang.number(f'{seconds * 1e6:.0f}')} µs"
     if seconds < 1:
