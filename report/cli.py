@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
     diff.add_argument("old", metavar="OLD", help="the baseline campaign (campaign, tables or third-party dir)")
     diff.add_argument("new", metavar="NEW", help="the campaign compared with it")
-    diff.add_argument("--out", metavar="DIR", help="output directory (default: NEW/report-diff)")
+    diff.add_argument("--out", metavar="DIR", help="output directory (default: runs/diff-OLD-vs-NEW in the current directory)")
     diff.add_argument("--threshold", type=float, default=0.05, metavar="REL",
                       help="relative change flagged as a regression: tokens/s down, step time or memory up (default 0.05)")
     diff.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",

@@ -323,10 +323,16 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     return written
 
 
+def default_diff_out(old_source: str | Path, new_source: str | Path) -> Path:
+    """runs/diff-OLD-vs-NEW under the current directory (OLD, NEW the folders' names): a diff is
+    never written into either input (one may be a committed example or someone else's logs)."""
+    return Path("runs") / f"diff-{Path(old_source).resolve().name}-vs-{Path(new_source).resolve().name}"
+
+
 def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir: str | Path | None = None,
                       threshold: float = 0.05, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Compare two campaigns (each a campaign dir, tables dir or third-party folder): write
-    diff.json (report.diff's records) and diff.<fmt> into out_dir (default NEW/report-diff).
+    diff.json (report.diff's records) and diff.<fmt> into out_dir (default runs/diff-OLD-vs-NEW).
     threshold: relative change beyond which a worse move is flagged. Returns written paths.
     Raises ToolError subclasses."""
     from report.diff import build_diff
@@ -340,7 +346,7 @@ def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir
                               "(`ingest`) or a folder of third-party logs")
     summaries = [build_summary(load_note(source)[2]) for source in (old_source, new_source)]
     diff = build_diff(*summaries, threshold=threshold, old_source=str(old_source), new_source=str(new_source))
-    out = Path(out_dir) if out_dir else Path(new_source) / "report-diff"
+    out = Path(out_dir) if out_dir else default_diff_out(old_source, new_source)
     written = [write_bytes_atomic(out / "diff.json", render_summary_json(dataclasses.asdict(diff)))]
     if "md" in formats:
         written.append(write_bytes_atomic(
