@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from ingest.errors import ToolError
+from report import FORMATS
 from report.i18n import DEFAULT_LANGUAGE, available_languages
-from report.render import FORMATS, build_diff_report, build_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     try:
+        # here, not at import: pandas, matplotlib and the view-model (torch via runner.data) cost
+        # seconds that `report --help` should not pay
+        from report.render import build_diff_report, build_report
+
         if args.command == "diff":
             paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)
         else:

@@ -21,14 +21,13 @@ from markupsafe import Markup
 
 from ingest.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
-from report import metrics
+from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
 from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-FORMATS = ("md", "html", "pdf")
 NA = N_("n/a")
 _PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G", 4: "T", 5: "P", 6: "E"}
 
