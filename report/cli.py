@@ -21,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="write note.md / note.html / note.pdf")
     build.add_argument("campaign_dir", metavar="CAMPAIGN_DIR", help="campaign dir (`runner all`) or tables dir (`ingest`)")
     build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report)")
-    build.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
-                       help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
+    build.add_argument("--format", default=None, metavar="FMTS",
+                       help=f"comma-separated subset of {','.join(FORMATS)} (default: all; without the PDF's "
+                            "system libraries the default writes md and html and says how to get the PDF)")
     build.add_argument("--lang", default=DEFAULT_LANGUAGE, choices=available_languages(),
                        help=f"language of the note's text, numbers and dates (default: {DEFAULT_LANGUAGE})")
     diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
@@ -39,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    # the default asks for every format, the PDF where it can be made; --format pdf insists on it
+    pdf_optional = args.command == "build" and args.format is None
+    formats = [f.strip() for f in (args.format or ",".join(FORMATS)).split(",") if f.strip()]
+    notes: list[str] = []
     try:
         # here, not at import: pandas, matplotlib and the view-model (torch via runner.data) cost
         # seconds that `report --help` should not pay
@@ -48,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diff":
             paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)
         else:
-            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats, lang=args.lang)
+            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats, lang=args.lang,
+                                 warn=notes.append if pdf_optional else None)
     except ToolError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -60,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in paths:
         print(f"wrote {path}")
+    for note in notes:
+        print(f"{parser.prog}: {note}", file=sys.stderr)
     return 0
 
 
