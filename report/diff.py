@@ -4,8 +4,8 @@
 Per run present in both: old -> new, delta and relative change of throughput, MFU, step time,
 memory peaks and the section-5 shares; a regression flag where a metric moved the wrong way by
 more than the threshold (relative), or where a run that ended ok no longer does -- only between
-campaigns of the same fixed variables (model, sequence length, global batch, dtype); across
-different ones the diff says they are not comparable and judges nothing. Runs present on
+campaigns of the same fixed variables (model, sequence length, global batch, dtype) on the same
+GPU count; across different ones the diff says they are not comparable and judges nothing. Runs present on
 one side only are listed; environment fields that differ are marked. Records in, records out:
 deliberately no formatting (templates/diff.*.j2 and report.render's filters) and no file access.
 """
@@ -32,6 +32,8 @@ METRICS: tuple[tuple[str, str, str | None], ...] = (
 # the fixed variables (model shape with its sequence length, global batch, dtype): when one differs the
 # campaigns measure different workloads, so no change between them is a regression
 FIXED_FIELDS = ("model", "global_batch_size", "dtype")
+# and the GPU count (or node count): a run of the same name is then another layout (its world size)
+NOT_COMPARABLE_FIELDS = (*FIXED_FIELDS, "gpu_count", "num_nodes")
 ENV_FIELDS = ("gpu_name", "gpu_count", "driver_version", *(f"{k}_version" for k in VERSION_KEYS), "num_nodes",
               "tool_git_commit", *FIXED_FIELDS)
 
@@ -85,7 +87,7 @@ class Diff:
     only_new: tuple[str, ...]
     env: tuple[EnvChange, ...]
     mfu_conventions: tuple[str | None, str | None]
-    not_comparable: tuple[str, ...] = ()  # FIXED_FIELDS that differ: numbers side by side, nothing judged
+    not_comparable: tuple[str, ...] = ()  # NOT_COMPARABLE_FIELDS that differ: numbers side by side, nothing judged
 
     @property
     def comparable(self) -> bool:
@@ -150,10 +152,10 @@ def build_diff(old: Mapping[str, Any], new: Mapping[str, Any], *, threshold: flo
                new_source: str = "") -> Diff:
     """Two summary records (report.summary.build_summary) -> the comparison view-model.
     threshold: relative change (0.05 = 5%) beyond which a metric's worse move is a regression.
-    Campaigns whose fixed variables (FIXED_FIELDS) differ are not comparable: ``not_comparable``
-    names the fields and no run is flagged."""
+    Campaigns whose fixed variables or GPU/node count (NOT_COMPARABLE_FIELDS) differ are not
+    comparable: ``not_comparable`` names the fields and no run is flagged."""
     env = compute_env_changes(old.get("environment") or {}, new.get("environment") or {})
-    not_comparable = tuple(e.field for e in env if e.field in FIXED_FIELDS and e.changed)
+    not_comparable = tuple(e.field for e in env if e.field in NOT_COMPARABLE_FIELDS and e.changed)
     runs, only_old, only_new = compute_run_diffs(old["runs"], new["runs"], threshold=threshold,
                                                  judge=not not_comparable)
 

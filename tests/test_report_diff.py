@@ -106,13 +106,15 @@ def _summary(campaign: str, env: dict, step_time_s: float, status: str = "ok") -
 
 
 @pytest.mark.parametrize("field, new_value", [("model", "tiny: 4 layers, hidden 64, seq 256"),
-                                              ("global_batch_size", 16), ("dtype", "fp32")])
+                                              ("global_batch_size", 16), ("dtype", "fp32"), ("gpu_count", 2),
+                                              ("num_nodes", 2)])
 def test_different_fixed_variables_are_not_comparable_never_a_regression(field, new_value):
-    """Step time +131% and a failed run between campaigns of different workloads: no regression is
-    called; the summary says why the campaigns are not comparable."""
+    """Step time +131% and a failed run between campaigns of different workloads (or GPU counts:
+    a run of the same name is another layout): no regression is called; the summary says why."""
     from report.render import build_environment
 
-    env = {"model": "gpt-125m: 12 layers, hidden 768, seq 1024", "global_batch_size": 128, "dtype": "bf16"}
+    env = {"model": "gpt-125m: 12 layers, hidden 768, seq 1024", "global_batch_size": 128, "dtype": "bf16",
+           "gpu_count": 1, "num_nodes": 1}
     diff = build_diff(_summary("a", env, 0.1), _summary("b", {**env, field: new_value}, 0.231, status="crash"),
                       threshold=0.05)
     assert diff.not_comparable == (field,) and not diff.comparable
