@@ -2,7 +2,7 @@
 
 `ingest COMMBENCH_DIR [--out DIR]`: `runner commbench` results -> commbench.parquet.
 
-`ingest PATH... [--out DIR] [--strict]`: third-party artifacts (NCCL/Megatron/DeepSpeed/
+`ingest PATH... [--out DIR] [--strict]`: third-party artifacts (default out: runs/NAME/tables) (NCCL/Megatron/DeepSpeed/
 torchtitan logs, env dumps, failure reports; files or folders of them, kinds detected by
 content) -> steps/comm_topology/collectives/events/env/... Parquet tables (ingest.thirdparty).
 A single directory holding campaign.json (or runs.parquet) is a campaign, exactly as before.
@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ingest", description="Normalize a campaign directory into Parquet tables.")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="campaign directory written by `runner all`, or third-party log files / folders")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/tables, or DIR/tables "
-                        "next to the first third-party path)")
+    parser.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/tables for a campaign; "
+                        "runs/NAME/tables for third-party logs, NAME the first path's name: never inside the input)")
     parser.add_argument("--model", metavar="K=V,...", default="",
                         help="third-party logs: model shape and run facts the log does not print "
                              "(num_layers, hidden_size, num_heads, ffn_hidden_size, seq_length, vocab_size, "
@@ -46,6 +46,13 @@ def _is_campaign(paths: list[str]) -> bool:
         f.is_file() for f in root.rglob("*"))
 
 
+def default_thirdparty_out(first: Path) -> Path:
+    """runs/NAME/tables under the current directory, NAME the first input's folder or file stem
+    (the third-party campaign's name, from the out dir's parent)."""
+    name = first.resolve().name if first.is_dir() else first.stem
+    return Path("runs") / (name or "thirdparty") / "tables"
+
+
 def run_thirdparty(args: argparse.Namespace) -> int:
     from ingest import thirdparty
 
@@ -53,7 +60,8 @@ def run_thirdparty(args: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs: must be at least 1, got {args.jobs}")
     files = thirdparty.ingest_files(thirdparty.find_artifacts(args.paths), max_workers=args.jobs)
     first = Path(args.paths[0])
-    out_dir = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "tables"
+    # third-party logs are someone else's folder (often read-only, or a repository): write under runs/
+    out_dir = Path(args.out) if args.out else default_thirdparty_out(first)
     tables = thirdparty.build_tables(files)
     model = thirdparty.parse_model_flags(args.model)
     paths, notes = [], []

@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from ingest.errors import ToolError
+from report import FORMATS
 from report.i18n import DEFAULT_LANGUAGE, available_languages
-from report.render import FORMATS, build_diff_report, build_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,14 +21,15 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="write note.md / note.html / note.pdf")
     build.add_argument("campaign_dir", metavar="CAMPAIGN_DIR", help="campaign dir (`runner all`) or tables dir (`ingest`)")
     build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report)")
-    build.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
-                       help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
+    build.add_argument("--format", default=None, metavar="FMTS",
+                       help=f"comma-separated subset of {','.join(FORMATS)} (default: all; without the PDF's "
+                            "system libraries the default writes md and html and says how to get the PDF)")
     build.add_argument("--lang", default=DEFAULT_LANGUAGE, choices=available_languages(),
                        help=f"language of the note's text, numbers and dates (default: {DEFAULT_LANGUAGE})")
     diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
     diff.add_argument("old", metavar="OLD", help="the baseline campaign (campaign, tables or third-party dir)")
     diff.add_argument("new", metavar="NEW", help="the campaign compared with it")
-    diff.add_argument("--out", metavar="DIR", help="output directory (default: NEW/report-diff)")
+    diff.add_argument("--out", metavar="DIR", help="output directory (default: runs/diff-OLD-vs-NEW in the current directory)")
     diff.add_argument("--threshold", type=float, default=0.05, metavar="REL",
                       help="relative change flagged as a regression: tokens/s down, step time or memory up (default 0.05)")
     diff.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
@@ -39,12 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    # the default asks for every format, the PDF where it can be made; --format pdf insists on it
+    pdf_optional = args.command == "build" and args.format is None
+    formats = [f.strip() for f in (args.format or ",".join(FORMATS)).split(",") if f.strip()]
+    notes: list[str] = []
     try:
+        # here, not at import: pandas, matplotlib and the view-model (torch via runner.data) cost
+        # seconds that `report --help` should not pay
+        from report.render import build_diff_report, build_report
+
         if args.command == "diff":
             paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)
         else:
-            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats, lang=args.lang)
+            paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats, lang=args.lang,
+                                 warn=notes.append if pdf_optional else None)
     except ToolError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -56,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in paths:
         print(f"wrote {path}")
+    for note in notes:
+        print(f"{parser.prog}: {note}", file=sys.stderr)
     return 0
 
 

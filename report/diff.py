@@ -3,7 +3,9 @@
 
 Per run present in both: old -> new, delta and relative change of throughput, MFU, step time,
 memory peaks and the section-5 shares; a regression flag where a metric moved the wrong way by
-more than the threshold (relative), or where a run that ended ok no longer does. Runs present on
+more than the threshold (relative), or where a run that ended ok no longer does -- only between
+campaigns of the same fixed variables (model, sequence length, global batch, dtype) on the same
+GPU count; across different ones the diff says they are not comparable and judges nothing. Runs present on
 one side only are listed; environment fields that differ are marked. Records in, records out:
 deliberately no formatting (templates/diff.*.j2 and report.render's filters) and no file access.
 """
@@ -27,8 +29,13 @@ METRICS: tuple[tuple[str, str, str | None], ...] = (
     ("mem_peak_allocated_gib", "gib", "lower"),
     ("mem_peak_reserved_gib", "gib", "lower"),
 ) + tuple((share, "share", None) for share in BREAKDOWN_SHARES)
+# the fixed variables (model shape with its sequence length, global batch, dtype): when one differs the
+# campaigns measure different workloads, so no change between them is a regression
+FIXED_FIELDS = ("model", "global_batch_size", "dtype")
+# and the GPU count (or node count): a run of the same name is then another layout (its world size)
+NOT_COMPARABLE_FIELDS = (*FIXED_FIELDS, "gpu_count", "num_nodes")
 ENV_FIELDS = ("gpu_name", "gpu_count", "driver_version", *(f"{k}_version" for k in VERSION_KEYS), "num_nodes",
-              "tool_git_commit", "model", "global_batch_size", "dtype")  # the last three: the fixed variables
+              "tool_git_commit", *FIXED_FIELDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +87,11 @@ class Diff:
     only_new: tuple[str, ...]
     env: tuple[EnvChange, ...]
     mfu_conventions: tuple[str | None, str | None]
+    not_comparable: tuple[str, ...] = ()  # NOT_COMPARABLE_FIELDS that differ: numbers side by side, nothing judged
+
+    @property
+    def comparable(self) -> bool:
+        return not self.not_comparable
 
     @property
     def regressed_runs(self) -> tuple[RunDiff, ...]:
@@ -107,9 +119,10 @@ def _value(run: Mapping[str, Any], metric: str) -> float | None:
 
 
 def compute_run_diffs(old_runs: Sequence[Mapping[str, Any]], new_runs: Sequence[Mapping[str, Any]], *,
-                      threshold: float) -> tuple[list[RunDiff], list[str], list[str]]:
+                      threshold: float, judge: bool = True) -> tuple[list[RunDiff], list[str], list[str]]:
     """Summary run records of both campaigns -> (per-run diffs for names in both, in the new
-    campaign's order; names only in old; names only in new)."""
+    campaign's order; names only in old; names only in new). judge=False (campaigns that are not
+    comparable): deltas only, no metric or status flagged as a regression."""
     old_by = {r["run"]: r for r in old_runs}
     new_names = {r["run"] for r in new_runs}
     diffs = []
@@ -117,10 +130,10 @@ def compute_run_diffs(old_runs: Sequence[Mapping[str, Any]], new_runs: Sequence[
         o = old_by.get(n["run"])
         if o is None:
             continue
-        rows = tuple(compute_metric_delta(_value(o, m), _value(n, m), metric=m, unit=u, better=b, threshold=threshold)
-                     for m, u, b in METRICS)
+        rows = tuple(compute_metric_delta(_value(o, m), _value(n, m), metric=m, unit=u, better=b if judge else None,
+                                          threshold=threshold) for m, u, b in METRICS)
         flagged = tuple(d.metric for d in rows if d.regression)
-        if o.get("status") == "ok" and n.get("status") != "ok":
+        if judge and o.get("status") == "ok" and n.get("status") != "ok":
             flagged = ("status", *flagged)
         diffs.append(RunDiff(run=n["run"], old_status=o.get("status"), new_status=n.get("status"), metrics=rows,
                              regressions=flagged))
@@ -138,8 +151,13 @@ def compute_env_changes(old_env: Mapping[str, Any], new_env: Mapping[str, Any]) 
 def build_diff(old: Mapping[str, Any], new: Mapping[str, Any], *, threshold: float, old_source: str = "",
                new_source: str = "") -> Diff:
     """Two summary records (report.summary.build_summary) -> the comparison view-model.
-    threshold: relative change (0.05 = 5%) beyond which a metric's worse move is a regression."""
-    runs, only_old, only_new = compute_run_diffs(old["runs"], new["runs"], threshold=threshold)
+    threshold: relative change (0.05 = 5%) beyond which a metric's worse move is a regression.
+    Campaigns whose fixed variables or GPU/node count (NOT_COMPARABLE_FIELDS) differ are not
+    comparable: ``not_comparable`` names the fields and no run is flagged."""
+    env = compute_env_changes(old.get("environment") or {}, new.get("environment") or {})
+    not_comparable = tuple(e.field for e in env if e.field in NOT_COMPARABLE_FIELDS and e.changed)
+    runs, only_old, only_new = compute_run_diffs(old["runs"], new["runs"], threshold=threshold,
+                                                 judge=not not_comparable)
 
     def ref(s: Mapping[str, Any], source: str) -> CampaignRef:
         return CampaignRef(campaign=s["campaign"], source=source, created_at=s.get("created_at"),
@@ -148,5 +166,5 @@ def build_diff(old: Mapping[str, Any], new: Mapping[str, Any], *, threshold: flo
     return Diff(title=f"Campaign comparison: {old['campaign']} → {new['campaign']}", old=ref(old, old_source),
                 new=ref(new, new_source), threshold=threshold, runs=tuple(runs), only_old=tuple(only_old),
                 only_new=tuple(only_new),
-                env=tuple(compute_env_changes(old.get("environment") or {}, new.get("environment") or {})),
-                mfu_conventions=(old.get("mfu_convention"), new.get("mfu_convention")))
+                env=tuple(env), mfu_conventions=(old.get("mfu_convention"), new.get("mfu_convention")),
+                not_comparable=not_comparable)

@@ -63,6 +63,7 @@ class EngineGroup:
     pp_degree: int
     dp_degree: int
     device: str
+    data_round: str = "synthetic"  # RunSpec.data_round of the group's runs
     rows: tuple[EngineRow, ...]
     finding: Finding
 
@@ -134,5 +135,6 @@ def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seq
         r0 = runs[0]
         strategy, world, tp, pp, dp = layout_key(r0)
         groups.append(EngineGroup(strategy=strategy, world_size=world, tp_degree=tp, pp_degree=pp, dp_degree=dp,
-                                  device=str(r0.get("device")), rows=tuple(rows), finding=f))
+                                  device=str(r0.get("device")), data_round=str(f.evidence["data_round"]),
+                                  rows=tuple(rows), finding=f))
     return tuple(groups)

@@ -41,6 +41,15 @@ def _identity(message: str) -> str:
     return message
 
 
+def _labels_collide(labels: list[str], *, width_in: float, font_pt: float = 9.0) -> bool:
+    """Whether horizontal tick labels of ``labels``, evenly spread over ``width_in`` inches,
+    would touch (an average character is about 0.6 em wide in DejaVu Sans)."""
+    if not labels:
+        return False
+    slot_in = 0.8 * width_in / len(labels)  # the axes take about 80% of the figure's width
+    return max(len(x) for x in labels) * 0.6 * font_pt / 72 > 0.9 * slot_in
+
+
 def _svg(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings():  # layout metrics come from DejaVu Sans; CJK glyphs are drawn by the reader
@@ -54,7 +63,7 @@ def render_loss_figure(loss_curve: pd.DataFrame, *, loss_floor_nats: float | Non
                        gettext: Gettext = _identity) -> bytes:
     """Loss vs step, one line per run. loss_curve: columns run, step, loss (nats). -> SVG bytes."""
     _ = gettext
-    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    fig, ax = plt.subplots(figsize=(6.0, 3.2), layout="constrained")
     for run, df in loss_curve.groupby("run", sort=False):
         ax.plot(df["step"], df["loss"], label=str(run), linewidth=1.2)
     if loss_floor_nats is not None:
@@ -63,7 +72,8 @@ def render_loss_figure(loss_curve: pd.DataFrame, *, loss_floor_nats: float | Non
     ax.set_ylabel(_(N_("loss (nats)")))
     ax.grid(alpha=0.3)
     if not loss_curve.empty:
-        ax.legend(fontsize=8)
+        # outside the axes, to the right: the curves start high and fall, so any corner inside hides some
+        fig.legend(fontsize=7, loc="outside right upper", frameon=False)
     else:
         ax.text(0.5, 0.5, _(N_("no run reported a loss")), ha="center", va="center", transform=ax.transAxes)
     return _svg(fig)
@@ -78,6 +88,10 @@ def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str], gettex
     data = [step_times.loc[step_times["run"] == r, "step_time_s"].to_numpy() for r in present]
     if data:
         ax.boxplot(data, tick_labels=present, showfliers=False, widths=0.5)
+        if _labels_collide(present, width_in=6.0):
+            # slanted, anchored at their right end under their box: long run names never overlap
+            ax.tick_params(axis="x", labelsize=7)
+            plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
         for i, values in enumerate(data, start=1):
             offsets = [(j % 7 - 3) * 0.03 for j in range(len(values))]  # deterministic jitter
             ax.scatter([i + o for o in offsets], values, s=6, alpha=0.5, color="tab:blue")
@@ -119,6 +133,9 @@ def render_breakdown_figure(summary: pd.DataFrame, *, gettext: Gettext = _identi
 
 
 MIN_SPAN_FRACTION = 0.002  # of the step's length: narrower spans are left out of the timeline figure
+# the timeline's height in inches at most: at the note's 12.5 cm width this is about 11 cm on the page,
+# so the figure and its caption fit on one landscape A4 page; more rows get thinner lanes instead
+MAX_TIMELINE_HEIGHT_IN = 5.6
 
 
 def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
@@ -127,7 +144,8 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
     _ = gettext
     present = [r for r in runs if (spans["run"] == r).any()]
     num_rows = sum(int(spans.loc[spans["run"] == r, "rank"].nunique()) for r in present)
-    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, 0.9 + 0.32 * max(1, num_rows) + 0.45 * len(present)),
+    height_in = min(0.9 + 0.32 * max(1, num_rows) + 0.45 * len(present), MAX_TIMELINE_HEIGHT_IN)
+    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, height_in),
                              squeeze=False, sharex=True, layout="constrained")
     for ax, run in zip(axes[:, 0], present):
         df = spans[spans["run"] == run]

@@ -231,8 +231,8 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
         text = "; ".join(sorted({c.source for c in comm.curves.values()}))
         return comm, Message(N_("measured: %(curves)s (%(path)s)"), curves=text, path=bench)
     # a table of one-rank rows measures no link (bus bandwidth 0): it is said, and not used
-    why = (Message(N_("the `runner commbench` table in %(path)s measured no link (one rank: bus bandwidth 0)"), path=bench)
-           if rows else Message(N_("no `runner commbench` table in CAMPAIGN/commbench")))
+    why = (Message(N_("the runner commbench table in %(path)s measured no link (one rank: bus bandwidth 0)"), path=bench)
+           if rows else Message(N_("no runner commbench table in CAMPAIGN/commbench")))
     if intra is None:
         return comm, Message(N_("none: %(why)s and no nominal link for this device"), why=why)
     return comm, Message(N_("nominal %(link)s, %(bandwidth)s GB/s bus bandwidth, %(latency)s us (hardware.toml: "
@@ -282,6 +282,10 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
                                      memory_limit_bytes=limit).step_time_s
             except ToolError as e:
                 rate, how = None, Message(N_("no prediction: %(error)s"), error=str(e))
+        others = [name for name in solved if name != r["run"]]
+        if rate is None and others:  # other runs ended ok, but none gave a rate: say so, not "no other run"
+            how = Message(N_("none of the %(count)s other runs could be calibrated (each row says why)"),
+                          count=len(others))
         if rate is None and why.get(r["run"]):
             message, params = why[r["run"]]
             how = Message(message, how=how, **params)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,13 @@ from markupsafe import Markup
 
 from ingest.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
-from report import metrics
+from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
 from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-FORMATS = ("md", "html", "pdf")
 NA = N_("n/a")
 _PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G", 4: "T", 5: "P", 6: "E"}
 
@@ -66,9 +65,12 @@ def gib(x: float | None, *, lang: Language = EN) -> str:
 
 
 def duration(seconds: float | None, *, lang: Language = EN) -> str:
-    """Seconds -> 'µs' / 'ms' / 's' / 'min s' text; None -> 'n/a'."""
+    """Seconds -> 'µs' / 'ms' / 's' / 'min s' text; None -> 'n/a'. A negative duration (a
+    difference) is its magnitude's text after a minus sign: -0.047 -> '−47.0 ms'."""
     if _missing(seconds):
         return _na(lang)
+    if seconds < 0:
+        return "−" + duration(-seconds, lang=lang)
     if seconds < 1e-3:
         return f"{lang.number(f'{seconds * 1e6:.0f}')} µs"
     if seconds < 1:
@@ -238,13 +240,51 @@ def render_html(note: Note, *, lang: Language | str = DEFAULT_LANGUAGE) -> str:
     return env.get_template("note.html.j2").render(note=note, css=Markup(css))
 
 
+class PdfUnavailableError(ConfigError):
+    """WeasyPrint or the system libraries it loads (Pango) are missing: no PDF can be made."""
+
+
+PANGO_HINT = ("Debian/Ubuntu: apt-get install libpango-1.0-0 libpangoft2-1.0-0 (the PDF's system libraries), "
+              "then `report build DIR --format pdf`")
+# the fonts a language's PDF needs beyond DejaVu (Latin): (fontconfig language, family, how to install)
+PDF_FONTS = {"zh": ("zh", "Noto Sans CJK SC", "Debian/Ubuntu: apt-get install fonts-noto-cjk")}
+
+
+def find_font_family(fc_lang: str) -> list[str] | None:
+    """Font families fontconfig (``fc-list :lang=X family``, the library WeasyPrint draws with)
+    offers for a language; None when fc-list is not installed (cannot tell)."""
+    import shutil
+    import subprocess
+
+    fc_list = shutil.which("fc-list")
+    if fc_list is None:
+        return None
+    res = subprocess.run([fc_list, f":lang={fc_lang}", "family"], capture_output=True, text=True, timeout=60)
+    return [family for line in res.stdout.splitlines() for family in line.split(",") if family.strip()]
+
+
+def check_pdf_fonts(lang: Language) -> None:
+    """Raise ConfigError (with how to install) when the language's PDF needs a font that is not
+    installed: WeasyPrint would draw every glyph as an empty box and still succeed."""
+    need = PDF_FONTS.get(lang.code)
+    if need is None:
+        return
+    fc_lang, family, install = need
+    families = find_font_family(fc_lang)
+    if families is not None and not families:
+        raise ConfigError(f"--lang {lang.code}: the PDF needs a {lang.code} font ({family}) and fontconfig has none, "
+                          f"so every character would print as an empty box; {install}, or leave out the PDF "
+                          f"with --format md,html")
+
+
 def render_pdf(html: str, *, base_url: Path) -> bytes:
     """HTML -> PDF bytes with WeasyPrint; relative figure paths resolve against base_url.
-    Raises ConfigError when WeasyPrint or its system libraries are missing."""
+    Raises PdfUnavailableError when WeasyPrint or its system libraries are missing."""
     try:
         import weasyprint
     except (ImportError, OSError) as e:
-        raise ConfigError(f"PDF output needs WeasyPrint and its system libraries ({e}); use --format md,html") from None
+        raise PdfUnavailableError(f"PDF output needs WeasyPrint and its system libraries ({' '.join(str(e).split())}); "
+                                  f"{PANGO_HINT}, or use --format md,html") from None
     return weasyprint.HTML(string=html, base_url=str(base_url)).write_pdf()
 
 
@@ -297,12 +337,18 @@ def _check_formats(formats: Sequence[str]) -> None:
 
 
 def build_report(source: str | Path, *, out_dir: str | Path | None = None,
-                 formats: Sequence[str] = FORMATS, lang: str = DEFAULT_LANGUAGE) -> list[Path]:
+                 formats: Sequence[str] = FORMATS, lang: str = DEFAULT_LANGUAGE,
+                 warn: Callable[[str], None] | None = None) -> list[Path]:
     """Load a campaign or tables dir, write summary.json and note.<fmt> (+ figures/) into
     out_dir (default SOURCE/report). lang: the note's language (report.i18n; summary.json
-    is the same in every language). Returns written paths. Raises ToolError subclasses."""
+    is the same in every language). warn: given, a PDF that cannot be made (no WeasyPrint or
+    Pango) is skipped with one line to it, the other formats written; else PdfUnavailableError.
+    A language whose font is missing fails before anything is written (check_pdf_fonts).
+    Returns written paths. Raises ToolError subclasses."""
     _check_formats(formats)
     language = load_language(lang)
+    if "pdf" in formats:
+        check_pdf_fonts(language)
     campaign, trace_tables, note = load_note(source)
     out = Path(out_dir) if out_dir else Path(source) / "report"
     figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats, lang=language)
@@ -316,14 +362,25 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
         if "html" in formats:
             written.append(write_bytes_atomic(out / "note.html", html.encode()))
         if "pdf" in formats:
-            written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
+            try:
+                written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
+            except PdfUnavailableError as e:
+                if warn is None:
+                    raise
+                warn(f"no PDF: {e}")
     return written
+
+
+def default_diff_out(old_source: str | Path, new_source: str | Path) -> Path:
+    """runs/diff-OLD-vs-NEW under the current directory (OLD, NEW the folders' names): a diff is
+    never written into either input (one may be a committed example or someone else's logs)."""
+    return Path("runs") / f"diff-{Path(old_source).resolve().name}-vs-{Path(new_source).resolve().name}"
 
 
 def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir: str | Path | None = None,
                       threshold: float = 0.05, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Compare two campaigns (each a campaign dir, tables dir or third-party folder): write
-    diff.json (report.diff's records) and diff.<fmt> into out_dir (default NEW/report-diff).
+    diff.json (report.diff's records) and diff.<fmt> into out_dir (default runs/diff-OLD-vs-NEW).
     threshold: relative change beyond which a worse move is flagged. Returns written paths.
     Raises ToolError subclasses."""
     from report.diff import build_diff
@@ -337,7 +394,7 @@ def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir
                               "(`ingest`) or a folder of third-party logs")
     summaries = [build_summary(load_note(source)[2]) for source in (old_source, new_source)]
     diff = build_diff(*summaries, threshold=threshold, old_source=str(old_source), new_source=str(new_source))
-    out = Path(out_dir) if out_dir else Path(new_source) / "report-diff"
+    out = Path(out_dir) if out_dir else default_diff_out(old_source, new_source)
     written = [write_bytes_atomic(out / "diff.json", render_summary_json(dataclasses.asdict(diff)))]
     if "md" in formats:
         written.append(write_bytes_atomic(

@@ -304,6 +304,10 @@ def layout_key(run: Mapping[str, Any]) -> tuple:
             int(run["dp_degree"]))
 
 
+def _data_round(run: Mapping[str, Any]) -> str:
+    return str(run.get("data_round") or "synthetic")
+
+
 def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],
                     breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float], *,
                     engines: Mapping[str, Sequence[str]]) -> list[Finding]:
@@ -326,23 +330,26 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
     baseline: ratios to it are in ``vs_baseline``; on a degenerate layout (ZeRO-3 on one rank,
     TP1 x PP1) the whole gap to it is engine cost. Layout ran under one engine: kind
     "engine_single" naming the engines not run (``cpu``: Megatron-core cannot run there).
+    Runs of different data rounds (RunSpec.data_round) are separate groups.
     summary_rows / run_rows: as build_findings (same order); breakdown_rows: records with
     ``run``, ``step_time_s`` and ``<category>_s``."""
     status = {r["run"]: r.get("status") for r in run_rows}
     summary = {s["run"]: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
+    # one group per layout and data round: a real-text round is another experiment, not another engine
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for r in run_rows:
         if len(engines.get(r["strategy"], ())) > 1:
-            groups.setdefault(layout_key(r), []).append(r)
-    baselines = {int(r["world_size"]): r for r in run_rows if r["strategy"] == "ddp" and status.get(r["run"]) == "ok"
-                 and summary.get(r["run"], {}).get("tokens_per_s")}
+            groups.setdefault((*layout_key(r), _data_round(r)), []).append(r)
+    baselines = {(int(r["world_size"]), _data_round(r)): r for r in run_rows
+                 if r["strategy"] == "ddp" and status.get(r["run"]) == "ok" and summary.get(r["run"], {}).get("tokens_per_s")}
     out = []
     for key, runs in groups.items():
-        strategy, world, tp, pp, dp = key
+        strategy, world, tp, pp, dp, data_round = key
         ok = sorted((r for r in runs if status.get(r["run"]) == "ok" and summary.get(r["run"], {}).get("tokens_per_s")),
                     key=lambda r: -summary[r["run"]]["tokens_per_s"])
         layout = {"strategy": strategy, "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": dp,
+                  "data_round": data_round,
                   "degenerate": (strategy == "zero3" and dp == 1 and world == 1) or (strategy == "tp_pp" and tp == pp == 1),
                   "cpu": all(r.get("device") == "cpu" for r in runs)}
         ran = sorted({r["engine"] for r in ok})
@@ -384,7 +391,7 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
                          "dominant": dominant,
                          "dominant_share": deltas[dominant] / delta_s if delta_s > 0 else None,
                          "dominates": delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"]}
-        base = baselines.get(world)
+        base = baselines.get((world, data_round))
         if base is not None:
             base_tps = summary[base["run"]]["tokens_per_s"]
             ev["baseline"] = {"run": base["run"], "tokens_per_s": base_tps,

@@ -37,7 +37,8 @@ from runner.nodes import (
 )
 
 MATRIX_DIR = Path(__file__).resolve().parent.parent / "examples" / "matrices"
-DEFAULT_MATRICES = {0: "cpu.toml", 1: "1gpu.toml", 2: "2gpu.toml", 8: "8gpu.toml"}
+DEFAULT_MATRICES = {0: "cpu.toml", 1: "1gpu.toml", 2: "2gpu.toml", 8: "8gpu.toml", 16: "2x8gpu.toml"}
+GENERATED_MATRIX_DIR = Path("runs") / "matrices"  # other GPU counts: runner.default_matrix writes one here
 
 
 def count_gpus() -> int:
@@ -47,9 +48,19 @@ def count_gpus() -> int:
 
 
 def default_matrix(num_gpus: int) -> Path:
-    if num_gpus not in DEFAULT_MATRICES:
-        raise ToolError(f"no embedded matrix for {num_gpus} GPUs (have: {sorted(DEFAULT_MATRICES)}); pass --matrix FILE")
-    return MATRIX_DIR / DEFAULT_MATRICES[num_gpus]
+    """The hand-written matrix for this GPU count (examples/matrices), else a generated one
+    (runner.default_matrix: DDP, ZeRO-3 and the TP x PP layouts that divide the count) written
+    to runs/matrices/<N>gpu-default.toml."""
+    if num_gpus in DEFAULT_MATRICES:
+        return MATRIX_DIR / DEFAULT_MATRICES[num_gpus]
+    if num_gpus < 0:
+        raise ToolError(f"--gpus must be >= 0, got {num_gpus}")
+    from runner.default_matrix import write_default_matrix
+
+    path = write_default_matrix(num_gpus, directory=GENERATED_MATRIX_DIR)
+    print(f"runner: no hand-written matrix for {num_gpus} GPUs; using the generated {path} "
+          f"(DDP, ZeRO-3 and the TP x PP layouts that divide {num_gpus}; --matrix FILE for your own)", file=sys.stderr)
+    return path
 
 
 def _free_port() -> int:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 FAULT_KINDS = ("oom", "crash", "hang", "gpu_hang", "straggler", "slow_data")
 IMPOSSIBLE_BYTES = 1 << 50  # 1 PiB: no allocator on earth grants it
@@ -53,6 +53,10 @@ def inject(fault: Fault | None, *, point: str, step: int, rank: int, device: tor
     "step" (before the trainer's step)."""
     if fault is None or rank != fault.rank or step < fault.step:
         return
+    # torch here, not at import: runner.matrix reads build_fault, and `runner --help` must not load torch
+    import torch
+    import torch.distributed as dist
+
     if point == "data":
         if fault.kind == "slow_data":
             time.sleep(fault.seconds)

@@ -389,8 +389,8 @@ def render_plan_text(plan: Plan) -> str:
                    f"b={r.micro_batch_size} s={r.seq_length}: {_gb(r.bytes_per_layer)}")
     out.append("")
     if not plan.layouts:
+        # why, and the smallest changes that would fit (plan.advice), are the command's error: said once, there
         out.append(f"No layout fits ({plan.num_layouts_considered} considered).")
-        out += [f"  {a}" for a in plan.advice]
         return "\n".join(out) + "\n"
     out.append(f"Layouts that fit, fastest first ({plan.num_layouts_fit} of {plan.num_layouts_considered} candidates "
                f"fit; top {len(plan.layouts)}):")

@@ -155,10 +155,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     req = build_request(args)
     plan = build_plan(req, top=args.top)
     print(render_plan_text(plan), end="")
+    if not plan.layouts:  # why and what would fit, once (on stderr); exit 2 and no plan file: nothing to plan from
+        raise NoFitError("\n".join(plan.advice))
     out = args.out or Path("runs") / f"plan-{req.shape.name.split()[0]}-{req.num_gpus}gpu.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, json.loads(json.dumps(plan_to_dict(plan), default=str)))
     print(f"wrote {out}")
-    if not plan.layouts:
-        raise NoFitError("\n".join(plan.advice))
     return 0

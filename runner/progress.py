@@ -1,7 +1,8 @@
 """Live progress of one run while `runner all` supervises it, and the per-run summary `runner status` prints.
 
 MetricsTail follows the lowest rank's metrics/rank<r>.jsonl by offset, so each poll reads only
-the bytes appended since the last one. summarize_progress turns the rows seen into a
+the bytes appended since the last one; where those rows carry no loss (a pipeline's first
+stage), the highest rank's file (the last stage) supplies it. summarize_progress turns the rows seen into a
 RunProgress (step k/N, tokens/s from the median of recent step times, last loss, ETA).
 Two reporters show it: a tqdm bar on a terminal, plain `[runner] ...` lines every 10 % of the
 steps or every 30 s otherwise (logs, CI). This module does not classify how a run ended
@@ -34,10 +35,43 @@ class MetricsTail:
         self._offset = 0
         self._partial = b""
         self.num_rows = 0
+        # under PP only the last stage computes the loss: the highest rank's file supplies it
+        self._loss_path: Path | None = None
+        self._loss_offset = 0
+        self._loss_partial = b""
+        self._last_loss: float | None = None
+
+    def _rank_files(self) -> dict[int, Path]:
+        return {int(p.stem[4:]): p for p in self._dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
 
     def _lowest_rank_file(self) -> Path | None:
-        files = {int(p.stem[4:]): p for p in self._dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
+        files = self._rank_files()
         return files[min(files)] if files else None
+
+    def _poll_last_loss(self) -> float | None:
+        """The latest loss in the highest rank's file (read incrementally), or None."""
+        files = self._rank_files()
+        if not files:
+            return self._last_loss
+        path = files[max(files)]
+        if path != self._loss_path:
+            self._loss_path, self._loss_offset, self._loss_partial = path, 0, b""
+        try:
+            with path.open("rb") as f:
+                f.seek(self._loss_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self._last_loss
+        self._loss_offset += len(data)
+        *lines, self._loss_partial = (self._loss_partial + data).split(b"\n")
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(row, dict) and isinstance(row.get("loss"), (int, float)):
+                self._last_loss = row["loss"]
+        return self._last_loss
 
     def poll(self) -> list[dict]:
         path = self._lowest_rank_file()
@@ -64,6 +98,11 @@ class MetricsTail:
                 continue
             if isinstance(row, dict):
                 rows.append(row)
+        if rows and not any(isinstance(r.get("loss"), (int, float)) for r in rows):
+            # a pipeline's first stage has no loss: show the last stage's latest on the newest row
+            loss = self._poll_last_loss()
+            if loss is not None:
+                rows[-1] = {**rows[-1], "loss": loss}
         return rows
 
 

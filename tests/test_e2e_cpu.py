@@ -144,7 +144,7 @@ def test_section5_breakdown_for_every_run_adds_up_to_the_recorded_step_time(camp
         assert cells[10] != "n/a"  # the profiling cost is measured
     assert "/ 11.1%" in table["tp2-pp2"][6]  # bubble measured vs (p-1)/(m+p-1), p=2, m=8
     md = (campaign / "report" / "note.md").read_text()
-    assert "## Appendix: stage-2 knowledge map" in md
+    assert "## Appendix: tuning guide (symptom, evidence, action)" in md
     for topic in ("| NCCL |", "| DDP |", "| ZeRO-3 |", "| TP / PP |", "| Data pipeline |", "| Kernels / profiling |"):
         assert topic in md
     assert (campaign / "report" / "figures" / "breakdown.svg").exists()

@@ -57,13 +57,18 @@ def test_strict_lists_file_and_line(tmp_path, capsys):
     assert main([str(d / "artifact_19.log"), "--strict", "--out", str(tmp_path / "o2")]) == 0
 
 
-def test_default_out_and_binary_garbage_file(tmp_path, capsys):
+def test_default_out_and_binary_garbage_file(tmp_path, capsys, monkeypatch):
+    """Without --out the tables go under runs/ of the working directory, never into the input."""
     d = tmp_path / "g"
     d.mkdir()
     (d / "noise.bin").write_bytes(bytes(range(256)) * 10 + b"\n\xff\xfe plain\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
     assert main([str(d)]) == 0
     assert "unknown, 0 records" in capsys.readouterr().out
-    assert (d / "tables" / "files.parquet").is_file()
+    assert (work / "runs" / "g" / "tables" / "files.parquet").is_file()
+    assert sorted(p.name for p in d.iterdir()) == ["noise.bin"]
 
 
 def test_missing_path_is_one_line_error(tmp_path, capsys):

@@ -73,7 +73,7 @@ def test_ingest_with_model_flags_then_report_build_tables(tmp_path, capsys):
     d = folder(tmp_path, args=False)
     flags = "num_layers=32,hidden_size=4096,num_heads=32,ffn_hidden_size=11008,seq_length=4096,vocab_size=32000," \
             "dtype=bf16,gpu_name=NVIDIA H100 80GB HBM3,world_size=8"
-    assert ingest_main([str(d), "--model", flags]) == 0
+    assert ingest_main([str(d), "--model", flags, "--out", str(d / "tables")]) == 0
     out = capsys.readouterr().out
     assert f"wrote {d / 'tables' / 'runs.parquet'}" in out
     steps = pd.read_parquet(d / "tables" / "steps.parquet")
@@ -161,7 +161,7 @@ def test_torchtitan_log_alone_gives_a_metric_row_from_its_tps(tmp_path, capsys):
     shutil.copy(FIXTURES / "25_torchtitan_2025_rank0_prefix_gc_profiler.txt", d / "titan.log")
     flags = ("num_layers=32,hidden_size=4096,num_heads=32,seq_length=8192,vocab_size=128256,global_batch_size=8,"
              "world_size=8,dtype=bf16,gpu_name=NVIDIA H100 80GB HBM3")
-    assert ingest_main([str(d), "--model", flags]) == 0
+    assert ingest_main([str(d), "--model", flags, "--out", str(d / "tables")]) == 0
     steps = pd.read_parquet(d / "tables" / "steps.parquet")
     tps = steps.set_index("step")["tokens_per_s_per_gpu"]
     assert steps.set_index("step")["step_time_s"].tolist() == pytest.approx((8 * 8192 / (tps * 8)).tolist())

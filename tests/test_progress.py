@@ -176,3 +176,18 @@ def test_status_of_a_non_campaign_path_is_one_line_and_exit_2(tmp_path, what):
     res = _runner("status", str(path), timeout=120)
     assert res.returncode == 2 and res.stdout == ""
     assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith(f"runner: error: {path}: ")
+
+
+def test_tail_takes_the_loss_of_a_pipelines_last_stage(tmp_path):
+    """PP: rank 0 (first stage) writes no loss; the progress line shows the last stage's."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "rank0.jsonl").write_text("".join(
+        json.dumps({"step": s, "step_time_s": 0.1, "tokens": 1024, "loss": None}) + "\n" for s in range(3)))
+    (metrics / "rank3.jsonl").write_text("".join(
+        json.dumps({"step": s, "step_time_s": 0.1, "tokens": 1024, "loss": 10.0 - s}) + "\n" for s in range(2)))
+    tail = MetricsTail(tmp_path)
+    rows = tail.poll()
+    assert [r["loss"] for r in rows] == [None, None, 9.0] and tail.num_rows == 3
+    progress = summarize_progress(rows, run="pp", num_steps_done=3, num_steps_total=10)
+    assert "loss 9.00" in render_progress_line(progress)

@@ -97,3 +97,48 @@ def test_changed_fixed_variables_are_environment_changes():
     new = {**old, "model": "tiny: 4 layers, hidden 64", "global_batch_size": 16}
     changed = {c.field for c in compute_env_changes(old, new) if c.changed}
     assert changed == {"model", "global_batch_size"}
+
+
+def _summary(campaign: str, env: dict, step_time_s: float, status: str = "ok") -> dict:
+    return {"campaign": campaign, "environment": env, "runs": [
+        {"run": "ddp", "status": status, "tokens_per_s": 1.0 / step_time_s, "step_time_median_s": step_time_s,
+         "mem_peak_allocated_gib": 1.0}]}
+
+
+@pytest.mark.parametrize("field, new_value", [("model", "tiny: 4 layers, hidden 64, seq 256"),
+                                              ("global_batch_size", 16), ("dtype", "fp32"), ("gpu_count", 2),
+                                              ("num_nodes", 2)])
+def test_different_fixed_variables_are_not_comparable_never_a_regression(field, new_value):
+    """Step time +131% and a failed run between campaigns of different workloads (or GPU counts:
+    a run of the same name is another layout): no regression is called; the summary says why."""
+    from report.render import build_environment
+
+    env = {"model": "gpt-125m: 12 layers, hidden 768, seq 1024", "global_batch_size": 128, "dtype": "bf16",
+           "gpu_count": 1, "num_nodes": 1}
+    diff = build_diff(_summary("a", env, 0.1), _summary("b", {**env, field: new_value}, 0.231, status="crash"),
+                      threshold=0.05)
+    assert diff.not_comparable == (field,) and not diff.comparable
+    assert not diff.regressed_runs and not any(m.regression for m in diff.runs[0].metrics)
+    assert diff.runs[0].metrics[3].rel_change == pytest.approx(1.31)  # the numbers are still side by side
+    for html in (False, True):
+        text = build_environment(html=html).get_template(f"diff.{'html' if html else 'md'}.j2").render(
+            diff=diff, css="")
+        assert "Not comparable" in text
+        for flag in ("Regression in", "**regression**", '<td class="regression">', "— regression"):
+            assert flag not in text, flag
+
+
+def test_same_fixed_variables_are_judged():
+    env = {"model": "gpt-125m", "global_batch_size": 128, "dtype": "bf16", "nccl_version": "2.28.9"}
+    diff = build_diff(_summary("a", env, 0.1), _summary("b", {**env, "nccl_version": "2.29.1"}, 0.231), threshold=0.05)
+    assert diff.comparable and [r.run for r in diff.regressed_runs] == ["ddp"]
+
+
+def test_default_out_is_under_runs_never_in_an_input(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = sorted(p.name for p in EXAMPLE.iterdir())
+    assert report_main(["diff", str(EXAMPLE), str(EXAMPLE), "--format", "md"]) == 0
+    assert (work / "runs" / "diff-h200-1gpu-vs-h200-1gpu" / "diff.md").is_file()
+    assert sorted(p.name for p in EXAMPLE.iterdir()) == before

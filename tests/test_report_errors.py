@@ -91,3 +91,45 @@ def test_ingest_cli_summary_and_crashed_run_loads(campaign, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "3 runs" in proc.stdout and "tp_pp" in proc.stdout and "oom" in proc.stdout
     assert (tmp_path / "tables" / "runs.parquet").is_file() and (tmp_path / "tables" / "steps.parquet").is_file()
+
+
+# ------------------------------------------------------------------ fonts and the PDF's system libraries
+H200 = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu"
+
+
+def test_chinese_pdf_without_a_cjk_font_exits_2_saying_how_to_install(tmp_path, capsys, monkeypatch):
+    from report import render
+    from report.cli import main as report_main
+
+    monkeypatch.setattr(render, "find_font_family", lambda fc_lang: [])  # fontconfig answers: none
+    assert report_main(["build", str(H200), "--out", str(tmp_path / "zh"), "--lang", "zh"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "apt-get install fonts-noto-cjk" in err and "--format md,html" in err
+    assert not (tmp_path / "zh").exists()  # refused before anything is written
+    assert report_main(["build", str(H200), "--out", str(tmp_path / "md"), "--lang", "zh", "--format", "md"]) == 0
+
+
+def test_chinese_pdf_is_not_refused_where_the_font_is_installed(monkeypatch):
+    from report import render
+
+    monkeypatch.setattr(render, "find_font_family", lambda fc_lang: ["Noto Sans CJK SC"])
+    render.check_pdf_fonts(render.load_language("zh"))  # no error
+    monkeypatch.setattr(render, "find_font_family", lambda fc_lang: None)  # no fc-list: cannot tell, go on
+    render.check_pdf_fonts(render.load_language("zh"))
+
+
+def test_without_pango_the_default_build_writes_md_and_html_and_exits_0(tmp_path, capsys, monkeypatch):
+    import sys as _sys
+
+    from report.cli import main as report_main
+
+    monkeypatch.setitem(_sys.modules, "weasyprint", None)  # `import weasyprint` fails as without Pango
+    assert report_main(["build", str(H200), "--out", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    assert {p.name for p in (tmp_path / "a").iterdir()} >= {"note.md", "note.html"}
+    assert not (tmp_path / "a" / "note.pdf").exists()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("report: no PDF: ")
+    assert "apt-get install libpango-1.0-0" in captured.err
+    # asked for explicitly, the PDF that cannot be made is an error
+    assert report_main(["build", str(H200), "--out", str(tmp_path / "b"), "--format", "pdf"]) == 2
+    assert capsys.readouterr().err.startswith("report: error: PDF output needs WeasyPrint")

@@ -111,7 +111,9 @@ def test_unexpected_exception_is_one_line_internal_error(camp, capsys, monkeypat
     def boom(*a, **k):
         raise RuntimeError("something\nbroke")
 
-    monkeypatch.setattr(report.cli, "build_report", boom)
+    import report.render
+
+    monkeypatch.setattr(report.render, "build_report", boom)  # report.cli imports it when a command runs
     code = report_main(["build", str(camp)])
     _one_line_error(code, capsys.readouterr().err, "internal error RuntimeError: something broke (please report)")
 
