@@ -5,7 +5,7 @@ Per run present in both: old -> new, delta and relative change of throughput, MF
 memory peaks and the section-5 shares; a regression flag where a metric moved the wrong way by
 more than the threshold (relative), or where a run that ended ok no longer does. Runs present on
 one side only are listed; environment fields that differ are marked. Records in, records out:
-deliberately no formatting (templates/diff.*.j2 and report.render's filters) and no file access.
+deliberately no formatting (report/templates/diff.*.j2 and report.render's filters) and no file access.
 """
 from __future__ import annotations
 
