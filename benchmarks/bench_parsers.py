@@ -1,24 +1,21 @@
 """Parser throughput on synthetic logs built by repeating real fixture lines, read from files.
 
-    python benchmarks/bench_parsers.py [--mb 16] [--repeats 3] [--out benchmarks/results/parsers.json]
+    python benchmarks/bench_parsers.py [--mb 8] [--repeats 3] [--ranks 4] [--out benchmarks/results/parsers.json]
 
 Each corpus is written once to a temporary file (the fixture's non-blank lines cycled until
 --mb MB; for nccl_coll_tuning, real init output once and then the per-call COLL and TUNING
 lines of a 16-rank data-parallel run, generated in the documented formats: no fixture holds
-them). Measured, as ``ingest`` does it: the file streamed in blocks of whole lines
-(ingest.io.iter_text_blocks) through the parser, best of --repeats; nothing holds the whole
-text, so memory stays bounded by the parser's aggregated records. Throughput = file bytes /
-wall time; ``native``: whether a compiled scanner read it (ingest/parsers/_*_scan.pyx). Each
-corpus is also read on the parsers' Python path (scanners off; ``mb_per_s_python``) and, on
-that path, through ``ingest_file`` in 2 shards on 2 processes (ingest.sharded;
-``mb_per_s_sharded``, same result as the serial parse), with the machine's load average. Then ``ingest_files`` on all corpora at once (a process per CPU):
-the rate when a folder of logs is ingested. Targets (issue 3): NCCL >= 100 MB/s, training
-logs >= 50 MB/s.
+them). Measured in one run, as ``ingest`` does it:
 
-    python benchmarks/bench_parsers.py --shard-sizes 1,2,4,8,16 [--out /tmp/sizes.json]
+- per corpus, one process: the file streamed in blocks of whole lines
+  (ingest.io.iter_text_blocks) through the parser's per-line path, best of --repeats.
+  Throughput = file bytes / wall time (``mb_per_s``: MB/s per core). Target: >= 15 MB/s.
+- a folder of --ranks per-rank logs (each a --mb MB copy of the --folder-corpus corpus)
+  through ``ingest_files`` (worker processes, one file each): ``folder.mb_per_s``, against
+  0.8 x min(ranks, CPUs) x that corpus's one-process rate.
 
-measures instead, for each corpus cut to each size (MB), the serial and the 2-shard rate:
-the evidence for ingest.thirdparty.SHARD_MIN_BYTES (below it, one process is faster).
+The machine's load average is recorded with each measurement: the CPUs are shared, so a
+number is only as good as the load it was taken under.
 """
 from __future__ import annotations
 
@@ -40,10 +37,11 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.io import iter_text_blocks  # noqa: E402
 from ingest.parsers import parse_text  # noqa: E402
-import ingest.parsers  # noqa: E402
-from ingest.thirdparty import ingest_file, ingest_files, scanned_natively  # noqa: E402
+from ingest.thirdparty import ingest_files  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "real"
+TARGET_MB_PER_S = 15  # per core, each corpus (issue 18)
+FOLDER_EFFICIENCY = 0.8  # a folder of N logs: >= this x min(N, CPUs) x the one-process rate
 CORPORA = {  # name -> (kind, fixtures whose lines are cycled, target MB/s)
     "nccl_transport_init": ("nccl", ["01_nccl_oldfmt_busid_ib_2node.txt", "02_nccl_busid_p2p_ipc_read_container.txt",
                                      "04_nccl_ib_2node_rings_trees_mnnvl.txt", "06_nccl_nvls_shm_h800_devremap.txt",
@@ -188,98 +186,81 @@ def write_corpus(name: str, names: list[str], num_bytes: int, directory: Path) -
     return path
 
 
-def measure(path: Path, kind: str, repeats: int, *, native: bool = True) -> dict:
-    """One process, best of ``repeats``; native=False: the parsers' Python path (compiled
-    scanners off, ``ingest.parsers.NATIVE``)."""
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def measure(path: Path, kind: str, repeats: int) -> dict:
+    """One process, best of ``repeats`` (the machine is shared: the best run is the parser's cost)."""
     size = path.stat().st_size
     times = []
-    ingest.parsers.NATIVE = native
-    try:
-        for _ in range(repeats):  # best of N: the machine is shared, the best run is the parser's cost
-            t0 = time.perf_counter()
-            result = parse_text(iter_text_blocks(path), source="bench", kind=kind)
-            times.append(time.perf_counter() - t0)
-    finally:
-        ingest.parsers.NATIVE = True
+    load = loadavg()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = parse_text(iter_text_blocks(path), source="bench", kind=kind)
+        times.append(time.perf_counter() - t0)
     dt = min(times)
     return {"kind": kind, "bytes": size, "seconds_best": round(dt, 3), "seconds_all": [round(t, 3) for t in times],
             "mb_per_s": round(size / dt / 1e6, 1), "records": len(result.records), "unparsed": result.unparsed,
-            "native": native and scanned_natively(kind), "loadavg": [round(x, 2) for x in os.getloadavg()]}
+            "loadavg_before": load, "loadavg_after": loadavg()}
 
 
-def measure_sharded(path: Path, repeats: int, *, num_workers: int = 2) -> dict:
-    """``ingest_file`` on the Python path (compiled scanners off: with them built it does not
-    shard) in shards on ``num_workers`` processes, best of ``repeats``."""
-    size = path.stat().st_size
+def measure_folder(paths: list[Path], repeats: int, *, one_process_mb_per_s: float) -> dict:
+    """``ingest_files`` on a folder of per-rank logs (default workers: min(files, CPUs)), best of ``repeats``."""
+    size = sum(p.stat().st_size for p in paths)
     times = []
-    ingest.parsers.NATIVE = False
-    try:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            ingest_file(path, max_workers=num_workers, shard_min_bytes=0)
-            times.append(time.perf_counter() - t0)
-    finally:
-        ingest.parsers.NATIVE = True
-    return {"seconds_best_sharded": round(min(times), 3), "seconds_all_sharded": [round(t, 3) for t in times],
-            "mb_per_s_sharded": round(size / min(times) / 1e6, 1), "num_workers_sharded": num_workers,
-            "loadavg_sharded": [round(x, 2) for x in os.getloadavg()]}
-
-
-def shard_sizes(sizes_mb: list[float], repeats: int, out: str) -> int:
-    """Serial vs 2-shard rate per corpus and size (the SHARD_MIN_BYTES evidence)."""
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, (kind, names, _) in CORPORA.items():
-            for mb in sizes_mb:
-                path = write_corpus(name, names, int(mb * 1e6), Path(tmp))
-                serial = measure(path, kind, repeats)
-                sharded = measure_sharded(path, repeats)
-                rows.append({"corpus": name, "mb": mb, "mb_per_s": serial["mb_per_s"],
-                             "mb_per_s_sharded": sharded["mb_per_s_sharded"], "loadavg": sharded["loadavg_sharded"]})
-                print(f"{name:22s} {mb:6.1f} MB  serial {serial['mb_per_s']:7.1f} MB/s  2 shards "
-                      f"{sharded['mb_per_s_sharded']:7.1f} MB/s  (load {sharded['loadavg_sharded'][0]})")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({"python": platform.python_version(), "cpu_count": os.cpu_count(), "rows": rows},
-                                    indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0
+    load = loadavg()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ingest_files(paths)
+        times.append(time.perf_counter() - t0)
+    rate = size / min(times) / 1e6
+    workers = min(len(paths), os.cpu_count() or 1)
+    target = FOLDER_EFFICIENCY * workers * one_process_mb_per_s
+    return {"files": len(paths), "bytes": size, "workers": workers, "seconds_best": round(min(times), 3),
+            "seconds_all": [round(t, 3) for t in times], "mb_per_s": round(rate, 1),
+            "one_process_mb_per_s": one_process_mb_per_s, "speedup": round(rate / one_process_mb_per_s, 2),
+            "target_mb_per_s": round(target, 1), "meets_target": rate >= target,
+            "loadavg_before": load, "loadavg_after": loadavg()}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, default=16)
+    ap.add_argument("--mb", type=float, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ranks", type=int, default=4, help="per-rank logs in the folder measurement")
+    ap.add_argument("--folder-corpus", default="megatron_run", choices=sorted(CORPORA))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "parsers.json"))
-    ap.add_argument("--shard-sizes", metavar="MB,MB,...", help="measure serial vs 2 shards at these sizes instead")
     args = ap.parse_args(argv)
-    if args.shard_sizes:
-        return shard_sizes([float(x) for x in args.shard_sizes.split(",")], args.repeats, args.out)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for name, (kind, names, target) in CORPORA.items():
-            paths.append(write_corpus(name, names, int(args.mb * 1e6), Path(tmp)))
-            r = measure(paths[-1], kind, args.repeats)
-            r["target_mb_per_s"] = target
-            r["meets_target"] = r["mb_per_s"] >= target
-            r["mb_per_s_python"] = measure(paths[-1], kind, args.repeats, native=False)["mb_per_s"]
-            r.update(measure_sharded(paths[-1], args.repeats))
+        for name, (kind, names, _) in CORPORA.items():
+            path = write_corpus(name, names, int(args.mb * 1e6), Path(tmp))
+            r = measure(path, kind, args.repeats)
+            r["target_mb_per_s"] = TARGET_MB_PER_S
+            r["meets_target"] = r["mb_per_s"] >= TARGET_MB_PER_S
             results[name] = r
-            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {target}{', compiled scanner' if r['native'] else ''}) "
-                  f"records={r['records']} unparsed={r['unparsed']}; Python path {r['mb_per_s_python']:7.1f}, "
-                  f"in 2 shards {r['mb_per_s_sharded']:7.1f} MB/s (load {r['loadavg'][0]})")
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            ingest_files(paths)
-            times.append(time.perf_counter() - t0)
-        size = sum(p.stat().st_size for p in paths)
-        serial = all(scanned_natively(CORPORA[p.stem][0]) for p in paths)  # ingest_files' own rule
-        folder = {"files": len(paths), "bytes": size, "workers": 1 if serial else min(os.cpu_count() or 1, len(paths)),
-                  "seconds_best": round(min(times), 3), "mb_per_s": round(size / min(times) / 1e6, 1)}
-        print(f"all {len(paths)} files via ingest_files: {folder['mb_per_s']} MB/s with {folder['workers']} processes")
+            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {TARGET_MB_PER_S}) records={r['records']} "
+                  f"unparsed={r['unparsed']} (load {r['loadavg_before'][0]} -> {r['loadavg_after'][0]})")
+            path.unlink()
+        kind, names, _ = CORPORA[args.folder_corpus]
+        ranks = Path(tmp) / "ranks"
+        ranks.mkdir()
+        first = write_corpus(args.folder_corpus, names, int(args.mb * 1e6), ranks)
+        paths = [ranks / f"rank{r}.log" for r in range(args.ranks)]
+        for p in paths:
+            os.link(first, p)  # the same bytes per rank: each is parsed on its own
+        first.unlink()
+        folder = measure_folder(paths, args.repeats, one_process_mb_per_s=results[args.folder_corpus]["mb_per_s"])
+        folder["corpus"] = args.folder_corpus
+        print(f"folder of {folder['files']} {args.folder_corpus} rank logs via ingest_files: {folder['mb_per_s']} MB/s with "
+              f"{folder['workers']} processes (x{folder['speedup']} one process; target {folder['target_mb_per_s']}) "
+              f"(load {folder['loadavg_before'][0]} -> {folder['loadavg_after'][0]})")
     out = {"python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-           "mb_per_corpus": args.mb, "loadavg_at_end": os.getloadavg(), "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+           "mb_per_corpus": args.mb, "repeats": args.repeats, "loadavg_at_end": loadavg(),
+           "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+           "targets": {"mb_per_s_per_core": TARGET_MB_PER_S, "folder_efficiency": FOLDER_EFFICIENCY},
+           "all_corpora_meet_target": all(r["meets_target"] for r in results.values()),
            "results": results, "folder": folder}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

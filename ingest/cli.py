@@ -7,7 +7,8 @@ torchtitan logs, env dumps, failure reports; files or folders of them, kinds det
 content) -> steps/comm_topology/collectives/events/env/... Parquet tables (ingest.thirdparty).
 A single directory holding campaign.json (or runs.parquet) is a campaign, exactly as before.
 --strict: exit 1 listing file:line of every unparsed line (first 20 per file). --jobs N:
-processes to parse with (a big log is parsed in shards on all of them; 1: one process).
+worker processes to parse the files with, one file per process at a time (default: min(files,
+CPUs); 1: this process only).
 
 Exit codes: 0 ok, 2 user error (one line ``ingest: error: ...`` on stderr, never a traceback).
 """
@@ -33,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "global_batch_size, world_size, tp_degree, pp_degree, micro_batch_size, dtype, gpu_name, "
                              "position_embedding); with them runs.parquet is written for `report build`")
     parser.add_argument("--strict", action="store_true", help="third-party files: exit 1 if any line was not parsed, listing file:line")
-    parser.add_argument("--jobs", type=int, metavar="N", help="third-party files: processes to parse with (default: one "
-                        "per CPU; a big log is cut into shards parsed in parallel, same result; 1: one process)")
+    parser.add_argument("--jobs", type=int, metavar="N", help="third-party files: worker processes, each parsing whole "
+                        "files (default: min(files, CPUs); 1: this process only)")
     return parser
 
 

@@ -10,7 +10,6 @@ computation, any formatting.
 """
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import re
 import json
@@ -383,8 +382,7 @@ def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None
 
 
-def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20,
-                     span: tuple[int, int] | None = None):
+def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20):
     """The text of a file (third-party log) as a ``TextBlocks``: blocks of whole lines, streamed.
 
     Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Python's universal newlines split
@@ -392,35 +390,17 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
     block holds about ``block_chars`` characters and memory stays bounded. Bytes that are not
     UTF-8 are replaced, so this never raises a decode error; a missing/unreadable file raises
     ParseError naming it (at the call, before any block is read).
-
-    span: (start, end) byte offsets: only the text of those bytes (read in binary, decoded
-    incrementally). With start 0 or just after a ``\\n`` byte and end just after one or at the
-    end of the file (``plan_text_shards`` cuts so), the spans' lines, one after another, are
-    the whole file's lines: no UTF-8 sequence and no ``\\r\\n`` straddles such a cut.
     """
     from ingest.parsers import TextBlocks
     try:
-        f = open(path, encoding="utf-8", errors="replace", newline="") if span is None else open(path, "rb")
+        f = open(path, encoding="utf-8", errors="replace", newline="")
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
 
     def chunks():
         with f:
-            if span is None:
-                while data := f.read(block_chars):
-                    yield data
-                return
-            start, end = span
-            f.seek(start)
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            left = end - start
-            while left > 0:
-                raw = f.read(min(left, block_chars))
-                left = left - len(raw) if raw else 0
-                if text := decoder.decode(raw, final=left == 0):
-                    yield text
-            if text := decoder.decode(b"", final=True):
-                yield text  # (the file ended before the span did)
+            while data := f.read(block_chars):
+                yield data
 
     def blocks():
         rest = ""
@@ -443,143 +423,6 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
 
 def _newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
-
-
-@dataclass(frozen=True, kw_only=True)
-class TextShard:
-    """Bytes [start, end) of a text file, whole lines; first_lineno: the 1-based number, in the
-    whole file, of the shard's first line (lines as ``iter_text_blocks`` splits them)."""
-
-    start: int
-    end: int
-    first_lineno: int
-
-
-_SEARCH_BYTES = 1 << 16  # read forward in pieces this big to find the next newline
-_COUNT_BYTES = 1 << 23  # read this much at a time to count line breaks
-_TIMESTAMP_LOOKBACK = 256  # a line longer than this before a cut is not an ISO timestamp alone
-
-
-def plan_text_shards(path: str | os.PathLike[str], num_shards: int, *, near: list[int] | None = None,
-                     avoid_timestamps: bool = True, start: int = 0) -> list[TextShard]:
-    """Cut a text file (from byte ``start`` on: 0, or just after a newline) into about
-    ``num_shards`` shards of about equal size, for reading in parallel.
-
-    Each cut lies just after a ``\\n`` byte at or after its target (``start + (size - start)
-    * i / num_shards``, or each byte offset of ``near``), so no line, UTF-8 sequence or
-    ``\\r\\n`` is split; a
-    target past the last newline gives no cut, so a file of one huge line is one shard.
-    avoid_timestamps: move a cut down a line (up to 4 times) while the line before it is an
-    ISO timestamp alone (CloudWatch exports put one before each line; it belongs to the next
-    line, so a shard starting after it could not be merged). Shard first line numbers count
-    the line breaks before the cut as universal newlines do (``\\n``, ``\\r\\n``, lone
-    ``\\r``): one binary pass over the file up to the last cut. Returns the shards in order,
-    covering the file from ``start`` (at least one; none if ``start`` is at a non-empty file's end). Raises
-    ParseError if the file cannot be read.
-    """
-    try:
-        size = os.path.getsize(path)
-        f = open(path, "rb")
-    except OSError as e:
-        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
-    if start >= size > 0:
-        f.close()
-        return []
-    targets = sorted(near) if near is not None else [start + (size - start) * i // max(num_shards, 1)
-                                                     for i in range(1, num_shards)]
-    cuts: list[int] = []
-    with f:
-        for target in targets:
-            cut = _line_end(f, max(target, cuts[-1] + 1 if cuts else start + 1))
-            for _ in range(4 if avoid_timestamps else 0):
-                if cut is None or not _timestamp_before(f, cut):
-                    break
-                cut = _line_end(f, cut + 1)
-            if cut is None or cut >= size:
-                break
-            cuts.append(cut)
-        firsts = _first_linenos(f, [start, *cuts])
-    bounds = [start, *cuts, size]
-    return [TextShard(start=a, end=b, first_lineno=n) for a, b, n in zip(bounds, bounds[1:], firsts)]
-
-
-def _line_end(f, at: int) -> int | None:
-    """The offset just after the first ``\\n`` byte at offset ``at - 1`` or later, None if none."""
-    pos = at - 1
-    f.seek(pos)
-    while piece := f.read(_SEARCH_BYTES):
-        i = piece.find(b"\n")
-        if i >= 0:
-            return pos + i + 1
-        pos += len(piece)
-    return None
-
-
-def _timestamp_before(f, cut: int) -> bool:
-    """Whether the line that ends at ``cut`` (just after its newline) is, normalised as the
-    parsers do, an ISO timestamp alone (or a launcher prefix alone: harmless to move past)."""
-    from ingest.parsers import iter_lines
-
-    start = max(cut - 1 - _TIMESTAMP_LOOKBACK, 0)
-    f.seek(start)
-    data = f.read(cut - 1 - start)
-    if data.endswith(b"\r"):
-        data = data[:-1]  # (the \r of a \r\n)
-    i = data.rfind(b"\n")
-    if i < 0 and start > 0:
-        return False
-    line = _newlines(data[i + 1:].decode("utf-8", errors="replace")).rpartition("\n")[2]
-    return bool(line.strip()) and next(iter_lines(line), None) is None
-
-
-def _first_linenos(f, offsets: list[int]) -> list[int]:
-    """1 + the number of line breaks before each offset (sorted), by universal newlines."""
-    out, breaks, pos, last_cr = [], 0, 0, False
-    f.seek(0)
-    for cut in offsets:
-        while pos < cut:
-            piece = f.read(min(_COUNT_BYTES, cut - pos))
-            if not piece:
-                break
-            breaks += piece.count(b"\n")
-            if last_cr and piece[0] == 0x0A:
-                breaks -= 1  # a \r\n across two pieces: one break, counted twice
-            if b"\r" in piece:
-                breaks += piece.count(b"\r") - piece.count(b"\r\n")
-            last_cr = piece[-1] == 0x0D
-            pos += len(piece)
-        out.append(breaks + 1)
-    return out
-
-
-def file_size(path: str | os.PathLike[str]) -> int:
-    """The size of a file in bytes. Raises ParseError if it cannot be read."""
-    try:
-        return os.path.getsize(path)
-    except OSError as e:
-        raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
-
-
-def write_spill(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """Pickle ``obj`` into a new file ``path`` (a worker's result handed to its parent through a
-    private temporary directory, not a pipe). Returns the path."""
-    import pickle
-
-    path = Path(path)
-    with open(path, "xb") as f:
-        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-    return path
-
-
-def load_spill(path: str | os.PathLike[str]) -> Any:
-    """The object ``write_spill`` put in ``path``; the file is deleted. Only for files this
-    program wrote itself (unpickling runs code named in the file)."""
-    import pickle
-
-    path = Path(path)
-    data = path.read_bytes()
-    path.unlink()
-    return pickle.loads(data)
 
 
 def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> str:

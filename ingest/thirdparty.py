@@ -1,7 +1,8 @@
 """Third-party artifacts -> normalized Parquet tables (``ingest FILE|DIR ... [--out DIR] [--strict]``).
 
 Each file's kind is detected by content (``ingest.parsers.detect_kind``), its lines streamed
-through the matching pure parser, and the records gathered into tables: ``steps``,
+through the matching pure parser (a folder's files in parallel worker processes, one file per
+process), and the records gathered into tables: ``steps``,
 ``memory``, ``timers``, ``comm_topology``, ``collectives``, ``events``, ``env``, ``kernels``
 (profiler tables, nsys stats), ``stacks`` (py-spy), ``flops_profile`` (DeepSpeed), plus
 ``files`` (one row per input: kind, records, unparsed lines, warnings). Every table's
@@ -11,7 +12,6 @@ metric computation (report).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from dataclasses import dataclass
@@ -25,7 +25,6 @@ from ingest.errors import NoDataError, ParseError
 from ingest.io import iter_text_blocks, read_text_head, write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, PARSED_KINDS, ParseResult, detect_kind, parse_text
 from ingest.schema import SCHEMA_VERSION
-from ingest.sharded import can_shard, count_shards, parse_file_sharded
 
 TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
           "flops_profile")
@@ -59,76 +58,27 @@ def find_artifacts(paths: list[str]) -> list[Path]:
     return out
 
 
-# Below this size a file is parsed in one process: a worker's records travel back pickled and
-# the pool starts in tens of milliseconds, which a small file does not win back (measured: see
-# benchmarks/bench_parsers.py --shard-sizes).
-SHARD_MIN_BYTES = 8 << 20
-
-
-def ingest_file(path: str | os.PathLike[str], *, max_workers: int | None = None,
-                shard_min_bytes: int = SHARD_MIN_BYTES) -> IngestedFile:
-    """Detect the kind of one file and parse it, streaming its text in blocks of whole lines.
-
-    A file of at least ``shard_min_bytes`` bytes whose kind shards and has no compiled scanner
-    built (``scanned_natively``: one process with the scanner beats shards, whose records travel
-    back pickled: benchmarks/results/parsers.json) is cut into shards read on
-    ``max_workers`` processes, this one included (default: one per CPU; 1: this process
-    only, serially); the result is the serial parse's (``ingest.sharded``). Raises
-    ParseError for an unreadable file."""
+def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
+    """Detect the kind of one file and parse it in this process, streaming its text in blocks
+    of whole lines (memory bounded by the records, not the file). Raises ParseError for an
+    unreadable file."""
     kind = detect_kind(read_text_head(path, HEAD_CHARS))
     source = str(path)
-    workers = max_workers or os.cpu_count() or 1
-    size = _size(path)
-    if workers >= 2 and can_shard(kind) and not scanned_natively(kind) and size >= shard_min_bytes:
-        result, _ = parse_file_sharded(path, kind=kind, source=source, num_shards=count_shards(size, workers),
-                                       max_workers=workers - 1)
-    elif kind is None:
-        result = parse_text(iter_text_blocks(path), source=source, kind="unknown")
-    else:
-        result = parse_text(iter_text_blocks(path), source=source, kind=kind)
-    return IngestedFile(path=source, result=result)
-
-
-def scanned_natively(kind: str | None) -> bool:
-    """Whether the first parser of ``kind``'s chain reads with a compiled scanner here
-    (ingest/parsers/_*_scan.pyx built and ``ingest.parsers.NATIVE`` on)."""
-    import ingest.parsers
-    chain = ingest.parsers.build_chain(kind or "unknown", source="")
-    return bool(chain) and ingest.parsers.NATIVE and bool(chain[0].native)
-
-
-def _scanned_natively_file(path: str | os.PathLike[str]) -> bool:
-    try:
-        return scanned_natively(detect_kind(read_text_head(path, HEAD_CHARS)))
-    except ParseError:
-        return False  # ingest_file reports it
-
-
-def _size(path: str | os.PathLike[str]) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0  # the error comes from the reading, with its message
-
-
-PARALLEL_MIN_BYTES = 8 << 20  # below this in all, one process parses faster than starting a pool
+    return IngestedFile(path=source, result=parse_text(iter_text_blocks(path), source=source, kind=kind or "unknown"))
 
 
 def ingest_files(paths: list[Path], *, max_workers: int | None = None) -> list[IngestedFile]:
-    """``ingest_file`` for each path, in input order. Several files holding together more than
-    ``PARALLEL_MIN_BYTES``, not all of kinds a compiled scanner reads, are parsed in parallel
-    processes (one per CPU, at most one per file); otherwise one after another in this process
-    (with the scanners, faster than workers whose records travel back pickled: measured 51 vs
-    30 MB/s on the benchmark's corpora, 2-core VM). Raises ParseError for an unreadable file,
-    as ingest_file."""
-    cpus = max_workers or os.cpu_count() or 1
-    workers = min(cpus, len(paths))
-    sizes = [_size(p) for p in paths]
-    if workers < 2 or sum(sizes) < PARALLEL_MIN_BYTES or all(map(_scanned_natively_file, paths)):
-        return [ingest_file(p, max_workers=cpus) for p in paths]
+    """``ingest_file`` for each path, results in input order. The files are parsed in parallel
+    worker processes, one file per task (``max_workers``: default min(files, CPUs); 1 or a
+    single file: in this process). A file is always parsed whole by one process (one log per
+    rank is the usual shape of a run's output, so a run's folder spreads over the cores).
+    Raises ParseError for an unreadable file, as ingest_file."""
+    workers = min(len(paths), max_workers or os.cpu_count() or 1)
+    if workers < 2:
+        return [ingest_file(p) for p in paths]
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(functools.partial(ingest_file, max_workers=1), paths))
+        return list(pool.map(ingest_file, paths))
 
 
 def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:

@@ -7,7 +7,7 @@ more than the threshold (relative), or where a run that ended ok no longer does 
 campaigns of the same fixed variables (model, sequence length, global batch, dtype) on the same
 GPU count; across different ones the diff says they are not comparable and judges nothing. Runs present on
 one side only are listed; environment fields that differ are marked. Records in, records out:
-deliberately no formatting (templates/diff.*.j2 and report.render's filters) and no file access.
+deliberately no formatting (report/templates/diff.*.j2 and report.render's filters) and no file access.
 """
 from __future__ import annotations
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from ingest.errors import ConfigError
 from ingest.io import load_hardware_toml
 
-HARDWARE_TOML = Path(__file__).resolve().parent.parent / "hardware.toml"
+HARDWARE_TOML = Path(files("ingest") / "hardware.toml")  # package data (pyproject.toml), found through the package
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
 _ENTRY_KEYS = {"name", "match", "source", "memory_gib", "fabric", "pcie", *DTYPES}
 

@@ -3,7 +3,7 @@
 Jinja2 with StrictUndefined (a missing field fails loudly) and autoescape for HTML. All
 number formatting lives in the filters below, in the note's language (report.i18n: Python
 rounds, Babel writes the locale's symbols); the fixed text is gettext messages; templates only
-loop and print. PDF is WeasyPrint applied to the HTML with templates/print.css. Files are
+loop and print. PDF is WeasyPrint applied to the HTML with report/templates/print.css. Files are
 written atomically via ingest.io. Deliberately not here: any metric computation.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from report.summary import build_summary, render_summary_json
 from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
 from report.view import Figure, Note, build_note
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(files("report") / "templates")  # package data (pyproject.toml), found through the package
 NA = N_("n/a")
 _PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G", 4: "T", 5: "P", 6: "E"}
 
@@ -205,7 +206,7 @@ def _markup(html: bool) -> dict[str, Any]:
 
 
 def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> jinja2.Environment:
-    """Jinja environment over templates/ with StrictUndefined, autoescape iff html, the
+    """Jinja environment over report/templates/ with StrictUndefined, autoescape iff html, the
     filters formatting numbers for ``lang``, and gettext (``_``, ``ngettext``, ``pgettext``,
     new style: ``_("%(n)s runs", n=x)``; ``_(value)`` of a report.i18n.Message prints it
     translated) from its catalog. Globals: ``strong``, ``code``,

@@ -21,6 +21,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,8 @@ from runner.shapes import (
     ModelShape, compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-HARDWARE_TOML = ROOT / "hardware.toml"
-PERFMODEL_TOML = ROOT / "perfmodel.toml"
+HARDWARE_TOML = Path(files("ingest") / "hardware.toml")  # package data (pyproject.toml), found through the package
+PERFMODEL_TOML = Path(files("runner") / "perfmodel.toml")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 ENGINE_OF_SHARDING = {"ddp": "torch-ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
                       "megatron": "megatron", "megatron-distopt": "megatron"}

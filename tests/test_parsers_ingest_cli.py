@@ -78,26 +78,21 @@ def test_missing_path_is_one_line_error(tmp_path, capsys):
 
 
 def test_files_parsed_in_parallel_processes_equal_one_by_one(tmp_path):
-    """Above PARALLEL_MIN_BYTES the files go to a process pool: same results, same order."""
-    from unittest import mock
-
+    """Files go to a process pool, one file per task: same results, same order as --jobs 1."""
     from ingest import thirdparty
     paths = thirdparty.find_artifacts([str(folder(tmp_path))])
-    serial = thirdparty.ingest_files(paths)
-    with mock.patch.object(thirdparty, "PARALLEL_MIN_BYTES", 0):
-        parallel = thirdparty.ingest_files(paths, max_workers=2)
+    serial = thirdparty.ingest_files(paths, max_workers=1)
+    parallel = thirdparty.ingest_files(paths, max_workers=2)
     assert [f.path for f in parallel] == [str(p) for p in paths]
     assert parallel == serial
 
 
-def test_a_file_gone_before_its_worker_reads_it_is_a_parse_error(tmp_path):
-    from unittest import mock
-
-    import pytest
-
-    from ingest import thirdparty
-    from ingest.errors import ParseError
-    paths = thirdparty.find_artifacts([str(folder(tmp_path))])
-    paths[1].unlink()
-    with mock.patch.object(thirdparty, "PARALLEL_MIN_BYTES", 0), pytest.raises(ParseError, match=f"{paths[1]}: cannot read"):
-        thirdparty.ingest_files(paths, max_workers=2)
+def test_cli_jobs(tmp_path, capsys):
+    import pandas as pd
+    logs = folder(tmp_path)
+    for jobs in ("1", "2"):
+        assert main([str(logs), "--out", str(tmp_path / f"out{jobs}"), "--jobs", jobs]) == 0
+    for table in (tmp_path / "out1").iterdir():
+        assert pd.read_parquet(table).equals(pd.read_parquet(tmp_path / "out2" / table.name)), table.name
+    assert main([str(logs), "--jobs", "0"]) == 2
+    assert "--jobs: must be at least 1, got 0" in capsys.readouterr().err

@@ -142,21 +142,12 @@ def test_synthetic_warn_tuning_coll_versions_and_plugins():
     assert r.unparsed_lines == (16,)
 
 
-def test_bulk_fast_path_equals_per_line_path():
-    from ingest.parsers import run_parsers
-    from ingest.parsers.failures import FailureScanner
-    from ingest.parsers.nccl import NcclParser
-
+def test_streamed_lines_equal_the_text():
     for p in sorted(FIXTURES.glob("*nccl*.txt")):
         text = p.read_text(encoding="utf-8")
-        fast = parse_nccl(text, source="s")
-        slow = run_parsers(text, [NcclParser("s"), FailureScanner("s")], kind="nccl", fast=False)
-        key = lambda r: repr(sorted(r.items()))  # noqa: E731
-        assert sorted(map(key, fast.records)) == sorted(map(key, slow.records)), p.name
-        assert (fast.unparsed, fast.unparsed_lines, fast.num_lines) == (slow.unparsed, slow.unparsed_lines, slow.num_lines), p.name
-        streamed = parse_nccl(iter(text.split("\n")), source="s")
-        assert (streamed.records, streamed.unparsed_lines) == (fast.records, fast.unparsed_lines)
-
+        whole, streamed = parse_nccl(text, source="s"), parse_nccl(iter(text.split("\n")), source="s")
+        assert (streamed.records, streamed.unparsed_lines, streamed.num_lines) == (whole.records, whole.unparsed_lines,
+                                                                                  whole.num_lines), p.name
 
 def test_nccl_2_28_tuning_names_init_api_prefix_graph_and_timings():
     """NCCL 2.28 on two H200s (this project's examples/h200-2gpu): TUNING by name with a

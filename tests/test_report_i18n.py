@@ -25,7 +25,7 @@ from report.i18n import Language, _usable, available_languages, load_language
 from report.render import build_environment, build_report
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu"
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent.parent / "report" / "templates"
 RUNS = ("ddp", "zero3", "megatron-tp1-pp1")
 TITLES = {
     "en": ("Parallel layout trade-off: h200-1gpu", "Executive summary", "Contents", "1. Environment",

@@ -69,6 +69,6 @@ class CollectEnvParser(LineParser):
         return False
 
 
-def parse_collect_env(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_collect_env(text, *, source: str) -> ParseResult:
     """Parse collect_env output (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [CollectEnvParser(source)], kind="collect_env", fast=fast)
+    return run_parsers(text, [CollectEnvParser(source)], kind="collect_env")

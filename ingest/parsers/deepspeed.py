@@ -12,13 +12,8 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import UNKNOWN, LineParser, ParseResult, StepRowParser, fast_rank, merge_step_row, run_parsers, to_gib, to_num
+from ingest.parsers import LineParser, ParseResult, StepRowParser, run_parsers, to_gib, to_num
 from ingest.parsers.failures import FailureScanner
-
-try:
-    from ingest.parsers import _train_scan
-except ImportError:  # not built (no C compiler at install): the Python path alone
-    _train_scan = None
 
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
 _RANK = re.compile(r"\[Rank (\d+)\] ")
@@ -54,22 +49,6 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
 
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
-    hints = ("[", "MA ", "CPU Virtual Memory:")
-    # Fast lines: the step and throughput-timer messages whole (groups as _STEP / _OLD_TIMER /
-    # _NEW_TIMER read them; anything unusual -- a second space, a second rank tag, non-ASCII
-    # digits -- fails them and takes "prefixed"), then any prefixed line.
-    fast_head = (r"\[(?P<d_ts>[0-9]{4}-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9],[0-9]+)\] "
-                 r"\[[A-Z]+\] \[[\w.]+:[0-9]+:(?P<d_func>\w+)\] ?")
-    fast_lines = (
-        ("step", r"(?:\[Rank (?P<s_rank>[0-9]+)\] |)step=(?P<s_step>[0-9]+), skipped=(?P<s_skip>[0-9]+), "
-                 r"lr=\[(?P<s_lr>[^\],\n]+)(?:.*\S|)"),
-        ("timer", r"(?:[0-9]+/(?P<t_step>[0-9]+), |epoch=[0-9]+/micro_step=[0-9]+/global_step=(?P<t_gstep>[0-9]+), "
-                  r"RunningAvgSamplesPerSec=(?P<t_avg>[0-9.]+), Curr)SamplesPerSec=(?P<t_sps>[0-9.]+)"
-                  r"(?:, MemAllocated=(?P<t_ma>[0-9.]+\w*B), MaxMemAllocated=(?P<t_mma>[0-9.]+\w*B)|)(?:.*\S|)"),
-        ("prefixed", r"(?P<d_msg>.*)"),
-    )
-
-    native = native_misses = _train_scan is not None
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -77,13 +56,6 @@ class DeepSpeedParser(StepRowParser):
         self._mem_label: tuple[int, str] | None = None
         self._mem: dict | None = None
         self._last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
-        self._native = None if _train_scan is None else _train_scan.DeepSpeedScan(source, kind=self.kind, to_gib=to_gib)
-
-    def native_scan(self, text: str, pos: int, lineno: int, misses=None) -> tuple[int, int, int, int]:
-        """Step and throughput-timer lines in the compiled scanner (_train_scan.DeepSpeedScan)."""
-        pos, lineno, last, resume, self._last_step, self._last_rank = self._native.scan(
-            text, pos, lineno, misses, self.records, self._steps, self._last_step, self._last_rank)
-        return pos, lineno, last, resume
 
     def _row(self, rank, step: int, lineno: int) -> dict:
         if rank is None:
@@ -98,43 +70,6 @@ class DeepSpeedParser(StepRowParser):
         if p is None:
             return self._bare(lineno, body, ts, rank)
         return self._message(lineno, p.group("ts"), p.group("func"), p.group("msg").strip(), rank)
-
-    def fast_prefixed(self, lineno: int, m, ts) -> bool:
-        return self._message(lineno, m.group("d_ts"), m.group("d_func"), m.group("d_msg").strip(), fast_rank(m))
-
-    def fast_step(self, lineno: int, m, ts) -> bool:
-        """A ``step=`` progress line: as ``_message`` reads it."""
-        time, func, rank, step, skipped, lr = m.group("d_ts", "d_func", "s_rank", "s_step", "s_skip", "s_lr")
-        if func == "see_memory_usage":
-            return False  # a memory label: the general path
-        if m.end("s_lr") == m.end("step"):  # the lr run ends the line: without the whitespace the normaliser strips
-            lr = lr.rstrip()
-            if not lr:
-                return False
-        row = self._row(int(rank) if rank else fast_rank(m), int(step), lineno)
-        row.update(time=time, num_skipped_iterations=int(skipped))
-        try:
-            row["lr"] = float(lr)
-        except ValueError:
-            pass
-        return True
-
-    def fast_timer(self, lineno: int, m, ts) -> bool:
-        """A throughput-timer line (old ``e/s, SamplesPerSec=`` or new ``epoch=/micro_step=/
-        global_step=``): as ``_message`` reads it."""
-        time, func, step, gstep, avg, sps, ma, mma = m.group("d_ts", "d_func", "t_step", "t_gstep", "t_avg", "t_sps",
-                                                             "t_ma", "t_mma")
-        if func == "see_memory_usage":
-            return False
-        row = self._row(fast_rank(m), int(step or gstep), lineno)
-        row.setdefault("time", time)
-        row["samples_per_s"] = float(sps)
-        if avg:
-            row["samples_per_s_running_avg"] = float(avg)
-        if ma:
-            row["mem_allocated_gib"] = to_gib(ma)
-            row["mem_max_allocated_gib"] = to_gib(mma)
-        return True
 
     def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
         """The message of a ``[ts] [LEVEL] [file.py:line:func]`` line. (The ``in`` tests are
@@ -206,70 +141,6 @@ class DeepSpeedParser(StepRowParser):
             return True
         return False
 
-    # Shards (LineParser.start_shard): last step, last rank and memory label are unknown until
-    # the shards before are merged; CPU lines before the shard's first MA line update the
-    # previous shard's last memory record, so they are kept aside until then.
-
-    def start_shard(self) -> None:
-        super().start_shard()
-        self._last_step = self._last_rank = UNKNOWN
-        self._mem_label = (None, UNKNOWN)
-        self._mem = self._mem_before = _MemUpdates()
-
-    def end_shard(self) -> None:
-        super().end_shard()
-        self._unknown_at = [i for i, rec in enumerate(self.records)
-                            if rec.get("step") is UNKNOWN or rec.get("label") is UNKNOWN]
-
-    def at_rest(self) -> bool:
-        return True  # every carried value merges (absorb)
-
-    def absorb(self, later: DeepSpeedParser) -> None:
-        label = self._mem_label[1] if self._mem_label else None
-        for i in later._unknown_at:
-            rec = later.records[i]
-            if rec.get("step") is UNKNOWN:
-                rec["step"] = self._last_step
-            if rec.get("label") is UNKNOWN:
-                rec["label"] = label
-        if later._mem_before and self._mem is not None:
-            self._mem.update(later._mem_before)
-        if later._mem is not later._mem_before:
-            self._mem = later._mem
-        if later._mem_label[1] is not UNKNOWN:
-            self._mem_label = later._mem_label
-        if later._last_step is not UNKNOWN:
-            self._last_step = later._last_step
-        if any(rank is UNKNOWN for rank, _ in later._steps):
-            later._steps, later._soft = _resolve_rank(later._steps, later._soft, self._last_rank)
-        if later._last_rank is not UNKNOWN:
-            self._last_rank = later._last_rank
-        super().absorb(later)
-
-
-class _MemUpdates(dict):
-    """The CPU-memory values a shard read before its first MA line (see DeepSpeedParser.absorb)."""
-
-
-def _resolve_rank(steps: dict[tuple, dict], soft: dict[tuple, list], rank) -> tuple[dict, dict]:
-    """A shard's rows (and their setdefault-only keys, see StepRowParser.end_shard) with the
-    unknown last rank replaced by ``rank``. Rows keyed with the unknown rank were all made
-    before the shard's first explicit rank, so a row that now has the key of a later one of
-    the shard is its earlier part: the two merge, in line order."""
-    out: dict[tuple, dict] = {}
-    out_soft: dict[tuple, list] = {}
-    for (r, step), row in steps.items():
-        keys = soft.get((r, step), [])
-        if r is UNKNOWN:
-            r = row["rank"] = rank
-        have = out.get((r, step))
-        if have is None:
-            out[(r, step)] = row
-            out_soft[(r, step)] = list(keys)
-        else:
-            merge_step_row(have, row, keys, out_soft[(r, step)])
-    return out, {k: v for k, v in out_soft.items() if v}
-
 
 def build_deepspeed_chain(source: str) -> list[LineParser]:
     """The parsers a DeepSpeed log goes through, first that recognises a line wins."""
@@ -277,6 +148,6 @@ def build_deepspeed_chain(source: str) -> list[LineParser]:
     return [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
 
 
-def parse_deepspeed(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_deepspeed(text, *, source: str) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_deepspeed_chain(source), kind="deepspeed", fast=fast)
+    return run_parsers(text, build_deepspeed_chain(source), kind="deepspeed")

@@ -86,15 +86,11 @@ _VERBOSE = re.compile(r"comm op: (?P<op>.+?) \| time \(ms\): (?P<t>[\d.]+) \| ms
 
 class FlopsProfileParser(LineParser):
     kind = "deepspeed"
-    hints = ("DeepSpeed Flops Profiler",)  # outside a summary, only its banner is recognised
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._rec: dict | None = None
         self._modules = False  # inside the aggregated/detailed part: every line is the profiler's
-
-    def idle(self) -> bool:
-        return self._rec is None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if _BANNER.match(body):
@@ -130,25 +126,14 @@ class FlopsProfileParser(LineParser):
                 return True
         return bool(_NOTATION.match(body))
 
-    def at_rest(self) -> bool:
-        return self._rec is None and not self._modules
-
-    def absorb(self, later: FlopsProfileParser) -> None:
-        self._rec, self._modules = later._rec, later._modules  # a summary open at the later shard's end
-        super().absorb(later)
-
 
 class CommsLogParser(LineParser):
     kind = "deepspeed"
-    hints = ("comm op: ", "Comm. Op")  # outside a table: a verbose op line or a table header
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._table: str | None = None  # "summary" | "straggler" while inside a table
         self._op: tuple[str, str | None] | None = None
-
-    def idle(self) -> bool:
-        return self._table is None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _VERBOSE.search(body)
@@ -195,9 +180,3 @@ class CommsLogParser(LineParser):
                 "rank": rank, "collective": op, "caller": caller, "msg_size_bytes": size_bytes, "num_calls": count,
                 **extra}
 
-    def at_rest(self) -> bool:
-        return self._table is None and self._op is None
-
-    def absorb(self, later: CommsLogParser) -> None:
-        self._table, self._op = later._table, later._op  # a table open at the later shard's end
-        super().absorb(later)

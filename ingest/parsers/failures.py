@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import UNKNOWN, Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_gib, to_int
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_gib, to_int
 
 _GLOG = re.compile(
     r"\[?(?P<sev>[EWIF])(?P<date>\d{3,4})?(?: (?P<time>\d\d:\d\d:\d\d\.\d+))?(?: \d+)? (?P<loc>[\w./]+:\d+)\] (?P<msg>.*)"
@@ -73,9 +73,6 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    # Every rule above needs one of these (outside a ChildFailedError block / after a frame).
-    hints = ("ChildFailedError", "CUDA out of memory", "] ", "Traceback", 'File "', "^", "frame #", "Exception raised from ",
-             "=" * 20, "-" * 20, "failed (exitcode: ", "closing signal", "NCCL_")
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -90,9 +87,6 @@ class FailureScanner(LineParser):
         rec.update(cols)
         self.records.append(rec)
         return rec
-
-    def idle(self) -> bool:
-        return not self._in_block and not self._after_frame
 
     def _flush_child(self) -> None:
         if self._child is not None:
@@ -222,38 +216,12 @@ class FailureScanner(LineParser):
     def finish(self) -> None:
         self._flush_child()
 
-    # Shards (LineParser.start_shard): a ChildFailedError block or a traceback frame's source
-    # line open at a cut is not at rest. The script named by the first block's "X FAILED" line
-    # is carried to every later block: a later shard reads its blocks as if one was named
-    # (UNKNOWN, filled in when merged), which is exact unless none was named before it.
-    # ``_root`` starts UNKNOWN too: every block sets it first, so it tells whether one was read.
-
-    def start_shard(self) -> None:
-        self._script = self._root = UNKNOWN
-
-    def at_rest(self) -> bool:
-        return not self._in_block and not self._after_frame
-
-    def can_absorb(self, later: FailureScanner) -> bool:
-        """Not when no script was named before the later shard and it read a block: the serial
-        parse would have taken that block's FAILED line as the name."""
-        return self._script is not None or later._root is UNKNOWN
-
-    def absorb(self, later: FailureScanner) -> None:
-        for rec in (*later.records, later._child):
-            if rec is not None and rec.get("script") is UNKNOWN:
-                rec["script"] = self._script
-        if later._root is not UNKNOWN:
-            self._root = later._root
-        self._child, self._in_block, self._after_frame = later._child, later._in_block, later._after_frame
-        super().absorb(later)
-
 
 def build_failures_chain(source: str) -> list[LineParser]:
     """The parsers a failure report goes through."""
     return [FailureScanner(source)]
 
 
-def parse_failures(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_failures(text, *, source: str) -> ParseResult:
     """Parse failure reports into ``events`` rows (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_failures_chain(source), kind="failures", fast=fast)
+    return run_parsers(text, build_failures_chain(source), kind="failures")

@@ -9,23 +9,14 @@ transport) with ``num_channels`` (lines) and ``channels`` (distinct ids, first-s
 aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
 (WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
 Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
-The compiled scanner ingest/parsers/_nccl_scan.pyx (optional; ``NcclParser.native_scan``)
-takes the plain INFO lines that carry the volume and updates the same state; this module's
-Python path is the reference it is tested against, and takes every other line.
 Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
 """
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
-
-try:  # the compiled scanner (ingest/parsers/_nccl_scan.pyx); without it, the Python path
-    from ingest.parsers._nccl_scan import Memo as _ScanMemo, scan as _native_scan
-except ImportError:  # pragma: no cover - not built (no C compiler), or a stale build without the scanner
-    _ScanMemo = _native_scan = None
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -143,53 +134,14 @@ _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+
 _RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$")
 
 
-# Fast lines (see LineParser): plain ``host:pid:tid [dev] NCCL INFO`` lines; transport edges,
-# the bulk of an INFO log, are aggregated straight from the match.
-_FAST_ENDPOINT = r"[0-9]+\[[0-9a-fA-F]+\]|[0-9]+"
-_FAST_DIRECTION = {" [send]": "send", " [receive]": "receive", "": ""}
-
-
 class NcclParser(LineParser):
     kind = "nccl"
-    hints = ("NCCL ", "#")
-    fast_head = r"(?P<host>[\w.\-]+):(?P<pid>[0-9]+):[0-9]+ \[(?P<dev>[0-9]+)\] NCCL INFO "
-    fast_lines = (
-        ("edge", rf"Channel (?P<e_ch>[0-9]+)(?:/[0-9]+|) : (?P<e_src>{_FAST_ENDPOINT}) -> "
-                 rf"(?P<e_dst>{_FAST_ENDPOINT})(?P<e_dir> \[send\]| \[receive\]|) via (?P<e_via>.*\S)"),
-        # per-call COLL and TUNING lines (the bulk of a COLL,TUNING log): counted into their row
-        ("coll", r"(?P<c_msg>(?P<c_func>[A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "
-                 r"count (?P<c_count>[0-9]+) datatype (?P<c_dt>[0-9]+) op (?P<c_redop>[0-9]+) root (?P<c_root>-?[0-9]+) "
-                 r"comm (?P<c_comm>0x[0-9a-f]+)(?: \[nranks=[0-9]+\]|)(?: stream \S+|))"),
-        ("tuning", r"(?P<u_msg>(?:(?P<u_func>[A-Za-z]+): |)(?P<u_bytes>[0-9]+) Bytes -> "
-                   r"Algo (?P<u_algo>[0-9]+) proto (?P<u_proto>[0-9]+) (?:time|channels) [0-9.]+(?:.*\S|))"),
-        ("tuning_named", r"(?P<v_msg>(?P<v_func>[A-Za-z]+): (?P<v_bytes>[0-9]+) Bytes -> Algo (?P<v_algo>[A-Z][A-Z_]*) "
-                         r"proto (?P<v_proto>[A-Z][A-Z0-9]*) channel\{Lo\.\.Hi\}=\{[0-9]+\.\.[0-9]+\})"),
-        ("info", r"(?P<i_msg>\S(?:.*\S)?)"),
-    )
-    bulk_normalise = ((re.compile(r" opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ "), " opCount 0 sendbuff 0 recvbuff 0 "),
-                      (re.compile(r" time [0-9.]+"), " time 0"))
-    bulk_markers = (" opCount ", " Bytes -> Algo ", " via ")
-    bulk_lines = {
-        "edge": ("host", "pid", "dev", "e_ch", "e_src", "e_dst", "e_dir", "e_via"),  # dev: for a new edge's row
-        "coll": ("host", "pid", "c_func", "c_count", "c_dt", "c_redop", "c_root", "c_comm"),
-        "tuning": ("u_func", "u_bytes", "u_algo", "u_proto"),
-        "tuning_named": ("v_func", "v_bytes", "v_algo", "v_proto"),
-    }
-    native = _native_scan is not None
-
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._edges: dict[tuple, dict] = {}
         self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
-        self._scan_memo = _ScanMemo() if _ScanMemo is not None else None  # the compiled scanner's memo of keys
-
-    def native_scan(self, text: str, pos: int, lineno: int) -> tuple[int, int, int, int]:
-        """The compiled scanner (see LineParser.native_scan): it updates this parser's records,
-        edges, call rows and seen env values in place, as the Python path below would."""
-        return _native_scan(text, pos, lineno, self.source, self.records, self._edges, self._edge_channels,
-                            self._colls, self._seen_env, self._scan_memo)
 
     def _header(self, rec: dict, h: tuple) -> dict:
         rec["host"], rec["pid"] = h[0], int(h[1])
@@ -225,89 +177,6 @@ class NcclParser(LineParser):
         src = f"{g[2]}[{g[3]}]" if g[3] else g[2]
         dst = (f"{g[4]}[{g[5]}]" if g[5] else g[4]) if g[4] else ""
         self._add_edge(lineno, hdr, (hdr[0], hdr[1], src, dst, g[6], g[7]), g[1], g[0] == "CollNet")
-
-    def fast_edge(self, lineno: int, m, ts) -> bool:
-        host, pid, dev, ch, src, dst, direction, via = m.group("host", "pid", "dev", "e_ch", "e_src", "e_dst",
-                                                               "e_dir", "e_via")
-        self._add_edge(lineno, (host, pid, dev), (host, pid, src, dst, _FAST_DIRECTION[direction], via), ch, False)
-        return True
-
-    def fast_coll(self, lineno: int, m, ts) -> bool:
-        host, pid, func, count, dt, redop, root, comm = m.group("host", "pid", "c_func", "c_count", "c_dt", "c_redop",
-                                                                 "c_root", "c_comm")
-        have = self._colls.get(("coll", host, pid, comm, func, count, dt, redop, root))
-        if have is None:  # a new call shape: the general path builds its row
-            return self._coll(lineno, m.group("c_msg"), m.group("host", "pid", "dev"))
-        have["num_calls"] += 1
-        return True
-
-    def fast_tuning(self, lineno: int, m, ts) -> bool:
-        func, size, algo, proto = m.group("u_func", "u_bytes", "u_algo", "u_proto")
-        have = self._colls.get(("tuning", func, int(size), int(algo), int(proto)))
-        if have is None:
-            return self._msg(lineno, m.group("host", "pid", "dev"), m.group("u_msg"), ts, None)
-        have["num_calls"] += 1
-        return True
-
-    def fast_tuning_named(self, lineno: int, m, ts) -> bool:
-        have = self._colls.get(_named_key(*m.group("v_func", "v_bytes", "v_algo", "v_proto")))
-        if have is None:
-            return self._msg(lineno, m.group("host", "pid", "dev"), m.group("v_msg"), ts, None)
-        have["num_calls"] += 1
-        return True
-
-    def fast_info(self, lineno: int, m, ts) -> bool:
-        host, pid, dev, msg, rank = m.group("host", "pid", "dev", "i_msg", "rank")
-        return self._msg(lineno, (host, pid, dev), msg, ts, int(rank) if rank else None)
-
-    def bulk(self, counts: dict[str, Counter]) -> bool:
-        """Lines per key of the bulk rows (see bulk_lines); only adds to rows that exist."""
-        adds = []
-        for (host, pid, _, ch, src, dst, direction, via), n in counts["edge"].items():
-            key = (host, pid, src, dst, _FAST_DIRECTION[direction], via)
-            if ch not in self._edge_channels.get(key, ()):
-                return False  # a new edge or channel: its first line and order matter (bulk_new)
-            adds.append((self._edges[key], "num_channels", n))
-        if not self._calls_known(counts):
-            return False  # a new call shape
-        for (host, pid, func, count, dt, redop, root, comm), n in counts["coll"].items():
-            adds.append((self._colls[("coll", host, pid, comm, func, count, dt, redop, root)], "num_calls", n))
-        for (func, size, algo, proto), n in counts["tuning"].items():
-            adds.append((self._colls[("tuning", func, int(size), int(algo), int(proto))], "num_calls", n))
-        for key, n in counts["tuning_named"].items():
-            adds.append((self._colls[_named_key(*key)], "num_calls", n))
-        for row, column, n in adds:
-            row[column] += n
-        return True
-
-    def _calls_known(self, counts: dict[str, Counter]) -> bool:
-        try:
-            return (all(("coll", host, pid, comm, func, count, dt, redop, root) in self._colls
-                        for host, pid, func, count, dt, redop, root, comm in counts["coll"])
-                    and all(("tuning", func, int(size), int(algo), int(proto)) in self._colls
-                            for func, size, algo, proto in counts["tuning"])
-                    and all(_named_key(*key) in self._colls for key in counts["tuning_named"]))
-        except ValueError:  # a number int() refuses (sys.get_int_max_str_digits): the lines warn one by one
-            return False
-
-    def bulk_new(self, counts: dict[str, Counter]) -> set[tuple[str, tuple]] | None:
-        """New edges and new channels of known edges (made from their key: see bulk_create);
-        None when a call shape is new (its row needs the whole line) or a new edge has a number
-        int() refuses (its line warns on the line-by-line path)."""
-        if not self._calls_known(counts):
-            return None
-        new = {("edge", k) for k in counts["edge"]
-               if k[3] not in self._edge_channels.get((k[0], k[1], k[4], k[5], _FAST_DIRECTION[k[6]], k[7]), ())}
-        try:
-            for _, (host, pid, dev, ch, src, dst, direction, via) in new:
-                int(pid), int(dev), int(src.partition("[")[0]), int(dst.partition("[")[0]) if dst else None
-        except ValueError:
-            return None
-        return new
-
-    def bulk_create(self, lineno: int, name: str, key: tuple) -> None:
-        host, pid, dev, ch, src, dst, direction, via = key
-        self._add_edge(lineno, (host, pid, dev), (host, pid, src, dst, _FAST_DIRECTION[direction], via), ch, False)
 
     def _add_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
         """key: (host, pid, src, dst, direction, transport); one row per key, counting channels."""
@@ -468,37 +337,6 @@ class NcclParser(LineParser):
         self.records.extend(self._colls.values())
         self._edges, self._edge_channels, self._colls = {}, {}, {}
 
-    # Shards (LineParser.start_shard): the aggregated rows and the env keys seen merge.
-
-    def at_rest(self) -> bool:
-        return True
-
-    def absorb(self, later: NcclParser) -> None:
-        """Edges and call shapes both shards saw keep the earlier row (its line and columns),
-        with the later counts added (and the later channels, in first-seen order); new ones
-        follow in order. An env record the earlier shards already gave is dropped (nccl-tests
-        device rows are never deduplicated)."""
-        channels = self._edge_channels
-        for key, edge in later._edges.items():
-            mine = self._edges.get(key)
-            if mine is None:
-                self._edges[key], channels[key] = edge, later._edge_channels[key]
-            else:
-                mine["num_channels"] += edge["num_channels"]
-                channels[key].update(later._edge_channels[key])
-        for key, rec in later._colls.items():
-            mine = self._colls.get(key)
-            if mine is None:
-                self._colls[key] = rec
-            else:
-                mine["num_calls"] += rec["num_calls"]
-        seen = self._seen_env
-        if seen & later._seen_env:
-            later.records = [r for r in later.records if r["table"] != "env" or r["record"] == "nccl_tests_device"
-                             or (r["key"], r["value"]) not in seen]
-        seen |= later._seen_env
-        super().absorb(later)
-
 
 def build_nccl_chain(source: str) -> list[LineParser]:
     """The parsers NCCL output goes through, first that recognises a line wins."""
@@ -526,10 +364,10 @@ def _transport_kind(transport: str) -> str:
     return parts[0].split(" ")[0]
 
 
-def parse_nccl(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_nccl(text, *, source: str) -> ParseResult:
     """Parse NCCL_DEBUG output (see module doc for records). Pure; never raises on content.
 
     ``text``: a string or an iterable of lines (streamed in chunks; memory is bounded by the
     number of distinct edges / call shapes, not by the log size).
     """
-    return run_parsers(text, build_nccl_chain(source), kind="nccl", fast=fast)
+    return run_parsers(text, build_nccl_chain(source), kind="nccl")

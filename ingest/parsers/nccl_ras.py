@@ -129,6 +129,6 @@ class RasParser(LineParser):
         return True
 
 
-def parse_nccl_ras(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_nccl_ras(text, *, source: str) -> ParseResult:
     """Parse NCCL RAS client output (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [RasParser(source), FailureScanner(source)], kind="nccl_ras", fast=fast)
+    return run_parsers(text, [RasParser(source), FailureScanner(source)], kind="nccl_ras")

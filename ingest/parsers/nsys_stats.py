@@ -203,6 +203,6 @@ def _csv_cells(body: str) -> list[str] | None:
     return rows[0] if rows and len(rows[0]) >= 2 else None
 
 
-def parse_nsys_stats(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_nsys_stats(text, *, source: str) -> ParseResult:
     """Parse ``nsys stats`` output (text, CSV or legacy; see module doc). Pure; never raises on content."""
-    return run_parsers(text, [NsysStatsParser(source), FailureScanner(source)], kind="nsys_stats", fast=fast)
+    return run_parsers(text, [NsysStatsParser(source), FailureScanner(source)], kind="nsys_stats")

@@ -96,14 +96,14 @@ class SmiQParser(LineParser):
         return False
 
 
-def parse_nvidia_smi_topo(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_nvidia_smi_topo(text, *, source: str) -> ParseResult:
     """Parse ``nvidia-smi topo -m`` output (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [TopoParser(source), FailureScanner(source)], kind="nvidia_smi_topo", fast=fast)
+    return run_parsers(text, [TopoParser(source), FailureScanner(source)], kind="nvidia_smi_topo")
 
 
-def parse_nvidia_smi_q(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_nvidia_smi_q(text, *, source: str) -> ParseResult:
     """Parse ``nvidia-smi -q`` output (see module doc). Pure; never raises on content."""
     if not isinstance(text, str):
         text = "\n".join(text)  # nesting is by indentation, which the normaliser strips; -q output is small
     indents = {i: len(line) - len(line.lstrip(" ")) for i, line in enumerate(text.split("\n"), start=1)}
-    return run_parsers(text, [SmiQParser(source, indents)], kind="nvidia_smi_q", fast=fast)
+    return run_parsers(text, [SmiQParser(source, indents)], kind="nvidia_smi_q")

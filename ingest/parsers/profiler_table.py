@@ -146,6 +146,6 @@ class ProfilerTableParser(LineParser):
         return True
 
 
-def parse_profiler_table(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_profiler_table(text, *, source: str) -> ParseResult:
     """Parse torch.profiler key_averages tables (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [ProfilerTableParser(source), FailureScanner(source)], kind="profiler_table", fast=fast)
+    return run_parsers(text, [ProfilerTableParser(source), FailureScanner(source)], kind="profiler_table")

@@ -103,6 +103,6 @@ class PySpyParser(LineParser):
         self._flush()
 
 
-def parse_pyspy(text, *, source: str, fast: bool = True) -> ParseResult:
+def parse_pyspy(text, *, source: str) -> ParseResult:
     """Parse ``py-spy dump`` output (see module doc). Pure; never raises on content."""
-    return run_parsers(text, [PySpyParser(source), FailureScanner(source)], kind="pyspy", fast=fast)
+    return run_parsers(text, [PySpyParser(source), FailureScanner(source)], kind="pyspy")

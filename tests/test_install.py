@@ -1,0 +1,70 @@
+"""A non-editable install (`pip install .`) carries the package data the tool reads at run time
+(templates, print.css, the message catalogs, hardware.toml, perfmodel.toml) and finds it
+through the installed packages, not through the source tree."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import json, sys
+import ingest, report, runner
+from report import hardware, i18n, render
+from runner import perfmodel
+print(json.dumps({
+    "packages": [ingest.__file__, report.__file__, runner.__file__],
+    "templates": str(render.TEMPLATES_DIR),
+    "template": render.build_environment(html=True).get_template("note.html.j2").filename,
+    "hardware": str(hardware.HARDWARE_TOML),
+    "perfmodel": str(perfmodel.PERFMODEL_TOML),
+    "locale": str(i18n.LOCALE_DIR),
+    "languages": i18n.available_languages(),
+    "gpus": len(hardware.gpu_keys()),
+    "links": len(perfmodel.load_links()),
+    "assumptions": type(perfmodel.load_assumptions()).__name__,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The tool installed with pip, non-editable, into a target folder (no dependencies)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is needed to copy the tracked tree")
+    tmp = tmp_path_factory.mktemp("install")
+    src = tmp / "src"
+    # a clean copy of the working tree (no build/ or egg-info left over from other builds)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file() and not name.startswith(("examples/", "tests/", "benchmarks/")):
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    target = tmp / "site"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--target", str(target), str(src)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return target
+
+
+def test_installed_packages_find_their_data(installed, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    res = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert all(Path(p).is_relative_to(installed) for p in got["packages"]), got["packages"]
+    for key in ("templates", "template", "hardware", "perfmodel", "locale"):
+        assert Path(got[key]).is_relative_to(installed), (key, got[key])
+    templates = Path(got["templates"])
+    assert {p.name for p in (REPO / "report" / "templates").iterdir()} == {p.name for p in templates.iterdir()}
+    assert (templates / "print.css").is_file() and (templates / "note.html.j2").is_file()
+    assert "zh" in got["languages"]
+    assert got["gpus"] > 0 and got["links"] > 0 and got["assumptions"] == "Assumptions"
