@@ -30,6 +30,7 @@ from ingest.hangs import (
     summarize_stack,
 )
 from ingest.errors import ConfigError
+from ingest.io import atomic_writer, write_json_atomic  # noqa: F401 - re-exported: the runner's modules import it from here
 from ingest.schema import RunSpec, RunStatus, to_dict
 from runner.progress import RECENT_STEPS, MetricsTail, ProgressReporter, summarize_progress
 from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_path_for
@@ -97,13 +98,6 @@ def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None =
     if node is not None:  # the runner's node rank, recorded in placement.json (torchrun's GROUP_RANK may differ)
         env["RUNNER_NODE_RANK"] = str(node.node_rank)
     return env
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON via temp file + rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _rank_logs(run_dir: Path) -> dict[int, str]:
@@ -266,10 +260,9 @@ def compress_traces(run_dir: Path) -> list[Path]:
         if not re.fullmatch(r"profile_rank\d+\.json", path.name):
             continue
         target = path.with_name(path.name + ".gz")
-        tmp = target.with_name(target.name + ".tmp")
-        with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        with path.open("rb") as src, atomic_writer(target) as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(tmp, target)
         path.unlink()
         done.append(target)
     return done
