@@ -505,13 +505,17 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 def build_slurm_script(args: argparse.Namespace) -> tuple[str, Path]:
     """Validate the matrix for nodes x gpus_per_node GPUs and build the script. -> (text, path to write)."""
-    from runner.slurm import build_sbatch_script
+    from runner.slurm import build_sbatch_script, slurm_field_problems
 
     problems = []
     if args.nodes < 1:
         problems.append(f"--nodes must be >= 1, got {args.nodes}")
     if args.gpus_per_node < 1:
         problems.append(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if not 1 <= args.port <= 65535:
+        problems.append(f"--port must be a TCP port 1..65535, got {args.port}")
+    problems += slurm_field_problems(partition=args.partition, time_limit=args.time, out=args.out or Path("runs"),
+                                     job_name="runner")
     if problems:
         raise ToolError("\n".join(problems))
     total = args.nodes * args.gpus_per_node

@@ -7,6 +7,7 @@ rank writes logs/rank<r>.log itself (runner.train).
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import gzip
 import os
@@ -297,7 +298,7 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     cmd = build_command(spec, run_dir=run_dir, master_port=master_port, node=node, run_index=run_index)
     status_path = status_path_for(run_dir, node)
     started, t0 = _now(), time.monotonic()
-    proc = None
+    proc, ended = None, None
     try:
         with (run_dir / "logs" / launcher_log_name(node)).open("w", encoding="utf-8") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -309,6 +310,7 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
         if status == "ok" and code != 0:
             status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size,
                                                         launcher_log=launcher_log_name(node))
+        ended = f"{status}: {cause}" if cause else status
         compress_traces(run_dir)
         return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
     except BaseException as e:  # any exit of the runner's own (signal, full disk, bug) stops the run's group
@@ -316,6 +318,12 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
             _kill_group(proc)
         cause = ("runner interrupted (SIGINT/SIGTERM)" if isinstance(e, KeyboardInterrupt)
                  else f"runner stopped by an error: {describe_error(e)}")
+        if ended:
+            cause += f"; the run had ended: {ended}"
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            from runner.owner import free_reserve
+
+            free_reserve(run_dir.parent)  # room for this status.json
         try:  # on a full disk this may fail too; the run then stays without status (re-run by --resume)
             _write_status(run_dir, spec, "interrupted", cause, proc.returncode if proc else None,
                           started, t0, cmd, None, path=status_path)

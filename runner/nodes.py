@@ -171,7 +171,7 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     for d in node_dirs:
         for src in sorted(p for p in d.rglob("*") if p.is_file()):
             rel = src.relative_to(d)
-            if rel.name.endswith(".tmp") or (len(rel.parts) == 1 and rel.name in NODE0_FILES) or rel.parts[0] == "report":
+            if rel.name.endswith(".tmp") or rel.name.startswith(".runner") or (len(rel.parts) == 1 and rel.name in NODE0_FILES) or rel.parts[0] == "report":
                 continue
             dst = campaign_dir / rel
             if rel in planned:

@@ -31,6 +31,9 @@ from ingest.errors import ToolError
 from ingest.io import write_json_atomic
 
 LOCK_NAME = ".runner.lock"
+# Space set aside while a runner owns the campaign, freed when the disk fills so the failed
+# run's status.json (its cause) can still be written.
+RESERVE_NAME, RESERVE_BYTES = ".runner.reserve", 256 * 1024
 
 
 class LockHeldError(ToolError):
@@ -108,7 +111,28 @@ class CampaignLock:
     def release(self) -> None:
         current = read_lock(self.path)
         if current is not None and current.record.get("pid") == os.getpid():
+            free_reserve(self.path.parent)
             self.path.unlink(missing_ok=True)
+
+
+def write_reserve(out: Path) -> None:
+    """Set RESERVE_BYTES aside in ``out`` (best effort: a disk already full gets none)."""
+    try:
+        with open(out / RESERVE_NAME, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        (out / RESERVE_NAME).unlink(missing_ok=True)
+
+
+def free_reserve(out: Path) -> bool:
+    """Give the reserved space back (a full disk: room for status.json). -> whether there was any."""
+    try:
+        (out / RESERVE_NAME).unlink()
+        return True
+    except OSError:
+        return False
 
 
 def acquire_lock(out: Path, *, node_rank: int | None = None) -> tuple[CampaignLock, LockState | None]:
@@ -138,6 +162,8 @@ def acquire_lock(out: Path, *, node_rank: int | None = None) -> tuple[CampaignLo
             continue
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json.dumps(record, indent=2) + "\n")
+        if not node_rank:
+            write_reserve(out)
         return CampaignLock(path, record), taken_over
     raise LockHeldError(f"{out}: could not take the campaign lock {path} (other runners racing for it)")
 
