@@ -195,3 +195,14 @@ def test_markup_from_logs_is_escaped_in_the_markdown_note(tmp_path):
     note = (tmp_path / "out" / "note.md").read_text()
     assert "<script>" not in note and "<img" not in note
     assert "&lt;script&gt;alert('x')&lt;/script&gt;" in note
+
+
+def test_nan_in_the_matrix_is_refused(tmp_path):
+    matrix = tmp_path / "m.toml"
+    matrix.write_text('[campaign]\nname = "x"\npreset = "tiny"\n[fixed]\nlr = nan\nsteps = 1e23\n'
+                      '[[runs]]\nname = "a"\nstrategy = "ddp"\n')
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--matrix", str(matrix), "--dry-run",
+                          "--gpus", "0"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "[fixed] lr must be a finite number, got nan" in res.stderr
+    assert "[fixed] steps must be an integer, got 1e+23" in res.stderr
