@@ -211,6 +211,8 @@ def load_json(path: Path) -> dict:
         text = read_regular_text(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: missing; is this a campaign directory written by `runner all`?") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason}); the campaign is damaged") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror or e}); the campaign is damaged") from None
     try:
