@@ -10,13 +10,25 @@ replacement) and fed to ``parse_text`` once per parser kind. Report builder: a c
 committed H200 campaign with one of its JSON/JSONL files mutated (truncated, bytes flipped,
 values replaced by other JSON types, deleted, replaced by binary, deeply nested JSON, int64
 overflow), then ``load_campaign`` -> ``build_note`` -> ``render_markdown`` in-process.
+CLI level (``--cli-inputs``): the same campaign (profiler traces left out, for speed) mutated
+as a user or a crash would leave it (NaN/Infinity/negative values, duplicated, out-of-order and
+truncated metric rows, symlinks and FIFOs in place of files, absolute and ``..`` run names,
+deep JSON, plus the JSON mutations above), then ``runner status``, ``ingest`` and ``report
+build --format md`` called through their ``main`` in-process, each under a time limit. Counted:
+tracebacks (an exception out of ``main`` or an "internal error" line), hangs (over the limit),
+impossible numbers in the note (a negative, infinite or NaN number in a table cell), and reads
+or writes outside the campaign (a canary text from a planted outside file in any output, or a
+new file outside the campaign and --out dirs). ``runner all --resume`` is not in it: on a
+mutated campaign it would launch real runs.
 Results (counts, failures with a reproducer seed) go to benchmarks/results/fuzz.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -155,14 +167,189 @@ def fuzz_report(n: int, rng: random.Random) -> dict:
     return {"inputs": n, **outcomes, "uncaught": len(failures), "failures": failures[:20]}
 
 
+CANARY = "CANARY-outside-the-campaign-7f3a"
+IMPOSSIBLE_CELL = re.compile(r"\|\s*(?:[-−]\s*\d|(?:inf|nan|infinity)\b)", re.IGNORECASE)
+
+
+def _mutate_campaign(work: Path, outside: Path, rng: random.Random) -> str:
+    """One user-level mutation of campaign ``work`` (see the module docstring). -> its name."""
+    runs = sorted(p.parent for p in work.glob("*/spec.json"))
+    run = rng.choice(runs)
+    metrics = run / "metrics" / "rank0.jsonl"
+    op = rng.randrange(12)
+    if op <= 2 and metrics.is_file():  # impossible values in one row
+        lines = metrics.read_text().splitlines()
+        i = rng.randrange(len(lines))
+        row = json.loads(lines[i])
+        key = rng.choice(["step_time_s", "tokens", "step", "data_wait_s", "loss", "lr", "wall_time_s"])
+        row[key] = rng.choice([float("nan"), float("inf"), float("-inf"), -1, -0.5, -10**9, 0])
+        lines[i] = json.dumps(row)
+        metrics.write_text("\n".join(lines) + "\n")
+        return f"value:{key}"
+    if op == 3 and metrics.is_file():  # duplicated block (two writers)
+        lines = metrics.read_text().splitlines()
+        i, j = sorted(rng.randrange(len(lines) + 1) for _ in range(2))
+        metrics.write_text("\n".join(lines[:j] + lines[i:j] * rng.randint(1, 3) + lines[j:]) + "\n")
+        return "duplicate-rows"
+    if op == 4 and metrics.is_file():  # out of order, or one torn line in the middle
+        lines = metrics.read_text().splitlines()
+        if rng.random() < 0.5:
+            rng.shuffle(lines)
+        else:
+            i = rng.randrange(len(lines))
+            lines[i] = lines[i][: rng.randrange(len(lines[i]) + 1)]
+        metrics.write_text("\n".join(lines) + "\n")
+        return "order-or-torn"
+    target = rng.choice([metrics, run / "status.json", run / "logs" / "rank0.log", run / "spec.json",
+                         run / "run_info.json"])
+    if op == 5:  # a symlink out of the campaign
+        target.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(outside / rng.choice(["secret.jsonl", "secret.json", "ddp"]), target)
+        return f"symlink:{target.name}"
+    if op == 6:  # a FIFO where a file should be
+        target.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(target)
+        return f"fifo:{target.name}"
+    if op in (7, 8):  # run names that are paths
+        bad = rng.choice([str(outside / "ddp"), "../outside/ddp", "..", "/", "a/../../outside/ddp", "x\ny"])
+        if op == 7:
+            meta = json.loads((work / "campaign.json").read_text())
+            meta["runs"][rng.randrange(len(meta["runs"]))] = bad
+            (work / "campaign.json").write_text(json.dumps(meta))
+            return "campaign-run-name"
+        spec = json.loads((run / "spec.json").read_text())
+        spec["name"] = bad
+        (run / "spec.json").write_text(json.dumps(spec))
+        return "spec-name"
+    return _mutate_json_file(rng.choice([p for p in work.rglob("*") if p.suffix in (".json", ".jsonl")]), rng)
+
+
+def _metric_table(note: str) -> list[str]:
+    """The rows of the note's metric table (section 4: run, status, steps, step time, tokens/s,
+    MFU, memory, data wait...): every number there is a count, a time, a rate or a size, never
+    negative, infinite or NaN. (Other tables hold signed numbers, e.g. prediction errors.)"""
+    lines, rows, inside = note.splitlines(), [], False
+    for ln in lines:
+        if ln.startswith("| Run | Status |"):
+            inside = True
+            continue
+        if inside and not ln.startswith("|"):
+            break
+        if inside and not ln.startswith("|-") and not ln.startswith("| -"):
+            rows.append(ln)
+    return rows
+
+
+def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
+    """main_fn(argv) in-process with stdout/stderr captured and a SIGALRM limit.
+    -> (outcome: ok | error | traceback | hang, stdout, stderr)."""
+    import contextlib
+    import io
+    import signal
+
+    class Hang(BaseException):
+        pass
+
+    def on_alarm(signum, frame):  # noqa: ARG001
+        raise Hang
+
+    out, err = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(limit_s)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main_fn(argv)
+        outcome = "ok" if code in (0, None) else "error"
+    except Hang:
+        outcome = "hang"
+    except SystemExit as e:
+        outcome = "ok" if e.code in (0, None) else "error"
+    except BaseException as e:  # noqa: BLE001 - the point is to find these
+        err.write(f"Traceback: {type(e).__name__}: {e}")
+        outcome = "traceback"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    if "internal error" in err.getvalue() or "Traceback" in err.getvalue():
+        outcome = "traceback"
+    return outcome, out.getvalue(), err.getvalue()
+
+
+def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
+    """``n`` CLI-level inputs (module docstring): n // 3 mutated campaigns x 3 commands."""
+    from ingest.cli import main as ingest_main
+    from report.cli import main as report_main
+    from runner.cli import main as runner_main
+
+    counts = {"inputs": 0, "ok": 0, "error": 0, "traceback": 0, "hang": 0, "impossible_number": 0,
+              "outside_access": 0}
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        base = tmp / "base"
+        shutil.copytree(CAMPAIGN, base, ignore=shutil.ignore_patterns("trace"))
+        outside = tmp / "outside"
+        (outside / "ddp" / "logs").mkdir(parents=True)
+        (outside / "secret.jsonl").write_text(json.dumps({"step": 0, "run": CANARY}) + "\n" + CANARY + "\n")
+        (outside / "secret.json").write_text(json.dumps({"status": "crash", "cause": CANARY}))
+        (outside / "ddp" / "logs" / "rank0.log").write_text(CANARY + "\n")
+        shutil.copy(base / "ddp" / "spec.json", outside / "ddp" / "spec.json")
+        outside_before = sorted(p for p in outside.rglob("*"))
+        work, out_dir, tables = tmp / "camp", tmp / "out", tmp / "tables"
+        while counts["inputs"] < n:
+            seed = rng.randrange(2**32)
+            r = random.Random(seed)
+            for d in (work, out_dir, tables):
+                shutil.rmtree(d, ignore_errors=True)
+            shutil.copytree(base, work, symlinks=True)
+            ops = [_mutate_campaign(work, outside, r) for _ in range(r.randint(1, 3))]
+            for name, fn, argv in (("runner status", runner_main, ["status", str(work)]),
+                                   ("ingest", ingest_main, [str(work), "--out", str(tables)]),
+                                   ("report build", report_main, ["build", str(work), "--out", str(out_dir),
+                                                                  "--format", "md"])):
+                counts["inputs"] += 1
+                outcome, stdout, stderr = _call(fn, argv, limit_s=limit_s)
+                counts[outcome] += 1
+                problems = [] if outcome in ("ok", "error") else [outcome]
+                note = out_dir / "note.md"
+                text = stdout + stderr + (note.read_text(errors="replace") if name == "report build"
+                                          and note.is_file() else "")
+                if name == "report build" and note.is_file():
+                    if any(IMPOSSIBLE_CELL.search(ln) for ln in _metric_table(note.read_text(errors="replace"))):
+                        counts["impossible_number"] += 1
+                        problems.append("impossible number in a table cell")
+                if CANARY in text or sorted(outside.rglob("*")) != outside_before or \
+                        set(tmp.iterdir()) - {base, outside, work, out_dir, tables}:
+                    counts["outside_access"] += 1
+                    problems.append("read or write outside the campaign")
+                if problems:
+                    failures.append({"seed": seed, "command": name, "ops": ops, "problems": problems,
+                                     "stderr": stderr[-300:]})
+    return {**counts, "failures": failures[:20]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parser-inputs", type=int, default=10_000)
     parser.add_argument("--report-inputs", type=int, default=10_000)
+    parser.add_argument("--cli-inputs", type=int, default=0, help="CLI-level inputs (0: none)")
+    parser.add_argument("--only-cli", action="store_true",
+                        help="run only the CLI level and update its entry in --out, keeping the others")
     parser.add_argument("--seed", type=int, default=20261129)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz.json")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    if args.only_cli:
+        t0 = time.perf_counter()
+        result = json.loads(args.out.read_text()) if args.out.is_file() else {"seed": args.seed}
+        result["cli"] = {"seed": args.seed, **fuzz_cli(args.cli_inputs, rng)}
+        result.setdefault("seconds", {})["cli"] = round(time.perf_counter() - t0, 1)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        cli = result["cli"]
+        print(json.dumps({k: v for k, v in cli.items() if k != "failures"}))
+        return 1 if any(cli[k] for k in ("traceback", "hang", "impossible_number", "outside_access")) else 0
     t0 = time.perf_counter()
     result = {"seed": args.seed, "parsers": fuzz_parsers(args.parser_inputs, rng)}
     t1 = time.perf_counter()

@@ -10,10 +10,14 @@ computation, any formatting.
 """
 from __future__ import annotations
 
+import codecs
+import contextlib
+import errno
 import dataclasses
 import re
 import json
 import os
+import stat
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
     import pandas as pd
 
 from ingest.errors import NoDataError, ParseError
+from ingest.paths import run_name_problem
 from ingest.schema import (
     SCHEMA_VERSION, CheckpointRecord, FixedConfig, ModelConfig, Plant, RunInfo, RunSpec, RunStatus, StepRow,
     run_spec_from_dict,
@@ -75,9 +80,42 @@ class Campaign:
         return str(self.campaign.get("name") or Path(self.source).name)
 
 
+def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any):
+    """Open ``path`` for reading only if it is a regular file: checked on the opened descriptor
+    (fstat), which is opened non-blocking so a FIFO planted where a log or metrics file should be
+    can neither hang the open nor the read. Raises FileNotFoundError, or OSError(EINVAL) naming
+    the file and what it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else \
+                "a device or socket"
+            raise OSError(errno.EINVAL, f"not a regular file ({what})", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_text(path: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of a regular file (``open_regular``); UnicodeDecodeError / OSError as raised."""
+    with open_regular(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+def is_regular_file(path: str | os.PathLike[str]) -> bool:
+    """True for a regular file (following a symlink): stat only, never opens (a FIFO would block)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _read_json(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path)
     except UnicodeDecodeError as e:
         raise ParseError(f"{path}: not UTF-8 text ({e.reason}); rewrite it as JSON") from None
     except OSError as e:
@@ -158,29 +196,39 @@ def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
 
 
 def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    """StepRows of one rank's JSONL. A line with the wrong fields/types is skipped with a caveat
-    in ``problems`` naming file:line and field; so is a malformed LAST line (a crash mid-write).
-    A malformed line elsewhere means a damaged file: ParseError naming file and line."""
+    """StepRows of one rank's JSONL, validated: a row is kept only if it is a StepRow whose
+    numbers are possible (``step_row_problem``) and whose step is greater than every step kept
+    before it (a duplicated or out-of-order row means two writers or a replay: it is dropped,
+    not averaged in). Every dropped line is counted in one caveat in ``problems`` naming the
+    file and the first few lines; a malformed LAST line is a crash mid-write. Never raises on
+    content; ParseError only when the file is not UTF-8."""
     rows = []
     where = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_regular_text(path).splitlines()
     except UnicodeDecodeError as e:
         raise ParseError(f"{path}: not UTF-8 text ({e.reason}); fix or delete the file") from None
+    except OSError as e:
+        problems.append(f"{where}: cannot read ({e.strerror or e}); file skipped")
+        return []
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
     skipped: list[str] = []
+    dropped: dict[str, list[str]] = {}  # reason -> "line N" or "line N: detail"
+    last_step = -1
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
         except RecursionError:
-            raise ParseError(f"{path}:{lineno}: JSON nested too deeply to read; not a StepRow") from None
+            dropped.setdefault("JSON nested too deeply", []).append(f"line {lineno}")
+            continue
         except json.JSONDecodeError as e:
             if lineno == last:
                 problems.append(f"{where}:{lineno}: truncated line skipped ({e.msg}; the run stopped mid-write?)")
-                continue
-            raise ParseError(f"{path}:{lineno}: malformed JSON line ({e.msg}); fix or delete the line") from None
+            else:
+                dropped.setdefault("malformed JSON (interleaved writers?)", []).append(f"line {lineno}")
+            continue
         if not isinstance(data, dict):
             skipped.append(f"{where}:{lineno}: expected a JSON object, got {type(data).__name__}")
             continue
@@ -189,10 +237,51 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         if bad:
             skipped.append(f"{where}:{lineno}: not a StepRow ({'; '.join(bad)})")
             continue
+        impossible = step_row_problem(data)
+        if impossible:
+            dropped.setdefault("impossible values", []).append(f"line {lineno}: {impossible}")
+            continue
+        if data["step"] <= last_step:
+            dropped.setdefault("duplicate or out-of-order step", []).append(f"line {lineno}")
+            continue
+        last_step = data["step"]
         rows.append(dataclasses.asdict(StepRow(**data)))
     shown = skipped[:3] + ([f"{where}: {len(skipped) - 3} more such lines"] if len(skipped) > 3 else [])
     problems.extend(f"{text}; line skipped" for text in shown)
+    if dropped:
+        num = sum(len(v) for v in dropped.values())
+        why = "; ".join(f"{len(v)} {reason} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                        for reason, v in dropped.items())
+        problems.append(f"{where}: {num} row(s) dropped: {why}; the numbers use the {len(rows)} valid rows")
     return rows
+
+
+# StepRow fields that must be finite and >= 0 (step_time_s > 0); loss and grad_norm may be
+# NaN/inf (a diverged run is data) but never negative; None where the schema allows it.
+_NON_NEGATIVE_FIELDS = ("step", "tokens", "lr", "data_wait_s", "wall_time_s", "mem_peak_allocated_gib",
+                        "mem_peak_reserved_gib", "step_entry_time_s")
+
+
+def step_row_problem(row: dict[str, Any]) -> str | None:
+    """Why a metrics row (type-checked StepRow fields) holds an impossible number, or None.
+    Checks: step_time_s finite and > 0; the counters, times and memory finite and >= 0; loss
+    and grad_norm not negative; rank >= 0."""
+    import math
+
+    def bad(v: Any, *, positive: bool = False, finite: bool = True) -> bool:
+        if v is None:
+            return False
+        if finite and not math.isfinite(v):
+            return True
+        return v <= 0 if positive else v < 0
+
+    out = [f"{k} {row[k]!r}" for k in _NON_NEGATIVE_FIELDS if k in row and bad(row[k])]
+    if bad(row.get("step_time_s"), positive=True):
+        out.insert(0, f"step_time_s {row['step_time_s']!r}")
+    out += [f"{k} {row[k]!r}" for k in ("loss", "grad_norm") if bad(row.get(k), finite=False)]
+    if bad(row.get("rank")):
+        out.append(f"rank {row['rank']!r}")
+    return ", ".join(out) or None
 
 
 _POSITIVE_SPEC_FIELDS = ("world_size", "tp_degree", "pp_degree", "dp_degree", "micro_batch_size", "num_microbatches")
@@ -200,7 +289,7 @@ _POSITIVE_SPEC_FIELDS = ("world_size", "tp_degree", "pp_degree", "dp_degree", "m
 
 def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     spec_path = run_dir / "spec.json"
-    if not spec_path.is_file():
+    if not spec_path.exists():
         problems.append(f"run {name}: no {spec_path} (never started?); left out of the note")
         return None
     raw = _read_json(spec_path)
@@ -208,6 +297,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         problems.append(f"run {name}: {name}/spec.json is not a JSON object; left out of the note")
         return None
     _check_version(spec_path, raw)
+    if run_name_problem(raw.get("name")):  # the name becomes a path: <campaign>/<name>/logs, trace
+        raise ParseError(f"{spec_path}: {run_name_problem(raw.get('name'))}; the campaign is damaged or not ours")
     bad = _field_problems(RunSpec, raw)
     bad += [f"{k}: must be >= 1, got {raw[k]!r}" for k in _POSITIVE_SPEC_FIELDS
             if not bad and isinstance(raw.get(k), int) and raw[k] < 1]
@@ -246,7 +337,9 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
     outside = [p for p in files if not p.resolve().is_relative_to(run_dir.resolve())]
     problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)
-    files = [p for p in files if p not in outside]
+    odd = [p for p in files if p not in outside and not is_regular_file(p)]
+    problems.extend(f"{name}/metrics/{p.name}: not a regular file (a FIFO?); not read" for p in odd)
+    files = [p for p in files if p not in outside and p not in odd]
     steps = [r for p in files for r in _read_metrics(p, problems)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:
@@ -288,6 +381,9 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     else:
         problems.append(f"{root / 'env.json'} is missing: the environment section is empty")
     names = campaign.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
+    bad_names = [p for n in names if (p := run_name_problem(n))]
+    if bad_names:  # a name is a path under the campaign: '../x' or '/etc' would read outside it
+        raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad_names[:3])}; the campaign is damaged or not ours")
     rows, steps = [], []
     for name in names:
         loaded = _load_run(root / str(name), str(name), problems)
@@ -307,19 +403,50 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     return Campaign(source=str(root), campaign=campaign, env=env, runs=runs_df, steps=steps_df, problems=tuple(problems))
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory + os.replace."""
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike[str], *, text: bool = False):
+    """Open a new file that becomes ``path`` only when the ``with`` block ends without error.
+
+    The one way this project writes a file atomically. The temp file is created exclusively
+    (``mkstemp``: O_EXCL, a random name, in the target's directory so the rename stays on one
+    file system), so a symlink planted at a predictable name is never followed; ``os.replace``
+    then swaps the directory entry (a symlink at ``path`` itself is replaced, not written
+    through). The final file gets the mode the user's umask gives a new file (mkstemp's 0600
+    would hide results from the group). On any error, the temp file is removed and the error
+    re-raised with ``filename`` set, so a full disk names the file. Yields a binary file
+    object (text with ``text=True``, UTF-8)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)
         raise
-    return path
+
+
+def umask() -> int:
+    """The process umask (mode bits removed from new files)."""
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (``atomic_writer``). Returns the path."""
+    with atomic_writer(path) as f:
+        f.write(data)
+    return Path(path)
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` atomically (``atomic_writer``)."""
+    return write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def write_tables(campaign: Campaign, out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -393,7 +520,7 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
     """
     from ingest.parsers import TextBlocks
     try:
-        f = open(path, encoding="utf-8", errors="replace", newline="")
+        f = open_regular(path, "r", encoding="utf-8", errors="replace", newline="")
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
 
@@ -432,7 +559,7 @@ def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> 
     import gzip
 
     try:
-        with open(path, "rb") as raw:
+        with open_regular(path, "rb") as raw:
             magic = raw.read(2)
             raw.seek(0)
             binary = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
@@ -460,7 +587,7 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool =
     from ingest.traces import iter_trace_events
 
     try:
-        raw = open(path, "rb")
+        raw = open_regular(path, "rb")
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
     with raw:
@@ -554,6 +681,9 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
             match = re.fullmatch(r"profile_rank(\d+)\.json(\.gz)?", path.name)
             if not match or path.is_symlink():
                 continue
+            if not is_regular_file(path):
+                warnings.append(f"{name}/trace/{path.name}: not a regular file (a FIFO?); skipped")
+                continue
             found = True
             try:
                 result = compute_step_breakdown(open_trace_events(path, lean=True), run=name,
@@ -583,6 +713,9 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
         recs = []
         for path in sorted((run_dir / "logs").glob("rank*.log*")):
             if not re.fullmatch(r"rank\d+\.log(?:\.gz)?", path.name):
+                continue
+            if not is_regular_file(path) or not path.resolve().is_relative_to(root.resolve()):
+                warnings.append(f"{name}/logs/{path.name}: not a regular file inside the campaign; skipped")
                 continue
             found = True
             text = read_text_head(path, 1 << 22)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import math
 from collections.abc import Callable, Sequence
 from importlib.resources import files
@@ -205,6 +206,19 @@ def _markup(html: bool) -> dict[str, Any]:
     return {"strong": lambda s: f"**{s}**", "code": lambda s: f"`{s}`"}
 
 
+_MD_HTML_START = re.compile(r"<(?=[A-Za-z/!?])")  # where CommonMark starts raw HTML (a tag, comment, PI)
+
+
+def escape_md_html(value: Any) -> Any:
+    """Markdown output: a printed value that could open raw HTML (``<script>``, ``<img
+    onerror=...>`` from a log or a crash cause) gets ``&``, ``<`` and ``>`` escaped as entities,
+    so viewers that render HTML in Markdown show it as text. Other values pass unchanged
+    (``< 1 ms`` stays readable)."""
+    if isinstance(value, str) and _MD_HTML_START.search(value):
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return value
+
+
 def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> jinja2.Environment:
     """Jinja environment over report/templates/ with StrictUndefined, autoescape iff html, the
     filters formatting numbers for ``lang``, and gettext (``_``, ``ngettext``, ``pgettext``,
@@ -213,7 +227,8 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
     ``lang`` (the Language). Raises ConfigError for an unknown language."""
     lang = load_language(lang) if isinstance(lang, str) else lang
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
-                             autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"])
+                             autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"],
+                             **({} if html else {"finalize": escape_md_html}))
     env.install_gettext_translations(lang.translations, newstyle=True)
     newstyle = env.globals["gettext"]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import re
 import shlex
 import shutil
 import signal
@@ -37,6 +38,7 @@ from runner.nodes import (
 )
 
 MATRIX_DIR = Path(__file__).resolve().parent.parent / "examples" / "matrices"
+NODE_LOCK_PATTERN = re.compile(r"\.runner_node\d+\.lock")  # runner.owner.lock_path of nodes K > 0
 DEFAULT_MATRICES = {0: "cpu.toml", 1: "1gpu.toml", 2: "2gpu.toml", 8: "8gpu.toml", 16: "2x8gpu.toml"}
 GENERATED_MATRIX_DIR = Path("runs") / "matrices"  # other GPU counts: runner.default_matrix writes one here
 
@@ -144,7 +146,7 @@ def cmd_all(args: argparse.Namespace) -> int:
     if args.resume:
         if node is not None:
             raise ToolError("--resume is single-node only for now; re-run the whole multi-node campaign into a new --out")
-        return resume_campaign(args.resume)
+        return resume_campaign(args.resume, kill=args.kill_orphans)
     if args.gpus is not None and not args.dry_run:
         raise ToolError("--gpus only applies to --dry-run (a real campaign uses the GPUs it finds)")
     if node is not None and args.out is None:
@@ -174,20 +176,31 @@ def cmd_all(args: argparse.Namespace) -> int:
                           "install Nsight Systems or set nsys = false")
     if node is not None and node.node_rank > 0:
         return join_campaign(out, campaign, node)
-    from runner.env import collect_env
-    from runner.launch import write_json_atomic
-
     if out.exists() and (not out.is_dir() or not _may_start_in(out, campaign, node)):
         raise ToolError(f"{out}: output path exists and is not an empty directory; choose another --out "
                         "(or --resume it)")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    lock = own_campaign(out, node_rank=node.node_rank if node else None, kill=args.kill_orphans)
     try:
-        campaign, dataset_meta = resolve_real_data(campaign, out=out)
-    except ToolError:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+        try:
+            campaign, dataset_meta = resolve_real_data(campaign, out=out)
+        except ToolError:
+            if created:
+                lock.release()
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        return _start_campaign(out, campaign, node, matrix_path=matrix_path, dataset_meta=dataset_meta, lock=lock)
+    finally:
+        lock.release()
+
+
+def _start_campaign(out: Path, campaign: Campaign, node: NodeLaunch | None, *, matrix_path: Path,
+                    dataset_meta: dict | None, lock) -> int:
+    """Record the environment, every spec and campaign.json into ``out`` (owned: ``lock``), then run."""
+    from runner.env import collect_env
+    from runner.launch import write_json_atomic
+
     launch_command = list(sys.orig_argv)
     env = collect_env(launch_command=launch_command, data_dir=out)
     env["storage"] = collect_campaign_storage(campaign, out=out)
@@ -219,7 +232,33 @@ def cmd_all(args: argparse.Namespace) -> int:
     write_json_atomic(out / "campaign.json", meta)
     print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, preset {campaign.preset}"
           + (f", node 0 of {node.nnodes}" if node else "") + ")", flush=True)
-    return run_campaign(out, list(campaign.runs), supervision, node=node)
+    return run_campaign(out, list(campaign.runs), supervision, node=node, lock=lock)
+
+
+def own_campaign(out: Path, *, node_rank: int | None = None, kill: bool = False):
+    """Take ``out``'s lock (runner.owner) and make sure no process of an earlier runner still
+    writes there: found ones are stopped with ``kill``, else refused (ToolError), so nothing is
+    measured beside them. -> the held CampaignLock (the caller releases it)."""
+    from runner.owner import acquire_lock, describe_orphans, find_orphans, kill_orphans
+
+    lock, stale = acquire_lock(out, node_rank=node_rank)
+    try:
+        if stale is not None:
+            print(f"runner: taking over the lock of a runner that is gone ({stale.describe()})", flush=True)
+        orphans = find_orphans(out, stale=stale)
+        if orphans and not kill:
+            raise ToolError(f"{out}: {len(orphans)} process(es) of an earlier runner still write into this campaign "
+                            f"({describe_orphans(orphans)}); stop them with: runner all --resume {out} --kill-orphans")
+        if orphans:
+            left = kill_orphans(orphans)
+            print(f"runner: stopped {len(orphans) - len(left)} process(es) of an earlier runner "
+                  f"({describe_orphans(orphans)})", flush=True)
+            if left:
+                raise ToolError(f"{out}: could not stop pid(s) {', '.join(map(str, left))}; stop them by hand")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, dict | None]:
@@ -283,7 +322,7 @@ def _may_start_in(out: Path, campaign: Campaign, node: NodeLaunch | None) -> boo
     """Node 0 (or a single node) starts only in an empty directory; on several nodes it may
     find what other nodes already wrote there (their env_node<K>.json and run directories),
     but never another campaign."""
-    entries = list(out.iterdir())
+    entries = [e for e in out.iterdir() if not (node is not None and NODE_LOCK_PATTERN.fullmatch(e.name))]
     if node is None or not entries:
         return not entries
     runs = {s.name for s in campaign.runs}
@@ -302,6 +341,18 @@ def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
     mine = env_node_path(out, node.node_rank)
     if mine.exists():
         raise ToolError(f"{mine}: node {node.node_rank} already ran in {out}; choose another --out")
+    lock = own_campaign(out, node_rank=node.node_rank)
+    try:
+        return _join_campaign(out, campaign, node, lock=lock)
+    finally:
+        lock.release()
+
+
+def _join_campaign(out: Path, campaign: Campaign, node: NodeLaunch, *, lock) -> int:
+    from runner.env import collect_env, collect_env_vars
+    from runner.launch import build_run_env, load_json, write_json_atomic
+
+    mine = env_node_path(out, node.node_rank)
     names = [s.name for s in campaign.runs]
     if (out / "campaign.json").exists():
         theirs = load_json(out / "campaign.json")
@@ -320,23 +371,83 @@ def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
                    "startup_timeout_s": campaign.startup_timeout_s}
     print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, node {node.node_rank} of {node.nnodes})",
           flush=True)
-    return run_campaign(out, list(campaign.runs), supervision, node=node)
+    return run_campaign(out, list(campaign.runs), supervision, node=node, lock=lock)
 
 
-def resume_campaign(out: Path) -> int:
+def resume_campaign(out: Path, *, kill: bool = False) -> int:
     """Re-run the runs of an existing campaign that have no final status (never started,
     interrupted, or cut off with the runner). Earlier partial artifacts move to attempt-<n>/."""
     from runner.launch import load_json
 
+    if not (out / "campaign.json").is_file():
+        raise ToolError(f"{out}: not a campaign directory (no campaign.json); pass a directory written by `runner all`")
+    lock = own_campaign(out, kill=kill)
+    try:
+        meta = load_campaign_meta(out)
+        specs = [load_run_spec(out, name) for name in meta["runs"]]
+        print(f"resuming campaign {meta['name']} in {out}", flush=True)
+        return run_campaign(out, specs, meta["supervision"], lock=lock)
+    finally:
+        lock.release()
+
+
+def load_campaign_meta(out: Path) -> dict:
+    """campaign.json checked for what --resume needs: an object with a name, a list of plain run
+    names and the supervision limits. ConfigError naming the file otherwise."""
+    from runner.launch import load_json
+    from ingest.paths import run_name_problem
+
     meta = load_json(out / "campaign.json")
-    specs = [run_spec_from_dict(load_json(out / name / "spec.json")) for name in meta["runs"]]
-    print(f"resuming campaign {meta['name']} in {out}", flush=True)
-    return run_campaign(out, specs, meta["supervision"])
+    runs, sup = meta.get("runs"), meta.get("supervision")
+    problems = [] if isinstance(runs, list) else [f"runs: expected a list of run names, got {type(runs).__name__}"]
+    problems += [p for n in (runs if isinstance(runs, list) else []) if (p := run_name_problem(n))]
+    if not isinstance(sup, dict) or not all(isinstance(sup.get(k), (int, float)) for k in
+                                            ("run_timeout_s", "stall_timeout_s", "startup_timeout_s")):
+        problems.append("supervision: expected run_timeout_s, stall_timeout_s and startup_timeout_s numbers")
+    if problems:
+        raise ConfigError(f"{out / 'campaign.json'}: {'; '.join(problems)}; the campaign is damaged")
+    meta.setdefault("name", out.name)
+    return meta
 
 
-def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None = None) -> int:
+def load_run_spec(out: Path, name: str):
+    """<out>/<name>/spec.json as a RunSpec; its own name must be ``name``. ConfigError otherwise."""
+    from runner.launch import load_json
+
+    path = out / name / "spec.json"
+    raw = load_json(path)
+    if raw.get("name") != name:
+        raise ConfigError(f"{path}: name {str(raw.get('name'))[:80]!r} is not the run's directory {name!r}; "
+                          "the campaign is damaged")
+    try:
+        return run_spec_from_dict(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: not a run spec ({type(e).__name__}: {str(e)[:100]}); the campaign is damaged") from None
+
+
+def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None = None, lock=None) -> int:
+    """Run every spec without a final status, in order. ``lock`` (runner.owner), when given,
+    records each torchrun's session for an orphan search after a SIGKILL. An I/O error (full
+    disk) stops the campaign with a ToolError naming the file, what finished and what did not."""
+    from runner.launch import describe_error
+
+    done: list[str] = []
+    try:
+        return _run_campaign(out, specs, supervision, node=node, lock=lock, done=done)
+    except OSError as e:
+        left = [s.name for s in specs if s.name not in done]
+        raise ToolError(f"{describe_error(e)}; finished runs kept: {', '.join(done) or 'none'}; not finished: "
+                        f"{', '.join(left)} (the current one marked 'interrupted' with this cause where it "
+                        f"could be written); after freeing space: runner all --resume {out}") from None
+
+
+def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None, lock,
+                  done: list[str]) -> int:
     from runner.launch import Watchdog, archive_attempt, load_json, run_one, write_json_atomic
     from runner.progress import build_progress
+
+    def on_launch(run: str):
+        return None if lock is None else (lambda pid: lock.record_child(run=run, pid=pid))
 
     statuses = []
     for i, spec in enumerate(specs, 1):
@@ -344,6 +455,7 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
         status_path = status_path_for(run_dir, node)
         if status_path.exists() and load_json(status_path).get("status") in FINAL_STATUSES:
             statuses.append(load_json(status_path)["status"])
+            done.append(spec.name)
             print(f"[{i}/{len(specs)}] {spec.name}: already {statuses[-1]}, kept", flush=True)
             continue
         if node is None:  # on a shared directory another node's files of this run are not ours to move
@@ -363,7 +475,8 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
             def launch_probe(probe, probe_dir: Path):
                 probe_dir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(probe_dir / "spec.json", to_dict(probe))
-                return run_one(probe, run_dir=probe_dir, watchdog=watchdog(), master_port=_free_port())
+                return run_one(probe, run_dir=probe_dir, watchdog=watchdog(), master_port=_free_port(),
+                               on_launch=on_launch(spec.name))
 
             spec = search_micro_batch(spec, run_dir=run_dir, launch=launch_probe)
             write_json_atomic(run_dir / "spec.json", to_dict(spec))
@@ -371,10 +484,15 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
                   f"({spec.options['micro_batch_search']['policy']}; global batch unchanged)", flush=True)
         status = run_one(spec, run_dir=run_dir, watchdog=watchdog(), master_port=_free_port(),
                          node=node, run_index=i - 1,
-                         progress=build_progress(run=spec.name, num_steps_total=spec.fixed.steps))
+                         progress=build_progress(run=spec.name, num_steps_total=spec.fixed.steps),
+                         on_launch=on_launch(spec.name))
+        if lock is not None:
+            lock.clear_child()
         print(f"    {status.status} in {status.duration_s:.1f} s" + (f": {status.cause}" if status.cause else ""),
               flush=True)
         statuses.append(status.status)
+        if status.status in FINAL_STATUSES:
+            done.append(spec.name)
         if node is not None and node.node_rank == 0:
             refresh_env_record(out, [s.name for s in specs])
     print(f"done ({statuses.count('ok')}/{len(statuses)} runs ok): report build {out}")
@@ -407,13 +525,17 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 def build_slurm_script(args: argparse.Namespace) -> tuple[str, Path]:
     """Validate the matrix for nodes x gpus_per_node GPUs and build the script. -> (text, path to write)."""
-    from runner.slurm import build_sbatch_script
+    from runner.slurm import build_sbatch_script, slurm_field_problems
 
     problems = []
     if args.nodes < 1:
         problems.append(f"--nodes must be >= 1, got {args.nodes}")
     if args.gpus_per_node < 1:
         problems.append(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if not 1 <= args.port <= 65535:
+        problems.append(f"--port must be a TCP port 1..65535, got {args.port}")
+    problems += slurm_field_problems(partition=args.partition, time_limit=args.time, out=args.out or Path("runs"),
+                                     job_name="runner")
     if problems:
         raise ToolError("\n".join(problems))
     total = args.nodes * args.gpus_per_node
@@ -443,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_all.add_argument("--gpus", type=int, help="with --dry-run: resolve as if this many GPUs were present")
     p_all.add_argument("--resume", type=Path, metavar="CAMPAIGN",
                        help="finish an existing campaign: run only the runs without a final status")
+    p_all.add_argument("--kill-orphans", action="store_true",
+                       help="stop processes of an earlier runner (killed with SIGKILL) still writing into the "
+                            "campaign, instead of refusing to start beside them")
     p_all.add_argument("--nnodes", type=int, help="nodes in a multi-node campaign (world_size in the matrix is the total)")
     p_all.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (node 0 writes campaign.json)")
     p_all.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
@@ -497,8 +622,10 @@ def main(argv: list[str] | None = None) -> int:
         print("runner: interrupted; the current run was stopped and marked 'interrupted' "
               "(finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
         return 130
-    except OSError as e:  # full disk, permissions: what was written before stays intact
-        print(f"runner: error: {e.filename or ''}: {e.strerror or e}; completed runs are intact", file=sys.stderr)
+    except OSError as e:  # full disk, permissions: name the file
+        from runner.launch import describe_error
+
+        print(f"runner: error: {describe_error(e)}", file=sys.stderr)
         return 2
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.errors import ConfigError, LaunchError
+from ingest.io import write_bytes_atomic
 from ingest.schema import SCHEMA_VERSION, CommBenchRow, to_dict
 from runner.perfmodel import COLLECTIVES, compute_bus_factor
 
@@ -251,9 +252,7 @@ def worker_main(config_path: Path, out_dir: Path) -> int:
             "versions": {"torch": torch.__version__, "nccl": _nccl_version() if cfg.device == "cuda" else None},
             "command": list(sys.orig_argv), "warnings": warnings, "rows": [to_dict(r) for r in rows],
         }
-        tmp = out_dir / (COMMBENCH_JSON + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, out_dir / COMMBENCH_JSON)
+        write_bytes_atomic(out_dir / COMMBENCH_JSON, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ingest.errors import ConfigError
+from ingest.io import umask
 from ingest.schema import DatasetRecord, to_dict
 
 EOD_TOKEN = "<|endoftext|>"
@@ -255,18 +257,26 @@ def write_indexed_dataset(token_docs: Sequence[Sequence[int]], *, prefix: Path, 
     IndexedDatasetBuilder = _megatron_indexed_dataset().IndexedDatasetBuilder
     dtype = _index_dtype(vocab_size)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    tmp_bin, tmp_idx = Path(f"{prefix}.bin.tmp{os.getpid()}"), Path(f"{prefix}.idx.tmp{os.getpid()}")
+    # exclusive, random temp names (never a planted symlink); the builder reopens them in place
+    tmp_bin, tmp_idx = (Path(_new_temp(prefix.parent, f"{prefix.name}.{ext}")) for ext in ("bin", "idx"))
     try:
         builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
         for ids in token_docs:
             arr = np.asarray(ids, dtype=dtype)
             builder.add_document(arr, [arr.size])
         builder.finalize(str(tmp_idx))
-        os.replace(tmp_bin, f"{prefix}.bin")
-        os.replace(tmp_idx, f"{prefix}.idx")
+        for tmp, ext in ((tmp_bin, "bin"), (tmp_idx, "idx")):
+            os.chmod(tmp, 0o666 & ~umask())
+            os.replace(tmp, f"{prefix}.{ext}")
     finally:
         tmp_bin.unlink(missing_ok=True)
         tmp_idx.unlink(missing_ok=True)
+
+
+def _new_temp(directory: Path, name: str) -> str:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    return tmp
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ rank writes logs/rank<r>.log itself (runner.train).
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import gzip
 import os
@@ -30,6 +31,7 @@ from ingest.hangs import (
     summarize_stack,
 )
 from ingest.errors import ConfigError
+from ingest.io import atomic_writer, read_regular_text, write_json_atomic  # noqa: F401 - re-exported: the runner's modules import it from here
 from ingest.schema import RunSpec, RunStatus, to_dict
 from runner.progress import RECENT_STEPS, MetricsTail, ProgressReporter, summarize_progress
 from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_path_for
@@ -97,13 +99,6 @@ def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None =
     if node is not None:  # the runner's node rank, recorded in placement.json (torchrun's GROUP_RANK may differ)
         env["RUNNER_NODE_RANK"] = str(node.node_rank)
     return env
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON via temp file + rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _rank_logs(run_dir: Path) -> dict[int, str]:
@@ -210,13 +205,25 @@ def diagnose_stall(proc: subprocess.Popen, run_dir: Path, *, world_size: int) ->
 
 
 def load_json(path: Path) -> dict:
-    """Read one of our JSON artifacts; ConfigError naming the file when missing or malformed."""
+    """Read one of our JSON artifacts (a JSON object); ConfigError naming the file when missing,
+    not a regular file (a FIFO would block), malformed, nested too deeply or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = read_regular_text(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: missing; is this a campaign directory written by `runner all`?") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason}); the campaign is damaged") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e}); the campaign is damaged") from None
+    try:
+        data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e}); the campaign is damaged") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to read; the campaign is damaged") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}; the campaign is damaged")
+    return data
 
 
 def archive_attempt(run_dir: Path) -> None:
@@ -266,23 +273,25 @@ def compress_traces(run_dir: Path) -> list[Path]:
         if not re.fullmatch(r"profile_rank\d+\.json", path.name):
             continue
         target = path.with_name(path.name + ".gz")
-        tmp = target.with_name(target.name + ".tmp")
-        with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        with path.open("rb") as src, atomic_writer(target) as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(tmp, target)
         path.unlink()
         done.append(target)
     return done
 
 
 def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int, node: NodeLaunch | None = None,
-            run_index: int = 0, progress: ProgressReporter | None = None) -> RunStatus:
+            run_index: int = 0, progress: ProgressReporter | None = None,
+            on_launch=None) -> RunStatus:
     """Launch one run, supervise it, classify how it ended and write status.json.
 
     A stall (no new step row within the watchdog's limits) dumps every rank's Python stack
     (py-spy) into trace/ before the group is killed; a deadline kills it as 'timeout'.
-    KeyboardInterrupt (SIGINT, or SIGTERM turned into it by the CLI) kills the group, records
-    'interrupted' and is re-raised. With ``node`` (multi-node), this node's agent only: node K > 0
+    Any exception of the runner's own (KeyboardInterrupt from SIGINT, or SIGTERM turned into it
+    by the CLI; an OSError such as a full disk) kills the group, records 'interrupted' with the
+    cause (naming the file for an I/O error) and is re-raised. ``on_launch(pid)`` is called once
+    torchrun started (its pid is its session id; runner.owner records it). With ``node`` (multi-node), this node's agent only: node K > 0
     writes logs/launcher_node<K>.log and status_node<K>.json, never node 0's files.
     ``progress`` (runner.progress) is updated each poll and closed when the run ends.
     """
@@ -291,22 +300,45 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     cmd = build_command(spec, run_dir=run_dir, master_port=master_port, node=node, run_index=run_index)
     status_path = status_path_for(run_dir, node)
     started, t0 = _now(), time.monotonic()
-    with (run_dir / "logs" / launcher_log_name(node)).open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=build_run_env(spec, run_dir=run_dir, node=node), start_new_session=True)
-        try:
+    proc, ended = None, None
+    try:
+        with (run_dir / "logs" / launcher_log_name(node)).open("w", encoding="utf-8") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    env=build_run_env(spec, run_dir=run_dir, node=node), start_new_session=True)
+            if on_launch is not None:
+                on_launch(proc.pid)
             status, cause, code, diagnosis = _supervise(proc, spec, run_dir=run_dir, watchdog=watchdog, node=node,
                                                         run_index=run_index, progress=progress)
-        except KeyboardInterrupt:
+        if status == "ok" and code != 0:
+            status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size,
+                                                        launcher_log=launcher_log_name(node))
+        ended = f"{status}: {cause}" if cause else status
+        compress_traces(run_dir)
+        return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
+    except BaseException as e:  # any exit of the runner's own (signal, full disk, bug) stops the run's group
+        if proc is not None:
             _kill_group(proc)
-            _write_status(run_dir, spec, "interrupted", "runner interrupted (SIGINT/SIGTERM)", proc.returncode,
+        cause = ("runner interrupted (SIGINT/SIGTERM)" if isinstance(e, KeyboardInterrupt)
+                 else f"runner stopped by an error: {describe_error(e)}")
+        if ended:
+            cause += f"; the run had ended: {ended}"
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            from runner.owner import free_reserve
+
+            free_reserve(run_dir.parent)  # room for this status.json
+        try:  # on a full disk this may fail too; the run then stays without status (re-run by --resume)
+            _write_status(run_dir, spec, "interrupted", cause, proc.returncode if proc else None,
                           started, t0, cmd, None, path=status_path)
-            raise
-    if status == "ok" and code != 0:
-        status, cause, diagnosis = classify_failure(run_dir, code, world_size=spec.world_size,
-                                                    launcher_log=launcher_log_name(node))
-    compress_traces(run_dir)
-    return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
+        except OSError:
+            pass
+        raise
+
+
+def describe_error(e: BaseException) -> str:
+    """'<file>: No space left on device' for an OSError (the file named), else 'Type: message'."""
+    if isinstance(e, OSError):
+        return f"{e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e}"
+    return f"{type(e).__name__}: {e}"
 
 
 def _supervise(proc: subprocess.Popen, spec: RunSpec, *, run_dir: Path, watchdog: Watchdog,

@@ -295,6 +295,8 @@ def _check_fixed_types(fixed_raw: Mapping[str, Any], where: str) -> list[str]:
         if not ok:
             problems.append(f"{name} must be {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
                             f", got {value!r}")
+        elif kind is float and not math.isfinite(value):  # nan slips through every comparison
+            problems.append(f"{name} must be a finite number, got {value!r}")
         elif minimum is not None and value < minimum:
             problems.append(f"{name} must be >= {minimum}, got {value!r}")
     return problems

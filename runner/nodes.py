@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.errors import ConfigError
+from ingest.io import atomic_writer
 from ingest.schema import SCHEMA_VERSION
 
 ENV_NODE_PATTERN = re.compile(r"^env_node(\d+)\.json$")
@@ -170,7 +171,7 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     for d in node_dirs:
         for src in sorted(p for p in d.rglob("*") if p.is_file()):
             rel = src.relative_to(d)
-            if rel.name.endswith(".tmp") or (len(rel.parts) == 1 and rel.name in NODE0_FILES) or rel.parts[0] == "report":
+            if rel.name.endswith(".tmp") or rel.name.startswith(".runner") or (len(rel.parts) == 1 and rel.name in NODE0_FILES) or rel.parts[0] == "report":
                 continue
             dst = campaign_dir / rel
             if rel in planned:
@@ -186,9 +187,9 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
         raise ConfigError("\n".join(["refusing to merge (nothing was copied):", *problems]))
     for src, dst in plan:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".tmp")
-        shutil.copy2(src, tmp)
-        os.replace(tmp, dst)
+        with src.open("rb") as f, atomic_writer(dst) as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+        shutil.copystat(src, dst)
     meta = _load(campaign_dir / "campaign.json") or {}
     refresh_env_record(campaign_dir, [str(n) for n in meta.get("runs", [])])
     return [dst.relative_to(campaign_dir) for _, dst in plan]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from ingest.io import open_regular
+
 RECENT_STEPS = 20  # step times the tokens/s median and the ETA are taken over
 
 
@@ -25,8 +27,10 @@ class MetricsTail:
     """Incremental reader of the lowest rank's metrics file in ``run_dir/metrics``.
 
     poll() -> rows (dicts) completed since the previous poll; a partial last line is kept
-    until its newline arrives. num_rows counts every complete row seen. A malformed row is
-    counted but not returned (the ingest stage reports it; progress is best effort).
+    until its newline arrives. num_rows counts every complete row seen; num_steps the distinct
+    step numbers among them (what `runner status` shows: duplicated rows are not progress). A
+    malformed row is counted but not returned (the ingest stage reports it; progress is best
+    effort). A file that is not a regular file (a FIFO) is not read.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -40,9 +44,14 @@ class MetricsTail:
         self._loss_offset = 0
         self._loss_partial = b""
         self._last_loss: float | None = None
+        self._steps: set[int] = set()
 
     def _rank_files(self) -> dict[int, Path]:
         return {int(p.stem[4:]): p for p in self._dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._steps)
 
     def _lowest_rank_file(self) -> Path | None:
         files = self._rank_files()
@@ -79,11 +88,12 @@ class MetricsTail:
             return []
         if path != self._path:  # a lower rank's file appeared: start over on it
             self._path, self._offset, self._partial, self.num_rows = path, 0, b"", 0
+            self._steps = set()
         try:
-            with path.open("rb") as f:
+            with open_regular(path) as f:
                 f.seek(self._offset)
                 data = f.read()
-        except FileNotFoundError:
+        except OSError:  # gone, or not a regular file
             return []
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
@@ -94,10 +104,13 @@ class MetricsTail:
             self.num_rows += 1
             try:
                 row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 continue
             if isinstance(row, dict):
                 rows.append(row)
+                step = row.get("step")
+                if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                    self._steps.add(step)
         if rows and not any(isinstance(r.get("loss"), (int, float)) for r in rows):
             # a pipeline's first stage has no loss: show the last stage's latest on the newest row
             loss = self._poll_last_loss()

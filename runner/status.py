@@ -1,56 +1,67 @@
 """`runner status CAMPAIGN_DIR`: where each run of a campaign stands, from the files it has written.
 
 State comes from <run>/status.json when the run ended; otherwise "running" once the run has
-logs or metrics, "not started" before. Steps done and median tokens/s come from the lowest
-rank's metrics file. This module reads only; it does not tell a running run from one whose
-runner died (both lack status.json; `runner all --resume` finishes either).
+logs or metrics and a live runner holds the campaign's lock (runner.owner), "runner dead" when
+none does (the lock's pid is gone, or there is no lock: `runner all --resume` finishes it),
+"not started" before. Steps done (distinct step numbers, not lines) and median tokens/s come
+from the lowest rank's metrics file. Run names must be plain names and status.json a JSON
+object: a damaged campaign is a ConfigError naming the file, never a traceback. This module
+reads only.
 """
 from __future__ import annotations
 
-import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import NoDataError
+from ingest.errors import ConfigError, NoDataError
+from ingest.paths import check_run_name
 from runner.launch import load_json
+from runner.owner import LockState, lock_path, read_lock
 from runner.progress import MetricsTail, format_rate
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunState:
     run: str
-    state: str  # a RunStatus status, "running" or "not started"
+    state: str  # a RunStatus status, "running", "runner dead" or "not started"
     num_steps_done: int
     num_steps_total: int | None
     tokens_per_s: float | None  # median over the unprofiled post-warm-up steps
     cause: str | None
 
 
-def load_run_state(run_dir: Path, *, name: str, warmup_steps: int = 0) -> RunState:
-    """RunState of one run directory (any of its files may be missing)."""
-    spec = load_json(run_dir / "spec.json") if (run_dir / "spec.json").is_file() else {}
-    total = spec.get("fixed", {}).get("steps") if isinstance(spec, dict) else None
-    status = {}
-    if (run_dir / "status.json").is_file():
-        try:
-            status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            status = {"status": "unknown", "cause": "status.json is not valid JSON"}
+def load_run_state(run_dir: Path, *, name: str, warmup_steps: int = 0, runner_alive: bool = True) -> RunState:
+    """RunState of one run directory (any of its files may be missing). runner_alive: a live
+    runner holds the campaign (else a run without status.json is "runner dead").
+    ConfigError naming the file for a spec.json / status.json that is not a JSON object."""
+    spec = load_json(run_dir / "spec.json") if (run_dir / "spec.json").exists() else {}
+    fixed = spec.get("fixed")
+    total = fixed.get("steps") if isinstance(fixed, dict) else None
+    total = total if isinstance(total, int) and not isinstance(total, bool) else None
+    status = load_json(run_dir / "status.json") if (run_dir / "status.json").exists() else {}
     tail = MetricsTail(run_dir)
     rows = tail.poll()
-    times = [r["tokens"] / r["step_time_s"] for r in rows
-             if not r.get("profiled") and isinstance(r.get("step_time_s"), (int, float)) and r["step_time_s"] > 0
-             and isinstance(r.get("tokens"), (int, float)) and r.get("step", 0) >= warmup_steps]
+    times = [r["tokens"] / r["step_time_s"] for r in rows if _measured(r, warmup_steps)]
     if status:
-        state = str(status.get("status"))
+        state = str(status.get("status"))[:40]
     elif (run_dir / "logs").is_dir() or tail.num_rows:
-        state = "running"
+        state = "running" if runner_alive else "runner dead"
     else:
         state = "not started"
-    return RunState(run=name, state=state, num_steps_done=tail.num_rows, num_steps_total=total,
+    cause = status.get("cause") if state not in ("ok", "running", "runner dead", "not started") else None
+    return RunState(run=name, state=state, num_steps_done=tail.num_steps, num_steps_total=total,
                     tokens_per_s=statistics.median(times) if times else None,
-                    cause=status.get("cause") if state not in ("ok", "running", "not started") else None)
+                    cause=str(cause) if cause is not None else None)
+
+
+def _measured(row: dict, warmup_steps: int) -> bool:
+    """A row whose tokens/s counts: finite, positive time and tokens, past warm-up, unprofiled."""
+    t, n, step = row.get("step_time_s"), row.get("tokens"), row.get("step")
+    return (not row.get("profiled") and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            for v in (t, n, step))
+            and math.isfinite(t) and t > 0 and math.isfinite(n) and n > 0 and step >= warmup_steps)
 
 
 def load_campaign_status(root: Path) -> tuple[dict, list[RunState]]:
@@ -62,14 +73,33 @@ def load_campaign_status(root: Path) -> tuple[dict, list[RunState]]:
         raise NoDataError(f"{root}: {why}; pass a directory written by `runner all`")
     meta = load_json(root / "campaign.json")
     names = meta.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
-    warmup = (meta.get("fixed") or {}).get("warmup_steps") or 0
-    return meta, [load_run_state(root / n, name=n, warmup_steps=warmup) for n in names]
+    if not isinstance(names, list):
+        raise ConfigError(f"{root / 'campaign.json'}: runs: expected a list of run names; the campaign is damaged")
+    names = [check_run_name(n, where=str(root / "campaign.json")) for n in names]
+    fixed = meta.get("fixed")
+    warmup = fixed.get("warmup_steps") if isinstance(fixed, dict) else None
+    warmup = warmup if isinstance(warmup, int) and not isinstance(warmup, bool) else 0
+    owner = campaign_owner(root)
+    alive = owner is not None and owner.state in ("held", "foreign")
+    return meta, [load_run_state(root / n, name=n, warmup_steps=warmup, runner_alive=alive) for n in names]
+
+
+def campaign_owner(root: Path) -> LockState | None:
+    """The state of the campaign's main runner lock (runner.owner); None without one."""
+    return read_lock(lock_path(root))
 
 
 def render_status(root: Path, meta: dict, states: list[RunState]) -> str:
     """Lines: campaign header, one per run, then where the note is."""
     width = max((len(s.run) for s in states), default=0)
-    lines = [f"campaign {meta.get('name', '?')} in {root} ({len(states)} runs)"]
+    lines = [f"campaign {str(meta.get('name', '?'))[:200]} in {root} ({len(states)} runs)"]
+    owner = campaign_owner(root)
+    if owner is not None and owner.state in ("held", "foreign"):
+        lines.append(f"runner: running ({owner.describe()})")
+    elif owner is not None:
+        lines.append(f"runner: dead (its lock: {owner.describe()}); finish with: runner all --resume {root}")
+    elif any(s.state == "runner dead" for s in states):
+        lines.append(f"runner: dead (no runner holds the campaign); finish with: runner all --resume {root}")
     for s in states:
         steps = f"{s.num_steps_done}/{s.num_steps_total if s.num_steps_total is not None else '?'} steps"
         line = f"  {s.run:<{width}}  {s.state:<11}  {steps:>13}  {format_rate(s.tokens_per_s)}"

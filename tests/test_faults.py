@@ -137,6 +137,7 @@ def test_interrupt_then_resume(tmp_path):
     assert not (out / "run2" / "status.json").exists()
     time.sleep(1)
     assert not _train_processes(out)  # the run's whole process group is gone
+    assert not (out / ".runner.lock").exists()  # SIGTERM: the runner let go of the campaign
 
     res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--resume", str(out)],
                          capture_output=True, text=True, timeout=400)

@@ -26,3 +26,13 @@ def test_report_builder_survives_mutated_artifacts():
     result = _fuzz_module().fuzz_report(60, random.Random(11))
     assert result["uncaught"] == 0, result["failures"]
     assert result["note"] > 0 and result["tool_error"] > 0  # both outcomes were exercised
+
+
+def test_cli_level_mutated_campaigns():
+    """runner status, ingest and report build on user-level mutations (NaN, duplicates, symlinks,
+    FIFOs, path-like run names, deep JSON): no traceback, no hang, no impossible number in the
+    note's metric table, nothing read or written outside the campaign."""
+    result = _fuzz_module().fuzz_cli(45, random.Random(5), limit_s=60)
+    assert result["inputs"] >= 45 and result["ok"] > 0 and result["error"] > 0
+    for key in ("traceback", "hang", "impossible_number", "outside_access"):
+        assert result[key] == 0, (key, result["failures"])

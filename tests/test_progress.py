@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from runner.progress import (
@@ -159,13 +161,20 @@ def test_status_of_a_partial_campaign_names_states_and_cause(tmp_path):
     (tmp_path / "report" / "note.md").write_text("# note\n")
     res = _runner("status", str(tmp_path), timeout=120)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines() == [
+    assert res.stdout.splitlines() == [  # no runner holds the campaign: b's runner is dead
         f"campaign half in {tmp_path} (3 runs)",
+        f"runner: dead (no runner holds the campaign); finish with: runner all --resume {tmp_path}",
         "  a  crash           4/10 steps  2.0k tok/s  cause: rank 0: RuntimeError: boom",
-        "  b  running         1/10 steps  - tok/s",  # step 0 is warm-up: no post-warm-up rate yet
+        "  b  runner dead     1/10 steps  - tok/s",  # step 0 is warm-up: no post-warm-up rate yet
         "  c  not started     0/10 steps  - tok/s",
         f"note: {tmp_path / 'report' / 'note.md'}",
     ]
+    me = psutil.Process()  # a live owner (this test process) holds the lock: b is running
+    (tmp_path / ".runner.lock").write_text(json.dumps({"pid": me.pid, "host": socket.gethostname(),
+                                                       "pid_create_time": me.create_time(), "started_at": "t0"}))
+    lines = _runner("status", str(tmp_path), timeout=120).stdout.splitlines()
+    assert lines[1] == f"runner: running (pid {me.pid} on {socket.gethostname()} since t0)"
+    assert lines[3] == "  b  running         1/10 steps  - tok/s"
 
 
 @pytest.mark.parametrize("what", ["empty", "file", "missing"])

@@ -49,7 +49,8 @@ def test_sbatch_header(script):
 
 def test_rendezvous_on_first_node_and_one_srun_step(script):
     lines = script.splitlines()
-    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in lines
+    i = lines.index('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST")')  # no pipe into head: no SIGPIPE
+    assert lines[i + 1] == "head_node=${head_node%%$'\\n'*}"
     assert 'export RUNNER_RDZV_ENDPOINT="$head_node:29500"' in lines
     py = sys.executable
     assert (f"cmd=({py} -m runner.cli all --matrix {MATRIX} --out /shared/runs/gpu-8 --nnodes 2"
@@ -136,3 +137,61 @@ def test_two_node_matrix_resolves_for_2x8():
     assert res.returncode == 0, res.stderr
     runs = [ln for ln in res.stdout.splitlines() if ln.startswith("#   ")]
     assert len(runs) == 4 and all("--nproc-per-node=8" in ln for ln in runs)
+
+
+def test_head_node_survives_a_long_node_list_under_pipefail(tmp_path):
+    """With `| head -n1`, scontrol writing many hostnames gets SIGPIPE and `set -o pipefail` ends
+    the job with exit 141 before srun; the script must reach srun with the first host."""
+    campaign = resolve_matrix(load_matrix(MATRIX), source=str(MATRIX), num_gpus=16)
+    text = build_sbatch_script(campaign, nodes=2, gpus_per_node=8, partition=None, time_limit=None,
+                               matrix=MATRIX, out=Path("/shared/x"), port=29600, python="echo", workdir=tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _exe(bin_dir / "scontrol", "#!/bin/bash\nfor i in $(seq 1 200000); do echo node$i; done\n")
+    _exe(bin_dir / "srun", '#!/bin/bash\necho "srun reached, endpoint $RUNNER_RDZV_ENDPOINT"\n')
+    (tmp_path / "job.sh").write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-200000]"}
+    res = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, (res.returncode, res.stderr)
+    assert "srun reached, endpoint node1:29600" in res.stdout
+
+
+def test_command_substitution_in_out_is_not_executed(tmp_path):
+    """A --out holding $(...) or backticks reaches the script quoted: running it creates nothing."""
+    out = tmp_path / "runs" / "x$(touch PWNED)`touch PWNED2`"
+    res = _cli("slurm", "--nodes", "2", "--gpus-per-node", "8", "--matrix", str(MATRIX), "--out", str(out),
+               "--dry-run", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _exe(bin_dir / "scontrol", "#!/bin/bash\necho node001\n")
+    _exe(bin_dir / "srun", "#!/bin/bash\ntrue\n")
+    (tmp_path / "job.sh").write_text(res.stdout.replace(f"cd {ROOT}", f"cd {tmp_path}"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node001"}
+    run = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, timeout=60,
+                         env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"campaign written to {out}: report build {out}" in run.stdout
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--partition", "h200\n#SBATCH --uid=0"), "--partition 'h200\\n#SBATCH --uid=0': has a newline"),
+    (("--partition", "gpu; rm -rf ~"), "must be a partition name (no spaces)"),
+    (("--time", "soon"), "--time 'soon': not a Slurm time"),
+    (("--time", "02:00:00\nrm -rf ~"), "has a newline"),
+    (("--out", "/shared/a\nrm -rf ~"), "--out"),
+    (("--port", "0"), "--port must be a TCP port 1..65535, got 0"),
+])
+def test_unsafe_or_malformed_values_are_refused(args, needle):
+    res = _cli("slurm", "--nodes", "2", "--gpus-per-node", "8", "--matrix", str(MATRIX), *args, "--dry-run")
+    assert res.returncode == 2, res.stdout
+    assert needle in res.stderr and "Traceback" not in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["30", "30:00", "02:00:00", "1-12", "1-12:30", "2-00:00:00", "UNLIMITED"])
+def test_slurm_time_formats_are_accepted(value):
+    res = _cli("slurm", "--nodes", "2", "--gpus-per-node", "8", "--matrix", str(MATRIX), "--time", value,
+               "--out", "/shared/x", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert f"#SBATCH --time={value}" in res.stdout.splitlines()

@@ -1,0 +1,49 @@
+"""Names and paths that must stay inside a campaign directory.
+
+A run name becomes a directory name (``<campaign>/<run>``), so it must be one plain path
+component: not empty, no ``/`` or ``\\``, not ``.`` or ``..``, no NUL or newline. Every
+path the tools derive from a campaign's own files (campaign.json run names, spec.json names)
+is checked here before it is opened. Deliberately not here: any file I/O.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ingest.errors import ConfigError
+
+MAX_RUN_NAME_CHARS = 200
+
+
+def run_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain run name (one path component), or None when it is."""
+    if not isinstance(name, str):
+        return f"run name {name!r:.60}: expected a string, got {type(name).__name__}"
+    shown = repr(name[:60])
+    if not name or name in (".", ".."):
+        return f"run name {shown}: must be a plain name (letters, digits, '-', '_', '.')"
+    if "/" in name or "\\" in name or os.sep in name:
+        return f"run name {shown}: must be a plain name, not a path (no '/')"
+    if any(c in name for c in "\0\n\r") or not name.isprintable():
+        return f"run name {shown}: has control characters"
+    if len(name) > MAX_RUN_NAME_CHARS:
+        return f"run name {shown}...: longer than {MAX_RUN_NAME_CHARS} characters"
+    return None
+
+
+def check_run_name(name: object, *, where: str) -> str:
+    """``name`` when it is a plain run name; ConfigError ``where: why`` otherwise."""
+    problem = run_name_problem(name)
+    if problem:
+        raise ConfigError(f"{where}: {problem}; the campaign is damaged or not ours")
+    return str(name)
+
+
+def resolve_under(root: Path, *parts: str) -> Path:
+    """``root / parts`` resolved (symlinks followed), which must stay under ``root`` resolved.
+    ConfigError naming the path otherwise."""
+    base = Path(root).resolve()
+    path = base.joinpath(*parts).resolve()
+    if not path.is_relative_to(base):
+        raise ConfigError(f"{Path(root).joinpath(*parts)}: resolves to {path}, outside the campaign {base}; not followed")
+    return path
