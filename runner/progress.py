@@ -66,7 +66,7 @@ class MetricsTail:
         if path != self._loss_path:
             self._loss_path, self._loss_offset, self._loss_partial = path, 0, b""
         try:
-            with path.open("rb") as f:
+            with open_regular(path) as f:
                 f.seek(self._loss_offset)
                 data = f.read()
         except FileNotFoundError:
