@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ingest.errors import ToolError  # noqa: E402
+from core.errors import ToolError  # noqa: E402
 from ingest.io import load_campaign  # noqa: E402
 from ingest.parsers import PARSED_KINDS, parse_text  # noqa: E402
 from report.render import render_markdown  # noqa: E402

@@ -1,1 +1,1 @@
-"""Ingest: raw campaign artifacts -> normalized tables (see ingest.io, ingest.schema)."""
+"""Ingest: raw campaign artifacts -> normalized tables (see ingest.io, core.records)."""

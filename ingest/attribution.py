@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ingest.schema import AttributionRow, CollectiveRow
+from core.records import AttributionRow, CollectiveRow
 from ingest.traces import RankTimeline, _I64, _intersect, _measure, _union
 
 ATTRIBUTION_CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall",

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ingest.errors import ConfigError, ToolError
+from core.errors import ConfigError, ToolError
 from ingest.io import load_campaign, write_tables
 
 

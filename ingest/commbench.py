@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ingest.parsers import ParseResult
-from ingest.schema import SCHEMA_VERSION, CommBenchRow
+from core.records import SCHEMA_VERSION, CommBenchRow
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(CommBenchRow)}
 _NUMERIC = {"nbytes": int, "world_size": int, "num_nodes": int, "num_iters": int, "time_us": float,

@@ -11,15 +11,12 @@ computation, any formatting.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import errno
 import dataclasses
 import re
 import json
 import os
 import stat
-import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither (0.5 s, 80 MB)
     import pandas as pd
 
-from ingest.errors import NoDataError, ParseError
+from core.errors import NoDataError, ParseError
 from ingest.paths import run_name_problem
-from ingest.schema import (
+from core.atomic import write_bytes_atomic
+from core.records import (
     SCHEMA_VERSION, CheckpointRecord, FixedConfig, ModelConfig, Plant, RunInfo, RunSpec, RunStatus, StepRow,
     run_spec_from_dict,
 )
@@ -403,52 +401,6 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     return Campaign(source=str(root), campaign=campaign, env=env, runs=runs_df, steps=steps_df, problems=tuple(problems))
 
 
-@contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], *, text: bool = False):
-    """Open a new file that becomes ``path`` only when the ``with`` block ends without error.
-
-    The one way this project writes a file atomically. The temp file is created exclusively
-    (``mkstemp``: O_EXCL, a random name, in the target's directory so the rename stays on one
-    file system), so a symlink planted at a predictable name is never followed; ``os.replace``
-    then swaps the directory entry (a symlink at ``path`` itself is replaced, not written
-    through). The final file gets the mode the user's umask gives a new file (mkstemp's 0600
-    would hide results from the group). On any error, the temp file is removed and the error
-    re-raised with ``filename`` set, so a full disk names the file. Yields a binary file
-    object (text with ``text=True``, UTF-8)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as f:
-            yield f
-        os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:
-            e.filename = str(path)
-        raise
-
-
-def umask() -> int:
-    """The process umask (mode bits removed from new files)."""
-    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
-    os.umask(mask)
-    return mask
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (``atomic_writer``). Returns the path."""
-    with atomic_writer(path) as f:
-        f.write(data)
-    return Path(path)
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write ``data`` as indented JSON to ``path`` atomically (``atomic_writer``)."""
-    return write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
-
-
 def write_tables(campaign: Campaign, out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write ``runs.parquet`` and ``steps.parquet`` into ``out_dir`` (created), atomically.
 
@@ -496,17 +448,6 @@ def load_tables(path: str | os.PathLike[str]) -> Campaign:
         frames.append(table.to_pandas())
     return Campaign(source=str(root), campaign=meta["campaign"], env=meta["env"], runs=frames[0],
                     steps=frames[1], problems=tuple(meta["problems"]))
-
-
-def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read hardware.toml as a dict (validation is report.hardware's job). Raises ParseError."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ParseError(f"{path}: missing; restore hardware.toml from the repository") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None
 
 
 def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20):
@@ -657,10 +598,10 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
     import pandas as pd
 
     from ingest.parsers import parse_text
-    from ingest.schema import KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+    from core.records import KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
     from ingest.thirdparty import nccl_transports, summarize_nccl_topology
     from ingest.attribution import compute_attribution
-    from ingest.schema import AttributionRow, CollectiveRow
+    from core.records import AttributionRow, CollectiveRow
     from ingest.traces import compute_step_breakdown
 
     root = Path(campaign.source)

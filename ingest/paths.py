@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 
 MAX_RUN_NAME_CHARS = 200
 

@@ -21,10 +21,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.errors import NoDataError, ParseError
-from ingest.io import iter_text_blocks, read_text_head, write_bytes_atomic
+from core.errors import NoDataError, ParseError
+from ingest.io import iter_text_blocks, read_text_head
+from core.atomic import write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, PARSED_KINDS, ParseResult, detect_kind, parse_text
-from ingest.schema import SCHEMA_VERSION
+from core.records import SCHEMA_VERSION
 
 TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
           "flops_profile")
@@ -166,7 +167,7 @@ _MEGATRON_ARGS = {
 
 def parse_model_flags(text: str) -> dict:
     """``num_layers=24,hidden_size=2048,dtype=bf16`` -> dict. Raises ConfigError naming bad keys."""
-    from ingest.errors import ConfigError
+    from core.errors import ConfigError
 
     out, bad = {}, []
     for item in filter(None, (x.strip() for x in text.split(","))):
@@ -284,7 +285,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     ``report build`` renders third-party runs like ours. The model shape comes from the log's
     argument dump, overridden by ``model`` (CLI ``--model``). Returns None when no file has
     steps. Raises ConfigError when the shape needed for the note is unknown."""
-    from ingest.errors import ConfigError
+    from core.errors import ConfigError
     from ingest.io import Campaign
 
     train = [f for f in files if any(r["table"] == "steps" and _has_timing(r) for r in f.result.records)]

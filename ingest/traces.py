@@ -31,7 +31,7 @@ from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
-from ingest.schema import BREAKDOWN_CATEGORIES, PHASE_RANGES, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+from core.records import BREAKDOWN_CATEGORIES, PHASE_RANGES, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
 
 # --- patterns (one table; a new kernel family is one line) -----------------------------------
 

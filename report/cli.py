@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ingest.errors import ToolError
+from core.errors import ToolError
 from report import FORMATS
 from report.i18n import DEFAULT_LANGUAGE, available_languages
 

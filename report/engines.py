@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ingest.schema import STRATEGY_ENGINES
+from core.records import STRATEGY_ENGINES
 from report.memory import GIB, compute_model_state_bytes, compute_param_numels
 from report.rules import THRESHOLDS, Finding, layout_key, rule_engine_gap
 

@@ -1,7 +1,7 @@
 """Section 5's numbers: where each run's step time goes, from the profiler traces' tables.
 
 DataFrame in, DataFrame out. Inputs are the tables ingest builds from the traces
-(ingest.schema StepBreakdownRow / KernelSummaryRow columns), the step rows (StepRow) and the
+(core.records StepBreakdownRow / KernelSummaryRow columns), the step rows (StepRow) and the
 profiler-window metadata (trace/profile_meta_rank<r>.json). Nothing here reads files,
 rounds, formats or plots.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ingest.schema import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
+from core.records import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
 
 BREAKDOWN_SUMMARY_COLUMNS = (
     "run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s", "sum_error",

@@ -19,8 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ingest.io import write_bytes_atomic  # noqa: E402
-from ingest.schema import BREAKDOWN_CATEGORIES  # noqa: E402
+from core.atomic import write_bytes_atomic
+from core.records import BREAKDOWN_CATEGORIES  # noqa: E402
 from report.i18n import N_  # noqa: E402
 
 Gettext = Callable[[str], str]

@@ -36,7 +36,7 @@ from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po, write_po
 from babel.numbers import format_decimal, format_percent
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALE_DIR = Path(files("report") / "locale")  # package data (pyproject.toml)

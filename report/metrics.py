@@ -62,7 +62,7 @@ def compute_mfu(
 ) -> float | None:
     """Model FLOPs utilisation = tokens_per_s * flops_per_token / (num_gpus * peak_flops).
 
-    peak_flops: dense peak FLOP/s of one GPU for the run's dtype (report.hardware). Returns
+    peak_flops: dense peak FLOP/s of one GPU for the run's dtype (core.hardware). Returns
     None when any input is None/NA (unknown GPU, CPU run, no measured steps): never a fallback.
     Source: PaLM (Chowdhery et al. 2022), appendix B.
     """

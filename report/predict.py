@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import ToolError
-from report.hardware import lookup_gpu, lookup_peak
+from core.errors import ToolError
+from core.hardware import lookup_gpu, lookup_peak
 from report.i18n import N_, Message, MessageList
 from runner.perfmodel import (
     CommModel, Layout, build_comm_model, compute_layout_memory, load_assumptions, load_links, predict_layout,
@@ -380,7 +380,7 @@ def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequenc
 def calibrate_campaign(path: str | Path) -> dict[str, tuple[float, str]]:
     """`runner plan --calibration CAMPAIGN`: engine -> (compute efficiency = solved rate / the
     GPU's dense peak, source), averaged over the campaign's ok GPU runs of that engine."""
-    from ingest.errors import ConfigError
+    from core.errors import ConfigError
     from report.render import load_note
 
     campaign, _, note = load_note(path)

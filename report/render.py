@@ -21,8 +21,9 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from ingest.errors import ConfigError, NoDataError
-from ingest.io import Campaign, load_campaign, load_trace_tables, write_bytes_atomic
+from core.errors import ConfigError, NoDataError
+from ingest.io import Campaign, load_campaign, load_trace_tables
+from core.atomic import write_bytes_atomic
 from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
 from report.summary import build_summary, render_summary_json

@@ -312,7 +312,7 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
                     breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float], *,
                     engines: Mapping[str, Sequence[str]]) -> list[Finding]:
     """One finding per layout of a strategy that has several engines (``engines``: strategy ->
-    its engines, ingest.schema.STRATEGY_ENGINES), separating what the engine costs from what the
+    its engines, core.records.STRATEGY_ENGINES), separating what the engine costs from what the
     layout costs.
 
     Layout ran under >= 2 engines (runs that ended ok with measured steps): kind "engine_gap"

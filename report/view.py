@@ -19,11 +19,11 @@ from typing import Any
 import pandas as pd
 
 from ingest.io import Campaign
-from ingest.schema import RUN_STATUSES
+from core.records import RUN_STATUSES
 from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
-from report.hardware import lookup_peak
+from core.hardware import lookup_peak
 from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
 from report.engines import EngineGroup, build_engine_groups
@@ -838,7 +838,7 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str,
 
 def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
     """CAMPAIGN/commbench rows on the campaign's device, or [] (none, or unreadable)."""
-    from ingest.errors import ToolError
+    from core.errors import ToolError
     from ingest.io import load_commbench
 
     bench = Path(str(campaign.source)) / "commbench"

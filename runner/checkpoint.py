@@ -8,7 +8,7 @@ holds the save. The run then goes on uninterrupted. After its last step, ``load_
 (timed the same way) rewinds every rank to the saved state and the next
 ``checkpoint_verify_steps`` steps are replayed on the same batches and learning rates; their
 losses must equal the uninterrupted run's within ``RESTORE_TOLERANCE_NATS`` of the campaign's
-dtype. Rank 0 writes ``<run>/checkpoint.json`` (ingest.schema.CheckpointRecord) and, unless
+dtype. Rank 0 writes ``<run>/checkpoint.json`` (core.records.CheckpointRecord) and, unless
 ``checkpoint_keep``, deletes the files once measured.
 
 Bytes and files are what rank 0 sees under the checkpoint directory after the save (on several
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ingest.schema import CheckpointRecord, RunSpec, to_dict
+from core.records import CheckpointRecord, RunSpec, to_dict
 
 # A restore must reproduce the next steps' losses within this many nats. fp32 on CPU replays
 # bit for bit (measured: 0); on GPU, reduction order in backward (atomics) may differ by ulps,
@@ -122,7 +122,7 @@ class CheckpointProbe:
                                          num_files=self.num_files, steps=steps, per_rank=gathered)
         if not spec.checkpoint_keep:
             shutil.rmtree(self.path, ignore_errors=True)
-        from runner.launch import write_json_atomic
+        from core.atomic import write_json_atomic
 
         write_json_atomic(self.run_dir / "checkpoint.json", to_dict(record))
         return record

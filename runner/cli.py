@@ -28,8 +28,8 @@ import socket
 import sys
 from pathlib import Path
 
-from ingest.errors import ConfigError, ToolError
-from ingest.schema import SCHEMA_VERSION, Plant, run_spec_from_dict, to_dict
+from core.errors import ConfigError, ToolError
+from core.records import SCHEMA_VERSION, Plant, run_spec_from_dict, to_dict
 from runner import __version__
 from runner.matrix import Campaign, attach_dataset, load_matrix, resolve_matrix, tokens_read
 from runner.nodes import (
@@ -199,7 +199,7 @@ def _start_campaign(out: Path, campaign: Campaign, node: NodeLaunch | None, *, m
                     dataset_meta: dict | None, lock) -> int:
     """Record the environment, every spec and campaign.json into ``out`` (owned: ``lock``), then run."""
     from runner.env import collect_env
-    from runner.launch import write_json_atomic
+    from core.atomic import write_json_atomic
 
     launch_command = list(sys.orig_argv)
     env = collect_env(launch_command=launch_command, data_dir=out)
@@ -335,7 +335,8 @@ def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
     launch this node's agent of every run. Works on a shared directory (node 0's campaign.json
     must then list the same runs) and on a node-local one (merge with `runner collect`)."""
     from runner.env import collect_env, collect_env_vars
-    from runner.launch import build_run_env, load_json, write_json_atomic
+    from runner.launch import build_run_env, load_json
+    from core.atomic import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     mine = env_node_path(out, node.node_rank)
@@ -350,7 +351,8 @@ def join_campaign(out: Path, campaign: Campaign, node: NodeLaunch) -> int:
 
 def _join_campaign(out: Path, campaign: Campaign, node: NodeLaunch, *, lock) -> int:
     from runner.env import collect_env, collect_env_vars
-    from runner.launch import build_run_env, load_json, write_json_atomic
+    from runner.launch import build_run_env, load_json
+    from core.atomic import write_json_atomic
 
     mine = env_node_path(out, node.node_rank)
     names = [s.name for s in campaign.runs]
@@ -443,7 +445,8 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
 
 def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None, lock,
                   done: list[str]) -> int:
-    from runner.launch import Watchdog, archive_attempt, load_json, run_one, write_json_atomic
+    from runner.launch import Watchdog, archive_attempt, load_json, run_one
+    from core.atomic import write_json_atomic
     from runner.progress import build_progress
 
     def on_launch(run: str):

@@ -6,7 +6,7 @@ sizes -- all_reduce, all_gather (all_gather_into_tensor), reduce_scatter
 (reduce_scatter_tensor), all_to_all (all_to_all_single), send_recv (a ring: each rank sends to
 rank + 1 and receives from rank - 1, as nccl-tests' sendrecv_perf) -- with CUDA events on GPUs
 (perf_counter on CPU), after warm-up calls; the reported time is the mean per call, max over
-ranks. Rank 0 writes ``commbench.json`` (rows of ingest.schema.CommBenchRow with the
+ranks. Rank 0 writes ``commbench.json`` (rows of core.records.CommBenchRow with the
 environment), the launcher adds ``commbench.parquet`` (ingest.io). The performance model reads
 them back (runner.perfmodel.build_comm_model; `runner plan --commbench`; the note when a
 campaign holds a ``commbench/`` folder).
@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import ConfigError, LaunchError
-from ingest.io import write_bytes_atomic
-from ingest.schema import SCHEMA_VERSION, CommBenchRow, to_dict
+from core.errors import ConfigError, LaunchError
+from core.atomic import write_bytes_atomic
+from core.records import SCHEMA_VERSION, CommBenchRow, to_dict
 from runner.perfmodel import COLLECTIVES, compute_bus_factor
 
 COMMBENCH_JSON = "commbench.json"

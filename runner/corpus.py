@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.errors import ConfigError
-from ingest.io import umask
-from ingest.schema import DatasetRecord, to_dict
+from core.errors import ConfigError
+from core.atomic import umask
+from core.records import DatasetRecord, to_dict
 
 EOD_TOKEN = "<|endoftext|>"
 SNIFF_BYTES = 64 * 1024
@@ -365,7 +365,7 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
 
 
 def write_dataset_record(path: Path, record: DatasetRecord) -> None:
-    from runner.launch import write_json_atomic
+    from core.atomic import write_json_atomic
 
     write_json_atomic(path, to_dict(record))
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from ingest.schema import SCHEMA_VERSION
+from core.records import SCHEMA_VERSION
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_")
 SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)

@@ -30,9 +30,10 @@ from ingest.hangs import (
     summarize_flight_recorder,
     summarize_stack,
 )
-from ingest.errors import ConfigError
-from ingest.io import atomic_writer, read_regular_text, write_json_atomic  # noqa: F401 - re-exported: the runner's modules import it from here
-from ingest.schema import RunSpec, RunStatus, to_dict
+from core.errors import ConfigError
+from ingest.io import read_regular_text
+from core.atomic import atomic_writer, write_json_atomic
+from core.records import RunSpec, RunStatus, to_dict
 from runner.progress import RECENT_STEPS, MetricsTail, ProgressReporter, summarize_progress
 from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_path_for
 

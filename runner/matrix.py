@@ -46,8 +46,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ingest.errors import ConfigError
-from ingest.schema import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
+from core.errors import ConfigError
+from core.records import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
 from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import build_fault
 from runner.knobs import DATA_OPTION_KEYS, check_layout_knobs, resolve_knobs, resolve_loader_knobs

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner.shapes import ModelShape, count_embedding_params, count_layer_params, count_mlp_params
 
 # Optimizer-state sharding schemes, bf16 mixed precision with Adam (K = 12 bytes of fp32 master

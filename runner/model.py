@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ingest.schema import ModelConfig
+from core.records import ModelConfig
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT initialisation
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import ConfigError
-from ingest.io import atomic_writer
-from ingest.schema import SCHEMA_VERSION
+from core.errors import ConfigError
+from core.atomic import atomic_writer
+from core.records import SCHEMA_VERSION
 
 ENV_NODE_PATTERN = re.compile(r"^env_node(\d+)\.json$")
 # Written by node 0 only; a node directory brought to `runner collect` may hold its own copy.
@@ -144,7 +144,7 @@ def build_node_record(out: Path, run_names: list[str]) -> dict[str, Any]:
 
 def refresh_env_record(out: Path, run_names: list[str]) -> None:
     """Fold the nodes' records (build_node_record) into env.json, atomically. No env.json: no-op."""
-    from runner.launch import write_json_atomic
+    from core.atomic import write_json_atomic
 
     env = _load(out / "env.json")
     if not isinstance(env, dict):

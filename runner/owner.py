@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from ingest.errors import ToolError
-from ingest.io import write_json_atomic
+from core.errors import ToolError
+from core.atomic import write_json_atomic
 
 LOCK_NAME = ".runner.lock"
 # Space set aside while a runner owns the campaign, freed when the disk fills so the failed

@@ -25,14 +25,14 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import ConfigError
-from ingest.io import load_hardware_toml
+from core.errors import ConfigError
+from core.hardware import load_hardware_toml
 from runner import memory as mem
 from runner.shapes import (
     ModelShape, compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
 
-HARDWARE_TOML = Path(files("ingest") / "hardware.toml")  # package data (pyproject.toml), found through the package
+from core.hardware import HARDWARE_TOML
 PERFMODEL_TOML = Path(files("runner") / "perfmodel.toml")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 ENGINE_OF_SHARDING = {"ddp": "torch-ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner import memory as mem
 from runner.perfmodel import (
     CommModel, Layout, Prediction, compute_layout_memory, compute_time_to_train_s, predict_layout,

@@ -16,7 +16,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner.perfmodel import build_comm_model, load_assumptions, load_links
 from runner.plan import NoFitError, PlanRequest, build_plan, plan_to_dict, render_plan_text
 from runner.presets import PRESETS
@@ -85,7 +85,7 @@ def build_shape(args: argparse.Namespace) -> ModelShape:
 
 def build_request(args: argparse.Namespace) -> PlanRequest:
     """Resolve GPU, links, calibration and defaults into a PlanRequest (ConfigError on bad input)."""
-    from report.hardware import gpu_keys, lookup_gpu
+    from core.hardware import gpu_keys, lookup_gpu
 
     shape = build_shape(args)
     seq, batch = args.seq, args.global_batch
@@ -146,7 +146,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from runner.launch import write_json_atomic
+    from core.atomic import write_json_atomic
 
     for flag in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "seq", "global_batch"):
         value = getattr(args, flag)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingest.schema import ModelConfig
+from core.records import ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True)

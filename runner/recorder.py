@@ -17,7 +17,7 @@ from typing import IO
 
 import torch
 
-from ingest.schema import StepRow, to_dict
+from core.records import StepRow, to_dict
 
 GIB = 1024**3
 

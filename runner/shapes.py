@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner.presets import PRESETS, pad_vocab
 
 

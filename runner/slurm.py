@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ingest.errors import LaunchError
+from core.errors import LaunchError
 from runner.launch import build_command
 from runner.matrix import Campaign
 from runner.nodes import NodeLaunch

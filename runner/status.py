@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.errors import ConfigError, NoDataError
+from core.errors import ConfigError, NoDataError
 from ingest.paths import check_run_name
 from runner.launch import load_json
 from runner.owner import LockState, lock_path, read_lock

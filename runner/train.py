@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ingest.schema import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
+from core.records import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
 from runner.faults import build_fault, inject
-from runner.launch import write_json_atomic
+from core.atomic import write_json_atomic
 from runner.nodes import placement_record
 from runner.checkpoint import CheckpointProbe
 from runner.data import BatchPrefetcher, RealBatches, SampleOrder, SyntheticBatches, TokenWindows, slice_batch
@@ -274,7 +274,7 @@ PLANT_HOST_DELAY_RANGE = "plant_host_delay"  # the profiler range a planted host
 
 def planted_delays_s(spec: RunSpec, *, rank: int) -> tuple[float, float]:
     """(data delay, host delay) in seconds this rank sleeps every step under the run's plant
-    (ingest.schema.Plant): the data delay on every rank, the host delay on host_delay_rank only."""
+    (core.records.Plant): the data delay on every rank, the host delay on host_delay_rank only."""
     plant = spec.plant
     if plant is None:
         return 0.0, 0.0

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ingest.schema import RunSpec
+from core.records import RunSpec
 
 SLOWER_STOP_FRACTION = 0.03  # "fastest" stops at a candidate this much slower than the best so far
 

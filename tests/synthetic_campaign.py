@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from ingest.schema import FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, to_dict
+from core.records import FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, to_dict
 
 MODEL = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256, seq_length=32,
                     vocab_size=500, padded_vocab_size=512)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ingest.commbench import parse_commbench
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from ingest.io import load_commbench
 from runner.cli import main as runner_main
 from runner.commbench import CommBenchConfig, build_commbench_command, build_sizes, check_config, parse_size

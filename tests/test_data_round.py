@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner.corpus import EOD_TOKEN, load_tokenizer, validate_dataset
 from runner.data import RealBatches, SampleOrder, TokenWindows
 from runner.matrix import resolve_matrix

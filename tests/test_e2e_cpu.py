@@ -15,7 +15,7 @@ import pytest
 
 from report.render import duration, si
 from runner.model import count_gpt_params
-from ingest.schema import run_spec_from_dict
+from core.records import run_spec_from_dict
 
 RUNS = ("ddp", "zero3", "zero3-fsdp2", "tp2-pp2")
 

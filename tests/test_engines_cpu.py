@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.errors import ConfigError
-from ingest.schema import run_spec_from_dict, to_dict
+from core.errors import ConfigError
+from core.records import run_spec_from_dict, to_dict
 from report.memory import compute_model_state_bytes, compute_param_numels
 from report.rules import THRESHOLDS, rule_engine_gap
-from ingest.schema import STRATEGY_ENGINES
+from core.records import STRATEGY_ENGINES
 from runner.matrix import load_matrix, resolve_matrix
 from runner.model import count_gpt_params
 

@@ -204,10 +204,10 @@ def test_h200_nccl_hang_diagnosed_from_real_flight_recorder_dump():
 def test_deadline_derived_from_observed_step_time(tmp_path):
     """A straggler that makes every step 2 s: the deadline, derived after 3 steps from the observed
     step time (x0.1 here, + 1 s), ends the run as 'timeout' long before the campaign's hard limit."""
-    from ingest.schema import run_spec_from_dict
+    from core.records import run_spec_from_dict
     from runner.launch import Watchdog, run_one
     from runner.matrix import resolve_matrix
-    from ingest.schema import to_dict
+    from core.records import to_dict
 
     raw = {"campaign": {"name": "d", "preset": "tiny"}, "fixed": {"steps": 30, "warmup_steps": 2},
            "runs": [{"name": "slow", "strategy": "ddp",

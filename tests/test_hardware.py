@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.errors import ConfigError
-from report.hardware import build_hardware_table, lookup_peak
+from core.errors import ConfigError
+from core.hardware import build_hardware_table, lookup_peak
 
 
 @pytest.mark.parametrize("name, dtype, flops", [
@@ -49,7 +49,7 @@ def test_h200_nvl_is_not_h200_sxm():
 
 def test_table_names_are_unique_matches():
     """No device name used above is claimed by two entries."""
-    from report.hardware import _default_table
+    from core.hardware import _default_table
     table = _default_table()
     for name in ("NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA L4", "NVIDIA L40S", "NVIDIA A10"):
         assert sum(any(p.fullmatch(name) for p in e.patterns) for e in table) == 1

@@ -16,11 +16,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import json, sys
-import ingest, report, runner
-from report import hardware, i18n, render
+import core, ingest, report, runner
+from core import hardware
+from report import i18n, render
 from runner import perfmodel
 print(json.dumps({
-    "packages": [ingest.__file__, report.__file__, runner.__file__],
+    "packages": [core.__file__, ingest.__file__, report.__file__, runner.__file__],
     "templates": str(render.TEMPLATES_DIR),
     "template": render.build_environment(html=True).get_template("note.html.j2").filename,
     "hardware": str(hardware.HARDWARE_TOML),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner.matrix import resolve_matrix
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,7 +43,7 @@ pytest.importorskip("megatron.core")
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
 
-from ingest.schema import FixedConfig, RunSpec, to_dict  # noqa: E402
+from core.records import FixedConfig, RunSpec, to_dict  # noqa: E402
 from runner.model import GPT, count_gpt_params, lm_loss  # noqa: E402
 from runner.presets import PRESETS, build_model_config  # noqa: E402
 from runner.strategies.megatron_attention import SDPACoreAttention, gelu_tanh  # noqa: E402

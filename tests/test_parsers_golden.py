@@ -47,7 +47,7 @@ def test_the_fixture_set_in_worker_processes_gives_the_goldens_in_input_order():
 
 
 def test_a_file_gone_before_its_worker_reads_it_is_a_parse_error(tmp_path):
-    from ingest.errors import ParseError
+    from core.errors import ParseError
     paths = []
     for name in ("a.log", "b.log", "c.log"):
         paths.append(tmp_path / name)

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from ingest.cli import main
-from ingest.schema import SCHEMA_VERSION
+from core.records import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 FILES = ("19_megatron_llm_fork_iteration_plain.txt", "12_nccl_tests_h20_cumem_ib_2node.txt",

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from ingest.cli import main as ingest_main
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from ingest.thirdparty import count_params
 from report.cli import main as report_main
-from report.hardware import lookup_peak
+from core.hardware import lookup_peak
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 ARGS = """------------------------ arguments ------------------------

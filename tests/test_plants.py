@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from ingest.io import _field_problems
-from ingest.schema import Plant, RunSpec, run_spec_from_dict, to_dict
+from core.records import Plant, RunSpec, run_spec_from_dict, to_dict
 from runner.matrix import resolve_matrix
 from runner.strategies.common import pipeline_layer_split
 

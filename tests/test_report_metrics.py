@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.schema import ModelConfig
-from report.hardware import lookup_peak
+from core.records import ModelConfig
+from core.hardware import lookup_peak
 from report.metrics import compute_flops_per_token, compute_mfu, summarize_runs
 from runner.model import count_gpt_params
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.schema import STRATEGY_ENGINES
+from core.records import STRATEGY_ENGINES
 from report import render
 from report.data_rounds import DATA_THRESHOLDS, RoundRow, rule_data_bound, rule_data_stall
 from report.engines import build_engine_groups

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ingest.schema import FixedConfig, RunSpec, to_dict
+from core.records import FixedConfig, RunSpec, to_dict
 from runner.model import GPT, count_gpt_params, count_params
 from runner.presets import PRESETS, build_model_config
 from runner.strategies import RankContext, build_trainer

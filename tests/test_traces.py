@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ingest.errors import ParseError
+from core.errors import ParseError
 from ingest.io import open_trace_events
-from ingest.schema import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
+from core.records import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
 from ingest.traces import TraceReadCounts, compute_step_breakdown, iter_trace_events
 
 REAL = Path(__file__).parent / "fixtures" / "real"

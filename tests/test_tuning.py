@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from runner.data import BatchPrefetcher, SyntheticBatches, slice_batch
 from runner.knobs import ZERO3_DEFAULTS
 from runner.matrix import resolve_matrix

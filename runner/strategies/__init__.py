@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from ingest.schema import RunSpec
+from core.records import RunSpec
 
 # (strategy, engine) -> module exposing build_trainer(spec, *, ctx) -> Trainer
 _REGISTRY: dict[tuple[str, str], str] = {

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ingest.schema import PHASE_RANGES, RunSpec
+from core.records import PHASE_RANGES, RunSpec
 
 
 def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weight_decay: float) -> list[dict]:
@@ -44,7 +44,7 @@ def autocast(spec: RunSpec, device: torch.device) -> contextlib.AbstractContextM
     return contextlib.nullcontext()
 
 
-PHASES = PHASE_RANGES  # ingest.schema: the contract between these annotations and ingest.traces
+PHASES = PHASE_RANGES  # core.records: the contract between these annotations and ingest.traces
 
 
 _NVTX = {"on": False}
@@ -71,7 +71,7 @@ def phase(name: str):
 
 def pipeline_layer_split(spec: RunSpec, *, num_stages: int | None = None) -> tuple[int, ...]:
     """Transformer layers per pipeline stage, in stage order: the run's planted ``pp_layers``
-    (ingest.schema.Plant) when it has one, else the even split of num_layers over ``num_stages``
+    (core.records.Plant) when it has one, else the even split of num_layers over ``num_stages``
     (default pp_degree). Raises ValueError when neither fits."""
     num_layers, n = spec.fixed.model.num_layers, num_stages or spec.pp_degree
     planted = spec.plant.pp_layers if spec.plant is not None else None

@@ -7,7 +7,7 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ingest.schema import RunSpec
+from core.records import RunSpec
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.common import (

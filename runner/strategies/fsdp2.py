@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ingest.schema import RunSpec
+from core.records import RunSpec
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.common import (

@@ -63,7 +63,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from ingest.schema import ModelConfig, RunSpec
+from core.records import ModelConfig, RunSpec
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.megatron_attention import build_gpt_block_spec, gelu_tanh
 from runner.strategies.common import gather_stage_num_layers, phase, pipeline_layer_split
@@ -248,7 +248,7 @@ def _loss_func(per_token_loss: torch.Tensor):
 
 
 def _planted_pp_layers(spec: RunSpec) -> tuple[int, ...] | None:
-    """The run's planted layers per stage (ingest.schema.Plant.pp_layers), or None: the even split."""
+    """The run's planted layers per stage (core.records.Plant.pp_layers), or None: the even split."""
     return pipeline_layer_split(spec) if spec.plant is not None and spec.plant.pp_layers is not None else None
 
 

@@ -48,7 +48,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleIn
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from ingest.schema import RunSpec
+from core.records import RunSpec
 from runner.knobs import check_layout_knobs
 from runner.model import GPT, count_params, lm_loss
 from runner.strategies import RankContext, StepOutput

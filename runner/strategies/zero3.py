@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ingest.schema import RunSpec
+from core.records import RunSpec
 from runner.model import GPT, lm_loss
 from runner.strategies import RankContext, StepOutput
 from runner.knobs import ZERO3_DEFAULTS

@@ -8,16 +8,17 @@ fallback peak (STYLE.md, anti-patterns).
 from __future__ import annotations
 
 import functools
+import os
 import re
+import tomllib
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import ConfigError
-from ingest.io import load_hardware_toml
+from core.errors import ConfigError, ParseError
 
-HARDWARE_TOML = Path(files("ingest") / "hardware.toml")  # package data (pyproject.toml), found through the package
+HARDWARE_TOML = Path(files("core") / "hardware.toml")  # package data (pyproject.toml), found through the package
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
 _ENTRY_KEYS = {"name", "match", "source", "memory_gib", "fabric", "pcie", *DTYPES}
 
@@ -112,3 +113,14 @@ def lookup_gpu(key_or_name: str, *, table: tuple[_Entry, ...] | None = None) -> 
 def gpu_keys(*, table: tuple[_Entry, ...] | None = None) -> tuple[str, ...]:
     """Every entry id of hardware.toml, in file order."""
     return tuple(e.key for e in (table if table is not None else _default_table()))
+
+
+def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read hardware.toml as a dict (validated by build_hardware_table). Raises ParseError."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ParseError(f"{path}: missing; restore hardware.toml from the repository") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None
