@@ -42,7 +42,7 @@ import torch.distributed as dist  # noqa: E402
 
 from core.records import to_dict  # noqa: E402
 from core.hardware import lookup_peak  # noqa: E402
-from report.metrics import compute_flops_per_token, compute_mfu  # noqa: E402
+from core.formulas import compute_flops_per_token, compute_mfu  # noqa: E402
 from runner.data import BatchPrefetcher, SyntheticBatches  # noqa: E402
 from runner.matrix import resolve_matrix  # noqa: E402
 from runner.recorder import StepRecorder  # noqa: E402

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.formulas import COLLECTIVES, compute_bus_factor
 from core.records import AttributionRow, CollectiveRow
 from ingest.traces import RankTimeline, _I64, _intersect, _measure, _union
 
@@ -58,10 +59,7 @@ class Attribution:
 
 
 def _bus_factor(kind: str, n: int) -> float | None:
-    from ingest.commbench import _FACTORS  # nccl-tests doc/PERFORMANCE.md
-
-    f = _FACTORS.get(kind)
-    return f(n) if f is not None and n > 1 else None
+    return compute_bus_factor(kind, n) if kind in COLLECTIVES and n > 1 else None
 
 
 def _match(timelines: Mapping[int, RankTimeline]) -> dict[tuple, dict[int, int]]:

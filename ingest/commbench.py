@@ -11,14 +11,13 @@ import dataclasses
 import math
 from typing import Any
 
+from core.formulas import COLLECTIVES, compute_bus_factor
 from ingest.parsers import ParseResult
 from core.records import SCHEMA_VERSION, CommBenchRow
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(CommBenchRow)}
 _NUMERIC = {"nbytes": int, "world_size": int, "num_nodes": int, "num_iters": int, "time_us": float,
             "algbw_gbps": float, "busbw_gbps": float}
-_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
 
 
 def parse_commbench(data: Any, *, source: str) -> ParseResult:
@@ -42,7 +41,7 @@ def parse_commbench(data: Any, *, source: str) -> ParseResult:
         rec.update({k: t(row[k]) for k, t in _NUMERIC.items()})
         rec["schema_version"] = int(row.get("schema_version") or SCHEMA_VERSION)
         n = rec["world_size"]
-        expected = rec["algbw_gbps"] * _FACTORS[rec["op"]](n) if n > 1 else 0.0
+        expected = rec["algbw_gbps"] * compute_bus_factor(rec["op"], n) if n > 1 else 0.0
         if not math.isclose(expected, rec["busbw_gbps"], rel_tol=1e-6, abs_tol=1e-9):
             warnings.append(f"{source}: row {i}: busbw {rec['busbw_gbps']} != algbw x bus factor {expected}")
         records.append({"table": "commbench", "source": source, **rec})
@@ -53,8 +52,8 @@ def parse_commbench(data: Any, *, source: str) -> ParseResult:
 def _row_problem(row: Any) -> str | None:
     if not isinstance(row, dict):
         return "not an object"
-    if row.get("op") not in _FACTORS:
-        return f"op {row.get('op')!r} is not one of {', '.join(_FACTORS)}"
+    if row.get("op") not in COLLECTIVES:
+        return f"op {row.get('op')!r} is not one of {', '.join(COLLECTIVES)}"
     for key, kind in _NUMERIC.items():
         value = row.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):

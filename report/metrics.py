@@ -10,8 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-FLOPS_CONVENTIONS = ("6N+12LHQT", "6N", "6N+6LHQT")
-DEFAULT_CONVENTION = "6N+12LHQT"
+from core.formulas import DEFAULT_CONVENTION, compute_flops_per_token, compute_mfu
+
 
 SUMMARY_COLUMNS = (
     "run", "num_steps_measured", "step_time_median_s", "step_time_p90_s", "tokens_per_step", "tokens_per_s",
@@ -21,56 +21,6 @@ SUMMARY_COLUMNS = (
 )
 _FLOAT_COLUMNS = tuple(c for c in SUMMARY_COLUMNS
                        if c not in ("run", "num_steps_measured", "tokens_per_step", "num_params", "straggler_rank"))
-
-
-def compute_flops_per_token(
-    *,
-    num_params: int,
-    num_layers: int,
-    hidden_size: int,
-    seq_length: int,
-    position_embedding_params: int,
-    convention: str = DEFAULT_CONVENTION,
-) -> float:
-    """Training FLOPs per token (forward + backward) of a dense decoder-only transformer.
-
-    N = num_params - position_embedding_params (tied input/output embedding counted once;
-    learned position embeddings excluded, as nanoGPT ``GPT.estimate_mfu`` /
-    ``get_num_params(non_embedding=True)``); L = num_layers; H*Q = hidden_size (heads x head
-    dim); T = seq_length.
-
-    - "6N+12LHQT" (default): 6N for the weight matmuls plus 12*L*H*Q*T for attention scores
-      and values over the full T x T matrix. PaLM (Chowdhery et al. 2022), appendix B;
-      nanoGPT model.py ``estimate_mfu``. GPT-2 124M at T=1024: ~855e6 FLOP/token.
-    - "6N": weight matmuls only (Kaplan et al. 2020, section 2.1).
-    - "6N+6LHQT": attention halved for the causal mask (only the lower triangle is
-      computed), as Megatron-LM's ``num_floating_point_operations`` since 2025 and llm.c.
-
-    Raises ValueError for an unknown convention or N <= 0.
-    """
-    if convention not in FLOPS_CONVENTIONS:
-        raise ValueError(f"unknown FLOPs convention {convention!r}; choose one of {', '.join(FLOPS_CONVENTIONS)}")
-    n = num_params - position_embedding_params
-    if n <= 0:
-        raise ValueError(f"non-positive parameter count N={n}")
-    attention = {"6N+12LHQT": 12, "6N": 0, "6N+6LHQT": 6}[convention] * num_layers * hidden_size * seq_length
-    return float(6 * n + attention)
-
-
-def compute_mfu(
-    tokens_per_s: float | None, *, flops_per_token: float | None, peak_flops: float | None, num_gpus: int
-) -> float | None:
-    """Model FLOPs utilisation = tokens_per_s * flops_per_token / (num_gpus * peak_flops).
-
-    peak_flops: dense peak FLOP/s of one GPU for the run's dtype (core.hardware). Returns
-    None when any input is None/NA (unknown GPU, CPU run, no measured steps): never a fallback.
-    Source: PaLM (Chowdhery et al. 2022), appendix B.
-    """
-    if any(v is None or pd.isna(v) for v in (tokens_per_s, flops_per_token, peak_flops)):
-        return None
-    if num_gpus < 1 or peak_flops <= 0:
-        raise ValueError(f"num_gpus={num_gpus} and peak_flops={peak_flops} must be positive")
-    return float(tokens_per_s) * float(flops_per_token) / (num_gpus * float(peak_flops))
 
 
 def _na(value: object) -> object:
@@ -194,18 +144,3 @@ def compute_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFram
 def compute_loss_curve(steps: pd.DataFrame) -> pd.DataFrame:
     """Per (run, step): loss = mean over the ranks that report it (all steps). Columns run, step, loss."""
     return steps.dropna(subset=["loss"]).groupby(["run", "step"], as_index=False, sort=True)["loss"].mean()
-
-
-def compute_model_state_gib(num_params: int, *, shard_degree: int) -> float:
-    """Mixed-precision Adam model states per GPU, GiB: 16 bytes/param (2 bf16 weights + 2 bf16
-    grads + 12 fp32 master/m/v) divided by the number of ranks the states are sharded over
-    (1 for DDP, dp for ZeRO-3, tp*pp for TP+PP). ZeRO paper (Rajbhandari et al. 2020), section 3.1.
-    Excludes activations, buffers and fragmentation."""
-    return 16 * num_params / shard_degree / 2**30
-
-
-def compute_bubble_fraction(*, pp_degree: int, num_microbatches: int, num_virtual_stages: int = 1) -> float:
-    """Idle fraction of a 1F1B pipeline, (p-1)/(m+p-1) (Narayanan et al. 2021, section 2.2);
-    interleaved with v chunks per rank the bubble time shrinks v-fold, (p-1)/v against m ideal
-    micro-batch times (section 2.2.2), so the idle fraction is (p-1)/(v·m+p-1)."""
-    return (pp_degree - 1) / (num_virtual_stages * num_microbatches + pp_degree - 1)

@@ -2,7 +2,7 @@
 then applied to layouts it did not run.
 
 Calibration (stated in the note): each run's compute rate -- model FLOP/s per GPU on its
-critical stage with the modelled bubble and exposed communication taken out (runner.perfmodel,
+critical stage with the modelled bubble and exposed communication taken out (core.perfmodel,
 solved for the rate that reproduces the run's median step time) -- is the model's only fitted
 quantity. A run is predicted from the *other* runs (leave-one-out): runs of the same engine and
 kernel mode (torch.compile or eager) if there are any; else runs in the same kernel mode on any
@@ -25,10 +25,10 @@ from typing import Any
 from core.errors import ToolError
 from core.hardware import lookup_gpu, lookup_peak
 from report.i18n import N_, Message, MessageList
-from runner.perfmodel import (
+from core.perfmodel import (
     CommModel, Layout, build_comm_model, compute_layout_memory, load_assumptions, load_links, predict_layout,
 )
-from runner.shapes import ModelShape, compute_model_flops_per_token
+from core.formulas import ModelShape, compute_model_flops_per_token
 
 PREDICT_GPU_COUNTS = (2, 8)  # the embedded matrices' sizes (examples/matrices/{2gpu,8gpu}.toml)
 MAX_PREDICTED_TP = 8
@@ -326,7 +326,7 @@ def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequenc
     the campaign did not run, at the largest micro-batch that fits and leaves m >= 4p (the
     runner's auto-largest search; 1F1B, no interleaving, no recompute: what the runner runs).
     The calibrated rate does not depend on the micro-batch, so smaller ones are not favoured."""
-    from runner.plan import divisors
+    from core.formulas import divisors
 
     peak = lookup_peak(gpu_name, fixed.get("dtype"))
     ran = {(int(r["world_size"]), r["strategy"], int(r["tp_degree"]), int(r["pp_degree"])) for r in runs}

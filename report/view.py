@@ -29,7 +29,9 @@ from report.placement import RunPlacement, compute_placements
 from report.engines import EngineGroup, build_engine_groups
 from report import rules
 from report.rules import Finding, build_findings, build_knowledge_map, rule_conditions
-from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
+from core.formulas import (
+    DEFAULT_CONVENTION, ZIPF_EXPONENT, compute_bubble_fraction, compute_flops_per_token, compute_mfu, zipf_entropy_nats,
+)
 
 # English messages (report.i18n.N_): the templates translate them when they print them
 NOT_MEASURED = N_("not measured yet")
@@ -496,7 +498,7 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         run=r["run"], strategy=r["strategy"], engine=r["engine"], world_size=r["world_size"], tp_degree=r["tp_degree"],
         pp_degree=pp, dp_degree=r["dp_degree"], micro_batch_size=r["micro_batch_size"], num_microbatches=m,
         grad_accum_steps=m if pp == 1 else None,
-        bubble_fraction=metrics.compute_bubble_fraction(pp_degree=pp, num_microbatches=m,
+        bubble_fraction=compute_bubble_fraction(pp_degree=pp, num_microbatches=m,
                                                         num_virtual_stages=_virtual_stages(options)) if pp > 1 else None,
         num_params=r.get("num_params"), device=r["device"],
         options=render_options(options), micro_batch_search=describe_micro_batch_search(options),
@@ -555,10 +557,10 @@ def _gpu_name(run: Mapping[str, Any], env: Mapping[str, Any]) -> str | None:
 def _mfu(s: Mapping[str, Any], r: Mapping[str, Any], peak: float | None, convention: str) -> float | None:
     if s["tokens_per_s"] is None or r.get("num_params") is None or r.get("num_params_position_embedding") is None:
         return None
-    fpt = metrics.compute_flops_per_token(
+    fpt = compute_flops_per_token(
         num_params=r["num_params"], num_layers=r["num_layers"], hidden_size=r["hidden_size"],
         seq_length=r["seq_length"], position_embedding_params=r["num_params_position_embedding"], convention=convention)
-    return metrics.compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r["world_size"])
+    return compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r["world_size"])
 
 
 def status_label(status: Any) -> str:
@@ -728,7 +730,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
     for b in bd:
         r = by_name.get(b["run"], {})
         pp, m = int(r.get("pp_degree") or 1), int(r.get("num_microbatches") or 1)
-        b["bubble_expected"] = metrics.compute_bubble_fraction(
+        b["bubble_expected"] = compute_bubble_fraction(
             pp_degree=pp, num_microbatches=m, num_virtual_stages=_virtual_stages(r.get("options"))) if pp > 1 else None
         top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
         k = classes.get(b["run"], {})
@@ -911,7 +913,7 @@ def build_resolved_config(info: Mapping[str, Any], runs: Sequence[Mapping[str, A
                       ensure_ascii=False, default=str)
 
 
-def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = metrics.DEFAULT_CONVENTION,
+def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = DEFAULT_CONVENTION,
                thresholds: Mapping[str, float] | None = None, trace_tables: Any = None) -> Note:
     """The whole note's view-model. Raises KeyError only on a campaign.json without ``fixed``
     (ingest rejects those first)."""

@@ -8,7 +8,7 @@ rank + 1 and receives from rank - 1, as nccl-tests' sendrecv_perf) -- with CUDA 
 (perf_counter on CPU), after warm-up calls; the reported time is the mean per call, max over
 ranks. Rank 0 writes ``commbench.json`` (rows of core.records.CommBenchRow with the
 environment), the launcher adds ``commbench.parquet`` (ingest.io). The performance model reads
-them back (runner.perfmodel.build_comm_model; `runner plan --commbench`; the note when a
+them back (core.perfmodel.build_comm_model; `runner plan --commbench`; the note when a
 campaign holds a ``commbench/`` folder).
 
 Deliberately not here: validation of results (nccl-tests' #wrong), NCCL algorithm/protocol
@@ -33,7 +33,7 @@ from pathlib import Path
 from core.errors import ConfigError, LaunchError
 from core.atomic import write_bytes_atomic
 from core.records import SCHEMA_VERSION, CommBenchRow, to_dict
-from runner.perfmodel import COLLECTIVES, compute_bus_factor
+from core.formulas import COLLECTIVES, compute_bus_factor
 
 COMMBENCH_JSON = "commbench.json"
 DTYPES = {"float32": 4, "bfloat16": 2}

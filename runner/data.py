@@ -4,7 +4,7 @@ Synthetic: every rank draws the *whole* global batch of step ``k`` from a genera
 (seed, k) and keeps its slice, so every strategy trains on the same tokens in the same
 order whatever its layout. Tokens are i.i.d. Zipf(s) over the real (unpadded) vocabulary:
 the loss starts near ln(V) and falls towards the distribution's entropy, which
-``zipf_entropy_nats`` gives, so a reader can tell learning from noise.
+``core.formulas.zipf_entropy_nats`` gives, so a reader can tell learning from noise.
 
 Real text: a Megatron indexed dataset (runner.corpus wrote or validated it) read as one token
 stream, its documents concatenated in order (each ends in EOD); sample i is the window
@@ -26,21 +26,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-ZIPF_EXPONENT = 1.1
-
-
-def _zipf_probs(vocab_size: int, exponent: float) -> np.ndarray:
-    ranks = np.arange(1, vocab_size + 1, dtype=np.float64)
-    w = ranks ** (-exponent)
-    return w / w.sum()
-
-
-def zipf_entropy_nats(vocab_size: int, exponent: float = ZIPF_EXPONENT) -> float:
-    """Entropy (nats) of the synthetic token distribution: the loss floor of a model that
-    learns it perfectly."""
-    p = _zipf_probs(vocab_size, exponent)
-    return float(-(p * np.log(p)).sum())
-
+from core.formulas import ZIPF_EXPONENT, compute_zipf_probs
 
 class SyntheticBatches:
     """Global batches of step k: ``tokens(k)`` -> int64 [global_batch, seq + 1] (CPU).
@@ -53,7 +39,7 @@ class SyntheticBatches:
         self.seq_length = seq_length
         self.global_batch_size = global_batch_size
         self.seed = seed
-        self._cdf = np.cumsum(_zipf_probs(vocab_size, ZIPF_EXPONENT))
+        self._cdf = np.cumsum(compute_zipf_probs(vocab_size, ZIPF_EXPONENT))
         self._cdf[-1] = 1.0
         self._perm = np.random.default_rng(seed).permutation(vocab_size)
 

@@ -6,8 +6,8 @@ the heads and KV heads), PP over the layers (dividing them, or an uneven first/l
 request), CP for sequences of 16K tokens and more, EP over the experts of an MoE model, the rest
 data parallel with an optimizer sharding (DDP, ZeRO-1/2/3, Megatron with or without its
 distributed optimizer). For each layout the micro-batch size, interleaving and recomputation
-with the best predicted step time that fits are kept. Numbers come from runner.memory and
-runner.perfmodel; this module chooses and explains. Deliberately not here: launching anything.
+with the best predicted step time that fits are kept. Numbers come from core.memory and
+core.perfmodel; this module chooses and explains. Deliberately not here: launching anything.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from core.errors import ConfigError
-from runner import memory as mem
-from runner.perfmodel import (
+from core import memory as mem
+from core.perfmodel import (
     CommModel, Layout, Prediction, compute_layout_memory, compute_time_to_train_s, predict_layout,
 )
-from runner.shapes import ModelShape, compute_model_flops_per_token, count_params
+from core.formulas import ModelShape, compute_model_flops_per_token, count_params, divisors
 
 PLAN_SCHEMA_VERSION = 1
 MAX_TP = 8  # TP all-reduces need the scale-up link: at most one node of 8 (Narayanan et al. 2021 s3.3)
@@ -112,10 +112,6 @@ class Plan:
     time_to_train_s: float | None  # at the best layout's predicted MFU
     time_to_train_at_mfu_s: float | None  # at the requested --mfu
     advice: tuple[str, ...]
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def check_request(req: PlanRequest) -> None:

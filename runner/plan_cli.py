@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 
 from core.errors import ConfigError
-from runner.perfmodel import build_comm_model, load_assumptions, load_links
+from core.perfmodel import build_comm_model, load_assumptions, load_links
 from runner.plan import NoFitError, PlanRequest, build_plan, plan_to_dict, render_plan_text
 from runner.presets import PRESETS
-from runner.shapes import SHAPES, ModelShape, check_shape, lookup_shape
+from runner.shapes import SHAPES, lookup_shape
+from core.formulas import ModelShape, check_shape
 
 INTER_NODE = {"ib": "ib_ndr", "roce": "roce_400", "eth": "eth_100"}
 SHAPE_FLAGS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_kv_heads",

@@ -14,7 +14,8 @@ from core.errors import ConfigError
 from ingest.io import load_commbench
 from runner.cli import main as runner_main
 from runner.commbench import CommBenchConfig, build_commbench_command, build_sizes, check_config, parse_size
-from runner.perfmodel import build_comm_model, compute_bus_factor, compute_collective_time_s
+from core.perfmodel import build_comm_model, compute_collective_time_s
+from core.formulas import compute_bus_factor
 
 ROOT = Path(__file__).resolve().parent.parent
 

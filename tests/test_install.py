@@ -19,7 +19,7 @@ import json, sys
 import core, ingest, report, runner
 from core import hardware
 from report import i18n, render
-from runner import perfmodel
+from core import perfmodel
 print(json.dumps({
     "packages": [core.__file__, ingest.__file__, report.__file__, runner.__file__],
     "templates": str(render.TEMPLATES_DIR),

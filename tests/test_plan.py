@@ -12,15 +12,16 @@ import json
 
 import pytest
 
-from runner import memory as mem
+from core import memory as mem
 from runner.cli import main as runner_main
 from runner.model import count_gpt_params
-from runner.perfmodel import (
-    CommModel, Layout, build_comm_model, compute_bus_factor, compute_collective_time_s, compute_layout_memory,
-    compute_time_to_train_s, load_links, predict_layout,
+from core.perfmodel import (
+    CommModel, Layout, build_comm_model, compute_collective_time_s, compute_layout_memory, compute_time_to_train_s, load_links, predict_layout,
 )
+from core.formulas import compute_bus_factor
 from runner.presets import PRESETS, build_model_config
-from runner.shapes import SHAPES, compute_model_flops_per_token, count_params
+from runner.shapes import SHAPES
+from core.formulas import compute_model_flops_per_token, count_params
 
 GB = 1e9
 DAY_S = 86400.0

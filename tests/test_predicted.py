@@ -11,7 +11,7 @@ import pytest
 from report.predict import _Rate, build_comm, build_run_layout, build_shape, choose_rate, solve_rate, _predict
 from report.render import load_note, render_html, render_markdown
 from runner.cli import main as runner_main
-from runner.perfmodel import Layout, build_comm_model, load_links
+from core.perfmodel import Layout, build_comm_model, load_links
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu"
 RUNS = ("ddp", "zero3", "megatron-tp1-pp1")

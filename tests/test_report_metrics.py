@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from core.records import ModelConfig
 from core.hardware import lookup_peak
-from report.metrics import compute_flops_per_token, compute_mfu, summarize_runs
+from core.formulas import compute_flops_per_token, compute_mfu
+from report.metrics import summarize_runs
 from runner.model import count_gpt_params
 
 GPT2 = ModelConfig(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=1024,

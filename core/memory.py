@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from core.errors import ConfigError
-from runner.shapes import ModelShape, count_embedding_params, count_layer_params, count_mlp_params
+from core.formulas import ModelShape, count_embedding_params, count_layer_params, count_mlp_params
 
 # Optimizer-state sharding schemes, bf16 mixed precision with Adam (K = 12 bytes of fp32 master
 # weights, momentum and variance per parameter).

@@ -12,7 +12,8 @@ Collective times come from ``CommModel``: bus bandwidth vs message size measured
 over between group sizes, which is what lets a 2-GPU measurement price an 8-GPU collective),
 or nominal link figures from hardware.toml where nothing was measured. What overlaps what is
 this tool's stated assumption (``predict_layout``'s docstring), not a measurement.
-Deliberately not here: choosing layouts (runner.plan), memory formulas (runner.memory).
+Deliberately not here: choosing layouts (runner.plan), memory formulas (core.memory), FLOPs and
+the bus factor (core.formulas).
 """
 from __future__ import annotations
 
@@ -25,31 +26,18 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from core import memory as mem
 from core.errors import ConfigError
-from core.hardware import load_hardware_toml
-from runner import memory as mem
-from runner.shapes import (
-    ModelShape, compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
+from core.formulas import (
+    COLLECTIVES, ModelShape, compute_bubble_fraction, compute_bubble_ratio, compute_bus_factor,
+    compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
+from core.hardware import HARDWARE_TOML, load_hardware_toml
 
-from core.hardware import HARDWARE_TOML
-PERFMODEL_TOML = Path(files("runner") / "perfmodel.toml")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+PERFMODEL_TOML = Path(files("core") / "perfmodel.toml")
 ENGINE_OF_SHARDING = {"ddp": "torch-ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
                       "megatron": "megatron", "megatron-distopt": "megatron"}
 GRAD_BYTES = {"ddp": 2, "zero1": 2, "zero2": 2, "zero3": 2, "megatron": 4, "megatron-distopt": 4}  # Megatron: fp32 main grads
-
-
-def compute_bus_factor(op: str, group_size: int) -> float:
-    """busbw / algbw for a collective over n ranks (nccl-tests doc/PERFORMANCE.md): all_reduce
-    2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; send_recv 1. Raises ConfigError
-    for an unknown op."""
-    n = group_size
-    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-               "all_to_all": (n - 1) / n, "send_recv": 1.0}
-    if op not in factors:
-        raise ConfigError(f"unknown collective {op!r}; choose one of {', '.join(COLLECTIVES)}")
-    return factors[op]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,7 +200,7 @@ def build_comm_model(rows: Sequence[Mapping[str, Any]], *, intra: Link | None, i
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """One parallel layout. world size = tp x pp x cp x dp (EP is carved out of dp x cp, as in
-    Megatron-core). sharding: runner.memory.SHARDINGS; recompute: runner.memory.RECOMPUTES."""
+    Megatron-core). sharding: core.memory.SHARDINGS; recompute: core.memory.RECOMPUTES."""
 
     tp_degree: int = 1
     pp_degree: int = 1
@@ -348,7 +336,7 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
         stage_time.append(compute_s + tp_s + cp_s + ep_s)
     crit = max(range(p), key=lambda k: stage_time[k])
     t_stage = stage_time[crit]
-    bubble_s = t_stage * (p - 1) / (v * m) if p > 1 else 0.0
+    bubble_s = t_stage * compute_bubble_ratio(pp_degree=p, num_microbatches=m, num_virtual_stages=v) if p > 1 else 0.0
     t_mb = t_stage / m
 
     costs = []
@@ -390,7 +378,7 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
     mfu = tokens_per_s * compute_model_flops_per_token(shape, seq_length=s) / (lay.world_size * peak_flops)
     warnings = []
     if p > 1 and m < 4 * p:
-        warnings.append(f"m = {m} < 4p = {4 * p}: bubble {(p - 1) / (v * m + p - 1):.0%}")
+        warnings.append(f"m = {m} < 4p = {4 * p}: bubble {compute_bubble_fraction(pp_degree=p, num_microbatches=m, num_virtual_stages=v):.0%}")
     if lay.uneven_pp:
         warnings.append(f"uneven pipeline split {layers[0]}+...+{layers[-1]} layers")
     if tp_scope == "inter":
@@ -408,7 +396,7 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
 
 def compute_layout_memory(shape: ModelShape, layout: Layout, *, seq_length: int) -> tuple[float, float]:
     """(model-state bytes, activation bytes) on the layout's fullest GPU: over the first, second
-    and last pipeline stages (the others equal the second), model states (runner.memory,
+    and last pipeline stages (the others equal the second), model states (core.memory,
     sharded over DP x CP) + per-layer activations x layers x in-flight micro-batches (1F1B),
     + the output layer's activations on the last stage. Context parallelism needs flash
     attention, so its scores are never stored."""
