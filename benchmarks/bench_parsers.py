@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ingest.io import iter_text_blocks  # noqa: E402
-from ingest.parsers import parse_text  # noqa: E402
+from ingest.parsers.dispatch import parse_text  # noqa: E402
 from ingest.thirdparty import ingest_files  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "real"

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.errors import ToolError  # noqa: E402
 from ingest.io import load_campaign  # noqa: E402
-from ingest.parsers import PARSED_KINDS, parse_text  # noqa: E402
+from ingest.parsers.dispatch import PARSED_KINDS, parse_text  # noqa: E402
 from report.render import render_markdown  # noqa: E402
 from report.view import build_note  # noqa: E402
 

@@ -2,7 +2,8 @@
 
 Parameter counts and training FLOPs per token of a decoder-only transformer (``ModelShape``),
 MFU, the 1F1B pipeline bubble, the nccl-tests bus-bandwidth factor and the synthetic data
-round's Zipf entropy. Pure arithmetic: no I/O, no formatting. Deliberately not here: memory
+round's Zipf entropy; which step rows are measured, and a step's time (max over ranks).
+Pure arithmetic: no I/O, no formatting. Deliberately not here: memory
 (core.memory), step time (core.perfmodel), published shapes (runner.shapes).
 """
 from __future__ import annotations
@@ -206,6 +207,26 @@ def compute_bubble_fraction(*, pp_degree: int, num_microbatches: int, num_virtua
     interleaved with v chunks per rank the bubble time shrinks v-fold, (p-1)/v against m ideal
     micro-batch times (section 2.2.2), so the idle fraction is (p-1)/(v·m+p-1)."""
     return (pp_degree - 1) / (num_virtual_stages * num_microbatches + pp_degree - 1)
+
+
+# The measured-step rule the metric table and the planner's calibration share (DataFrame in, out:
+# StepRow columns; no pandas import needed here).
+
+
+def select_measured(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
+    """The steps the metric table uses: step >= warmup_steps and outside the profiler window
+    (rows with ``profiled`` true; a missing column or NA counts as not profiled)."""
+    keep = steps["step"] >= warmup_steps
+    if "profiled" in steps:
+        keep &= ~steps["profiled"].fillna(False).astype(bool)
+    return steps[keep]
+
+
+def compute_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
+    """Per measured (run, step) (see select_measured): step_time_s = max over ranks.
+    Columns run, step, step_time_s."""
+    measured = select_measured(steps, warmup_steps=warmup_steps)
+    return measured.groupby(["run", "step"], as_index=False, sort=True)["step_time_s"].max()
 
 
 def compute_bus_factor(op: str, group_size: int) -> float:

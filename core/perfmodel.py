@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +33,10 @@ from core.formulas import (
     COLLECTIVES, ModelShape, compute_bubble_fraction, compute_bubble_ratio, compute_bus_factor,
     compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
-from core.hardware import HARDWARE_TOML, load_hardware_toml
+from core.hardware import HARDWARE_TOML, load_hardware_toml, lookup_gpu
 
 PERFMODEL_TOML = Path(files("core") / "perfmodel.toml")
+REFERENCE_FLOPS = 1e12  # calibration: rates are solved as efficiency x this reference, then carried as FLOP/s
 ENGINE_OF_SHARDING = {"ddp": "torch-ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
                       "megatron": "megatron", "megatron-distopt": "megatron"}
 GRAD_BYTES = {"ddp": 2, "zero1": 2, "zero2": 2, "zero3": 2, "megatron": 4, "megatron-distopt": 4}  # Megatron: fp32 main grads
@@ -457,3 +459,91 @@ def compute_time_to_train_s(*, num_params: float, num_tokens: float, num_gpus: i
     if min(num_params, num_tokens, num_gpus, peak_flops, mfu) <= 0:
         raise ConfigError("time to train needs positive parameters, tokens, GPUs, peak and MFU")
     return 6.0 * num_params * num_tokens / (num_gpus * peak_flops * mfu)
+
+
+# --- a campaign's runs as the model sees them (the note's predicted block and `runner plan --calibration`)
+
+
+def build_shape(model: Mapping[str, Any], *, name: str) -> ModelShape:
+    """The campaign's GPT (runner.model: GELU MLP, biases, learned positions, tied embedding,
+    no dropout) as a planner shape; vocab is the padded vocab the runs trained."""
+    return ModelShape(name=name, num_layers=int(model["num_layers"]), hidden_size=int(model["hidden_size"]),
+                      num_heads=int(model["num_heads"]), num_kv_heads=int(model["num_heads"]),
+                      ffn_hidden_size=int(model["ffn_hidden_size"]), vocab_size=int(model["padded_vocab_size"]),
+                      max_position_embeddings=int(model["seq_length"]))
+
+
+def build_run_layout(run: Mapping[str, Any]) -> Layout:
+    """A campaign run's layout: DDP, DeepSpeed ZeRO-3, Megatron (distributed optimizer when the
+    run's knob says so; sequence parallel with TP > 1, as runner.strategies.tp_pp_megatron), the
+    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored."""
+    options = json.loads(run["options"]) if isinstance(run.get("options"), str) else (run.get("options") or {})
+    if run["strategy"] == "zero3":
+        sharding = "zero3"
+    elif run["strategy"] == "tp_pp" and run["engine"] == "megatron":
+        sharding = "megatron-distopt" if options.get("use_distributed_optimizer") else "megatron"
+    else:
+        sharding = "ddp"
+    return Layout(tp_degree=int(run["tp_degree"]), pp_degree=int(run["pp_degree"]), dp_degree=int(run["dp_degree"]),
+                  micro_batch_size=int(run["micro_batch_size"]), num_microbatches=int(run["num_microbatches"]),
+                  sharding=sharding, recompute="selective",
+                  sequence_parallel=run["engine"] == "megatron" and int(run["tp_degree"]) > 1,
+                  logits_bytes=logits_bytes(run["engine"], compiled=bool(run.get("compile"))))
+
+
+def logits_bytes(engine: str, *, compiled: bool) -> int:
+    """Bytes per logit at the output layer's peak: Megatron's vocab-parallel cross entropy and a
+    compiled loss keep the fp32 logits (4); the torch engines' eager runner.model.lm_loss also
+    holds the bf16 logits and the fp32 gradient (10)."""
+    return 4 if engine == "megatron" or compiled else 10
+
+
+def predict_run(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, rate: float,
+             num_gpus_per_node: int, memory_limit_bytes: float):
+    return predict_layout(shape, lay, seq_length=int(fixed["model"]["seq_length"]),
+                          global_batch_size=int(fixed["global_batch_size"]), gpus_per_node=num_gpus_per_node,
+                          peak_flops=REFERENCE_FLOPS, compute_efficiency=rate / REFERENCE_FLOPS, comm=comm,
+                          memory_limit_bytes=memory_limit_bytes)
+
+
+def solve_rate(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, step_time_s: float,
+               num_gpus_per_node: int) -> float | None:
+    """The compute rate (FLOP/s per GPU) at which the model reproduces step_time_s (bisection in
+    log space; the step time falls as the rate rises). None when communication alone is slower."""
+    def step(rate: float) -> float:
+        return predict_run(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=num_gpus_per_node,
+                        memory_limit_bytes=math.inf).step_time_s
+
+    lo, hi = 1e3, 1e18
+    if step(hi) > step_time_s:
+        return None
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if step(mid) > step_time_s else (lo, mid)
+        if hi / lo < 1 + 1e-9:
+            break
+    return math.sqrt(lo * hi)
+
+
+def find_campaign_gpu(runs: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """(device name, memory GiB) of a campaign's GPUs: the runs' run_info device name, else env.json's;
+    memory from env.json, else hardware.toml."""
+    name = next((r.get("device_name") for r in runs if r.get("device") == "cuda" and r.get("device_name")), None)
+    gpus = [g for g in env.get("gpus") or () if isinstance(g, Mapping)]
+    name = name or next((g.get("name") for g in gpus if g.get("name")), None)
+    mib = next((g.get("memory_total_mib") for g in gpus if isinstance(g.get("memory_total_mib"), (int, float))), None)
+    if mib:
+        return name, mib / 1024
+    entry = lookup_gpu(name) if name else None
+    return name, entry.memory_gib if entry else None
+
+
+def build_campaign_comm_model(rows: Sequence[Mapping[str, Any]], *, gpu_name: str | None,
+                              gpus_per_node: int) -> tuple[CommModel, Link | None]:
+    """A campaign's collective curves: its `runner commbench` rows (already filtered to its device
+    kind), else the GPU's nominal scale-up link from hardware.toml (NVLink fabric, else PCIe) inside
+    a node and InfiniBand NDR between nodes. Returns (model, the nominal intra-node link or None)."""
+    entry = lookup_gpu(gpu_name) if gpu_name else None
+    links = load_links()
+    intra = links.get(entry.fabric or entry.pcie) if entry else None
+    return build_comm_model(rows, intra=intra, inter=links.get("ib_ndr"), gpus_per_node=gpus_per_node), intra

@@ -597,9 +597,9 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
     Never raises on content: unreadable traces become warnings."""
     import pandas as pd
 
-    from ingest.parsers import parse_text
+    from ingest.parsers.dispatch import parse_text
     from core.records import KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
-    from ingest.thirdparty import nccl_transports, summarize_nccl_topology
+    from ingest.topology import nccl_transports, summarize_nccl_topology
     from ingest.attribution import compute_attribution
     from core.records import AttributionRow, CollectiveRow
     from ingest.traces import compute_step_breakdown

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from report.metrics import select_measured
+from core.formulas import select_measured
 from report.rules import THRESHOLDS, Finding, rule_loss
 
 DATA_THRESHOLDS: dict[str, float] = {

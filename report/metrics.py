@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from core.formulas import DEFAULT_CONVENTION, compute_flops_per_token, compute_mfu
+from core.formulas import DEFAULT_CONVENTION, compute_flops_per_token, compute_mfu, compute_step_times, select_measured
 
 
 SUMMARY_COLUMNS = (
@@ -25,15 +25,6 @@ _FLOAT_COLUMNS = tuple(c for c in SUMMARY_COLUMNS
 
 def _na(value: object) -> object:
     return None if value is None or pd.isna(value) else value
-
-
-def select_measured(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
-    """The steps the metric table uses: step >= warmup_steps and outside the profiler window
-    (rows with ``profiled`` true; a missing column or NA counts as not profiled)."""
-    keep = steps["step"] >= warmup_steps
-    if "profiled" in steps:
-        keep &= ~steps["profiled"].fillna(False).astype(bool)
-    return steps[keep]
 
 
 def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak: float | None, convention: str) -> dict:
@@ -132,13 +123,6 @@ def summarize_runs(
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     return out.astype({c: "Float64" for c in _FLOAT_COLUMNS} | {"num_params": "Int64", "tokens_per_step": "Int64",
                                                                "num_steps_measured": "int64"})
-
-
-def compute_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
-    """Per measured (run, step) (see select_measured): step_time_s = max over ranks.
-    Columns run, step, step_time_s."""
-    measured = select_measured(steps, warmup_steps=warmup_steps)
-    return measured.groupby(["run", "step"], as_index=False, sort=True)["step_time_s"].max()
 
 
 def compute_loss_curve(steps: pd.DataFrame) -> pd.DataFrame:

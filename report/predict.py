@@ -15,7 +15,6 @@ ingest.io.load_commbench.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,16 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ToolError
-from core.hardware import lookup_gpu, lookup_peak
+from core.hardware import lookup_peak
 from report.i18n import N_, Message, MessageList
 from core.perfmodel import (
-    CommModel, Layout, build_comm_model, compute_layout_memory, load_assumptions, load_links, predict_layout,
+    CommModel, Layout, build_campaign_comm_model, build_run_layout, build_shape, compute_layout_memory,
+    find_campaign_gpu, load_assumptions, logits_bytes, predict_run, solve_rate,
 )
 from core.formulas import ModelShape, compute_model_flops_per_token
 
 PREDICT_GPU_COUNTS = (2, 8)  # the embedded matrices' sizes (examples/matrices/{2gpu,8gpu}.toml)
 MAX_PREDICTED_TP = 8
-REFERENCE_FLOPS = 1e12  # rates are solved as efficiency x this reference, then carried as FLOP/s
 GIB = 2**30
 
 
@@ -102,67 +101,6 @@ def unavailable(reason: str) -> PredictedSection:
                             reason=Message(N_("Predictions unavailable (%(reason)s)"), reason=reason))
 
 
-def build_shape(model: Mapping[str, Any], *, name: str) -> ModelShape:
-    """The campaign's GPT (runner.model: GELU MLP, biases, learned positions, tied embedding,
-    no dropout) as a planner shape; vocab is the padded vocab the runs trained."""
-    return ModelShape(name=name, num_layers=int(model["num_layers"]), hidden_size=int(model["hidden_size"]),
-                      num_heads=int(model["num_heads"]), num_kv_heads=int(model["num_heads"]),
-                      ffn_hidden_size=int(model["ffn_hidden_size"]), vocab_size=int(model["padded_vocab_size"]),
-                      max_position_embeddings=int(model["seq_length"]))
-
-
-def build_run_layout(run: Mapping[str, Any]) -> Layout:
-    """A campaign run's layout: DDP, DeepSpeed ZeRO-3, Megatron (distributed optimizer when the
-    run's knob says so; sequence parallel with TP > 1, as runner.strategies.tp_pp_megatron), the
-    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored."""
-    options = json.loads(run["options"]) if isinstance(run.get("options"), str) else (run.get("options") or {})
-    if run["strategy"] == "zero3":
-        sharding = "zero3"
-    elif run["strategy"] == "tp_pp" and run["engine"] == "megatron":
-        sharding = "megatron-distopt" if options.get("use_distributed_optimizer") else "megatron"
-    else:
-        sharding = "ddp"
-    return Layout(tp_degree=int(run["tp_degree"]), pp_degree=int(run["pp_degree"]), dp_degree=int(run["dp_degree"]),
-                  micro_batch_size=int(run["micro_batch_size"]), num_microbatches=int(run["num_microbatches"]),
-                  sharding=sharding, recompute="selective",
-                  sequence_parallel=run["engine"] == "megatron" and int(run["tp_degree"]) > 1,
-                  logits_bytes=logits_bytes(run["engine"], compiled=bool(run.get("compile"))))
-
-
-def logits_bytes(engine: str, *, compiled: bool) -> int:
-    """Bytes per logit at the output layer's peak: Megatron's vocab-parallel cross entropy and a
-    compiled loss keep the fp32 logits (4); the torch engines' eager runner.model.lm_loss also
-    holds the bf16 logits and the fp32 gradient (10)."""
-    return 4 if engine == "megatron" or compiled else 10
-
-
-def _predict(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, rate: float,
-             num_gpus_per_node: int, memory_limit_bytes: float):
-    return predict_layout(shape, lay, seq_length=int(fixed["model"]["seq_length"]),
-                          global_batch_size=int(fixed["global_batch_size"]), gpus_per_node=num_gpus_per_node,
-                          peak_flops=REFERENCE_FLOPS, compute_efficiency=rate / REFERENCE_FLOPS, comm=comm,
-                          memory_limit_bytes=memory_limit_bytes)
-
-
-def solve_rate(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, step_time_s: float,
-               num_gpus_per_node: int) -> float | None:
-    """The compute rate (FLOP/s per GPU) at which the model reproduces step_time_s (bisection in
-    log space; the step time falls as the rate rises). None when communication alone is slower."""
-    def step(rate: float) -> float:
-        return _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=num_gpus_per_node,
-                        memory_limit_bytes=math.inf).step_time_s
-
-    lo, hi = 1e3, 1e18
-    if step(hi) > step_time_s:
-        return None
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if step(mid) > step_time_s else (lo, mid)
-        if hi / lo < 1 + 1e-9:
-            break
-    return math.sqrt(lo * hi)
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Rate:
     run: str
@@ -199,18 +137,6 @@ def choose_rate(pool: Sequence[_Rate], *, engine: str, compiled: bool, exclude: 
     return None, Message(N_("no other run to calibrate from"))
 
 
-def _gpu(runs: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> tuple[str | None, float | None]:
-    """(device name, memory GiB) of the campaign's GPUs: env.json first, hardware.toml second."""
-    name = next((r.get("device_name") for r in runs if r.get("device") == "cuda" and r.get("device_name")), None)
-    gpus = [g for g in env.get("gpus") or () if isinstance(g, Mapping)]
-    name = name or next((g.get("name") for g in gpus if g.get("name")), None)
-    mib = next((g.get("memory_total_mib") for g in gpus if isinstance(g.get("memory_total_mib"), (int, float))), None)
-    if mib:
-        return name, mib / 1024
-    entry = lookup_gpu(name) if name else None
-    return name, entry.memory_gib if entry else None
-
-
 def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_per_node: int) -> tuple[CommModel, str]:
     """Collective curves: CAMPAIGN/commbench (ingest.io.load_commbench) measured on this device
     kind, else the GPU's nominal scale-up link from hardware.toml (intra-node only)."""
@@ -223,10 +149,7 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
             rows = [r for r in load_commbench(bench) if r.get("device") == device]
         except ToolError:
             rows = []
-    entry = lookup_gpu(gpu_name) if gpu_name else None
-    links = load_links()
-    intra = links.get(entry.fabric or entry.pcie) if entry else None
-    comm = build_comm_model(rows, intra=intra, inter=links.get("ib_ndr"), gpus_per_node=gpus_per_node)
+    comm, intra = build_campaign_comm_model(rows, gpu_name=gpu_name, gpus_per_node=gpus_per_node)
     if comm.curves:
         text = "; ".join(sorted({c.source for c in comm.curves.values()}))
         return comm, Message(N_("measured: %(curves)s (%(path)s)"), curves=text, path=bench)
@@ -247,7 +170,7 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
     assumptions = load_assumptions()
     shape = build_shape(fixed["model"], name=str(fixed.get("preset") or "campaign model"))
     device = "cuda" if any(r.get("device") == "cuda" for r in runs) else "cpu"
-    gpu_name, memory_gib = _gpu(runs, env) if device == "cuda" else (None, None)
+    gpu_name, memory_gib = find_campaign_gpu(runs, env) if device == "cuda" else (None, None)
     per_node = max([int(r["world_size"]) for r in runs] + [1])
     comm, comm_source = build_comm(source, gpu_name=gpu_name, device=device, gpus_per_node=max(per_node, 8))
     limit = (memory_gib or math.inf) * GIB * assumptions.memory_usable_fraction
@@ -278,7 +201,7 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
         predicted = None
         if rate is not None and measured:
             try:
-                predicted = _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
+                predicted = predict_run(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
                                      memory_limit_bytes=limit).step_time_s
             except ToolError as e:
                 rate, how = None, Message(N_("no prediction: %(error)s"), error=str(e))
@@ -362,7 +285,7 @@ def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequenc
                                             speedup_source="perfmodel.toml [compile]")
                     if rate is None:
                         continue
-                    pred = _predict(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=n,
+                    pred = predict_run(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=n,
                                     memory_limit_bytes=limit)
                     best[(strategy, tp, pp)] = (pred, lay, how)
         for (strategy, tp, pp), (pred, lay, how) in sorted(best.items(), key=lambda kv: kv[1][0].step_time_s):
@@ -375,25 +298,3 @@ def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequenc
                 comm_bytes_per_step=sum(c.nbytes_per_step for c in pred.comm), mem_gib=pred.mem_total_bytes / GIB,
                 calibration=how))
     return out
-
-
-def calibrate_campaign(path: str | Path) -> dict[str, tuple[float, str]]:
-    """`runner plan --calibration CAMPAIGN`: engine -> (compute efficiency = solved rate / the
-    GPU's dense peak, source), averaged over the campaign's ok GPU runs of that engine."""
-    from core.errors import ConfigError
-    from report.render import load_note
-
-    campaign, _, note = load_note(path)
-    runs = [dict(r) for r in campaign.runs.to_dict("records")]
-    pred = note.predicted
-    if pred is None or pred.gpu_name is None:
-        raise ConfigError(f"--calibration {path}: not a GPU campaign; its rates do not carry to GPUs")
-    peak = lookup_peak(pred.gpu_name, campaign.campaign["fixed"].get("dtype"))
-    if peak is None:
-        raise ConfigError(f"--calibration {path}: no dense peak for {pred.gpu_name} in hardware.toml")
-    by_engine: dict[str, list[float]] = {}
-    for c, r in zip(pred.checks, runs):
-        if c.rate_flops:
-            by_engine.setdefault(c.engine, []).append(c.rate_flops / peak.flops)
-    return {e: (sum(v) / len(v), f"{path}: {len(v)} {pred.gpu_name} run(s) of {e}, model rate / dense peak")
-            for e, v in by_engine.items()}

@@ -126,7 +126,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     efficiency = {}
     default_eff, default_source = assumptions.compute_efficiency, f"perfmodel.toml: {assumptions.compute_source}"
     if args.calibration:
-        from report.predict import calibrate_campaign
+        from runner.calibrate import calibrate_campaign
 
         efficiency = dict(calibrate_campaign(args.calibration))
     if args.compute_efficiency is not None:

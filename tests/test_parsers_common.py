@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.parsers import ParseResult, detect_kind, iter_lines, parse_text
+from ingest.parsers import ParseResult, detect_kind, iter_lines
+from ingest.parsers.dispatch import parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from golden import fixture_paths, golden_path, ingest_outcome, load_golden, outcome
 from ingest.io import iter_text_blocks
-from ingest.parsers import parse_text
+from ingest.parsers.dispatch import parse_text
 from ingest.thirdparty import ingest_files
 
 FIXTURES = fixture_paths()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.parsers import detect_kind, parse_text
+from ingest.parsers import detect_kind
+from ingest.parsers.dispatch import parse_text
 from ingest.parsers.deepspeed import parse_deepspeed
 from ingest.parsers.flight_recorder import parse_flight_recorder
 from ingest.parsers.nccl_ras import parse_nccl_ras

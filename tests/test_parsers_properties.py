@@ -5,7 +5,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ingest.parsers import MAX_LINE_CHARS, PARSED_KINDS, iter_lines, parse_text
+from ingest.parsers import MAX_LINE_CHARS, iter_lines
+from ingest.parsers.dispatch import PARSED_KINDS, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 # Every parsed kind (PARSED_KINDS: incl. profiler_table, nsys_stats, flight_recorder, pyspy, nccl_ras)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from report.predict import _Rate, build_comm, build_run_layout, build_shape, choose_rate, solve_rate, _predict
+from report.predict import _Rate, build_comm, choose_rate
+from core.perfmodel import build_run_layout, build_shape, solve_rate, predict_run
 from report.render import load_note, render_html, render_markdown
 from runner.cli import main as runner_main
 from core.perfmodel import Layout, build_comm_model, load_links
@@ -90,7 +91,7 @@ def test_solve_rate_inverts_a_multi_gpu_prediction():
     comm = build_comm_model([], intra=links["pcie4"], inter=None, gpus_per_node=8)
     lay = Layout(tp_degree=2, pp_degree=2, dp_degree=2, micro_batch_size=8, num_microbatches=8,
                  sharding="megatron-distopt", sequence_parallel=True)
-    step = _predict(shape, lay, fixed=fixed, comm=comm, rate=200e12, num_gpus_per_node=8,
+    step = predict_run(shape, lay, fixed=fixed, comm=comm, rate=200e12, num_gpus_per_node=8,
                     memory_limit_bytes=float("inf")).step_time_s
     assert solve_rate(shape, lay, fixed=fixed, comm=comm, step_time_s=step, num_gpus_per_node=8) == pytest.approx(
         200e12, rel=1e-6)
