@@ -105,15 +105,32 @@ def rule_memory(rows: Sequence[Mapping[str, Any]], gpu_memory_gib: float | None,
     return out
 
 
-def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
-    """Same data, seed and steps should give the same final loss whatever the layout."""
+def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
+              curves: Mapping[str, Mapping[int, float]] | None = None) -> list[Finding]:
+    """Same data, seed and steps should give the same loss at every step whatever the layout.
+
+    curves: run -> step -> loss (mean over the ranks reporting it); the spread is the largest
+    max - min across the runs over the steps they all report (worst_step: where); without
+    curves, the final losses'. Evidence: loss_spread_nats, worst_step, final_spread_nats, losses
+    (final, per run)."""
     losses = [(r["run"], r["loss_last"]) for r in rows if r.get("loss_last") is not None]
     if len(losses) < 2:
         return []
-    spread = max(v for _, v in losses) - min(v for _, v in losses)
+    final = max(v for _, v in losses) - min(v for _, v in losses)
+    spread, worst = final, None
+    names = [n for n, _ in losses]
+    if curves and all(n in curves for n in names):
+        common = sorted(set.intersection(*(set(curves[n]) for n in names)))
+        for step in common:
+            values = [curves[n][step] for n in names]
+            gap = max(values) - min(values)
+            if worst is None or gap > spread:
+                spread, worst = gap, step
+        spread = max(spread, final)
     kind = "loss_agrees" if spread <= t["loss_agreement_nats"] else "loss_disagrees"
-    return [Finding(kind=kind, runs=tuple(n for n, _ in losses), threshold=t["loss_agreement_nats"],
-                    evidence={"loss_spread_nats": spread, "losses": tuple(losses)})]
+    return [Finding(kind=kind, runs=tuple(names), threshold=t["loss_agreement_nats"],
+                    evidence={"loss_spread_nats": spread, "worst_step": worst, "final_spread_nats": final,
+                              "losses": tuple(losses)})]
 
 
 FAILURE_STATUSES = ("oom", "crash", "hang", "timeout")
@@ -153,20 +170,22 @@ def build_findings(
     on_gpu: bool = True,
     thresholds: Mapping[str, float] | None = None,
     ranked: Sequence[bool] | None = None,
+    loss_curves: Mapping[str, Mapping[int, float]] | None = None,
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
     NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: Campaign.runs records
     (same order). Only runs with status "ok" are ranked; the others' numbers are partial.
     thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
     agreement (default all; a campaign with data rounds ranks its first round's runs, whose
-    data and losses compare like for like)."""
+    data and losses compare like for like). loss_curves: run -> step -> loss (rule_loss compares
+    every common step, not only the last)."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ranked = [True] * len(summary_rows) if ranked is None else list(ranked)
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") == "ok"]
     ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked) if s.get("status") == "ok" and k]
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") != "ok"]
     return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows)
-            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t)
+            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves)
             + rule_straggler(summary_rows, t))
 
 

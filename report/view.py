@@ -722,7 +722,9 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                                profile_tables=tuple(ev.summarize_profile_tables(campaign.kernel_summaries)))
     bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
     classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
-    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta))}
+    warmup = int(campaign.campaign.get("fixed", {}).get("warmup_steps") or 0)
+    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta,
+                                                                   warmup_steps=warmup))}
     by_name = {r["run"]: r for r in runs}
     rows = []
     for b in bd:
@@ -958,7 +960,11 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
     rounds = str(fixed.get("data") or "synthetic").split("+")  # several data rounds: rank the first one's runs
+    curve = metrics.compute_loss_curve(campaign.steps) if not campaign.steps.empty else None
+    loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
+                   if curve is not None else None)
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
+                                    loss_curves=loss_curves,
                                     ranked=[(r.get("data_round") or "synthetic") == rounds[0] for r in runs]
                                     if len(rounds) > 1 else None))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
