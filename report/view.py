@@ -145,6 +145,7 @@ class RunConfig:
     compile: bool | None  # torch.compile on
     first_step_s: float | None  # step 0's wall time (compilation, lazy set-up); a warm-up step
     compile_s: float | None  # first_step_s - step 1's wall time; never in a reported step time
+    sequence_parallel: bool = False  # TP activations split along the sequence (all-gather + reduce-scatter)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -501,7 +502,9 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         num_params=r.get("num_params"), device=r["device"],
         options=render_options(options), micro_batch_search=describe_micro_batch_search(options),
         compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
-        compile_s=_opt_float(r.get("compile_s")))
+        compile_s=_opt_float(r.get("compile_s")),
+        # Megatron turns sequence parallelism on with TP (runner.strategies.tp_pp_megatron)
+        sequence_parallel=r["engine"] == "megatron" and int(r["tp_degree"]) > 1)
 
 
 def _virtual_stages(options: Any) -> int:
@@ -752,7 +755,8 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
             nccl=tuple(trace_tables.nccl.get(b["run"], ())),
         ))
     transports = tuple(sorted({t for lines in trace_tables.nccl_transports.values() for t in lines}))
-    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports)
+    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
+                               attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
                            plant_checks=tuple(build_plant_checks(rows, runs)),
@@ -850,6 +854,19 @@ def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
         return load_commbench(bench)
     except ToolError:
         return []
+
+
+def gap_row(b: BreakdownRow) -> dict[str, Any]:
+    """A breakdown row for the engine comparison: ``<category>_s`` per traced step for the
+    cross-rank categories (ingest.attribution); a run without them keeps its single-rank ones
+    (exposed comm as transfer, "other" as launch gaps)."""
+    row = dataclasses.asdict(b)
+    a = b.attribution
+    if a is not None:
+        row.update({f"{c}_s": (a.shares[c] or 0.0) * a.traced_step_s for c in ev.ATTRIBUTION_KEYS})
+    else:
+        row.update(transfer_s=b.exposed_comm_s, skew_wait_s=0.0, imbalance_s=0.0, launch_gaps_s=b.other_s, other_s=0.0)
+    return row
 
 
 def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
@@ -979,7 +996,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         evidence=evidence,
-        engine_groups=build_engine_groups(summary, runs, [dataclasses.asdict(b) for b in evidence.rows],
+        engine_groups=build_engine_groups(summary, runs, [gap_row(b) for b in evidence.rows],
                                           dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed["model"],
                                           thresholds=thresholds),
         findings=findings,
