@@ -147,6 +147,7 @@ class RunConfig:
     compile: bool | None  # torch.compile on
     first_step_s: float | None  # step 0's wall time (compilation, lazy set-up); a warm-up step
     compile_s: float | None  # first_step_s - step 1's wall time; never in a reported step time
+    sequence_parallel: bool = False  # TP activations split along the sequence (all-gather + reduce-scatter)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -503,7 +504,9 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         num_params=r.get("num_params"), device=r["device"],
         options=render_options(options), micro_batch_search=describe_micro_batch_search(options),
         compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
-        compile_s=_opt_float(r.get("compile_s")))
+        compile_s=_opt_float(r.get("compile_s")),
+        # Megatron turns sequence parallelism on with TP (runner.strategies.tp_pp_megatron)
+        sequence_parallel=r["engine"] == "megatron" and int(r["tp_degree"]) > 1)
 
 
 def _virtual_stages(options: Any) -> int:
@@ -724,7 +727,9 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                                profile_tables=tuple(ev.summarize_profile_tables(campaign.kernel_summaries)))
     bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
     classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
-    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta))}
+    warmup = int(campaign.campaign.get("fixed", {}).get("warmup_steps") or 0)
+    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta,
+                                                                   warmup_steps=warmup))}
     by_name = {r["run"]: r for r in runs}
     rows = []
     for b in bd:
@@ -752,7 +757,8 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
             nccl=tuple(trace_tables.nccl.get(b["run"], ())),
         ))
     transports = tuple(sorted({t for lines in trace_tables.nccl_transports.values() for t in lines}))
-    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports)
+    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
+                               attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
                            plant_checks=tuple(build_plant_checks(rows, runs)),
@@ -850,6 +856,19 @@ def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
         return load_commbench(bench)
     except ToolError:
         return []
+
+
+def gap_row(b: BreakdownRow) -> dict[str, Any]:
+    """A breakdown row for the engine comparison: ``<category>_s`` per traced step for the
+    cross-rank categories (ingest.attribution); a run without them keeps its single-rank ones
+    (exposed comm as transfer, "other" as launch gaps)."""
+    row = dataclasses.asdict(b)
+    a = b.attribution
+    if a is not None:
+        row.update({f"{c}_s": (a.shares[c] or 0.0) * a.traced_step_s for c in ev.ATTRIBUTION_KEYS})
+    else:
+        row.update(transfer_s=b.exposed_comm_s, skew_wait_s=0.0, imbalance_s=0.0, launch_gaps_s=b.other_s, other_s=0.0)
+    return row
 
 
 def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
@@ -960,7 +979,11 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
     rounds = str(fixed.get("data") or "synthetic").split("+")  # several data rounds: rank the first one's runs
+    curve = metrics.compute_loss_curve(campaign.steps) if not campaign.steps.empty else None
+    loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
+                   if curve is not None else None)
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
+                                    loss_curves=loss_curves,
                                     ranked=[(r.get("data_round") or "synthetic") == rounds[0] for r in runs]
                                     if len(rounds) > 1 else None))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
@@ -975,7 +998,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         evidence=evidence,
-        engine_groups=build_engine_groups(summary, runs, [dataclasses.asdict(b) for b in evidence.rows],
+        engine_groups=build_engine_groups(summary, runs, [gap_row(b) for b in evidence.rows],
                                           dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed["model"],
                                           thresholds=thresholds),
         findings=findings,
