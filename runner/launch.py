@@ -40,10 +40,8 @@ OOM_PATTERN = re.compile(r"(CUDA out of memory|OutOfMemoryError|DefaultCPUAlloca
 WATCHDOG_PATTERN = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(SeqNum=\d+")
 EXCEPTION_PATTERN = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:\.\w+)*(?:Error|Exception)\b.*)$", re.MULTILINE)
 # Debug output the campaign records (DESIGN.md: NCCL debug output per rank). Not TUNING: NCCL
-# 2.28 then prints one line per collective call on rank 0 only (165k lines in a 150-step TP2 run
-# against 736 on rank 1), host work on one rank's launch path -- the instrument must not make
-# the straggler it reports. Topology and transports still come from INIT/GRAPH; per-call
-# algorithm choices are then not logged.
+# 2.28 then prints a line per collective call on rank 0 only, host work on one rank's launch
+# path -- the instrument must not make the straggler it reports.
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH"}
 
 
