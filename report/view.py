@@ -682,13 +682,27 @@ BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwi
 PROFILED_SLOWER_MIN = 0.05  # profiled steps this much slower than unprofiled ones are worth a caveat
 
 
+PREDICTION_ERROR_MAX = 0.25  # leave-one-out errors beyond this make the predictions a rough guide
+
+
 def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: EvidenceSection,
-                              fixed: Mapping[str, Any]) -> list[Finding]:
+                              fixed: Mapping[str, Any], *, metric_rows: Sequence[MetricRow] = (),
+                              predicted: Any = None) -> list[Finding]:
     """Caveats from facts the campaign already holds: planted causes, profiled steps slower
-    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, runs at
-    different compile modes (kernels differ, not only layouts), one run per layout (margins
-    compared with step-to-step spread only), synthetic data only."""
+    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, a
+    measurement overhead beyond its steps' spread, runs at different compile modes (kernels
+    differ, not only layouts), one run per layout (margins compared with step-to-step spread
+    only), synthetic data only, leave-one-out prediction errors beyond PREDICTION_ERROR_MAX."""
     out: list[Finding] = []
+    for m in metric_rows:
+        f, spread = m.loop_overhead_fraction, m.loop_overhead_spread
+        if f is not None and spread is not None and abs(f) >= spread:
+            out.append(Finding(kind="measurement_overhead", runs=(m.run,), evidence={"fraction": f, "spread": spread}))
+    checks = getattr(predicted, "checks", ()) or ()
+    errors = [c.error for c in checks if c.error is not None]
+    if errors and max(abs(e) for e in errors) > PREDICTION_ERROR_MAX:
+        out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
+                           evidence={"low": min(errors), "high": max(errors)}))
     for r in runs:
         plant = _plant(r)
         if plant:
@@ -991,6 +1005,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                        num_params=model.num_params[0] if model.num_params else None,
                                        num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype))
     configs = tuple(build_config(r) for r in runs)
+    predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record)
     return Note(
         campaign=campaign.name, created_at=info.get("created_at"),
         tool_version=info.get("tool_version"), tool_git_commit=commit,
@@ -1006,11 +1021,12 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         conditions=conditions,
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
-                                    placements=placements)) + tuple(build_measurement_caveats(runs, evidence, fixed)),
+                                    placements=placements)) + tuple(build_measurement_caveats(
+                                        runs, evidence, fixed, metric_rows=rows, predicted=predicted)),
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
         executive=build_executive_summary(findings, conditions, configs, rows),
         resolved_config=build_resolved_config(info, runs),
-        predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
+        predicted=predicted,
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
             env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
