@@ -3,7 +3,7 @@
 Records in, records out: ``iter_trace_events`` turns a binary stream of a Chrome trace into event
 dicts (streamed with ijson, never the whole file in memory); ``compute_step_breakdown`` reduces
 those events to ``StepBreakdownRow`` / ``KernelSummaryRow`` / ``TimelineSpanRow`` records
-(ingest/schema.py). Files are opened only by ``ingest.io.open_trace_events``.
+(core/records.py). Files are opened only by ``ingest.io.open_trace_events``.
 
 Two timelines:
 
