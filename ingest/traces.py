@@ -51,25 +51,37 @@ P2P_KERNEL_RE = re.compile(r"SendRecv|Send|Recv")
 #    ("cudnn::fusion::compute_dot_do_o_specialized", "cudnn::fusion::convert_dq_to_16bits").
 #  gemm: cuBLAS/cuBLASLt/CUTLASS matmuls: "gemm", "gemv", "cutlass", "cublas", "xmma"
 #    (sm80/sm90_xmma_*), "nvjet" (Hopper cuBLAS), "wgmma", "matmul", "splitKreduce".
+#  loss (before attention and elementwise, so a log-softmax is not an attention softmax): cross
+#    entropy and its pieces -- "cross_entropy", log-softmax ("log_softmax", cuDNN/ATen
+#    "LogSoftMax" epilogues), "nll_loss", Liger-Kernel's Triton kernels ("liger"), and Inductor's
+#    fused kernels named after them (triton_*_fused_*_log_softmax*, *nll_loss*).
+#  optimizer: multi-tensor kernels of fused/foreach AdamW and of gradient clipping (norms and
+#    scaling run in the optimizer phase too): "multi_tensor_apply", "adam", "foreach".
 #  elementwise: PyTorch TensorIterator and friends: "elementwise", "vectorized", "unrolled",
 #    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm (incl. the
-#    "GammaBetaBackward" kernels of LayerNorm backward), (log)softmax,
-#    dropout, fills/copies/index/cat/scatter/gather, fused optimizers ("multi_tensor_apply").
+#    "GammaBetaBackward" kernels of LayerNorm backward), other softmax, dropout,
+#    fills/copies/index/cat/scatter/gather.
+LOSS_KERNEL_RE = re.compile(r"cross_?entropy|log_?softmax|nll_?loss|liger", re.I)
 KERNEL_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", COMM_KERNEL_RE),
     ("memory", MEMORY_KERNEL_RE),
+    ("loss", LOSS_KERNEL_RE),
+    ("optimizer", re.compile(r"multi_tensor_apply|adam|foreach", re.I)),
     ("attention", re.compile(
         r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang|"
         r"cudnn::fusion::(compute_dot_do_o|convert_dq)", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|matmul|splitKreduce", re.I)),
     ("elementwise", re.compile(
         r"elementwise|vectorized|unrolled|reduce|pointwise|triton_(poi|red|per)|norm|softmax|"
-        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam|GammaBeta", re.I)),
+        r"dropout|fill|copy|index|cat_|scatter|gather|GammaBeta", re.I)),
 )
-# Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names.
+# Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names (leaf ops:
+# aten::_log_softmax, aten::nll_loss_forward, aten::_foreach_lerp_ ...).
 HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", re.compile(r"^(c10d::|_?c10d_functional::|gloo:|nccl:|record_param_comms)")),
     ("memory", re.compile(r"^aten::(copy_|to|_to_copy|empty|empty_strided|clone|zero_|zeros)$")),
+    ("loss", LOSS_KERNEL_RE),  # aten::_log_softmax, aten::nll_loss_forward, their backwards
+    ("optimizer", re.compile(r"^aten::_(foreach_\w+|fused_adamw?_?)$|adam", re.I)),  # AdamW and clipping
     ("attention", re.compile(r"attention|scaled_dot_product|flash", re.I)),
     ("gemm", re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$")),
     ("elementwise", re.compile(r"^aten::")),
