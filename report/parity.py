@@ -183,14 +183,15 @@ def rule_parity(rows: Sequence[ParityRow]) -> list[Finding]:
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
-    """95% Student-t interval of the mean of ``values`` (n >= 2), else None."""
+    """95% Student-t interval of the mean of ``values`` (n >= 2), else None. The lower end is
+    clamped at 0 (a throughput is never negative; with 2 repeats t = 12.7 makes wide intervals)."""
     n = len(values)
     if n < 2:
         return None
     mean, sd = statistics.fmean(values), statistics.stdev(values)
     q = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
     half = q * sd / math.sqrt(n)
-    return mean - half, mean + half
+    return max(0.0, mean - half), mean + half
 
 
 def build_repeat_groups(runs: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> tuple[RepeatGroup, ...]:
