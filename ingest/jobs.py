@@ -109,6 +109,11 @@ class Job:
     not_joined: tuple[str, ...] = ()  # joins refused because the files disagree
     has_steps: bool = False
 
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """Facts this job's own files do not state."""
+        return tuple(n for n, f in self.facts.items() if f.value is None)
+
 
 FACT_NAMES = ("world_size", "global_batch_size", "seq_length", "num_steps", "step_time_median_s", "samples_per_s",
               "tokens_per_s", "hosts", "ranks_seen", "gpus", "time_range", "nccl_version", "torch_version")

@@ -369,6 +369,7 @@ class Note:
     hardware: Hardware | None = None
     executive: ExecutiveSummary = ExecutiveSummary(kind="none")
     resolved_config: str = "{}"  # JSON: campaign.json and each run's layout (appendix)
+    triage: Any = None  # report.triage.TriageSection: failed runs (campaigns) or the folder's jobs (logs)
 
 
 def _py(value: Any) -> Any:
@@ -985,10 +986,14 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
         executive=build_executive_summary(findings, conditions, configs, rows),
         resolved_config=build_resolved_config(info, runs),
+        triage=TriageSection(runs=build_triage_runs(runs)),
         predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
             env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
+
+
+from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below the Note it fills
 
 
 def build_predicted_or_reason(campaign: Campaign, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
