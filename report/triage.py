@@ -20,7 +20,7 @@ FACT_ROWS = (("world_size", "World size", "text"), ("global_batch_size", "Global
              ("tokens_per_s", "Tokens/s", "si"), ("hosts", "Hosts", "text"), ("ranks_seen", "Ranks in the files", "text"),
              ("gpus", "GPUs (collect_env)", "text"), ("time_range", "Time range", "text"),
              ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"))
-STATUS_TEXT = {"oom": "failed: out of memory", "hang": "failed: hang (collective timeout)", "failed": "failed",
+STATUS_TEXT = {"oom": "failed: out of memory", "hang": "failed: hang", "failed": "failed",
                "no failure logged": "no failure in these files", "unknown": "unknown (no training or failure lines)"}
 
 
