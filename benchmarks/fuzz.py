@@ -173,7 +173,7 @@ IMPOSSIBLE_CELL = re.compile(r"\|\s*(?:[-−]\s*\d|(?:inf|nan|infinity)\b)", re.
 
 def _mutate_campaign(work: Path, outside: Path, rng: random.Random) -> str:
     """One user-level mutation of campaign ``work`` (see the module docstring). -> its name."""
-    runs = sorted(p.parent for p in work.glob("*/spec.json"))
+    runs = sorted(p.parent for p in work.iterdir() if p.is_dir() and not p.is_symlink())
     run = rng.choice(runs)
     metrics = run / "metrics" / "rank0.jsonl"
     op = rng.randrange(12)
@@ -212,7 +212,7 @@ def _mutate_campaign(work: Path, outside: Path, rng: random.Random) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(target)
         return f"fifo:{target.name}"
-    if op in (7, 8):  # run names that are paths
+    if op in (7, 8) and (work / "campaign.json").is_file() and (run / "spec.json").is_file():  # names that are paths
         bad = rng.choice([str(outside / "ddp"), "../outside/ddp", "..", "/", "a/../../outside/ddp", "x\ny"])
         if op == 7:
             meta = json.loads((work / "campaign.json").read_text())
@@ -223,7 +223,8 @@ def _mutate_campaign(work: Path, outside: Path, rng: random.Random) -> str:
         spec["name"] = bad
         (run / "spec.json").write_text(json.dumps(spec))
         return "spec-name"
-    return _mutate_json_file(rng.choice([p for p in work.rglob("*") if p.suffix in (".json", ".jsonl")]), rng)
+    files = [p for p in work.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file() and not p.is_symlink()]
+    return _mutate_json_file(rng.choice(files), rng) if files else "none"
 
 
 def _metric_table(note: str) -> list[str]:
@@ -304,7 +305,12 @@ def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
             for d in (work, out_dir, tables):
                 shutil.rmtree(d, ignore_errors=True)
             shutil.copytree(base, work, symlinks=True)
-            ops = [_mutate_campaign(work, outside, r) for _ in range(r.randint(1, 3))]
+            ops = []
+            for _ in range(r.randint(1, 3)):
+                try:
+                    ops.append(_mutate_campaign(work, outside, r))
+                except (ValueError, KeyError, TypeError, IndexError, AttributeError):  # an earlier mutation broke it
+                    ops.append("skipped")
             for name, fn, argv in (("runner status", runner_main, ["status", str(work)]),
                                    ("ingest", ingest_main, [str(work), "--out", str(tables)]),
                                    ("report build", report_main, ["build", str(work), "--out", str(out_dir),

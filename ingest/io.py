@@ -185,7 +185,7 @@ def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
         base = kind.split(" | ")[0]
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63,  # Parquet int64
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              "str": lambda v: isinstance(v, str)}.get(base, lambda v: isinstance(v, (list, tuple)) if base.startswith(
+              "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool)}.get(base, lambda v: isinstance(v, (list, tuple)) if base.startswith(
                   "tuple") else isinstance(v, dict) if base.startswith("Mapping") else True)
         if not ok(value):
             got = "an integer beyond int64" if isinstance(value, int) and not isinstance(value, bool) else \

@@ -52,7 +52,7 @@ class EngineRow:
     exposed_comm_share: float | None
     bubble_share: float | None
     other_share: float | None
-    layout_cost_share: float | None  # exposed comm + bubble
+    layout_cost_share: float | None  # transfer + bubble + imbalance (section 5 across ranks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +98,9 @@ def _row(run: Mapping[str, Any], s: Mapping[str, Any], b: Mapping[str, Any] | No
         allocator_reserve_gib=reserved - alloc if reserved is not None and alloc is not None else None,
         max_params_states_only=(gpu_memory_gib * GIB / states.total_bytes_per_param
                                 if gpu_memory_gib and states and run.get("device") == "cuda" else None),
-        traced_step_s=step, compute_share=share("compute"), exposed_comm_share=share("exposed_comm"),
-        bubble_share=share("bubble"), other_share=share("other"),
-        layout_cost_share=(share("exposed_comm") + share("bubble")) if b and step else None)
+        traced_step_s=step, compute_share=share("compute"), exposed_comm_share=share("transfer"),
+        bubble_share=share("bubble"), other_share=share("launch_gaps"),
+        layout_cost_share=(share("transfer") + share("bubble") + share("imbalance")) if b and step else None)
 
 
 def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],

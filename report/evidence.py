@@ -92,14 +92,14 @@ def top_kernels(kernels: pd.DataFrame, *, run: str, num: int = 5) -> pd.DataFram
     return agg.sort_values("total_s", ascending=False).head(num).reset_index(drop=True)
 
 
-def compute_profile_cost(steps: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
+def compute_profile_cost(steps: pd.DataFrame, meta: pd.DataFrame, *, warmup_steps: int = 0) -> pd.DataFrame:
     """What the profiler window cost each run, against the run's time outside the window.
 
     Per step, the step time is the max over ranks. cost_s = sum of the window's step times
     (warm-up step included) - (window length x median step time outside the window and
     after step 0) + the slowest rank's trace export_s (export runs between steps, outside
-    every step's time). outside_s = sum of step times outside the window. share = cost_s /
-    outside_s (issue 4 asks for <= 2%). meta: columns run, rank, export_s. Columns run,
+    every step's time). outside_s = sum of step times outside the window from warmup_steps on
+    (warm-up and compile steps are not the run's measured time). share = cost_s / outside_s. meta: columns run, rank, export_s. Columns run,
     num_window_steps, window_s, baseline_step_s, export_s, cost_s, outside_s, share.
     """
     cols = ["run", "num_window_steps", "window_s", "baseline_step_s", "export_s", "cost_s", "outside_s", "share"]
@@ -113,12 +113,10 @@ def compute_profile_cost(steps: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFram
         per_step = df.groupby("step").agg(step_time_s=("step_time_s", "max"),
                                           profiled=("profiled", lambda s: bool(s.fillna(False).astype(bool).any())))
         window = per_step[per_step["profiled"]]
-        outside = per_step[~per_step["profiled"]]
+        outside = per_step[~per_step["profiled"] & (per_step.index >= warmup_steps)]
         if window.empty or outside.empty:
             continue
-        baseline = float(np.median(outside.loc[outside.index > 0, "step_time_s"])) if (outside.index > 0).any() else None
-        if baseline is None:
-            continue
+        baseline = float(np.median(outside["step_time_s"]))
         export_s = float(m["export_s"].max())
         cost = float(window["step_time_s"].sum()) - len(window) * baseline + export_s
         outside_s = float(outside["step_time_s"].sum())

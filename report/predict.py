@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,10 @@ class PredictedLayout:
     comm_bytes_per_step: float  # all kinds, per GPU
     mem_gib: float
     calibration: str
+    # the step time the leave-one-out errors of the campaign's own runs allow: predicted /
+    # (1 + largest error) .. predicted / (1 + smallest error); None with fewer than 2 checks
+    step_time_low_s: float | None = None
+    step_time_high_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,6 +312,11 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
     else:
         predicted_layouts = tuple(_predict_unrun(shape, fixed=fixed, runs=runs, pool=pool, comm=comm, limit=limit,
                                                  gpu_name=gpu_name, assumptions=assumptions))
+    signed = [c.error for c in checks if c.error is not None and c.error > -1]
+    if len(signed) >= 2:
+        predicted_layouts = tuple(dataclasses.replace(l, step_time_low_s=l.step_time_s / (1 + max(signed)),
+                                                      step_time_high_s=l.step_time_s / (1 + min(signed)))
+                                  for l in predicted_layouts)
     return PredictedSection(checks=tuple(checks), max_abs_error=max(errors) if errors else None,
                             layouts=predicted_layouts, reason=reason, **empty)
 

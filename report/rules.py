@@ -110,15 +110,32 @@ def rule_memory(rows: Sequence[Mapping[str, Any]], gpu_memory_gib: float | None,
     return out
 
 
-def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
-    """Same data, seed and steps should give the same final loss whatever the layout."""
+def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
+              curves: Mapping[str, Mapping[int, float]] | None = None) -> list[Finding]:
+    """Same data, seed and steps should give the same loss at every step whatever the layout.
+
+    curves: run -> step -> loss (mean over the ranks reporting it); the spread is the largest
+    max - min across the runs over the steps they all report (worst_step: where); without
+    curves, the final losses'. Evidence: loss_spread_nats, worst_step, final_spread_nats, losses
+    (final, per run)."""
     losses = [(r["run"], r["loss_last"]) for r in rows if r.get("loss_last") is not None]
     if len(losses) < 2:
         return []
-    spread = max(v for _, v in losses) - min(v for _, v in losses)
+    final = max(v for _, v in losses) - min(v for _, v in losses)
+    spread, worst = final, None
+    names = [n for n, _ in losses]
+    if curves and all(n in curves for n in names):
+        common = sorted(set.intersection(*(set(curves[n]) for n in names)))
+        for step in common:
+            values = [curves[n][step] for n in names]
+            gap = max(values) - min(values)
+            if worst is None or gap > spread:
+                spread, worst = gap, step
+        spread = max(spread, final)
     kind = "loss_agrees" if spread <= t["loss_agreement_nats"] else "loss_disagrees"
-    return [Finding(kind=kind, runs=tuple(n for n, _ in losses), threshold=t["loss_agreement_nats"],
-                    evidence={"loss_spread_nats": spread, "losses": tuple(losses)})]
+    return [Finding(kind=kind, runs=tuple(names), threshold=t["loss_agreement_nats"],
+                    evidence={"loss_spread_nats": spread, "worst_step": worst, "final_spread_nats": final,
+                              "losses": tuple(losses)})]
 
 
 FAILURE_STATUSES = ("oom", "crash", "hang", "timeout")
@@ -158,20 +175,22 @@ def build_findings(
     on_gpu: bool = True,
     thresholds: Mapping[str, float] | None = None,
     ranked: Sequence[bool] | None = None,
+    loss_curves: Mapping[str, Mapping[int, float]] | None = None,
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
     NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: Campaign.runs records
     (same order). Only runs with status "ok" are ranked; the others' numbers are partial.
     thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
     agreement (default all; a campaign with data rounds ranks its first round's runs, whose
-    data and losses compare like for like)."""
+    data and losses compare like for like). loss_curves: run -> step -> loss (rule_loss compares
+    every common step, not only the last)."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ranked = [True] * len(summary_rows) if ranked is None else list(ranked)
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") == "ok"]
     ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked) if s.get("status") == "ok" and k]
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") != "ok"]
     return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows)
-            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t)
+            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves)
             + rule_straggler(summary_rows, t))
 
 
@@ -255,12 +274,16 @@ def build_knowledge_map(
     *,
     kernel_rows: Sequence[Mapping[str, Any]] = (),
     nccl_transports: Sequence[str] = (),
+    attribution: Mapping[str, Mapping[str, float | None]] | None = None,
 ) -> list[Finding]:
     """One Finding per KNOWLEDGE_MAP_TOPICS (kind ``map_<topic>``) whose evidence holds this
     campaign's numbers for the runs the topic concerns. breakdown_rows:
     report.evidence.summarize_breakdown records (+ ``bubble_expected``); summary_rows /
     run_rows: as build_findings (same order); kernel_rows: report.evidence.summarize_kernel_classes
-    records; nccl_transports: transport names seen in the runs' NCCL logs."""
+    records; nccl_transports: transport names seen in the runs' NCCL logs; attribution: run ->
+    the cross-rank shares (report.evidence.summarize_attribution ``shares``): exposed
+    communication is then split into transfer and skew wait, launch gaps and stage imbalance
+    named; without it the single-rank shares stand (transfer = exposed comm, skew unknown)."""
     by_run = {b["run"]: b for b in breakdown_rows}
     runs = {r["run"]: r for r in run_rows}
     summary = {s["run"]: s for s in summary_rows}
@@ -270,7 +293,14 @@ def build_knowledge_map(
     def share(run: str, cat: str) -> float | None:
         return by_run.get(run, {}).get(f"{cat}_share")
 
-    comm = [(r, share(r, "exposed_comm"), by_run[r]["hidden_comm_s"] / by_run[r]["step_time_s"]
+    def cross(run: str, cat: str) -> float | None:
+        """The cross-rank share of a category (None without attribution for the run)."""
+        return (attribution or {}).get(run, {}).get(cat)
+
+    def transfer(run: str) -> float | None:
+        return cross(run, "transfer") if run in (attribution or {}) else share(run, "exposed_comm")
+
+    comm = [(r, transfer(r), cross(r, "skew_wait"), by_run[r]["hidden_comm_s"] / by_run[r]["step_time_s"]
              if by_run[r]["step_time_s"] else None) for r in by_run]
     out = [Finding(kind="map_nccl", runs=tuple(by_run), evidence={"transports": tuple(nccl_transports),
                                                                   "comm": tuple(comm)})]
@@ -280,12 +310,15 @@ def build_knowledge_map(
     for r, row in runs.items():
         if row.get("strategy") == "zero3" and summary.get(r, {}).get("step_time_median_s"):
             ratio = (summary[r]["step_time_median_s"] / ddp["step_time_median_s"]) if ddp else None
-            zero.append((r, ratio, share(r, "exposed_comm"), share(r, "other"), summary[r].get("mem_peak_reserved_gib")))
+            zero.append((r, ratio, transfer(r), cross(r, "skew_wait"),
+                         cross(r, "launch_gaps") if r in (attribution or {}) else share(r, "other"),
+                         summary[r].get("mem_peak_reserved_gib")))
     out.append(Finding(kind="map_zero", runs=tuple(z[0] for z in zero),
                        evidence={"runs": tuple(zero), "ddp_run": ddp["run"] if ddp else None,
                                  "ddp_mem_peak_reserved_gib": ddp.get("mem_peak_reserved_gib") if ddp else None}))
-    tp_pp = [(r, runs[r].get("tp_degree"), runs[r].get("pp_degree"), share(r, "bubble"), by_run[r].get("bubble_expected"),
-              by_run[r].get("compute_imbalance"), share(r, "exposed_comm"))
+    tp_pp = [(r, runs[r].get("tp_degree"), runs[r].get("pp_degree"),
+              cross(r, "bubble") if r in (attribution or {}) else share(r, "bubble"), by_run[r].get("bubble_expected"),
+              by_run[r].get("compute_imbalance"), transfer(r), cross(r, "skew_wait"), cross(r, "imbalance"))
              for r in by_run if runs.get(r, {}).get("strategy") == "tp_pp"]
     out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
     data = [(r, share(r, "data_stall"), summary.get(r, {}).get("data_wait_median_s")) for r in by_run]
@@ -297,9 +330,11 @@ def build_knowledge_map(
 
 
 # ---------------------------------------------------------------- same layout, different engine
-GAP_CATEGORIES = ("compute", "exposed_comm", "bubble", "data_stall", "other")
-ENGINE_COST_CATEGORIES = ("compute", "other")  # kernels (unfused, slower) and host/launch gaps
-LAYOUT_COST_CATEGORIES = ("exposed_comm", "bubble")  # what the layout itself adds to a step
+# section 5's cross-rank categories (ingest.attribution); skew_wait (waiting for a late rank) is
+# neither an engine nor a layout cost: it is timing between the ranks
+GAP_CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall", "other")
+ENGINE_COST_CATEGORIES = ("compute", "launch_gaps", "other")  # kernels, host/launch gaps, exposed copies
+LAYOUT_COST_CATEGORIES = ("transfer", "bubble", "imbalance")  # what the layout itself adds to a step
 
 
 def layout_key(run: Mapping[str, Any]) -> tuple:
@@ -325,11 +360,12 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
     larger relative (p90 - median) spread of the two, else "engine_parity". Evidence: the
     engines fastest first (run, engine, tokens/s, fastest/this ratio, median step); per traced
     run the mean seconds per step of each GAP_CATEGORIES (report.evidence.summarize_breakdown),
-    its layout cost (exposed comm + bubble), its host-gap share ("other") and, where the breakdown
+    its layout cost (transfer + bubble + imbalance), its host launch-gap share and, where the breakdown
     rows carry ``class_shares``, the elementwise kernels' share of kernel time (where unfused
     work shows); and the traced gap
-    slowest - fastest split into those categories: engine part = compute + other (kernels and
-    host/launch gaps, which the layout does not change), layout part = exposed comm + bubble,
+    slowest - fastest split into those categories: engine part = compute + launch gaps + other
+    (kernels, host/launch gaps, exposed copies: the layout does not change them), layout part =
+    transfer + bubble + imbalance, skew part = skew_wait (waiting for a late rank),
     ``dominant`` the category holding the largest part (``dominates`` when its share of the gap
     >= ``engine_gap_dominant_min``). The DDP run of the same world size, if any, is the
     baseline: ratios to it are in ``vs_baseline``; on a degenerate layout (ZeRO-3 on one rank,
@@ -377,7 +413,7 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
             per_run.append({"run": r["run"], "engine": r["engine"], "step_time_s": b["step_time_s"],
                             **{f"{c}_s": b[f"{c}_s"] for c in GAP_CATEGORIES},
                             "layout_cost_s": layout_s, "layout_cost_share": layout_s / b["step_time_s"],
-                            "other_share": b["other_s"] / b["step_time_s"],
+                            "other_share": b["launch_gaps_s"] / b["step_time_s"],
                             "elementwise_share": dict(b.get("class_shares") or ()).get("elementwise")})
         ev: dict[str, Any] = {
             **layout, "margin": margin, "noise": noise, "fastest": best["run"], "slowest": worst["run"],
@@ -393,6 +429,7 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
             ev["gap"] = {"delta_step_s": delta_s, "deltas_s": deltas,
                          "engine_part_s": sum(deltas[c] for c in ENGINE_COST_CATEGORIES),
                          "layout_part_s": sum(deltas[c] for c in LAYOUT_COST_CATEGORIES),
+                         "skew_part_s": deltas["skew_wait"],
                          "dominant": dominant,
                          "dominant_share": deltas[dominant] / delta_s if delta_s > 0 else None,
                          "dominates": delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"]}

@@ -149,6 +149,7 @@ class RunConfig:
     compile: bool | None  # torch.compile on
     first_step_s: float | None  # step 0's wall time (compilation, lazy set-up); a warm-up step
     compile_s: float | None  # first_step_s - step 1's wall time; never in a reported step time
+    sequence_parallel: bool = False  # TP activations split along the sequence (all-gather + reduce-scatter)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,6 +383,7 @@ class Note:
     repeats: tuple[RepeatGroup, ...] = ()  # layouts run more than once (report.parity)
     interval_method: str = INTERVAL_METHOD
     parity_tolerance: float = THRESHOLDS["parity_tolerance"]
+    triage: Any = None  # report.triage.TriageSection: failed runs (campaigns) or the folder's jobs (logs)
 
 
 def _py(value: Any) -> Any:
@@ -514,7 +516,9 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
         num_params=r.get("num_params"), device=r["device"],
         options=render_options(options), micro_batch_search=describe_micro_batch_search(options),
         compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
-        compile_s=_opt_float(r.get("compile_s")))
+        compile_s=_opt_float(r.get("compile_s")),
+        # Megatron turns sequence parallelism on with TP (runner.strategies.tp_pp_megatron)
+        sequence_parallel=r["engine"] == "megatron" and int(r["tp_degree"]) > 1)
 
 
 def _virtual_stages(options: Any) -> int:
@@ -692,13 +696,27 @@ BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwi
 PROFILED_SLOWER_MIN = 0.05  # profiled steps this much slower than unprofiled ones are worth a caveat
 
 
+PREDICTION_ERROR_MAX = 0.25  # leave-one-out errors beyond this make the predictions a rough guide
+
+
 def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: EvidenceSection,
-                              fixed: Mapping[str, Any]) -> list[Finding]:
+                              fixed: Mapping[str, Any], *, metric_rows: Sequence[MetricRow] = (),
+                              predicted: Any = None) -> list[Finding]:
     """Caveats from facts the campaign already holds: planted causes, profiled steps slower
-    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, runs at
-    different compile modes (kernels differ, not only layouts), one run per layout (margins
-    compared with step-to-step spread only), synthetic data only."""
+    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, a
+    measurement overhead beyond its steps' spread, runs at different compile modes (kernels
+    differ, not only layouts), one run per layout (margins compared with step-to-step spread
+    only), synthetic data only, leave-one-out prediction errors beyond PREDICTION_ERROR_MAX."""
     out: list[Finding] = []
+    for m in metric_rows:
+        f, spread = m.loop_overhead_fraction, m.loop_overhead_spread
+        if f is not None and spread is not None and abs(f) >= spread:
+            out.append(Finding(kind="measurement_overhead", runs=(m.run,), evidence={"fraction": f, "spread": spread}))
+    checks = getattr(predicted, "checks", ()) or ()
+    errors = [c.error for c in checks if c.error is not None]
+    if errors and max(abs(e) for e in errors) > PREDICTION_ERROR_MAX:
+        out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
+                           evidence={"low": min(errors), "high": max(errors)}))
     for r in runs:
         plant = _plant(r)
         if plant:
@@ -737,7 +755,9 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                                profile_tables=tuple(ev.summarize_profile_tables(campaign.kernel_summaries)))
     bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
     classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
-    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta))}
+    warmup = int(campaign.campaign.get("fixed", {}).get("warmup_steps") or 0)
+    cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta,
+                                                                   warmup_steps=warmup))}
     by_name = {r["run"]: r for r in runs}
     rows = []
     for b in bd:
@@ -765,7 +785,8 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
             nccl=tuple(trace_tables.nccl.get(b["run"], ())),
         ))
     transports = tuple(sorted({t for lines in trace_tables.nccl_transports.values() for t in lines}))
-    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports)
+    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
+                               attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
                            plant_checks=tuple(build_plant_checks(rows, runs)),
@@ -863,6 +884,19 @@ def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
         return load_commbench(bench)
     except ToolError:
         return []
+
+
+def gap_row(b: BreakdownRow) -> dict[str, Any]:
+    """A breakdown row for the engine comparison: ``<category>_s`` per traced step for the
+    cross-rank categories (ingest.attribution); a run without them keeps its single-rank ones
+    (exposed comm as transfer, "other" as launch gaps)."""
+    row = dataclasses.asdict(b)
+    a = b.attribution
+    if a is not None:
+        row.update({f"{c}_s": (a.shares[c] or 0.0) * a.traced_step_s for c in ev.ATTRIBUTION_KEYS})
+    else:
+        row.update(transfer_s=b.exposed_comm_s, skew_wait_s=0.0, imbalance_s=0.0, launch_gaps_s=b.other_s, other_s=0.0)
+    return row
 
 
 def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
@@ -976,8 +1010,11 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     # ranked: the first data round, one kernels mode, a repeated layout by its median repeat (report.parity)
     repeats = build_repeat_groups(runs, summary)
     ranked = ranked_runs(runs, repeats, first_round=rounds[0])
+    curve = metrics.compute_loss_curve(campaign.steps) if not campaign.steps.empty else None
+    loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
+                   if curve is not None else None)
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
-                                    ranked=ranked))
+                                    loss_curves=loss_curves, ranked=ranked))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
     parity = build_parity_rows(trace_tables.kernels if trace_tables is not None else None, runs,
                                timelines={b.run: b.timeline for b in evidence.rows}, thresholds=thresholds)
@@ -987,6 +1024,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                        num_params=model.num_params[0] if model.num_params else None,
                                        num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype))
     configs = tuple(build_config(r) for r in runs)
+    predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record)
     return Note(
         campaign=campaign.name, created_at=info.get("created_at"),
         tool_version=info.get("tool_version"), tool_git_commit=commit,
@@ -994,7 +1032,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         evidence=evidence,
-        engine_groups=build_engine_groups(summary, runs, [dataclasses.asdict(b) for b in evidence.rows],
+        engine_groups=build_engine_groups(summary, runs, [gap_row(b) for b in evidence.rows],
                                           dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed["model"],
                                           thresholds=thresholds),
         findings=findings,
@@ -1002,7 +1040,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         conditions=conditions,
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
-                                    placements=placements)) + tuple(build_measurement_caveats(runs, evidence, fixed)),
+                                    placements=placements)) + tuple(build_measurement_caveats(
+                                        runs, evidence, fixed, metric_rows=rows, predicted=predicted)),
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
         executive=dataclasses.replace(
             build_executive_summary(findings, conditions, configs, rows),
@@ -1013,10 +1052,14 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         parity=parity, repeats=repeats,
         parity_tolerance={**THRESHOLDS, **(thresholds or {})}["parity_tolerance"],
         resolved_config=build_resolved_config(info, runs),
-        predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
+        triage=TriageSection(runs=build_triage_runs(runs)),
+        predicted=predicted,
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
             env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
+
+
+from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below the Note it fills
 
 
 def build_predicted_or_reason(campaign: Campaign, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],

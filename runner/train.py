@@ -167,8 +167,8 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
                                      micro_batch_size=spec.micro_batch_size, num_microbatches=spec.num_microbatches,
                                      device=ctx.device)
         try:
-            first = run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx, profiler=profiler,
-                             checkpoint=probe)
+            first = slowest_rank(run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx,
+                                          profiler=profiler, checkpoint=probe), ctx=ctx)
             recorder.close()
             first.update(measure_loop_overhead(spec, trainer, data, recorder, ctx=ctx))
         except BaseException:
@@ -193,6 +193,23 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
                                                       dp_degree=trainer.dp_degree, device=ctx.device))
     if ctx.rank == 0 and first:
         write_json_atomic(run_dir / "run_info.json", to_dict(dataclasses.replace(info, **first)))
+
+
+def slowest_rank(walls: dict, *, ctx: RankContext) -> dict:
+    """``run_loop``'s first_step_s / compile_s as the slowest rank's (max over ranks): the run
+    waits for its last rank to finish compiling. A collective: every rank calls it."""
+    keys = ("first_step_s", "compile_s")
+    values = torch.tensor([float("nan") if walls.get(k) is None else float(walls[k]) for k in keys],
+                          dtype=torch.float64, device=ctx.device)
+    if ctx.world_size > 1:
+        values = torch.nan_to_num(values, nan=-1.0)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        values[values < 0] = float("nan")
+    out = dict(walls)
+    for k, v in zip(keys, values.tolist()):
+        if k in walls:
+            out[k] = None if v != v else v
+    return out
 
 
 def verify_checkpoint(probe: CheckpointProbe, **kwargs) -> None:
