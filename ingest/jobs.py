@@ -193,6 +193,8 @@ def _link_keys(source: str, rows: list[dict[str, Any]]) -> set[str]:
                 keys.add(f"{col.replace('_id', 'Id').replace('_hash', 'Hash')} {r[col]}")
         if r.get("host") and r.get("pid") is not None:
             keys.add(f"{r['host']} pid {int(r['pid'])}")
+        if r.get("record") == "trace_meta" and r.get("pg_signature"):
+            keys.add(f"profiler traces of {r['pg_signature']}")  # every rank of one job writes the same
     if _RANK_FILE.search(Path(source).name):
         keys.add(f"per-rank files of {_run_dir(source)}")
     return keys
@@ -219,6 +221,8 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
         return s
 
     group_facts = {s: dict(facts[s]) for s in sources}
+    trace_ranks = {s: {int(r["rank"]) for r in by_source[s] if r.get("record") == "trace_meta" and r.get("rank") is not None}
+                   for s in sources}
     joined: dict[str, set[str]] = defaultdict(set)
     refused: dict[str, list[str]] = defaultdict(list)
     owners: dict[str, str] = {}
@@ -234,10 +238,14 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
             clash = [f"{n}: {group_facts[a][n].value} ({', '.join(group_facts[a][n].sources)}) vs "
                      f"{group_facts[b][n].value} ({', '.join(group_facts[b][n].sources)})"
                      for n in group_facts[a] if n in group_facts[b] and group_facts[a][n].value != group_facts[b][n].value]
+            both = trace_ranks[a] & trace_ranks[b]
+            if both:  # two traces of one rank are two runs (or attempts), never one job
+                clash.append(f"both hold a profiler trace of rank(s) {_ranges(sorted(both))}")
             if clash:
                 refused[a].append(f"not joined with {Path(b).name} despite {key}: " + "; ".join(clash))
                 continue
             parent[b] = a
+            trace_ranks[a] |= trace_ranks[b]
             group_facts[a] = {**group_facts[b], **group_facts[a]}
             joined[a] |= joined.pop(b, set()) | {key}
             refused[a] += refused.pop(b, [])
@@ -290,7 +298,7 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     if hosts:
         facts["hosts"] = Fact(name="hosts", value=", ".join(hosts[:8]) + (f" (+{len(hosts) - 8})" if len(hosts) > 8 else ""),
                               sources=tuple(dict.fromkeys(_cite(r) for r in rows if r.get("host")))[:3])
-    ranks = sorted({rk for r in rows if r["table"] in ("events", "stacks", "steps", "comm_topology", "collectives")
+    ranks = sorted({rk for r in rows if r["table"] in ("events", "stacks", "steps", "comm_topology", "collectives", "traces")
                     and (rk := _rank_of(r)) is not None})
     if ranks:
         facts["ranks_seen"] = Fact(name="ranks_seen", value=_ranges(ranks),
@@ -315,7 +323,8 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     hang = compute_hang(rows, world_size=facts["world_size"].value if "world_size" in facts else None)
     events = {e.event for e in chain}
     status = ("oom" if "cuda_oom" in events else "hang" if events & HANG_EVENTS or (hang and hang.odd_ranks)
-              else "failed" if events else "no failure logged" if steps else "unknown")
+              else "failed" if events else "no failure logged" if steps or any(r["table"] == "traces" for r in rows)
+              else "unknown")
     return Job(name=name, sources=tuple(sources), kinds=tuple(kinds), joined_by=tuple(joined_by),
                facts={n: facts.get(n, Fact(name=n)) for n in FACT_NAMES}, status=status, first_failure=first,
                chain=tuple(chain), hang=hang, not_joined=tuple(not_joined), has_steps=bool(steps))
