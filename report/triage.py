@@ -19,7 +19,9 @@ FACT_ROWS = (("world_size", "World size", "text"), ("global_batch_size", "Global
              ("step_time_median_s", "Step time (median)", "duration"), ("samples_per_s", "Samples/s", "num"),
              ("tokens_per_s", "Tokens/s", "si"), ("hosts", "Hosts", "text"), ("ranks_seen", "Ranks in the files", "text"),
              ("gpus", "GPUs (collect_env)", "text"), ("time_range", "Time range", "text"),
-             ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"))
+             ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"),
+             ("step_time_by_rank", "Step time per rank (median)", "text"), ("timers_ms", "Timers (mean)", "text"),
+             ("nccl_transports", "NCCL transports", "text"), ("nccl_socket", "NCCL over sockets", "text"))
 STATUS_TEXT = {"oom": "failed: out of memory", "hang": "failed: hang", "failed": "failed",
                "no failure logged": "no failure in these files", "unknown": "unknown (no training or failure lines)"}
 
