@@ -33,7 +33,7 @@ DATA_THRESHOLDS: dict[str, float] = {
 
 def compute_data_wait_share(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
     """Per run: data_wait_total_s / step_time_total_s over the measured steps (see
-    report.metrics.select_measured), each step's values the max over ranks (the slowest rank
+    core.formulas.select_measured), each step's values the max over ranks (the slowest rank
     gates the step). Columns run, num_steps, data_wait_total_s, step_time_total_s,
     data_wait_share (NA when the step time sums to 0)."""
     cols = ["run", "num_steps", "data_wait_total_s", "step_time_total_s", "data_wait_share"]
