@@ -141,7 +141,7 @@ def build_trace_jobs(tables: Mapping[str, Any], jobs: Sequence[Job], *, folder: 
     -> TraceJob views, in job order."""
     from types import SimpleNamespace
 
-    from report.view import build_attribution
+    from report.attribution import build_attribution
 
     att = tables.get("attribution")
     if att is None or att.empty:

@@ -26,6 +26,7 @@ from report import metrics
 from core.hardware import lookup_peak
 from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
+from report.attribution import AttributionView, build_attribution, run_plant
 from report.engines import EngineGroup, build_engine_groups
 from report.parity import (
     INTERVAL_METHOD, ParityRow, RepeatGroup, build_parity_rows, build_repeat_groups, kernels_mode, ranked_runs,
@@ -247,30 +248,6 @@ class BreakdownRow:
     export_s: float | None
     nccl: tuple[str, ...]  # NCCL topology/transport lines from the run's rank logs
     attribution: AttributionView | None = None  # the cross-rank attribution (ingest.attribution)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttributionView:
-    """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends):
-    breakdown_ms / shares keyed by ATTRIBUTION_KEYS (ms of the unprofiled median step; shares
-    of the traced step), per_rank: rank -> category -> s per traced step, rescale: traced step /
-    unprofiled median step; straggler (compute_trace_straggler), stages (compute_stage_balance,
-    PP runs), bandwidth (compute_collective_bandwidth rows), plant: the planted cause (matrix
-    ``plant`` table) or None."""
-
-    breakdown_ms: Mapping[str, float | None]
-    shares: Mapping[str, float | None]
-    per_rank: Mapping[int, Mapping[str, float]]
-    traced_step_s: float
-    median_step_s: float | None
-    rescale: float | None
-    num_launch_gaps: float
-    launch_gap_p50_s: float | None
-    launch_gap_max_s: float | None
-    straggler: Mapping[str, Any] | None
-    stages: Mapping[str, Any] | None
-    bandwidth: tuple[Mapping[str, Any], ...]
-    plant: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -694,7 +671,7 @@ def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: 
     return out
 
 
-BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwidth
+
 PROFILED_SLOWER_MIN = 0.05  # profiled steps this much slower than unprofiled ones are worth a caveat
 
 
@@ -720,7 +697,7 @@ def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: Evide
         out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
                            evidence={"low": min(errors), "high": max(errors)}))
     for r in runs:
-        plant = _plant(r)
+        plant = run_plant(r)
         if plant:
             out.append(Finding(kind="planted", runs=(r["run"],), evidence={"plant": plant}))
     for b in evidence.rows:
@@ -797,44 +774,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                                       if trace_tables.nccl.get(r["run"])))
 
 
-def _plant(run: Mapping[str, Any]) -> dict[str, Any] | None:
-    raw = run.get("plant")
-    if raw is None or (isinstance(raw, float) and pd.isna(raw)):
-        return None
-    value = json.loads(raw) if isinstance(raw, str) else raw
-    return {k: v for k, v in value.items() if v is not None} if isinstance(value, Mapping) else None
 
-
-def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, Any], *,
-                      median_step_s: float | None) -> AttributionView | None:
-    """One run's cross-rank attribution view (None when the run has no attribution rows)."""
-    att = getattr(trace_tables, "attribution", None)
-    if att is None or att.empty or not run:
-        return None
-    name = str(run["run"])
-    s = ev.summarize_attribution(att, run=name, median_step_s=median_step_s)
-    if s is None:
-        return None
-    env = campaign.env if isinstance(campaign.env, Mapping) else {}
-    host = env.get("hostname") if int(env.get("num_nodes") or 1) == 1 else None
-    hosts = {r: host for r in s["per_rank"]} if host else None
-    straggler = ev.compute_trace_straggler(att, run=name, min_fraction=rules.THRESHOLDS["straggler_trace_min_fraction"],
-                                           hosts=hosts)
-    pp = int(run.get("pp_degree") or 1)
-    plant = _plant(run)
-    num_layers = int(run.get("num_layers") or 0)
-    layers = (list(plant["pp_layers"]) if plant and plant.get("pp_layers")
-              else [num_layers // pp] * pp if pp > 1 and num_layers % pp == 0 else [])
-    stages = ev.compute_stage_balance(att, run=name, pp_degree=pp, layers=layers,
-                                      ranks_per_stage=int(run.get("world_size") or pp) // pp)
-    bench = _commbench_rows(campaign)
-    collectives = getattr(trace_tables, "collectives", None)
-    bandwidth = ev.compute_collective_bandwidth(collectives, run=name, commbench=bench) if collectives is not None else []
-    return AttributionView(
-        breakdown_ms=s["breakdown_ms"], shares=s["shares"], per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
-        median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
-        launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
-        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=plant)
 
 
 def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str, Any]]) -> list[PlantCheck]:
@@ -872,20 +812,6 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str,
                                   rank=rank, straggler_rank=(a.straggler["rank"] if a.straggler and a.straggler["named"]
                                                              else None)))
     return out
-
-
-def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
-    """CAMPAIGN/commbench rows on the campaign's device, or [] (none, or unreadable)."""
-    from core.errors import ToolError
-    from ingest.io import load_commbench
-
-    bench = Path(str(campaign.source)) / "commbench"
-    if not bench.is_dir():
-        return []
-    try:
-        return load_commbench(bench)
-    except ToolError:
-        return []
 
 
 def gap_row(b: BreakdownRow) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""Section 5's cross-rank attribution view of one run (report.evidence's summaries of the
+``attribution`` and ``collectives`` trace tables), shared by the campaign note (report.view) and
+the triage of a folder of logs (report.triage).
+
+Deliberately not here: computing the attribution (ingest.attribution), wording (templates).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ingest.io import Campaign
+from report import evidence as ev
+from report import rules
+
+BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwidth
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttributionView:
+    """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends):
+    breakdown_ms / shares keyed by ATTRIBUTION_KEYS (ms of the unprofiled median step; shares
+    of the traced step), per_rank: rank -> category -> s per traced step, rescale: traced step /
+    unprofiled median step; straggler (compute_trace_straggler), stages (compute_stage_balance,
+    PP runs), bandwidth (compute_collective_bandwidth rows), plant: the planted cause (matrix
+    ``plant`` table) or None."""
+
+    breakdown_ms: Mapping[str, float | None]
+    shares: Mapping[str, float | None]
+    per_rank: Mapping[int, Mapping[str, float]]
+    traced_step_s: float
+    median_step_s: float | None
+    rescale: float | None
+    num_launch_gaps: float
+    launch_gap_p50_s: float | None
+    launch_gap_max_s: float | None
+    straggler: Mapping[str, Any] | None
+    stages: Mapping[str, Any] | None
+    bandwidth: tuple[Mapping[str, Any], ...]
+    plant: Mapping[str, Any] | None
+
+
+def run_plant(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's planted cause (the matrix's ``plant`` table: JSON text or a mapping) without its unset
+    keys; None when the run is not planted."""
+    raw = run.get("plant")
+    if raw is None or (isinstance(raw, float) and pd.isna(raw)):
+        return None
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, Mapping) else None
+
+
+def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, Any], *,
+                      median_step_s: float | None) -> AttributionView | None:
+    """One run's cross-rank attribution view (None when the run has no attribution rows)."""
+    att = getattr(trace_tables, "attribution", None)
+    if att is None or att.empty or not run:
+        return None
+    name = str(run["run"])
+    s = ev.summarize_attribution(att, run=name, median_step_s=median_step_s)
+    if s is None:
+        return None
+    env = campaign.env if isinstance(campaign.env, Mapping) else {}
+    host = env.get("hostname") if int(env.get("num_nodes") or 1) == 1 else None
+    hosts = {r: host for r in s["per_rank"]} if host else None
+    straggler = ev.compute_trace_straggler(att, run=name, min_fraction=rules.THRESHOLDS["straggler_trace_min_fraction"],
+                                           hosts=hosts)
+    pp = int(run.get("pp_degree") or 1)
+    plant = run_plant(run)
+    num_layers = int(run.get("num_layers") or 0)
+    layers = (list(plant["pp_layers"]) if plant and plant.get("pp_layers")
+              else [num_layers // pp] * pp if pp > 1 and num_layers % pp == 0 else [])
+    stages = ev.compute_stage_balance(att, run=name, pp_degree=pp, layers=layers,
+                                      ranks_per_stage=int(run.get("world_size") or pp) // pp)
+    bench = _commbench_rows(campaign)
+    collectives = getattr(trace_tables, "collectives", None)
+    bandwidth = ev.compute_collective_bandwidth(collectives, run=name, commbench=bench) if collectives is not None else []
+    return AttributionView(
+        breakdown_ms=s["breakdown_ms"], shares=s["shares"], per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
+        median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
+        launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
+        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=plant)
+
+
+def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
+    """CAMPAIGN/commbench rows on the campaign's device, or [] (none, or unreadable)."""
+    from core.errors import ToolError
+    from ingest.io import load_commbench
+
+    bench = Path(str(campaign.source)) / "commbench"
+    if not bench.is_dir():
+        return []
+    try:
+        return load_commbench(bench)
+    except ToolError:
+        return []
