@@ -13,13 +13,14 @@ overflow), then ``load_campaign`` -> ``build_note`` -> ``render_markdown`` in-pr
 CLI level (``--cli-inputs``): the same campaign (profiler traces left out, for speed) mutated
 as a user or a crash would leave it (NaN/Infinity/negative values, duplicated, out-of-order and
 truncated metric rows, symlinks and FIFOs in place of files, absolute and ``..`` run names,
-deep JSON, plus the JSON mutations above), then ``runner status``, ``ingest`` and ``report
-build --format md`` called through their ``main`` in-process, each under a time limit. Counted:
+deep JSON, plus the JSON mutations above), then ``runner status``, ``ingest``, ``report
+build --format md`` and ``runner all --resume --dry-run`` (what a resume would keep and run;
+nothing launched) called through their ``main`` in-process, each under a time limit. Counted:
 tracebacks (an exception out of ``main`` or an "internal error" line), hangs (over the limit),
 impossible numbers in the note (a negative, infinite or NaN number in a table cell), and reads
 or writes outside the campaign (a canary text from a planted outside file in any output, or a
-new file outside the campaign and --out dirs). ``runner all --resume`` is not in it: on a
-mutated campaign it would launch real runs.
+new file outside the campaign and --out dirs). A real ``runner all --resume`` is not in it:
+on a mutated campaign it would launch real runs; its dry run reads the same files.
 Results (counts, failures with a reproducer seed) go to benchmarks/results/fuzz.json.
 """
 from __future__ import annotations
@@ -279,7 +280,7 @@ def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
 
 
 def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
-    """``n`` CLI-level inputs (module docstring): n // 3 mutated campaigns x 3 commands."""
+    """``n`` CLI-level inputs (module docstring): n // 4 mutated campaigns x 4 commands."""
     from ingest.cli import main as ingest_main
     from report.cli import main as report_main
     from runner.cli import main as runner_main
@@ -314,7 +315,9 @@ def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
             for name, fn, argv in (("runner status", runner_main, ["status", str(work)]),
                                    ("ingest", ingest_main, [str(work), "--out", str(tables)]),
                                    ("report build", report_main, ["build", str(work), "--out", str(out_dir),
-                                                                  "--format", "md"])):
+                                                                  "--format", "md"]),
+                                   ("runner all --resume --dry-run", runner_main,
+                                    ["all", "--resume", str(work), "--dry-run"])):
                 counts["inputs"] += 1
                 outcome, stdout, stderr = _call(fn, argv, limit_s=limit_s)
                 counts[outcome] += 1
