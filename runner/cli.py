@@ -151,6 +151,8 @@ def cmd_all(args: argparse.Namespace) -> int:
         return resume_campaign(args.resume, kill=args.kill_orphans)
     if args.gpus is not None and not args.dry_run:
         raise ToolError("--gpus only applies to --dry-run (a real campaign uses the GPUs it finds)")
+    if args.gpus is not None and args.gpus < 0:
+        raise ConfigError(f"--gpus {args.gpus}: must be >= 0 (0: resolve for CPU)")
     if node is not None and args.out is None:
         raise ToolError("--out DIR is required with --nnodes: every node must write into the same campaign directory")
     num_gpus = count_gpus() if args.gpus is None else args.gpus  # per node
