@@ -310,7 +310,7 @@ def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
             for _ in range(r.randint(1, 3)):
                 try:
                     ops.append(_mutate_campaign(work, outside, r))
-                except (ValueError, KeyError, TypeError, IndexError, AttributeError):  # an earlier mutation broke it
+                except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError, OSError):  # an earlier mutation broke it
                     ops.append("skipped")
             for name, fn, argv in (("runner status", runner_main, ["status", str(work)]),
                                    ("ingest", ingest_main, [str(work), "--out", str(tables)]),
