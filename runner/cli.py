@@ -609,7 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_pd.add_argument("--vocab-size", type=int, default=50257,
                       help="the model's vocabulary: cap of a fitted tokenizer, bound for a given one (default 50257)")
     p_pd.add_argument("--text-key", default="text", help="jsonl field / parquet column holding the text (default text)")
-    p_pd.set_defaults(func=cmd_prepare_data)
+    p_pd.set_defaults(func=cmd_prepare_data, interrupted="runner: prepare-data interrupted; no output written (PREFIX.bin, "
+                      ".idx, .json and a fitted tokenizer are renamed into place only once all are complete)")
     p_col = sub.add_parser("collect", help="merge nodes' campaign directories into node 0's")
     p_col.add_argument("campaign_dir", type=Path, help="node 0's campaign directory (has campaign.json)")
     p_col.add_argument("node_dirs", type=Path, nargs="+", help="the other nodes' --out directories")
@@ -646,8 +647,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"runner: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("runner: interrupted; the current run was stopped and marked 'interrupted' "
-              "(finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
+        print(getattr(args, "interrupted", None) or "runner: interrupted; the current run was stopped and marked "
+              "'interrupted' (finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
         return 130
     except OSError as e:  # full disk, permissions: name the file
         from runner.launch import describe_error

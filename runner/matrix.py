@@ -465,7 +465,7 @@ def resolve_matrix(
         if key in camp:
             value = camp[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                problems.append(f"{source} [campaign] {key} must be a finite positive number of seconds, got {value!r}")
+                problems.append(f"{source} [campaign] {key} must be a positive, finite number of seconds, got {value!r}")
             else:
                 timeouts[key] = float(value)
     specs = []
