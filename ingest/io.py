@@ -329,7 +329,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     for f in dataclasses.fields(RunInfo):
         if f.name not in ("run", "schema_version", "engine"):
             value = info[f.name] if info else None
-            row[f.name] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
+            row[f.name] = (json.dumps(list(value)) if isinstance(value, (tuple, list))
+                           else json.dumps(value, sort_keys=True) if isinstance(value, dict) else value)
     ckpt = _read_record(run_dir / "checkpoint.json", CheckpointRecord, problems)
     for col in CHECKPOINT_COLUMNS:
         value = ckpt[col[5:]] if ckpt else None

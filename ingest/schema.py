@@ -186,6 +186,9 @@ class RunInfo:
     # transformer layers each pipeline rank's built modules hold, in pp-rank order (gathered from
     # the ranks, so a planted uneven split is evidenced by what was built); None without PP
     pp_stage_num_layers: tuple[int, ...] | None = None
+    # the kernels the run used (runner.kernels): mode ("parity" | "engine-best"), loss, attention,
+    # optimizer, compile scope, and not_taken {piece: why this engine cannot take parity's choice}
+    kernels: dict | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,7 +275,7 @@ PHASE_RANGES = ("data", "forward", "backward", "forward_backward", "optimizer")
 # Categories of a step's time on one rank; they partition the step's interval, so
 # compute + exposed_comm + bubble + data_stall + other == step interval (by construction).
 BREAKDOWN_CATEGORIES = ("compute", "exposed_comm", "bubble", "data_stall", "other")
-KERNEL_CLASSES = ("gemm", "attention", "elementwise", "comm", "memory", "other")
+KERNEL_CLASSES = ("gemm", "attention", "loss", "optimizer", "elementwise", "comm", "memory", "other")
 
 
 @dataclass(frozen=True, kw_only=True)

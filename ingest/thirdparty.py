@@ -416,6 +416,41 @@ def is_thirdparty_folder(path: str | os.PathLike[str]) -> bool:
     return any(f.is_file() for f in root.rglob("*"))
 
 
+JOB_STATUS = {"oom": "oom", "hang": "hang", "failed": "crash"}  # ingest.jobs status -> a run's status
+
+
+def load_thirdparty_jobs(path: str | os.PathLike[str], *, model: dict | None = None):
+    """Parse every file of a folder of third-party logs and group them into jobs (ingest.jobs).
+    Returns (campaign, tables, jobs): campaign is the one training job's Campaign (its own files
+    only; status from its failure lines) when exactly one job has iteration times, else None
+    (several unrelated jobs are never made runs of one campaign). Raises NoDataError when no file
+    is of a kind ingest reads, ConfigError when the one training job's shape is unknown."""
+    from ingest.jobs import compute_jobs
+
+    files = ingest_files(find_artifacts([str(path)]))
+    if not any(f.result.kind in PARSED_KINDS for f in files):
+        raise NoDataError(f"{path}: is not a campaign (no campaign.json) nor a tables dir (no runs.parquet), and none of "
+                          "its files is a log ingest reads; run `runner all`, or pass a folder of NCCL / Megatron-LM / "
+                          "DeepSpeed / torchtitan logs")
+    tables = build_tables(files)
+    jobs = compute_jobs(tables, model=model)
+    train = [j for j in jobs if j.has_steps]
+    if len(train) != 1:
+        return None, tables, jobs
+    own = [f for f in files if f.path in set(train[0].sources)]
+    campaign = build_thirdparty_campaign(own, name=Path(path).resolve().name, model=model)
+    if campaign is None:
+        return None, tables, jobs
+    status = JOB_STATUS.get(train[0].status)
+    if status:
+        runs = campaign.runs.copy()
+        runs["status"] = status
+        first = train[0].first_failure
+        runs["cause"] = f"{first.label}: {first.detail} [{first.source}:{first.line}]" if first else None
+        campaign = dataclasses.replace(campaign, runs=runs)
+    return merge_campaign_steps(campaign, build_tables(own)), tables, jobs
+
+
 def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None = None):
     """Parse every file of a folder of third-party logs into a Campaign (model shape from the
     logs, or ``model``). Raises NoDataError (no training log with iteration times) or

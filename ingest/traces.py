@@ -51,25 +51,37 @@ P2P_KERNEL_RE = re.compile(r"SendRecv|Send|Recv")
 #    ("cudnn::fusion::compute_dot_do_o_specialized", "cudnn::fusion::convert_dq_to_16bits").
 #  gemm: cuBLAS/cuBLASLt/CUTLASS matmuls: "gemm", "gemv", "cutlass", "cublas", "xmma"
 #    (sm80/sm90_xmma_*), "nvjet" (Hopper cuBLAS), "wgmma", "matmul", "splitKreduce".
+#  loss (before attention and elementwise, so a log-softmax is not an attention softmax): cross
+#    entropy and its pieces -- "cross_entropy", log-softmax ("log_softmax", cuDNN/ATen
+#    "LogSoftMax" epilogues), "nll_loss", Liger-Kernel's Triton kernels ("liger"), and Inductor's
+#    fused kernels named after them (triton_*_fused_*_log_softmax*, *nll_loss*).
+#  optimizer: multi-tensor kernels of fused/foreach AdamW and of gradient clipping (norms and
+#    scaling run in the optimizer phase too): "multi_tensor_apply", "adam", "foreach".
 #  elementwise: PyTorch TensorIterator and friends: "elementwise", "vectorized", "unrolled",
 #    "reduce", "pointwise", Triton "triton_(poi|red|per)", layer/RMS norm (incl. the
-#    "GammaBetaBackward" kernels of LayerNorm backward), (log)softmax,
-#    dropout, fills/copies/index/cat/scatter/gather, fused optimizers ("multi_tensor_apply").
+#    "GammaBetaBackward" kernels of LayerNorm backward), other softmax, dropout,
+#    fills/copies/index/cat/scatter/gather.
+LOSS_KERNEL_RE = re.compile(r"cross_?entropy|log_?softmax|nll_?loss|liger", re.I)
 KERNEL_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", COMM_KERNEL_RE),
     ("memory", MEMORY_KERNEL_RE),
+    ("loss", LOSS_KERNEL_RE),
+    ("optimizer", re.compile(r"multi_tensor_apply|adam|foreach", re.I)),
     ("attention", re.compile(
         r"flash|fmha|sdpa|attention|attn|scaled_dot_product|masked_softmax|upper_triang|"
         r"cudnn::fusion::(compute_dot_do_o|convert_dq)", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|xmma|nvjet|wgmma|matmul|splitKreduce", re.I)),
     ("elementwise", re.compile(
         r"elementwise|vectorized|unrolled|reduce|pointwise|triton_(poi|red|per)|norm|softmax|"
-        r"dropout|fill|copy|index|cat_|scatter|gather|multi_tensor_apply|foreach|adam|GammaBeta", re.I)),
+        r"dropout|fill|copy|index|cat_|scatter|gather|GammaBeta", re.I)),
 )
-# Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names.
+# Host ops on CPU timelines (KernelSummaryRow of a CPU trace): same classes, host names (leaf ops:
+# aten::_log_softmax, aten::nll_loss_forward, aten::_foreach_lerp_ ...).
 HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("comm", re.compile(r"^(c10d::|_?c10d_functional::|gloo:|nccl:|record_param_comms)")),
     ("memory", re.compile(r"^aten::(copy_|to|_to_copy|empty|empty_strided|clone|zero_|zeros)$")),
+    ("loss", LOSS_KERNEL_RE),  # aten::_log_softmax, aten::nll_loss_forward, their backwards
+    ("optimizer", re.compile(r"^aten::_(foreach_\w+|fused_adamw?_?)$|adam", re.I)),  # AdamW and clipping
     ("attention", re.compile(r"attention|scaled_dot_product|flash", re.I)),
     ("gemm", re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$")),
     ("elementwise", re.compile(r"^aten::")),
@@ -81,6 +93,7 @@ HOST_CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 CPU_COMM_RE = HOST_CLASS_PATTERNS[0][1]
 CPU_P2P_RE = re.compile(r"send|recv", re.I)
 DATA_RANGE = "data"
+OPTIMIZER_RANGE = "optimizer"
 CPU_COMPUTE_RANGES = frozenset(PHASE_RANGES) - {DATA_RANGE}
 
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -653,10 +666,46 @@ def _classify(names: list[str], table: tuple[tuple[str, re.Pattern[str]], ...]) 
     return out
 
 
+# classes that claim the ops nested inside them on CPU timelines (outermost wins)
+_CONTEXT_CLASSES = ("comm", "loss", "optimizer", "attention", "gemm")
+
+
+def _host_self_times(s: np.ndarray, e: np.ndarray, name_ids: list[int],
+                     name_classes: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Self time (ns) and class of host ops sorted by (start, -end) on one thread: duration less
+    the direct children's durations; class = that of the outermost enclosing op whose own class is
+    in _CONTEXT_CLASSES, else the op's own."""
+    n = s.size
+    self_ns = (e - s).astype(np.int64)
+    cls: list[str] = [""] * n
+    stack: list[int] = []
+    for i in range(n):
+        while stack and s[i] >= e[stack[-1]]:
+            stack.pop()
+        own = name_classes[name_ids[i]]
+        if stack:
+            parent = stack[-1]
+            self_ns[parent] -= min(e[i], e[parent]) - s[i]
+            inherited = cls[parent] if cls[parent] in _CONTEXT_CLASSES else None
+            cls[i] = inherited or own
+        else:
+            cls[i] = own
+        stack.append(i)
+    return np.maximum(self_ns, 0), cls
+
+
 def _kernel_rows(*, run: str, rank: int, names: list[str], classes: list[str], name_ids: np.ndarray,
-                 dur_ns: np.ndarray, num_steps: int) -> tuple[KernelSummaryRow, ...]:
+                 dur_ns: np.ndarray, num_steps: int,
+                 op_classes: list[str] | None = None) -> tuple[KernelSummaryRow, ...]:
+    """Per-name sums; with ``op_classes`` (one class per event) per (name, class) instead."""
     if name_ids.size == 0:
         return ()
+    if op_classes is not None:
+        keys = sorted(set(zip(name_ids.tolist(), op_classes)))
+        key_index = {k: j for j, k in enumerate(keys)}
+        ids = np.array([key_index[k] for k in zip(name_ids.tolist(), op_classes)], np.int64)
+        return _kernel_rows(run=run, rank=rank, names=[names[n] for n, _ in keys], classes=[c for _, c in keys],
+                            name_ids=ids, dur_ns=dur_ns, num_steps=num_steps)
     calls = np.bincount(name_ids, minlength=len(names))
     total = np.bincount(name_ids, weights=dur_ns.astype(np.float64), minlength=len(names))
     used = np.flatnonzero(calls)
@@ -982,19 +1031,27 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
         pipeline_set=bubble_set, data_set=D, covered=_union_of(B, comm, D, F),
         coll=(step_k[ci[ok]], ["gloo"] * len(cnames), [collective_kind(n) for n in cnames],
               np.full(len(cnames), np.nan), cs[ok], ce[ok]))
-    # kernel summary: leaf host ops of the training thread (no op nested inside), so that
-    # durations are self times and do not double count aten::linear -> aten::addmm
+    # kernel summary: every host op of the training thread with its self time (its duration less
+    # its direct children's), so nothing is counted twice (aten::linear -> aten::addmm), classed by
+    # its outermost ancestor of a specific class (_host_self_times): the aten::lerp_ of a foreach
+    # AdamW is optimizer time, the aten::bmm of a math-path attention attention time
     idx = np.flatnonzero(ops_t)
-    idx = idx[np.argsort(start[idx], kind="stable")]
+    idx = idx[np.lexsort((-end[idx], start[idx]))]  # by start, the enclosing op first
     s_t, e_t = start[idx], end[idx]
-    leaf = np.ones(idx.size, bool)
-    if idx.size > 1:
-        leaf[:-1] = s_t[1:] >= e_t[:-1]
     sl = np.searchsorted(lo, s_t, side="right") - 1
-    keep = leaf & (sl >= 0) & (s_t < hi[np.maximum(sl, 0)])
-    classes = _classify(names, HOST_CLASS_PATTERNS)
-    kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=h_name[idx][keep],
-                           dur_ns=(e_t - s_t)[keep], num_steps=len(rows))
+    keep = (sl >= 0) & (s_t < hi[np.maximum(sl, 0)])
+    name_classes = _classify(names, HOST_CLASS_PATTERNS)
+    # ops inside the trainers' "optimizer" phase range (runner.strategies.common.phase) are optimizer
+    # time whatever their name (a single-tensor AdamW's aten::lerp_), except communication
+    om = on_t & h_annot & np.array([n == OPTIMIZER_RANGE for n in names] or [False], bool)[h_name]
+    opt_s, opt_e = _union(start[om], end[om])
+    j = np.searchsorted(opt_s, s_t, side="right") - 1
+    in_opt = (j >= 0) & (s_t < opt_e[np.maximum(j, 0)]) if opt_s.size else np.zeros(s_t.size, bool)
+    self_ns, op_class = _host_self_times(s_t, e_t, h_name[idx].tolist(), name_classes)
+    op_class = ["optimizer" if o and c != "comm" else c for o, c in zip(in_opt.tolist(), op_class)]
+    kernels = _kernel_rows(run=run, rank=rank, names=names, classes=name_classes, name_ids=h_name[idx][keep],
+                           dur_ns=self_ns[keep], num_steps=len(rows), op_classes=[op_class[i] for i in
+                                                                                   np.flatnonzero(keep)])
     j = _median_index(length)
     lo_j, hi_j = int(lo[j]), int(hi[j])
     window = (np.array([lo_j], _I64), np.array([hi_j], _I64))

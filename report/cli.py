@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "system libraries the default writes md and html and says how to get the PDF)")
     build.add_argument("--lang", default=DEFAULT_LANGUAGE, choices=available_languages(),
                        help=f"language of the note's text, numbers and dates (default: {DEFAULT_LANGUAGE})")
+    build.add_argument("--model", metavar="KEY=VALUE,...", default=None,
+                       help="for a folder of logs: model shape and layout the logs do not print "
+                            "(num_layers=..,hidden_size=..,seq_length=..,world_size=..); cited as --model in the note")
     diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
     diff.add_argument("old", metavar="OLD", help="the baseline campaign (campaign, tables or third-party dir)")
     diff.add_argument("new", metavar="NEW", help="the campaign compared with it")
@@ -52,8 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diff":
             paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)
         else:
+            from ingest.thirdparty import parse_model_flags
+
             paths = build_report(args.campaign_dir, out_dir=args.out, formats=formats, lang=args.lang,
-                                 warn=notes.append if pdf_optional else None)
+                                 warn=notes.append if pdf_optional else None,
+                                 model=parse_model_flags(args.model) if args.model else None)
     except ToolError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

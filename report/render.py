@@ -195,7 +195,7 @@ def signed_pct(x: float | None, digits: int = 1, *, lang: Language = EN) -> str:
 FILTERS = {"metric_value": metric_value, "metric_delta": metric_delta, "signed_pct": signed_pct,
            "pct": pct, "kernel_name": kernel_name, "ratio": ratio, "si": si, "gib": gib, "duration": duration,
            "count": count, "text": text, "md_cell": md_cell, "sci": sci, "nbytes": nbytes, "margin": margin,
-           "date": date, "num": num}
+           "date": date, "num": num, "basename": lambda p, *, lang=EN: Path(str(p)).name}
 
 
 def _markup(html: bool) -> dict[str, Any]:
@@ -349,6 +349,30 @@ def build_evidence_figures(note: Note, trace_tables, out_dir: Path, *, lang: Lan
             Figure(kind="timeline", path=timeline.relative_to(out_dir).as_posix()))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LogsNote:
+    """A folder of logs that is not one training job: its jobs side by side, failures first."""
+
+    folder: str
+    triage: Any  # report.triage.TriageSection
+    files: tuple[Any, ...]  # report.triage.FileRow
+    traces: tuple[Any, ...] = ()
+
+
+def build_logs_note(folder: str, tables: dict[str, pd.DataFrame], jobs: Sequence[Any]) -> LogsNote:
+    """The triage note's view-model from the ingest tables and the jobs found in them."""
+    from report.triage import build_file_rows, build_triage_section
+
+    return LogsNote(folder=folder, triage=build_triage_section(jobs), files=build_file_rows(tables.get("files")))
+
+
+def render_logs(note: LogsNote, *, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> str:
+    env = build_environment(html=html, lang=lang)
+    if not html:
+        return env.get_template("logs.md.j2").render(note=note)
+    return env.get_template("logs.html.j2").render(note=note, css=Markup(env.loader.get_source(env, "print.css")[0]))
+
+
 def load_any(source: str | Path) -> Campaign:
     """A campaign or tables dir (ingest.io), or a folder of third-party logs (ingest.thirdparty)."""
     from ingest.thirdparty import is_thirdparty_folder, load_thirdparty_campaign
@@ -356,14 +380,27 @@ def load_any(source: str | Path) -> Campaign:
     return load_thirdparty_campaign(source) if is_thirdparty_folder(source) else load_campaign(source)
 
 
-def load_note(source: str | Path) -> tuple[Campaign, Any, Note]:
+def load_note(source: str | Path, *, model: dict | None = None) -> tuple[Campaign | None, Any, Note | LogsNote]:
     """Load a campaign dir, tables dir or third-party folder and build its view-model (no
-    figures). Returns (campaign, trace tables or None, note). Raises ToolError subclasses."""
-    campaign = load_any(source)
+    figures). Returns (campaign, trace tables or None, note); a folder of logs that is not one
+    training job gives (None, None, LogsNote). Raises ToolError subclasses."""
+    from ingest.thirdparty import is_thirdparty_folder, load_thirdparty_jobs
+    from report.triage import build_triage_section
+
+    jobs = None
+    if is_thirdparty_folder(source):
+        campaign, tables, jobs = load_thirdparty_jobs(source, model=model)
+        if campaign is None:
+            return None, None, build_logs_note(Path(source).resolve().name, tables, jobs)
+    else:
+        campaign = load_campaign(source)
     if "fixed" not in campaign.campaign:
         raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
     trace_tables = load_trace_tables(campaign)
-    return campaign, trace_tables, build_note(campaign, trace_tables=trace_tables)
+    note = build_note(campaign, trace_tables=trace_tables)
+    if jobs is not None:
+        note = dataclasses.replace(note, triage=dataclasses.replace(build_triage_section(jobs), runs=()))
+    return campaign, trace_tables, note
 
 
 def _check_formats(formats: Sequence[str]) -> None:
@@ -374,7 +411,7 @@ def _check_formats(formats: Sequence[str]) -> None:
 
 def build_report(source: str | Path, *, out_dir: str | Path | None = None,
                  formats: Sequence[str] = FORMATS, lang: str = DEFAULT_LANGUAGE,
-                 warn: Callable[[str], None] | None = None) -> list[Path]:
+                 warn: Callable[[str], None] | None = None, model: dict | None = None) -> list[Path]:
     """Load a campaign or tables dir, write summary.json and note.<fmt> (+ figures/) into
     out_dir (default SOURCE/report). lang: the note's language (report.i18n; summary.json
     is the same in every language). warn: given, a PDF that cannot be made (no WeasyPrint or
@@ -385,8 +422,10 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     language = load_language(lang)
     if "pdf" in formats:
         check_pdf_fonts(language)
-    campaign, trace_tables, note = load_note(source)
+    campaign, trace_tables, note = load_note(source, model=model)
     out = Path(out_dir) if out_dir else Path(source) / "report"
+    if isinstance(note, LogsNote):
+        return write_logs_note(note, out, formats=formats, lang=language, warn=warn)
     figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats, lang=language)
     figures += build_evidence_figures(note, trace_tables, out, lang=language)
     note = dataclasses.replace(note, figures=figures)
@@ -395,6 +434,26 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
         written.append(write_bytes_atomic(out / "note.md", render_markdown(note, lang=language).encode()))
     if "html" in formats or "pdf" in formats:
         html = render_html(note, lang=language)
+        if "html" in formats:
+            written.append(write_bytes_atomic(out / "note.html", html.encode()))
+        if "pdf" in formats:
+            try:
+                written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
+            except PdfUnavailableError as e:
+                if warn is None:
+                    raise
+                warn(f"no PDF: {e}")
+    return written
+
+
+def write_logs_note(note: LogsNote, out: Path, *, formats: Sequence[str], lang: Language,
+                    warn: Callable[[str], None] | None) -> list[Path]:
+    """note.md / note.html / note.pdf of a logs folder's triage note. Returns written paths."""
+    written = []
+    if "md" in formats:
+        written.append(write_bytes_atomic(out / "note.md", render_logs(note, html=False, lang=lang).encode()))
+    if "html" in formats or "pdf" in formats:
+        html = render_logs(note, html=True, lang=lang)
         if "html" in formats:
             written.append(write_bytes_atomic(out / "note.html", html.encode()))
         if "pdf" in formats:

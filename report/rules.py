@@ -33,6 +33,11 @@ THRESHOLDS: dict[str, float] = {
     "engine_gap_min": 0.05,
     # a breakdown category "dominates" an engine gap when it holds at least this share of it
     "engine_gap_dominant_min": 0.5,
+    # kernel parity at equal math (report.parity): a non-communication kernel class may differ from
+    # the median of the equal-math runs by this fraction; differences below parity_min_share of the
+    # run's non-communication time per token are ignored (classes of a few microseconds)
+    "parity_tolerance": 0.10,
+    "parity_min_share": 0.01,
 }
 
 

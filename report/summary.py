@@ -96,6 +96,7 @@ def build_summary(note: Note) -> dict[str, Any]:
               for b in note.evidence.rows}
     attributed = {b.run: b.attribution for b in note.evidence.rows if b.attribution is not None}
     caveats = build_run_caveats(note)
+    parity = {p.run: p for p in note.parity}
     runs = []
     for m in note.metrics:
         a = attributed.get(m.run)
@@ -122,6 +123,11 @@ def build_summary(note: Note) -> dict[str, Any]:
             "plant_checks": [dataclasses.asdict(c) for c in note.evidence.plant_checks if c.run == m.run],
             "checkpoint_save_s": _num(m.ckpt_save_s), "checkpoint_load_s": _num(m.ckpt_load_s),
             "checkpoint_size_gib": m.ckpt_size_bytes / 2**30 if m.ckpt_size_bytes is not None else None,
+            # report.parity: the kernels the run used and its kernel time per token by class (ms);
+            # pass None where not checked (not at equal math, no trace, nothing to compare with)
+            "kernels": _kernels(parity.get(m.run)),
+            "parity": ({"ms_per_token": dict(parity[m.run].ms_per_token) or None, "pass": parity[m.run].passed,
+                        "reason": parity[m.run].reason} if m.run in parity else None),
         })
     return _jsonable({
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -134,11 +140,24 @@ def build_summary(note: Note) -> dict[str, Any]:
         "mfu_convention": note.convention,
         "peaks": [{"gpu_name": p.gpu_name, "dtype": p.dtype, "flops": p.flops, "source": p.source} for p in note.peaks],
         "runs": runs,
+        # layouts run more than once: median tokens/s and the 95% interval across repeats
+        "repeats": [{"layout": g.layout, "data_round": g.data_round, "kernels": g.mode, "runs": list(g.runs),
+                     "tokens_per_s": list(g.tokens_per_s), "median_tokens_per_s": g.median_tokens_per_s,
+                     "interval": [g.ci_low, g.ci_high] if g.ci_low is not None else None,
+                     "interval_method": note.interval_method, "representative": g.representative}
+                    for g in note.repeats],
         "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
                      for f in (*note.findings, *(note.data_round.findings if note.data_round else ()))],
         # report.predict: leave-one-out checks on these runs and predicted (not measured) layouts
         "predicted": dataclasses.asdict(note.predicted) if note.predicted is not None else None,
     })
+
+
+def _kernels(p: Any) -> dict[str, Any] | None:
+    if p is None or p.mode == "unrecorded":
+        return None
+    return {"mode": p.mode, "loss": p.loss, "attention": p.attention, "optimizer": p.optimizer,
+            "compile": p.compile, "not_taken": dict(p.not_taken)}
 
 
 def render_summary_json(summary: Mapping[str, Any]) -> bytes:

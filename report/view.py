@@ -27,8 +27,12 @@ from report.hardware import lookup_peak
 from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
 from report.engines import EngineGroup, build_engine_groups
+from report.parity import (
+    INTERVAL_METHOD, ParityRow, RepeatGroup, build_parity_rows, build_repeat_groups, kernels_mode, ranked_runs,
+    ranking_mode, rule_parity, rule_repeat_spread, run_repeat,
+)
 from report import rules
-from report.rules import Finding, build_findings, build_knowledge_map, rule_conditions
+from report.rules import THRESHOLDS, Finding, build_findings, build_knowledge_map, rule_conditions
 from runner.data import ZIPF_EXPONENT, zipf_entropy_nats
 
 # English messages (report.i18n.N_): the templates translate them when they print them
@@ -339,6 +343,11 @@ class ExecutiveSummary:
     max_params_unsharded: float | None = None
     nvlink: bool | None = None  # None on one GPU or without a recorded topology
     not_ok: tuple[tuple[str, str], ...] = ()  # (run, status) of runs that did not end ok
+    # equal-math runs whose kernel time per token differs by class (report.parity): (run, class, diff)
+    not_layout_only: tuple[tuple[str, str, float], ...] = ()
+    # the margin against run-to-run spread (repeats): report.parity.rule_repeat_spread's finding
+    repeat_spread: Finding | None = None
+    unranked_modes: tuple[tuple[str, str], ...] = ()  # (run, kernels mode) left out of the ranking
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,6 +379,11 @@ class Note:
     hardware: Hardware | None = None
     executive: ExecutiveSummary = ExecutiveSummary(kind="none")
     resolved_config: str = "{}"  # JSON: campaign.json and each run's layout (appendix)
+    parity: tuple[ParityRow, ...] = ()  # kernels per run and time per token by kernel class (report.parity)
+    repeats: tuple[RepeatGroup, ...] = ()  # layouts run more than once (report.parity)
+    interval_method: str = INTERVAL_METHOD
+    parity_tolerance: float = THRESHOLDS["parity_tolerance"]
+    triage: Any = None  # report.triage.TriageSection: failed runs (campaigns) or the folder's jobs (logs)
 
 
 def _py(value: Any) -> Any:
@@ -526,7 +540,8 @@ def _opt_bool(v: Any) -> bool | None:
 
 def render_options(options: Mapping[str, Any]) -> str:
     """Engine knobs as "key=value, ..." sorted, nested tables flattened ("zero.overlap_comm=True");
-    the micro-batch search record is described apart (describe_micro_batch_search)."""
+    the micro-batch search record is described apart (describe_micro_batch_search), the kernels and
+    the repeat index too (section 5's kernel parity table, the repeats table)."""
     def flat(d: Mapping[str, Any], prefix: str = "") -> list[str]:
         out = []
         for k, v in sorted(d.items()):
@@ -535,7 +550,7 @@ def render_options(options: Mapping[str, Any]) -> str:
             else:
                 out.append(f"{prefix}{k}={v}")
         return out
-    return ", ".join(flat({k: v for k, v in options.items() if k != "micro_batch_search"}))
+    return ", ".join(flat({k: v for k, v in options.items() if k not in ("micro_batch_search", "kernels", "repeat")}))
 
 
 def describe_micro_batch_search(options: Mapping[str, Any]) -> str | None:
@@ -545,7 +560,8 @@ def describe_micro_batch_search(options: Mapping[str, Any]) -> str | None:
         return None
     parts = [f"{r['micro_batch_size']} " + (f"{r['tokens_per_s'] / 1e3:.0f}k tok/s" if r.get("tokens_per_s") else r["status"])
              for r in search.get("results", [])]
-    return f"auto ({search.get('policy')}): {search['chosen']} of " + ", ".join(parts)
+    reused = f" (the search of {search['reused_from']})" if search.get("reused_from") else ""
+    return f"auto ({search.get('policy')}): {search['chosen']} of " + ", ".join(parts) + reused
 
 
 def _gpu_name(run: Mapping[str, Any], env: Mapping[str, Any]) -> str | None:
@@ -686,13 +702,27 @@ BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwi
 PROFILED_SLOWER_MIN = 0.05  # profiled steps this much slower than unprofiled ones are worth a caveat
 
 
+PREDICTION_ERROR_MAX = 0.25  # leave-one-out errors beyond this make the predictions a rough guide
+
+
 def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: EvidenceSection,
-                              fixed: Mapping[str, Any]) -> list[Finding]:
+                              fixed: Mapping[str, Any], *, metric_rows: Sequence[MetricRow] = (),
+                              predicted: Any = None) -> list[Finding]:
     """Caveats from facts the campaign already holds: planted causes, profiled steps slower
-    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, runs at
-    different compile modes (kernels differ, not only layouts), one run per layout (margins
-    compared with step-to-step spread only), synthetic data only."""
+    than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, a
+    measurement overhead beyond its steps' spread, runs at different compile modes (kernels
+    differ, not only layouts), one run per layout (margins compared with step-to-step spread
+    only), synthetic data only, leave-one-out prediction errors beyond PREDICTION_ERROR_MAX."""
     out: list[Finding] = []
+    for m in metric_rows:
+        f, spread = m.loop_overhead_fraction, m.loop_overhead_spread
+        if f is not None and spread is not None and abs(f) >= spread:
+            out.append(Finding(kind="measurement_overhead", runs=(m.run,), evidence={"fraction": f, "spread": spread}))
+    checks = getattr(predicted, "checks", ()) or ()
+    errors = [c.error for c in checks if c.error is not None]
+    if errors and max(abs(e) for e in errors) > PREDICTION_ERROR_MAX:
+        out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
+                           evidence={"low": min(errors), "high": max(errors)}))
     for r in runs:
         plant = _plant(r)
         if plant:
@@ -713,7 +743,7 @@ def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: Evide
                  for m in (True, False)}
         out.append(Finding(kind="mixed_compile", runs=tuple(r["run"] for r in runs),
                            evidence={"compiled": modes[True], "eager": modes[False]}))
-    if len(runs) > 1:
+    if len(runs) > 1 and not any(run_repeat(r) for r in runs):
         out.append(Finding(kind="no_repeats", runs=()))
     if str(fixed.get("data") or "synthetic") == "synthetic":
         out.append(Finding(kind="synthetic_only", runs=()))
@@ -755,8 +785,8 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
                                  "compute_max_rank", "bubble_expected")},
             pp_degree=pp, num_microbatches=m,
             top_kernels=tuple((t["name"], t["kernel_class"], t["share"]) for t in top),
-            class_shares=tuple((cls, k.get(f"{cls}_share")) for cls in ("gemm", "attention", "elementwise", "comm",
-                                                                        "memory", "other")),
+            class_shares=tuple((cls, k.get(f"{cls}_share")) for cls in ("gemm", "attention", "loss", "optimizer",
+                                                                        "elementwise", "comm", "memory", "other")),
             profile_cost_s=c.get("cost_s"), profile_cost_share=c.get("share"), export_s=c.get("export_s"),
             nccl=tuple(trace_tables.nccl.get(b["run"], ())),
         ))
@@ -983,18 +1013,24 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     placements = compute_placements(runs, env_record.get("placement") or {})
     commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
     rounds = str(fixed.get("data") or "synthetic").split("+")  # several data rounds: rank the first one's runs
+    # ranked: the first data round, one kernels mode, a repeated layout by its median repeat (report.parity)
+    repeats = build_repeat_groups(runs, summary)
+    ranked = ranked_runs(runs, repeats, first_round=rounds[0])
     curve = metrics.compute_loss_curve(campaign.steps) if not campaign.steps.empty else None
     loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
                    if curve is not None else None)
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
-                                    loss_curves=loss_curves,
-                                    ranked=[(r.get("data_round") or "synthetic") == rounds[0] for r in runs]
-                                    if len(rounds) > 1 else None))
+                                    loss_curves=loss_curves, ranked=ranked))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
+    parity = build_parity_rows(trace_tables.kernels if trace_tables is not None else None, runs,
+                               timelines={b.run: b.timeline for b in evidence.rows}, thresholds=thresholds)
+    findings += tuple(rule_parity(parity)) + tuple(rule_repeat_spread(
+        repeats, next((f for f in findings if f.kind in ("beyond_noise", "within_noise")), None)))
     conditions = tuple(rule_conditions(runs, gpu_memory_gib=gpu_mem, topology=env.topology,
                                        num_params=model.num_params[0] if model.num_params else None,
                                        num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype))
     configs = tuple(build_config(r) for r in runs)
+    predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record)
     return Note(
         campaign=campaign.name, created_at=info.get("created_at"),
         tool_version=info.get("tool_version"), tool_git_commit=commit,
@@ -1010,14 +1046,26 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         conditions=conditions,
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
                                     env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
-                                    placements=placements)) + tuple(build_measurement_caveats(runs, evidence, fixed)),
+                                    placements=placements)) + tuple(build_measurement_caveats(
+                                        runs, evidence, fixed, metric_rows=rows, predicted=predicted)),
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
-        executive=build_executive_summary(findings, conditions, configs, rows),
+        executive=dataclasses.replace(
+            build_executive_summary(findings, conditions, configs, rows),
+            not_layout_only=next((tuple(f.evidence["classes"]) for f in findings if f.kind == "not_layout_only"), ()),
+            repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
+                               None),
+            unranked_modes=tuple((r["run"], kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs))),
+        parity=parity, repeats=repeats,
+        parity_tolerance={**THRESHOLDS, **(thresholds or {})}["parity_tolerance"],
         resolved_config=build_resolved_config(info, runs),
-        predicted=build_predicted_or_reason(campaign, fixed, runs, summary, env_record),
+        triage=TriageSection(runs=build_triage_runs(runs)),
+        predicted=predicted,
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
             env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
+
+
+from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below the Note it fills
 
 
 def build_predicted_or_reason(campaign: Campaign, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],

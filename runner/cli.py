@@ -476,6 +476,7 @@ def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch
         return None if lock is None else (lambda pid: lock.record_child(run=run, pid=pid))
 
     statuses = []
+    searched: dict[tuple[str, str], object] = {}  # (layout, data round) -> the spec its micro-batch search chose
     for i, spec in enumerate(specs, 1):
         run_dir = out / spec.name
         status_path = status_path_for(run_dir, node)
@@ -492,6 +493,17 @@ def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch
             return Watchdog(deadline_s=supervision["run_timeout_s"], stall_timeout_s=supervision["stall_timeout_s"],
                             startup_timeout_s=supervision["startup_timeout_s"])
 
+        searched_key = (spec.layout or spec.name, spec.data_round)
+        if ("micro_batch_search" in spec.options and "chosen" not in spec.options["micro_batch_search"]
+                and searched_key in searched):
+            # a repeat of a layout searched already in this round: its choice, not a second search
+            first = searched[searched_key]
+            spec = dataclasses.replace(spec, micro_batch_size=first.micro_batch_size,
+                                       num_microbatches=first.num_microbatches, options={
+                                           **spec.options, "micro_batch_search": {
+                                               **first.options["micro_batch_search"], "reused_from": first.name}})
+            write_json_atomic(run_dir / "spec.json", to_dict(spec))
+            print(f"    micro_batch_size {spec.micro_batch_size}: the search of {first.name} (same layout)", flush=True)
         if "micro_batch_search" in spec.options and "chosen" not in spec.options["micro_batch_search"]:
             from runner.tune import search_micro_batch
 
@@ -505,6 +517,7 @@ def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch
                                on_launch=on_launch(spec.name))
 
             spec = search_micro_batch(spec, run_dir=run_dir, launch=launch_probe)
+            searched[searched_key] = spec
             write_json_atomic(run_dir / "spec.json", to_dict(spec))
             print(f"    micro_batch_size {spec.micro_batch_size} chosen "
                   f"({spec.options['micro_batch_search']['policy']}; global batch unchanged)", flush=True)

@@ -39,8 +39,10 @@ from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_pa
 OOM_PATTERN = re.compile(r"(CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory)")
 WATCHDOG_PATTERN = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(SeqNum=\d+")
 EXCEPTION_PATTERN = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:\.\w+)*(?:Error|Exception)\b.*)$", re.MULTILINE)
-# Debug output the campaign records (DESIGN.md: NCCL debug output per rank).
-NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,TUNING"}
+# Debug output the campaign records (DESIGN.md: NCCL debug output per rank). Not TUNING: NCCL
+# 2.28 then prints a line per collective call on rank 0 only, host work on one rank's launch
+# path -- the instrument must not make the straggler it reports.
+NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH"}
 
 
 def nsys_prefix(spec: RunSpec, *, run_dir: Path, node: NodeLaunch | None = None) -> list[str]:

@@ -3,7 +3,10 @@
 Format::
 
     [campaign]            name, preset ("auto" | "gpt-125m" | "tiny"), world_size ("auto" | int),
-                          run_timeout_s
+                          run_timeout_s; kernels ("parity", the default: every engine the same
+                          loss, attention, optimizer and compile scope, runner.strategies.parity |
+                          "engine-best": each engine its favourite settings); repeats (int >= 1:
+                          every layout runs that many times, interleaved)
     [fixed]               overrides of the preset's fixed variables (same for every run);
                           data = "synthetic" | "real" | ["synthetic", "real"]: the data rounds
     [data]                the real round's text (runner.corpus.DataSourceConfig): path (a prepared
@@ -13,7 +16,8 @@ Format::
     [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree,
                           micro_batch_size (int | "auto": searched by the runner), [runs.options]
                           (engine knobs, runner.knobs; options.loader: the real round's DataLoader),
-                          plant (a deliberately injected slowdown, below)
+                          plant (a deliberately injected slowdown, below), kernels (overrides
+                          the campaign's for this run; the note never ranks the two modes together)
 
 A run's ``plant`` table (planted causes, DESIGN.md; run-level, not a fixed variable)::
 
@@ -25,7 +29,13 @@ Keys combine; host_delay_rank defaults to 0.
 
 Every [[runs]] layout runs once per data round, rounds in order (synthetic first, to rule
 out the input pipeline, then real text): the synthetic round keeps the run's name, the real
-round is ``<name>-real``; both share RunSpec.layout = name.
+round is ``<name>-real``; both share RunSpec.layout = name. With ``repeats = N > 1`` every
+layout runs N times per round in interleaved order (all layouts once, then all again: a slow
+drift of the machine spreads over every layout instead of biasing one), named ``<name>-r<k>``
+(``<name>-r<k>-real``), ``options.repeat = k``, RunSpec.layout = name.
+
+The resolved kernel choices of every run are in ``options.kernels`` (runner.strategies.parity);
+in parity mode ``options.compile`` / ``options.fused_adamw`` follow them and a run may not set them.
 
 Only the parallel layout may differ between runs; a run that sets a fixed variable is
 refused, naming the field. Every problem in a matrix is reported at once (one line each).
@@ -52,9 +62,13 @@ from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import fault_problems
 from runner.knobs import DATA_OPTION_KEYS, check_layout_knobs, resolve_knobs, resolve_loader_knobs
 from runner.presets import PRESETS, build_model_config
+from runner.kernels import KERNEL_MODES, apply_engine_knobs, liger_available, resolve_kernels
 
 CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
-                 "collective_timeout_s", "nsys"}
+                 "collective_timeout_s", "nsys", "kernels", "repeats"}
+# Knobs parity mode fixes for every engine (runner.strategies.parity); a run may set them only
+# under kernels = "engine-best".
+PARITY_FIXED_KNOBS = ("compile", "fused_adamw")
 # Supervision defaults per device (seconds). On CUDA the NCCL collective timeout fires first so the
 # flight recorder dumps before the runner's stall watchdog kills the group; gloo has no flight
 # recorder, so on CPU the stall watchdog (with py-spy stack dumps) fires first.
@@ -70,7 +84,7 @@ FIXED_KEYS = MODEL_KEYS | {
     "weight_decay", "adam_beta1", "adam_beta2", "grad_clip", "data", "profile_start_step", "profile_num_steps",
 }
 RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options",
-            "plant"}
+            "plant", "kernels"}
 PLANT_KEYS = {"host_delay_ms", "host_delay_rank", "data_delay_ms", "pp_layers"}
 DTYPES = ("bf16", "fp32")
 # [fixed] key -> (type, minimum); bool is rejected where a number is expected
@@ -403,6 +417,15 @@ def resolve_matrix(
     if default_world == "auto":
         default_world = num_gpus if num_gpus > 0 else 2
 
+    kernels_mode = camp.get("kernels", "parity")
+    if kernels_mode not in KERNEL_MODES:
+        problems.append(f"{source} [campaign] kernels must be one of {', '.join(KERNEL_MODES)}, got {kernels_mode!r}")
+        kernels_mode = "parity"
+    repeats = camp.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        problems.append(f"{source} [campaign] repeats must be an integer >= 1, got {repeats!r}")
+        repeats = 1
+    liger = liger_available() if device == "cuda" else False
     nsys = camp.get("nsys", False)
     if not isinstance(nsys, bool):
         problems.append(f"{source} [campaign] nsys must be true or false, got {nsys!r}")
@@ -513,8 +536,22 @@ def resolve_matrix(
         if not isinstance(options, dict):
             problems.append(f"{where}: 'options' must be a table, got {options!r}")
             continue
+        run_mode = lay["run"].get("kernels", kernels_mode)
+        if run_mode not in KERNEL_MODES:
+            problems.append(f"{where} kernels must be one of {', '.join(KERNEL_MODES)}, got {run_mode!r}")
+            continue
+        if run_mode == "parity":
+            problems += [f"{where} options: '{k}' is fixed by kernels = \"parity\" (the same for every engine);"
+                         " drop it or set kernels = \"engine-best\"" for k in PARITY_FIXED_KNOBS if k in options]
         options, knob_problems = resolve_knobs(lay["strategy"], lay["engine"], options, device=device, dp_degree=dp,
                                                where=f"{where} options", dtype=fixed.dtype)
+        kernels = resolve_kernels(lay["strategy"], lay["engine"], mode=run_mode, device=device, tp_degree=tp,
+                                  liger=liger)
+        if run_mode == "parity" and not knob_problems:
+            if "compile" in options:
+                options["compile"] = kernels["compile"] == "per-block"
+            options["fused_adamw"] = device == "cuda"
+        options["kernels"] = apply_engine_knobs(kernels, options, strategy=lay["strategy"], engine=lay["engine"])
         problems += knob_problems or check_layout_knobs(options, num_layers=model.num_layers, pp_degree=pp,
                                                         num_microbatches=per_dp // mbs, where=f"{where} options")
         if search is not None:
@@ -530,9 +567,12 @@ def resolve_matrix(
                             "[fixed] data or drop it")
         layout = lay["run"]["name"]
         for data_round in rounds:
-            run_options = dict(options) | ({"loader": loader} if data_round == "real" else {})
+          for k in range(1, repeats + 1):
+            run_options = dict(options) | ({"loader": loader} if data_round == "real" else {}) | (
+                {"repeat": k} if repeats > 1 else {})
             specs.append(RunSpec(
-                campaign=str(camp.get("name", "campaign")), name=run_name(layout, data_round), strategy=lay["strategy"],
+                campaign=str(camp.get("name", "campaign")),
+                name=run_name(layout if repeats == 1 else f"{layout}-r{k}", data_round), strategy=lay["strategy"],
                 engine=lay["engine"], world_size=lay["world"], tp_degree=tp, pp_degree=pp, dp_degree=dp,
                 micro_batch_size=mbs, num_microbatches=per_dp // mbs, device=device,
                 backend="nccl" if device == "cuda" else "gloo", fixed=fixed, options=run_options,
@@ -547,7 +587,8 @@ def resolve_matrix(
             problems.append(f"{source}: run name '{spec.name}' occurs twice once the data rounds are expanded"
                             f" (the real round of layout '{spec.layout}' is '<name>-real'); rename a run")
         seen.add(spec.name)
-    specs.sort(key=lambda sp: rounds.index(sp.data_round))  # round-major: the whole synthetic round first
+    # round-major (the whole synthetic round first), then repeat-major: every layout once, then again
+    specs.sort(key=lambda sp: (rounds.index(sp.data_round), int(sp.options.get("repeat", 1))))
     if problems:
         raise ConfigError("\n".join(problems))
     return Campaign(

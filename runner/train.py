@@ -149,8 +149,10 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         engine_version=trainer.engine_version,
         device_name=torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu",
         num_gpus=ctx.world_size if ctx.device.type == "cuda" else 0,
-        compile=bool(spec.options.get("compile", False)),
+        compile=bool(spec.options.get("compile", False)) or (getattr(trainer, "kernels", None) or {}).get(
+            "compile", "none") != "none",
         pp_stage_num_layers=getattr(trainer, "pp_stage_num_layers", None),
+        kernels=getattr(trainer, "kernels", None),
     )
     if ctx.rank == 0:
         write_json_atomic(run_dir / "run_info.json", to_dict(info))

@@ -29,7 +29,7 @@ import pytest
 from ingest.errors import ConfigError
 from ingest.schema import run_spec_from_dict, to_dict
 from report.memory import compute_model_state_bytes, compute_param_numels
-from report.rules import THRESHOLDS, rule_engine_gap
+from report.rules import GAP_CATEGORIES, THRESHOLDS, rule_engine_gap
 from ingest.schema import STRATEGY_ENGINES
 from runner.matrix import load_matrix, resolve_matrix
 from runner.model import count_gpt_params
@@ -123,7 +123,7 @@ def test_note_groups_the_engines_and_splits_engine_from_layout_cost(campaign):
     assert "FSDP2" in zero and "DeepSpeed" in zero
     table = [ln for ln in zero.splitlines() if ln.startswith("| zero3-") or ln.startswith("| ddp (baseline)")]
     assert len(table) == 3
-    assert "Engine cost — kernels and host/launch gaps" in zero and "Exposed communication and bubble:" in zero
+    assert "Engine cost — kernels and host/launch gaps" in zero and "Exposed transfer, bubble and stage imbalance:" in zero
     assert "What the layout itself costs inside each engine" in zero
     assert "Memory per rank, by engine" in zero and "16Ψ/N" in zero
     assert "Measured peaks are not recorded on CPU" in zero
@@ -224,7 +224,7 @@ def _run(run: str, strategy: str, engine: str, world: int = 1) -> dict:
 
 
 def _bd(run: str, **secs: float) -> dict:
-    cats = {c: secs.get(c, 0.0) for c in ("compute", "exposed_comm", "bubble", "data_stall", "other")}
+    cats = {c: secs.get(c, 0.0) for c in GAP_CATEGORIES}
     return {"run": run, "step_time_s": sum(cats.values()), **{f"{c}_s": v for c, v in cats.items()}}
 
 
@@ -233,14 +233,14 @@ def test_rule_engine_gap_splits_engine_from_layout_cost():
             _run("mg", "tp_pp", "megatron"), _run("tt", "tp_pp", "torch")]
     summary = [_summary("ddp", 446e3), _summary("ds", 163e3), _summary("fsdp", 400e3), _summary("mg", 145e3),
                _summary("tt", 150e3)]
-    bd = [_bd("ds", compute=0.30, exposed_comm=0.01, other=0.49), _bd("fsdp", compute=0.30, exposed_comm=0.02, other=0.01)]
+    bd = [_bd("ds", compute=0.30, transfer=0.01, launch_gaps=0.49), _bd("fsdp", compute=0.30, transfer=0.02, launch_gaps=0.01)]
     found = rule_engine_gap(summary, runs, bd, THRESHOLDS, engines=STRATEGY_ENGINES)
     zero, tp_pp = found
     assert zero.kind == "engine_gap" and zero.runs == ("fsdp", "ds")
     gap = zero.evidence["gap"]
     assert gap["delta_step_s"] == pytest.approx(0.47)
     assert gap["engine_part_s"] == pytest.approx(0.48) and gap["layout_part_s"] == pytest.approx(-0.01)
-    assert gap["dominant"] == "other" and gap["dominates"]
+    assert gap["dominant"] == "launch_gaps" and gap["dominates"]
     assert zero.evidence["degenerate"] and zero.evidence["baseline"]["run"] == "ddp"
     assert dict(zero.evidence["baseline"]["vs_baseline"])["ds"] == pytest.approx(163 / 446)
     assert tp_pp.kind == "engine_parity"  # 150k vs 145k: 3.4% < engine_gap_min (5%)

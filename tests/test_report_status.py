@@ -107,7 +107,7 @@ def test_conditions_are_labelled_and_correct(tmp_path):
     # 120,000 + 2048 params x 16 B = 1.86 MiB, not "0.00 GiB"; bf16 -> mixed-precision breakdown
     assert "× 16 B/param (mixed-precision Adam: 2 B weights + 2 B grads + 12 B fp32 master weights, m and v" in concl
     assert "= 1.86 MiB of model states" in concl
-    assert "Final losses are identical (spread 0 nats, ≤ 0.05 nats)" in concl
+    assert "Losses are identical at every step (spread 0 nats, ≤ 0.05 nats)" in concl
 
 
 def test_title_block_shows_tool_commit_and_loss_floor_wording(tmp_path):

@@ -337,7 +337,13 @@ def test_h200_ddp_window_exact():
                                         [498284, 358574, 0, 0, 36669, 103040, 0, 138242]]
     assert r.warnings == ()  # the dropped last step's 8677 GPU events are left out by design, silently
     top = [(k.kernel_class, k.num_calls, round(k.total_s * 1e6), k.num_steps) for k in r.kernels[:3]]
-    assert top == [("gemm", 784, 82224, 2), ("elementwise", 1984, 61065, 2), ("elementwise", 16, 54074, 2)]
+    assert top == [("gemm", 784, 82224, 2), ("elementwise", 1984, 61065, 2), ("loss", 16, 54074, 2)]
+    # the loss and optimizer classes (issue 19): the eager log-softmax + NLL of the 50k-vocabulary
+    # loss, forward and backward; the fused AdamW and clipping multi-tensor kernels
+    by_class = {c: sorted((k.num_calls, round(k.total_s * 1e6)) for k in r.kernels if k.kernel_class == c)
+                for c in ("loss", "optimizer")}
+    assert by_class == {"loss": [(16, 302), (16, 322), (16, 49333), (16, 54074)],
+                        "optimizer": [(4, 6), (14, 318), (14, 559), (18, 2011)]}
     classes = {k.name.split("(")[0][:40]: k.kernel_class for k in r.kernels}
     assert classes["cudnn_generated_fort_native_sdpa_sm90_fl"] == "attention"
     assert classes["Memcpy HtoD "] == "memory"

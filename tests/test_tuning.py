@@ -48,6 +48,7 @@ def test_knobs_resolved_into_the_spec_with_expert_defaults():
                                   {"name": "t", "strategy": "tp_pp", "tp_degree": 2}),
                           source="m", num_gpus=0)
     d, z, t = camp.runs
+    assert {sp.options.pop("kernels")["mode"] for sp in (d, z, t)} == {"parity"}  # runner.kernels, tests/test_parity_cpu.py
     assert d.options == {"tf32": False, "fused_adamw": False, "bucket_cap_mb": 25, "gradient_as_bucket_view": True,
                          "static_graph": False, "compile": False}
     assert z.options["zero"] == {**ZERO3_DEFAULTS, "overlap_comm": False}

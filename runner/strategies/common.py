@@ -26,10 +26,13 @@ def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weig
 
 def build_adamw(params: list[dict], spec: RunSpec, *, device: torch.device) -> torch.optim.AdamW:
     """torch AdamW with the campaign's betas; the fused CUDA kernel (one launch for all tensors)
-    when ``options.fused_adamw`` (default on CUDA; the same update as the foreach/for-loop path)."""
+    when ``options.fused_adamw`` (default on CUDA; the same update as the foreach path), else foreach."""
     f = spec.fixed
     fused = bool(spec.options.get("fused_adamw", True)) and device.type == "cuda"
-    return torch.optim.AdamW(params, lr=f.lr, betas=(f.adam_beta1, f.adam_beta2), eps=1e-8, fused=fused)
+    # not fused: foreach, named explicitly (torch's default picks it on CUDA only; on CPU it would loop
+    # per tensor), the "adamw-foreach" of runner.kernels on every device
+    return torch.optim.AdamW(params, lr=f.lr, betas=(f.adam_beta1, f.adam_beta2), eps=1e-8, fused=fused or None,
+                             foreach=None if fused else True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -8,8 +8,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ingest.schema import RunSpec
-from runner.model import GPT, count_params, lm_loss
+from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
+from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
     TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, load_torch_checkpoint, phase,
     save_torch_checkpoint, set_lr,
@@ -17,14 +18,16 @@ from runner.strategies.common import (
 
 
 class _GPTWithLoss(torch.nn.Module):
-    """forward(inputs [mbs, T], labels [mbs, T]) -> mean LM loss (runner.model.lm_loss)."""
+    """forward(inputs [mbs, T], labels [mbs, T]) -> mean LM loss (the run's loss,
+    runner.strategies.parity.build_loss_fn)."""
 
-    def __init__(self, gpt: GPT) -> None:
+    def __init__(self, gpt: GPT, loss_fn) -> None:
         super().__init__()
         self.gpt = gpt
+        self.loss_fn = loss_fn
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.gpt(inputs), labels)
+        return self.loss_fn(self.gpt(inputs), labels)
 
 
 class DDPTrainer:
@@ -36,16 +39,23 @@ class DDPTrainer:
         model = GPT(spec.fixed.model).to(ctx.device)
         self.num_params = count_params(model)
         self.num_params_position_embedding = model.wpe.weight.numel()
-        # DDP wraps forward + loss, so the compiled graph holds the fp32 loss too (nanoGPT's shape);
-        # eager, the same two calls.
+        # kernels (runner.strategies.parity): parity compiles each block and calls the shared loss
+        # outside the graphs; engine-best compiles the DDP-wrapped model with its fp32 loss in one
+        # graph (nanoGPT's shape); eager, the same two calls.
+        self.kernels = spec_kernels(spec.options, strategy=spec.strategy, engine=spec.engine,
+                                    device=ctx.device.type, tp_degree=1)
+        scope = self.kernels["compile"]
+        if scope == "per-block":
+            for i, block in enumerate(model.blocks):
+                model.blocks[i] = torch.compile(block)
         self.model = DistributedDataParallel(
-            _GPTWithLoss(model),
+            _GPTWithLoss(model, build_loss_fn(self.kernels)),
             device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
             gradient_as_bucket_view=bool(spec.options.get("gradient_as_bucket_view", True)),
             bucket_cap_mb=int(spec.options.get("bucket_cap_mb", 25)),
             static_graph=bool(spec.options.get("static_graph", False)),
         )
-        self.forward = torch.compile(self.model) if spec.options.get("compile", False) else self.model
+        self.forward = torch.compile(self.model) if scope == "model+loss" else self.model
         self.optimizer = build_adamw(
             build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
         )

@@ -12,7 +12,7 @@ Mixed precision, as the DeepSpeed run does it (``options.reduce_dtype`` defaults
 dtype): with bf16, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)`` -- blocks compute
 with bf16 parameters cast at all-gather (LayerNorm included, as DeepSpeed's bf16 module), gradients
 reduce-scattered in bf16 and accumulated into the fp32 shards; logits stay bf16 and the loss is
-computed in fp32 (runner.model.lm_loss). fp32 campaigns: no policy.
+computed in fp32 by the run's loss (runner.strategies.parity.build_loss_fn). fp32 campaigns: no policy.
 
 Gradient accumulation: by default every micro-batch's backward reduce-scatters its gradients
 (DeepSpeed stage 3 partitions gradients per micro-batch, so both hold only a 1/N gradient
@@ -20,7 +20,8 @@ shard); ``options.reduce_every_microbatch = false`` keeps unsharded gradients un
 micro-batch (fewer collectives, ZeRO-2-like gradient memory).
 
 Same model and kernels as DDP: runner.model.GPT built whole with the campaign seed, attention
-through ``F.scaled_dot_product_attention``. ``options.compile`` (on for CUDA) compiles each Block
+through ``F.scaled_dot_product_attention``. A "per-block" compile scope (runner.strategies.parity; on
+for CUDA) compiles each Block
 before it is sharded, so FSDP2's hooks stay eager around the compiled blocks (torchtitan's order).
 
 Deliberately not here: CPU offload, HSDP (2-D meshes), FP8 all-gather, activation checkpointing.
@@ -33,8 +34,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ingest.schema import RunSpec
-from runner.model import GPT, count_params, lm_loss
+from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
+from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
     TORCH_CHECKPOINT_FORMAT, build_adamw, build_param_groups, load_torch_checkpoint, phase, save_torch_checkpoint,
     set_lr,
@@ -63,7 +65,10 @@ class FSDP2Trainer:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
         mp = build_mp_policy(dtype=spec.fixed.dtype, reduce_dtype=str(opts.get("reduce_dtype", spec.fixed.dtype)))
         reshard = bool(opts.get("reshard_after_forward", True))
-        if opts.get("compile", False):
+        self.kernels = spec_kernels(opts, strategy=spec.strategy, engine=spec.engine, device=ctx.device.type,
+                                    tp_degree=1)
+        self.loss_fn = build_loss_fn(self.kernels)
+        if self.kernels["compile"] == "per-block":
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = torch.compile(block)  # hooks of fully_shard below stay outside the graph
         for block in model.blocks:
@@ -102,7 +107,7 @@ class FSDP2Trainer:
             if not self.reduce_every_microbatch:
                 self.model.set_requires_gradient_sync(i == n - 1)
             with phase("forward"):
-                loss = lm_loss(self.model(inputs), labels) / n
+                loss = self.loss_fn(self.model(inputs), labels) / n
             with phase("backward"):
                 loss.backward()
             total += loss.detach()

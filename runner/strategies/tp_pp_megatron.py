@@ -233,12 +233,22 @@ def use_fused_adamw(optimizer) -> int:
     return n
 
 
-def _forward_step(data_iterator, model, *, position_ids: torch.Tensor):
+def _forward_step(data_iterator, model, *, position_ids: torch.Tensor, shared_loss=None):
     """Megatron forward_step_func: (per-token loss [mbs, T] fp32 on the last stage, else the
-    stage's hidden states; the loss reducer)."""
+    stage's hidden states; the loss reducer). With ``shared_loss`` (parity kernels, TP = 1) the
+    model runs without labels, so the last stage returns whole logits [mbs, T, V] (GPTModel
+    transposes them batch-first) and the shared loss (runner.strategies.parity) reduces them."""
     inputs, labels = next(data_iterator)
-    output = model(input_ids=inputs, position_ids=position_ids, attention_mask=None, labels=labels)
-    return output, _loss_func
+    if shared_loss is None:
+        output = model(input_ids=inputs, position_ids=position_ids, attention_mask=None, labels=labels)
+        return output, _loss_func
+    output = model(input_ids=inputs, position_ids=position_ids, attention_mask=None)
+    return output, partial(_shared_loss_func, labels=labels, shared_loss=shared_loss)
+
+
+def _shared_loss_func(logits: torch.Tensor, *, labels: torch.Tensor, shared_loss):
+    loss = shared_loss(logits, labels)
+    return loss, {"lm loss": loss.detach().clone()}
 
 
 def _loss_func(per_token_loss: torch.Tensor):
@@ -343,8 +353,16 @@ class MegatronTPPPTrainer:
             ),
             [self.model],
         )
-        if opts.get("fused_adamw", True):
+        if opts.get("fused_adamw", True) and ctx.device.type == "cuda":
             use_fused_adamw(self.optimizer)
+        # kernels (runner.strategies.parity): at TP = 1 in parity mode the shared loss on the last
+        # stage's logits; otherwise Megatron's own vocab-parallel cross entropy
+        from runner.strategies.parity import build_loss_fn, spec_kernels
+
+        self.kernels = spec_kernels(opts, strategy=spec.strategy, engine=spec.engine, device=ctx.device.type,
+                                    tp_degree=spec.tp_degree)
+        self._shared_loss = (None if self.kernels["loss"] == "megatron-vocab-parallel"
+                             else build_loss_fn(self.kernels))
         self._forward_backward = get_forward_backward_func()
         self._position_ids = torch.arange(cfg.seq_length, device=ctx.device).unsqueeze(0).expand(
             spec.micro_batch_size, -1
@@ -367,7 +385,8 @@ class MegatronTPPPTrainer:
         self.optimizer.zero_grad()
         with phase("forward_backward"):
             losses = self._forward_backward(
-                forward_step_func=partial(_forward_step, position_ids=self._position_ids),
+                forward_step_func=partial(_forward_step, position_ids=self._position_ids,
+                                          shared_loss=self._shared_loss),
                 data_iterator=iter(microbatches),
                 model=[self.model],
                 num_microbatches=len(microbatches),

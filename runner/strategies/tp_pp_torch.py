@@ -32,7 +32,8 @@ the copies stay equal. With pp_degree == 1 the stage is the whole GPT and the ti
 
 Data parallel: gradients averaged over the "dp" dim after backward (one flat all-reduce).
 
-``options.compile`` (on for CUDA) compiles each Block after tensor parallelism is applied
+A "per-block" compile scope (runner.strategies.parity; on for CUDA) compiles each Block after
+tensor parallelism is applied
 (torchtitan's order); the pipeline machinery and the embedding/LM head stay eager.
 
 Deliberately not here: zero-bubble / DualPipe schedules, overlap of the DP all-reduce with
@@ -50,8 +51,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from ingest.schema import RunSpec
 from runner.knobs import check_layout_knobs
-from runner.model import GPT, count_params, lm_loss
+from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
+from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
     TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, gather_stage_num_layers,
     load_torch_checkpoint, phase, pipeline_layer_split, save_torch_checkpoint, set_lr,
@@ -169,11 +171,14 @@ class TPPPTorchTrainer:
         chunks = [GPTStage(gpt, stage=self.pp_rank + k * pp, split=split, spec=spec).to(ctx.device)
                   for k in range(v)]
         del gpt
+        self.kernels = spec_kernels(spec.options, strategy=spec.strategy, engine=spec.engine, device=ctx.device.type,
+                                    tp_degree=tp)
+        loss_fn = build_loss_fn(self.kernels)
         for chunk in chunks:
             for i, block in enumerate(chunk.blocks):
                 if tp > 1:
                     parallelize_module(block, self.mesh["tp"], BLOCK_TP_PLAN)
-                if spec.options.get("compile", False):
+                if self.kernels["compile"] == "per-block":
                     chunk.blocks[i] = torch.compile(block)
         self.stage_module = nn.ModuleList(chunks)  # every parameter of this rank, for the optimizer and norms
         # what was built, gathered: the run's record that a planted split is really in place
@@ -183,11 +188,11 @@ class TPPPTorchTrainer:
                        for k, chunk in enumerate(chunks)]
         self.is_first = any(stage.is_first for stage in self.stages)
         self.is_last = any(stage.is_last for stage in self.stages)
-        # loss_fn = lm_loss per micro-batch; scale_grads divides the summed gradients by n (mean).
+        # loss_fn = the run's loss per micro-batch; scale_grads divides the summed gradients by n (mean).
         if schedule == "Interleaved1F1B":
-            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
+            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=spec.num_microbatches, loss_fn=loss_fn)
         else:
-            self.schedule = Schedule1F1B(self.stages[0], n_microbatches=spec.num_microbatches, loss_fn=lm_loss)
+            self.schedule = Schedule1F1B(self.stages[0], n_microbatches=spec.num_microbatches, loss_fn=loss_fn)
         self.embedding_group = self._build_embedding_group() if pp > 1 else None
         self.optimizer = build_adamw(
             build_tp_param_groups(self.stage_module, weight_decay=spec.fixed.weight_decay), spec, device=ctx.device

@@ -14,8 +14,9 @@ from typing import Any, Mapping
 import torch
 
 from ingest.schema import RunSpec
-from runner.model import GPT, lm_loss
+from runner.model import GPT
 from runner.strategies import RankContext, StepOutput
+from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.knobs import ZERO3_DEFAULTS
 from runner.strategies.common import build_adamw, build_param_groups, phase, set_lr
 
@@ -59,6 +60,11 @@ class Zero3Trainer:
         optimizer = build_adamw(
             build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
         )
+        # kernels (runner.strategies.parity): the shared loss on the engine's logits; the blocks stay
+        # eager in parity mode (NOT_TAKEN: ZeRO-3's per-module hooks under torch.compile)
+        self.kernels = spec_kernels(spec.options, strategy=spec.strategy, engine=spec.engine,
+                                    device=ctx.device.type, tp_degree=1)
+        self.loss_fn = build_loss_fn(self.kernels)
         self.ds_config = build_deepspeed_config(spec, zero_overrides=spec.options.get("zero", {}))
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False
@@ -74,7 +80,7 @@ class Zero3Trainer:
         total = torch.zeros((), device=self.ctx.device)
         for inputs, labels in microbatches:
             with phase("forward"):
-                loss = lm_loss(self.engine(inputs), labels)
+                loss = self.loss_fn(self.engine(inputs), labels)
             with phase("backward"):
                 self.engine.backward(loss)  # DeepSpeed scales by 1/gradient_accumulation_steps
             with phase("optimizer"):

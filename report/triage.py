@@ -1,0 +1,115 @@
+"""The triage view of a folder of logs (and of a campaign's failed runs): jobs side by side, each
+with the facts its own files state (cited file:line, "unknown" otherwise), what failed first, the
+chain that followed and, for hangs, the missing rank.
+
+View-model only: the grouping and the facts are ingest.jobs's, the wording is the templates'.
+Unrelated jobs are never ranked against each other: this section carries no recommendation.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ingest.jobs import Evidence, HangView, Job
+
+# (fact, label, filter the template formats it with): the rows of each job's fact list
+FACT_ROWS = (("world_size", "World size", "text"), ("global_batch_size", "Global batch (samples)", "text"),
+             ("seq_length", "Sequence length", "text"), ("num_steps", "Iterations logged", "text"),
+             ("step_time_median_s", "Step time (median)", "duration"), ("samples_per_s", "Samples/s", "num"),
+             ("tokens_per_s", "Tokens/s", "si"), ("hosts", "Hosts", "text"), ("ranks_seen", "Ranks in the files", "text"),
+             ("gpus", "GPUs (collect_env)", "text"), ("time_range", "Time range", "text"),
+             ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"))
+STATUS_TEXT = {"oom": "failed: out of memory", "hang": "failed: hang", "failed": "failed",
+               "no failure logged": "no failure in these files", "unknown": "unknown (no training or failure lines)"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriageRun:
+    """A campaign run that did not end ok, from its status.json (cause, exit code, diagnosis)."""
+
+    run: str
+    status: str
+    cause: str | None
+    exit_code: int | None
+    failed_at_step: int | None
+    hang: HangView | None
+    source: str  # "<run>/status.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriageSection:
+    jobs: tuple[Job, ...] = ()
+    runs: tuple[TriageRun, ...] = ()  # campaign notes: the failed runs
+    unrelated: bool = False  # several jobs: described side by side, never compared
+    fact_rows: tuple[tuple[str, str, str], ...] = FACT_ROWS
+    status_text: Mapping[str, str] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.status_text is None:
+            object.__setattr__(self, "status_text", STATUS_TEXT)
+
+    @property
+    def failed_jobs(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if j.chain or j.hang)
+
+
+def build_triage_section(jobs: Sequence[Job]) -> TriageSection:
+    """Jobs of a logs folder -> the section (failed jobs first, then the rest in folder order)."""
+    order = sorted(jobs, key=lambda j: (not (j.chain or j.hang), 0))
+    return TriageSection(jobs=tuple(order), unrelated=len(jobs) > 1)
+
+
+def build_triage_runs(runs: Sequence[Mapping[str, Any]]) -> tuple[TriageRun, ...]:
+    """A campaign's runs that did not end ok -> what status.json says failed, with the hang view
+    of its diagnosis (py-spy stacks or flight recorder) when there is one."""
+    out = []
+    for r in runs:
+        status = r.get("status")
+        if status in (None, "ok", "skipped"):
+            continue
+        d = r.get("diagnosis") or {}
+        if isinstance(d, str):
+            d = json.loads(d) if d.strip().startswith("{") else {}
+        hang = None
+        if d.get("source") == "py-spy" and d.get("ranks"):
+            ranks = {int(k): v for k, v in d["ranks"].items()}
+            odd = tuple(d.get("odd_ranks") or ())
+            waiting = tuple(sorted(set(ranks) - set(odd)))
+            fix = None
+            if odd and d.get("majority_blocked_in"):
+                where = ranks[odd[0]].get("user_frame") or ranks[odd[0]].get("frame")
+                from ingest.jobs import _FIX, _ranges
+                fix = (f"rank(s) {_ranges(list(odd))} called {ranks[odd[0]]['blocked_in']} at {where} while rank(s) "
+                       f"{_ranges(list(waiting))} wait in {d['majority_blocked_in']}: {_FIX}")
+            hang = HangView(source="py-spy", cause=str(r.get("cause") or ""), odd_ranks=odd, waiting_ranks=waiting,
+                            odd_collective=ranks[odd[0]]["blocked_in"] if odd else None,
+                            waiting_collective=d.get("majority_blocked_in"),
+                            frames=tuple((k, v.get("blocked_in"), v.get("user_frame") or v.get("frame"))
+                                         for k, v in sorted(ranks.items(), key=lambda kv: (kv[0] not in odd, kv[0]))),
+                            fix=fix, evidence=(f"{r['run']}/status.json",))
+        code = r.get("exit_code")
+        out.append(TriageRun(run=str(r["run"]), status=str(status), cause=r.get("cause"),
+                             exit_code=None if code is None or code != code else int(code),
+                             failed_at_step=r.get("failed_at_step"), hang=hang, source=f"{r['run']}/status.json"))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileRow:
+    name: str
+    kind: str
+    num_records: int
+    num_unparsed: int
+    warnings: tuple[str, ...]
+
+
+def build_file_rows(files: Any) -> tuple[FileRow, ...]:
+    """The ``files`` table -> one row per input file (nothing read is left out of the note)."""
+    if files is None or files.empty:
+        return ()
+    from pathlib import Path
+    return tuple(FileRow(name=Path(str(f["source"])).name, kind=str(f["kind"]), num_records=int(f["num_records"]),
+                         num_unparsed=int(f["num_unparsed_lines"]),
+                         warnings=tuple(json.loads(f["warnings"]) if isinstance(f.get("warnings"), str) else ()))
+                 for f in files.to_dict("records"))
