@@ -76,6 +76,15 @@ def describe_rank(rank: int | str, s: Mapping[str, Any]) -> str:
     return text + (f" (py-spy: {s['stack_error']})" if s.get("stack_error") else "")
 
 
+def rank_evidence(s: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(blocked in, where) of one rank's py-spy summary, as a table shows them: a rank without a
+    stack reads ("no stack (<py-spy's error>)", "process stopped (state T)"), never None."""
+    if s.get("blocked_in"):
+        return s["blocked_in"], s.get("user_frame") or s.get("frame")
+    blocked = "no stack" + (f" ({s['stack_error']})" if s.get("stack_error") else "")
+    return blocked, f"process {s['process_state']}" if s.get("process_state") else "process state not recorded"
+
+
 def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     """Per-rank summaries (summarize_stack, optionally with process_state / stack_error) ->
     (one-line cause, diagnosis dict).

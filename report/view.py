@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from ingest.hangs import rank_evidence
 from ingest.io import Campaign
 from ingest.schema import RUN_STATUSES
 from report import evidence as ev
@@ -637,11 +638,8 @@ def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
                            if s.get("last_seq_id") is not None else "no collective recorded")
                 done = s.get("last_completed_seq_id")
                 where = "flight recorder, " + (f"last completed #{done}" if done is not None else "none completed")
-            elif s.get("blocked_in"):
-                blocked, where = s["blocked_in"], s.get("user_frame") or s.get("frame")
-            else:  # no stack (py-spy failed, e.g. on a stopped process): what is known of it, never "None"
-                blocked = "no stack" + (f" ({s['stack_error']})" if s.get("stack_error") else "")
-                where = f"process {s['process_state']}" if s.get("process_state") else "process state not recorded"
+            else:  # a rank without a stack (py-spy failed, e.g. on a stopped process): what is known of it
+                blocked, where = rank_evidence(s)
             out.append(HangRank(run=r["run"], rank=int(rank) if str(rank).isdigit() else str(rank),
                                 blocked_in=blocked, where=where))
     return tuple(out)

@@ -129,3 +129,17 @@ def test_a_sigstopped_process_reads_as_stopped_state_t():
         proc.kill()
         proc.wait()
     assert describe_process_state(p) == "gone (exited)"
+
+
+def test_triage_of_a_stopped_rank_names_its_state_not_none():
+    from report.triage import build_triage_runs
+
+    stacks = {0: {"blocked_in": "all_reduce", "frame": "all_reduce (c10d.py:2)", "user_frame": "step (train.py:88)"},
+              1: {"blocked_in": None, "frame": None, "user_frame": None, "process_state": "stopped (state T)",
+                  "stack_error": "timed out after 60 s"}}
+    cause, diagnosis = diagnose_from_stacks(stacks)
+    (run,) = build_triage_runs([{"run": "ddp", "status": "hang", "cause": cause, "diagnosis": diagnosis}])
+    assert run.hang.frames == ((1, "no stack (timed out after 60 s)", "process stopped (state T)"),
+                               (0, "all_reduce", "step (train.py:88)"))
+    assert run.hang.fix is None and run.hang.odd_collective is None
+    assert "None" not in repr(run.hang.frames) + run.hang.cause
