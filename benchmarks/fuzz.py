@@ -279,8 +279,9 @@ def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
     return outcome, out.getvalue(), err.getvalue()
 
 
-def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
-    """``n`` CLI-level inputs (module docstring): n // 4 mutated campaigns x 4 commands."""
+def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30, on_progress=None, progress_every: int = 500) -> dict:
+    """``n`` CLI-level inputs (module docstring): n // 4 mutated campaigns x 4 commands.
+    on_progress(partial result) every ``progress_every`` inputs, so a long run leaves its counts."""
     from ingest.cli import main as ingest_main
     from report.cli import main as report_main
     from runner.cli import main as runner_main
@@ -336,7 +337,9 @@ def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
                 if problems:
                     failures.append({"seed": seed, "command": name, "ops": ops, "problems": problems,
                                      "stderr": stderr[-300:]})
-    return {**counts, "failures": failures[:20]}
+            if on_progress is not None and counts["inputs"] // progress_every > (counts["inputs"] - 4) // progress_every:
+                on_progress({**counts, "failures": failures[:20], "complete": False})
+    return {**counts, "failures": failures[:20], "complete": True}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,9 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_cli:
         t0 = time.perf_counter()
         result = json.loads(args.out.read_text()) if args.out.is_file() else {"seed": args.seed}
-        result["cli"] = {"seed": args.seed, **fuzz_cli(args.cli_inputs, rng)}
-        result.setdefault("seconds", {})["cli"] = round(time.perf_counter() - t0, 1)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+        def record(cli: dict) -> None:
+            result["cli"] = {"seed": args.seed, "requested": args.cli_inputs, **cli}
+            result.setdefault("seconds", {})["cli"] = round(time.perf_counter() - t0, 1)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+        record(fuzz_cli(args.cli_inputs, rng, on_progress=record))
         cli = result["cli"]
         print(json.dumps({k: v for k, v in cli.items() if k != "failures"}))
         return 1 if any(cli[k] for k in ("traceback", "hang", "impossible_number", "outside_access")) else 0
