@@ -143,3 +143,12 @@ def test_triage_of_a_stopped_rank_names_its_state_not_none():
                                (0, "all_reduce", "step (train.py:88)"))
     assert run.hang.fix is None and run.hang.odd_collective is None
     assert "None" not in repr(run.hang.frames) + run.hang.cause
+
+
+def test_huge_numbers_format_with_every_digit_and_int64_overflow_is_an_impossible_row():
+    from ingest.io import step_row_problem
+    from report.i18n import load_language
+
+    assert load_language("en").number(f"{1e300:.2f}").startswith("1000000000000000052504760255204420248704468581")
+    assert load_language("en").percent(1e40, 1).endswith("%")
+    assert step_row_problem({"step": 3, "rank": 0, "step_time_s": 2**63}) == f"step_time_s {2**63}"
