@@ -65,6 +65,9 @@ def run_thirdparty(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else default_thirdparty_out(first)
     tables = thirdparty.build_tables(files)
     model = thirdparty.parse_model_flags(args.model)
+    from ingest.jobs import compute_jobs
+
+    tables.update(thirdparty.compute_trace_attribution(files, compute_jobs(tables, model=model)))
     paths, notes = [], []
     try:
         campaign = thirdparty.build_thirdparty_campaign(files, name=out_dir.resolve().parent.name, model=model)

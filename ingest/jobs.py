@@ -116,7 +116,8 @@ class Job:
 
 
 FACT_NAMES = ("world_size", "global_batch_size", "seq_length", "num_steps", "step_time_median_s", "samples_per_s",
-              "tokens_per_s", "hosts", "ranks_seen", "gpus", "time_range", "nccl_version", "torch_version")
+              "tokens_per_s", "hosts", "ranks_seen", "gpus", "time_range", "nccl_version", "torch_version",
+              "step_time_by_rank", "timers_ms", "nccl_transports", "nccl_socket")
 
 
 def _rows(tables: Mapping[str, pd.DataFrame], name: str) -> list[dict[str, Any]]:
@@ -193,6 +194,8 @@ def _link_keys(source: str, rows: list[dict[str, Any]]) -> set[str]:
                 keys.add(f"{col.replace('_id', 'Id').replace('_hash', 'Hash')} {r[col]}")
         if r.get("host") and r.get("pid") is not None:
             keys.add(f"{r['host']} pid {int(r['pid'])}")
+        if r.get("record") == "trace_meta" and r.get("pg_signature"):
+            keys.add(f"profiler traces of {r['pg_signature']}")  # every rank of one job writes the same
     if _RANK_FILE.search(Path(source).name):
         keys.add(f"per-rank files of {_run_dir(source)}")
     return keys
@@ -219,6 +222,8 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
         return s
 
     group_facts = {s: dict(facts[s]) for s in sources}
+    trace_ranks = {s: {int(r["rank"]) for r in by_source[s] if r.get("record") == "trace_meta" and r.get("rank") is not None}
+                   for s in sources}
     joined: dict[str, set[str]] = defaultdict(set)
     refused: dict[str, list[str]] = defaultdict(list)
     owners: dict[str, str] = {}
@@ -234,10 +239,14 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
             clash = [f"{n}: {group_facts[a][n].value} ({', '.join(group_facts[a][n].sources)}) vs "
                      f"{group_facts[b][n].value} ({', '.join(group_facts[b][n].sources)})"
                      for n in group_facts[a] if n in group_facts[b] and group_facts[a][n].value != group_facts[b][n].value]
+            both = trace_ranks[a] & trace_ranks[b]
+            if both:  # two traces of one rank are two runs (or attempts), never one job
+                clash.append(f"both hold a profiler trace of rank(s) {_ranges(sorted(both))}")
             if clash:
                 refused[a].append(f"not joined with {Path(b).name} despite {key}: " + "; ".join(clash))
                 continue
             parent[b] = a
+            trace_ranks[a] |= trace_ranks[b]
             group_facts[a] = {**group_facts[b], **group_facts[a]}
             joined[a] |= joined.pop(b, set()) | {key}
             refused[a] += refused.pop(b, [])
@@ -290,7 +299,7 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     if hosts:
         facts["hosts"] = Fact(name="hosts", value=", ".join(hosts[:8]) + (f" (+{len(hosts) - 8})" if len(hosts) > 8 else ""),
                               sources=tuple(dict.fromkeys(_cite(r) for r in rows if r.get("host")))[:3])
-    ranks = sorted({rk for r in rows if r["table"] in ("events", "stacks", "steps", "comm_topology", "collectives")
+    ranks = sorted({rk for r in rows if r["table"] in ("events", "stacks", "steps", "comm_topology", "collectives", "traces")
                     and (rk := _rank_of(r)) is not None})
     if ranks:
         facts["ranks_seen"] = Fact(name="ranks_seen", value=_ranges(ranks),
@@ -310,12 +319,14 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     if times:
         facts["time_range"] = Fact(name="time_range", value=f"{times[0]['time']} … {times[-1]['time']}" if len(times) > 1
                                    else str(times[0]["time"]), sources=(_cite(times[0]), _cite(times[-1])))
+    facts.update(compute_slow_run_facts(rows, num_nodes=len(hosts) or None))
     chain = compute_failure_chain(rows)
     first = compute_first_failure(chain)
     hang = compute_hang(rows, world_size=facts["world_size"].value if "world_size" in facts else None)
     events = {e.event for e in chain}
     status = ("oom" if "cuda_oom" in events else "hang" if events & HANG_EVENTS or (hang and hang.odd_ranks)
-              else "failed" if events else "no failure logged" if steps else "unknown")
+              else "failed" if events else "no failure logged" if steps or any(r["table"] == "traces" for r in rows)
+              else "unknown")
     return Job(name=name, sources=tuple(sources), kinds=tuple(kinds), joined_by=tuple(joined_by),
                facts={n: facts.get(n, Fact(name=n)) for n in FACT_NAMES}, status=status, first_failure=first,
                chain=tuple(chain), hang=hang, not_joined=tuple(not_joined), has_steps=bool(steps))
@@ -476,3 +487,55 @@ def _hang_from_watchdog(rows: list[dict[str, Any]], *, world_size: int | None) -
         repeats = "same" if len(keys) == 1 else "different"
     return HangView(source="watchdog", cause="; ".join(parts), waiting_ranks=tuple(reported), waiting_collective=op,
                     seq_num=seq, repeats=repeats, evidence=tuple(dict.fromkeys(_cite(r) for r in timeouts + marks))[:6])
+
+
+# ---------------------------------------------------------------- slow runs
+
+STRAGGLER_MIN_EXCESS = 0.05  # a rank's median step time this much above the others' median names it
+
+
+def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None) -> dict[str, Fact]:
+    """Slow-run facts of one job's rows, each cited file:line: per-rank median step time and
+    the straggler (ranks with their own step rows), the mean of each timer (Megatron's
+    ``time (ms) |`` lines, DeepSpeed's timers), the NCCL transports, and NCCL over sockets
+    (NET/Socket: TCP where InfiniBand, RoCE or NVLink is usually expected)."""
+    out: dict[str, Fact] = {}
+    per: dict[int, list[float]] = defaultdict(list)
+    cites: dict[int, str] = {}
+    for r in rows:
+        if r["table"] == "steps" and r.get("step_time_s") is not None and (rk := _rank_of(r)) is not None:
+            per[rk].append(float(r["step_time_s"]))
+            cites.setdefault(rk, _cite(r))
+    if len(per) > 1:
+        med = {rk: statistics.median(v) for rk, v in sorted(per.items())}
+        slow = max(med, key=med.get)
+        rest = statistics.median([v for rk, v in med.items() if rk != slow])
+        text = ", ".join(f"rank {rk}: {v * 1e3:.1f} ms" for rk, v in med.items())
+        if rest > 0 and med[slow] / rest - 1 >= STRAGGLER_MIN_EXCESS:
+            text += f"; straggler: rank {slow}, {100 * (med[slow] / rest - 1):.0f}% above the others' median"
+        out["step_time_by_rank"] = Fact(name="step_time_by_rank", value=text, sources=tuple(cites.values())[:6])
+    timers: dict[str, list[float]] = defaultdict(list)
+    tcite: list[str] = []
+    for r in rows:
+        t = r.get("time_s") if r.get("time_s") is not None else r.get("time_max_s")
+        if r["table"] == "timers" and r.get("name") and t is not None:
+            timers[str(r["name"])].append(float(t) * 1e3)
+            tcite.append(_cite(r))
+    if timers:
+        top = sorted(((statistics.mean(v), k) for k, v in timers.items()), reverse=True)[:6]
+        out["timers_ms"] = Fact(name="timers_ms", value=", ".join(f"{k} {v:.1f} ms" for v, k in top),
+                                sources=tuple(dict.fromkeys(tcite))[:3], how="mean of each timer over the lines")
+    edges = [r for r in rows if r.get("record") == "transport" and r.get("transport")]
+    if edges:
+        names = sorted({str(r["transport"]) for r in edges})
+        out["nccl_transports"] = Fact(name="nccl_transports", value=", ".join(names),
+                                      sources=tuple(dict.fromkeys(_cite(r) for r in edges))[:3])
+        sock = [r for r in edges if "Socket" in str(r["transport"])]
+        if sock:
+            out["nccl_socket"] = Fact(
+                name="nccl_socket", sources=tuple(dict.fromkeys(_cite(r) for r in sock))[:3],
+                value=f"{len(sock)} channel connection(s) over NET/Socket (TCP)"
+                      + (f" between {num_nodes} hosts" if num_nodes and num_nodes > 1 else "")
+                      + ": InfiniBand/RoCE (NET/IB) or NVLink/P2P is usually expected; check NCCL_IB_DISABLE, "
+                        "NCCL_NET and that the IB plugin and devices are found")
+    return out

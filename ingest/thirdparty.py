@@ -16,6 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -34,8 +35,13 @@ MAX_STRICT_LINES = 20  # file:line entries listed per file by --strict
 
 @dataclass(frozen=True, kw_only=True)
 class IngestedFile:
+    """One input file parsed. timeline / trace_rank: a torch.profiler trace's RankTimeline
+    (ingest.traces) and rank, for the cross-rank attribution of its job; None otherwise."""
+
     path: str
     result: ParseResult
+    timeline: Any = None
+    trace_rank: int | None = None
 
 
 def find_artifacts(paths: list[str]) -> list[Path]:
@@ -48,7 +54,8 @@ def find_artifacts(paths: list[str]) -> list[Path]:
             out.extend(sorted(f for f in p.rglob("*") if f.is_file()
                               and not any(part.startswith(".") for part in f.relative_to(p).parts)
                               and not any(d in ours for d in f.parents)  # our own tables/ and report/ outputs
-                              and f.suffix not in (".parquet", ".pdf", ".html", ".png", ".svg", ".gz")))
+                              and (f.suffix not in (".parquet", ".pdf", ".html", ".png", ".svg", ".gz")
+                                   or f.name.endswith(".json.gz"))))  # a user's gzipped profiler traces
         elif p.is_file():
             out.append(p)
         else:
@@ -62,9 +69,54 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
     """Detect the kind of one file and parse it in this process, streaming its text in blocks
     of whole lines (memory bounded by the records, not the file). Raises ParseError for an
     unreadable file."""
-    kind = detect_kind(read_text_head(path, HEAD_CHARS))
+    head = read_text_head(path, HEAD_CHARS)
+    kind = detect_kind(head)
     source = str(path)
+    if kind == "chrome_trace":
+        from ingest.io import open_trace_events
+        from ingest.parsers.chrome_trace import parse_chrome_trace
+        from ingest.traces import TraceReadCounts
+
+        counts = TraceReadCounts()
+        parsed = parse_chrome_trace(open_trace_events(path, counts=counts, lean=True), source=source, head=head,
+                                    read_counts=counts)
+        return IngestedFile(path=source, result=parsed.result, timeline=parsed.timeline, trace_rank=parsed.rank)
     return IngestedFile(path=source, result=parse_text(iter_text_blocks(path), source=source, kind=kind or "unknown"))
+
+
+def compute_trace_attribution(files: list[IngestedFile], jobs: list) -> dict[str, pd.DataFrame]:
+    """Per job holding torch.profiler traces: ingest.attribution over its ranks' timelines
+    (run = the job's name), as the tables ``attribution`` (AttributionRow) and
+    ``trace_collectives`` (CollectiveRow); plus ``trace_warnings`` (run, warning). {} when no
+    job has a trace with analysed steps. Two traces of one rank in a job: the first is used,
+    the other named in a warning."""
+    from ingest.attribution import compute_attribution
+    from ingest.schema import AttributionRow, CollectiveRow
+
+    rows, colls, warns = [], [], []
+    by_path = {f.path: f for f in files}
+    for job in jobs:
+        timelines: dict[int, Any] = {}
+        for src in job.sources:
+            f = by_path.get(src)
+            if f is None or f.timeline is None:
+                continue
+            rank = f.trace_rank if f.trace_rank is not None else 0
+            if rank in timelines:
+                warns.append({"run": job.name, "warning": f"{Path(src).name}: a second trace of rank {rank}; not used"})
+                continue
+            timelines[rank] = f.timeline
+        if not timelines:
+            continue
+        att = compute_attribution(timelines, run=job.name, pp_degree=1, num_microbatches=1)
+        rows += [dataclasses.asdict(r) for r in att.rows]
+        colls += [dataclasses.asdict(c) for c in att.collectives]
+        warns += [{"run": job.name, "warning": w} for w in att.warnings]
+    if not rows:
+        return {}
+    return {"attribution": pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(AttributionRow)]),
+            "trace_collectives": pd.DataFrame(colls, columns=[f.name for f in dataclasses.fields(CollectiveRow)]),
+            "trace_warnings": pd.DataFrame(warns, columns=["run", "warning"])}
 
 
 def ingest_files(paths: list[Path], *, max_workers: int | None = None) -> list[IngestedFile]:
@@ -434,6 +486,7 @@ def load_thirdparty_jobs(path: str | os.PathLike[str], *, model: dict | None = N
                           "DeepSpeed / torchtitan logs")
     tables = build_tables(files)
     jobs = compute_jobs(tables, model=model)
+    tables.update(compute_trace_attribution(files, jobs))
     train = [j for j in jobs if j.has_steps]
     if len(train) != 1:
         return None, tables, jobs

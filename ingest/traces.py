@@ -23,6 +23,7 @@ Deliberately not here: opening files, plotting, rounding, and any per-collective
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from array import array
@@ -755,7 +756,7 @@ def _median_index(durations: np.ndarray) -> int:
 
 
 def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: int, pp_degree: int,
-                           max_spans: int = 2000) -> TraceBreakdown:
+                           max_spans: int = 2000, unmarked: str = "skip") -> TraceBreakdown:
     """Where each profiled step's time went on one rank: GPU timeline if the trace has GPU
     events, else the CPU timeline of the training thread.
 
@@ -793,6 +794,11 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     ranges minus comm and data; other = the rest. hidden_comm = worker-thread comm while the
     training thread runs an op; idle = time the training thread runs no op.
 
+    unmarked: what to do with a trace without ProfilerStep#k ranges (a user's own trace,
+    profiled without a schedule): "skip" (no steps, a warning) or "whole" (the whole trace is
+    one window, step 0: from its first host op or launch to its last, on the thread with the
+    most host ops; said in a warning).
+
     Never raises on content: steps without events and malformed events become warnings.
     Returns TraceBreakdown (times in seconds).
     """
@@ -803,6 +809,11 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     if c.num_ignored:
         warnings.append(f"{c.num_ignored} complete events without usable ts/dur/name/args were ignored")
     step_k, step_s, step_e, tid = _profiler_steps(c)
+    if step_k.size == 0 and unmarked == "whole" and (len(c.h_ts) or len(c.l_ts)):
+        result = _whole_trace_breakdown(c, run=run, rank=rank, pp_degree=pp_degree, max_spans=max_spans,
+                                        warnings=warnings)
+        if result is not None:
+            return result
     if step_k.size == 0:
         warnings.append("no ProfilerStep#<k> range in the trace: cannot split it into steps "
                         "(profile with torch.profiler's schedule and call prof.step())")
@@ -812,6 +823,35 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
                               max_spans=max_spans, warnings=warnings)
     return _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
                           max_spans=max_spans, warnings=warnings)
+
+
+WHOLE_TRACE_WARNING = ("no ProfilerStep#<k> range in the trace: the whole trace is analysed as one window "
+                       "(step 0), from its first host op or launch to its last")
+
+
+def _whole_trace_breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans: int,
+                           warnings: list[str]) -> TraceBreakdown | None:
+    """compute_step_breakdown's unmarked="whole": one synthetic ProfilerStep#0 over the whole
+    trace (every launch and host op inside it), then the same GPU or CPU breakdown."""
+    h_ts, h_dur = np.frombuffer(c.h_ts, np.float64), np.frombuffer(c.h_dur, np.float64)
+    l_ts = np.frombuffer(c.l_ts, np.float64)
+    starts = np.concatenate([h_ts, l_ts])
+    ends = np.concatenate([h_ts + h_dur, l_ts])
+    if not starts.size:
+        return None
+    h_tid = np.frombuffer(c.h_tid, np.int64)
+    tid = int(np.bincount(h_tid).argmax()) if h_tid.size else 0
+    lo, hi = float(starts.min()), float(ends.max()) + 1.0  # launches are points: keep the last inside
+    step_k, step_s, step_e = np.zeros(1, _I64), np.array([lo]), np.array([hi])
+    own: list[str] = []
+    if len(c.g_ts):
+        result = _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
+                                max_spans=max_spans, warnings=own)
+    else:
+        result = _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
+                                max_spans=max_spans, warnings=own)
+    own = [w for w in own if not w.startswith("only one ProfilerStep")]
+    return dataclasses.replace(result, warnings=tuple(warnings + [WHOLE_TRACE_WARNING] + own))
 
 
 def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e: np.ndarray, *,

@@ -361,9 +361,10 @@ class LogsNote:
 
 def build_logs_note(folder: str, tables: dict[str, pd.DataFrame], jobs: Sequence[Any]) -> LogsNote:
     """The triage note's view-model from the ingest tables and the jobs found in them."""
-    from report.triage import build_file_rows, build_triage_section
+    from report.triage import build_file_rows, build_trace_jobs, build_triage_section
 
-    return LogsNote(folder=folder, triage=build_triage_section(jobs), files=build_file_rows(tables.get("files")))
+    return LogsNote(folder=folder, triage=build_triage_section(jobs), files=build_file_rows(tables.get("files")),
+                    traces=build_trace_jobs(tables, jobs, folder=folder))
 
 
 def render_logs(note: LogsNote, *, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> str:

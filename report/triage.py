@@ -20,7 +20,9 @@ FACT_ROWS = (("world_size", "World size", "text"), ("global_batch_size", "Global
              ("step_time_median_s", "Step time (median)", "duration"), ("samples_per_s", "Samples/s", "num"),
              ("tokens_per_s", "Tokens/s", "si"), ("hosts", "Hosts", "text"), ("ranks_seen", "Ranks in the files", "text"),
              ("gpus", "GPUs (collect_env)", "text"), ("time_range", "Time range", "text"),
-             ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"))
+             ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"),
+             ("step_time_by_rank", "Step time per rank (median)", "text"), ("timers_ms", "Timers (mean)", "text"),
+             ("nccl_transports", "NCCL transports", "text"), ("nccl_socket", "NCCL over sockets", "text"))
 STATUS_TEXT = {"oom": "failed: out of memory", "hang": "failed: hang", "failed": "failed",
                "no failure logged": "no failure in these files", "unknown": "unknown (no training or failure lines)"}
 
@@ -115,3 +117,61 @@ def build_file_rows(files: Any) -> tuple[FileRow, ...]:
                          num_unparsed=int(f["num_unparsed_lines"]),
                          warnings=tuple(json.loads(f["warnings"]) if isinstance(f.get("warnings"), str) else ()))
                  for f in files.to_dict("records"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceJob:
+    """A job's own torch.profiler traces, attributed across the ranks given as a campaign's
+    section 5 (report.view.build_attribution). run: the job's name; num_ranks: ranks given;
+    world_size: what the traces' distributedInfo says (None: unknown); missing_ranks: ranks of
+    that world with no trace here; whole_trace_ranks: ranks whose trace had no ProfilerStep
+    marks (the whole trace is one window); warnings: the attribution's own caveats."""
+
+    run: str
+    num_ranks: int
+    ranks: tuple[int, ...]
+    world_size: int | None
+    missing_ranks: tuple[int, ...]
+    whole_trace_ranks: tuple[int, ...]
+    attribution: Any  # report.view.AttributionView
+    sources: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def build_trace_jobs(tables: Mapping[str, Any], jobs: Sequence[Job], *, folder: str) -> tuple[TraceJob, ...]:
+    """Jobs with profiler traces (``attribution`` table of ingest.thirdparty.compute_trace_attribution)
+    -> TraceJob views, in job order."""
+    from types import SimpleNamespace
+
+    from report.view import build_attribution
+
+    att = tables.get("attribution")
+    if att is None or att.empty:
+        return ()
+    meta = tables.get("traces")
+    warn = tables.get("trace_warnings")
+    trace_tables = SimpleNamespace(attribution=att, collectives=tables.get("trace_collectives"))
+    origin = SimpleNamespace(env={}, source=folder)  # no campaign: no host map, no commbench
+    out = []
+    for j in jobs:
+        rows = att[att["run"] == j.name]
+        if rows.empty:
+            continue
+        ranks = tuple(sorted(int(r) for r in rows["rank"].unique()))
+        m = meta[meta["source"].isin(j.sources)] if meta is not None and not meta.empty else None
+        world = None
+        whole: tuple[int, ...] = ()
+        if m is not None and not m.empty:
+            sizes = m["world_size"].dropna()
+            world = int(sizes.max()) if len(sizes) else None
+            whole = tuple(sorted(int(r) for r in m[m["whole_trace"].astype(bool)]["rank"].dropna()))
+        view = build_attribution(trace_tables, origin, {"run": j.name, "pp_degree": 1, "world_size": len(ranks)},
+                                 median_step_s=None)
+        if view is None:
+            continue
+        missing = tuple(r for r in range(world) if r not in ranks) if world and world > len(ranks) else ()
+        out.append(TraceJob(run=j.name, num_ranks=len(ranks), ranks=ranks, world_size=world, missing_ranks=missing,
+                            whole_trace_ranks=whole, attribution=view,
+                            sources=tuple(s for s in j.sources if m is not None and s in set(m["source"])),
+                            warnings=tuple(warn[warn["run"] == j.name]["warning"]) if warn is not None else ()))
+    return tuple(out)

@@ -426,5 +426,5 @@ class _Nothing(LineParser):
         return False
 
 
-PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q",
+PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q", "chrome_trace",
                 "collect_env", "failures", "profiler_table", "nsys_stats", "flight_recorder", "pyspy", "nccl_ras")

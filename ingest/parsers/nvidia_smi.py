@@ -62,6 +62,10 @@ class TopoParser(LineParser):
 _Q = re.compile(r"(?P<indent> *)(?P<key>[^:]+?)\s*(?::\s?(?P<value>.*))?$")
 
 
+# top-level -q keys that are also environment facts under our names (a new one is one row)
+_Q_ENV_KEYS = {"Driver Version": "driver_version", "Attached GPUs": "num_gpus"}
+
+
 class SmiQParser(LineParser):
     kind = "nvidia_smi_q"
 
@@ -89,6 +93,9 @@ class SmiQParser(LineParser):
             full = ".".join(x for x in ("nvsmi", gpu and f"gpu[{gpu}]", section, key) if x)
             self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
                                  "kind": "nvidia_smi_q", "key": full, "value": value})
+            if not section and not gpu and key in _Q_ENV_KEYS and value:
+                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
+                                     "kind": "nvidia_smi_q", "key": _Q_ENV_KEYS[key], "value": value})
             return True
         if re.fullmatch(r"[A-Z][\w /()\-]*", body):
             self._section, self._section_indent = body, indent

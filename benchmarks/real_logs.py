@@ -1,0 +1,125 @@
+"""Scorecard of ingest on real pasted logs: every file of /work/shared/fixtures/real/ (or
+../shared/fixtures/real) and tests/fixtures/real/ is ingested and compared with the facts a
+reader takes from it (benchmarks/real_logs_expected.toml, written from reading the files).
+
+Per file: right (every expected fact is in the tables and nothing is lost), partial (the kind is
+right and nothing contradicts the file, but some expected fact is missing or more lines are
+unparsed than the file's noise explains), wrong (another kind, a number that contradicts the
+file, or no records and no warning: silent loss). Writes benchmarks/results/real_logs.json.
+
+    python benchmarks/real_logs.py [--out benchmarks/results/real_logs.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ingest.thirdparty import ingest_file  # noqa: E402
+
+EXPECTED = ROOT / "benchmarks" / "real_logs_expected.toml"
+FOLDERS = (ROOT.parent / "shared" / "fixtures" / "real", Path("/work/shared/fixtures/real"), ROOT / "tests" / "fixtures" / "real")
+
+
+def _same(a, b) -> bool:
+    if isinstance(b, float) or isinstance(a, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-6)
+        except (TypeError, ValueError):
+            return False
+    return str(a) == str(b)
+
+
+def score_file(path: Path, want: dict) -> dict:
+    """One file against its expectations -> {file, verdict, missing, contradicted, ...}."""
+    r = ingest_file(path).result
+    recs = r.records
+    by_table: dict[str, list[dict]] = {}
+    for rec in recs:
+        by_table.setdefault(rec["table"], []).append(rec)
+    missing, contradicted = [], []
+    if r.kind != want["kind"]:
+        contradicted.append(f"kind {r.kind}, expected {want['kind']}")
+    for table, n in want.get("min_records", {}).items():
+        if len(by_table.get(table, [])) < n:
+            missing.append(f"{table}: {len(by_table.get(table, []))} records, expected at least {n}")
+    seen = {x.get("transport") for x in by_table.get("comm_topology", []) if x.get("record") == "transport"}
+    missing += [f"transport {t}" for t in want.get("transports", []) if t not in seen]
+    if "world_size" in want:
+        sizes = {int(x[k]) for t in by_table.values() for x in t for k in ("num_ranks", "num_ranks_per_comm")
+                 if x.get(k) is not None}
+        sizes |= {int(x["value"]) for x in by_table.get("env", []) if x.get("key") in ("world_size", "num_processes")
+                  and str(x.get("value")).isdigit()}
+        if not sizes:
+            missing.append(f"world size {want['world_size']}")
+        elif want["world_size"] not in sizes:
+            contradicted.append(f"world size {sorted(sizes)}, expected {want['world_size']}")
+    steps = [x for x in by_table.get("steps", []) if any(x.get(k) is not None for k in
+                                                          ("step_time_s", "samples_per_s", "tokens_per_s_per_gpu"))]
+    if "num_steps" in want and len(steps) != want["num_steps"]:
+        (contradicted if len(steps) > want["num_steps"] else missing).append(
+            f"{len(steps)} timed steps, expected {want['num_steps']}")
+    if "steps" in want and steps:
+        got = [min(int(x["step"]) for x in steps), max(int(x["step"]) for x in steps)]
+        if got != want["steps"]:
+            contradicted.append(f"steps {got}, expected {want['steps']}")
+    env = {}
+    for x in by_table.get("env", []):
+        env.setdefault(x.get("key"), x.get("value"))
+    for k, v in want.get("env", {}).items():
+        if k not in env:
+            missing.append(f"env {k}")
+        elif not str(env[k]).startswith(str(v)):
+            contradicted.append(f"env {k} = {env[k]}, expected {v}")
+    kinds = {x.get("event") for x in by_table.get("events", [])}
+    missing += [f"event {e}" for e in want.get("events", []) if e not in kinds]
+    for table, col, value in want.get("values", []):
+        rows = [x for x in by_table.get(table, []) if x.get(col) is not None]
+        if not any(_same(x[col], value) for x in rows):
+            (contradicted if rows and table == "steps" else missing).append(f"{table}.{col} = {value}")
+    for w in want.get("warn", []):
+        if not any(w in text for text in r.warnings):
+            missing.append(f"warning mentioning {w!r}")
+    if r.unparsed > want.get("max_unparsed", 0):
+        missing.append(f"{r.unparsed} unparsed lines, expected at most {want.get('max_unparsed', 0)}")
+    silent = not recs and not r.warnings
+    verdict = "wrong" if contradicted or silent else "partial" if missing else "right"
+    return {"file": path.name, "verdict": verdict, "kind": r.kind, "num_records": len(recs), "unparsed": r.unparsed,
+            "missing": missing, "contradicted": contradicted + (["no records and no warning"] if silent else [])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_logs.json"))
+    args = parser.parse_args(argv)
+    expected = tomllib.loads(EXPECTED.read_text())
+    files: dict[str, Path] = {}
+    for folder in FOLDERS:
+        if folder.is_dir():
+            for p in sorted(folder.glob("*.txt")):
+                files.setdefault(p.name, p)
+    rows = []
+    for name, path in sorted(files.items()):
+        if name not in expected:
+            rows.append({"file": name, "verdict": "wrong", "contradicted": ["no expectations written"], "missing": []})
+            continue
+        rows.append(score_file(path, expected[name]))
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("right", "partial", "wrong")}
+    result = {"num_files": len(rows), **counts, "files": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for r in rows:
+        why = "; ".join(r["contradicted"] + r["missing"])
+        print(f"{r['verdict']:8} {r['file']}" + (f"  ({why})" if why else ""))
+    print(f"{counts['right']} right, {counts['partial']} partial, {counts['wrong']} wrong of {len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
