@@ -13,13 +13,14 @@ overflow), then ``load_campaign`` -> ``build_note`` -> ``render_markdown`` in-pr
 CLI level (``--cli-inputs``): the same campaign (profiler traces left out, for speed) mutated
 as a user or a crash would leave it (NaN/Infinity/negative values, duplicated, out-of-order and
 truncated metric rows, symlinks and FIFOs in place of files, absolute and ``..`` run names,
-deep JSON, plus the JSON mutations above), then ``runner status``, ``ingest`` and ``report
-build --format md`` called through their ``main`` in-process, each under a time limit. Counted:
+deep JSON, plus the JSON mutations above), then ``runner status``, ``ingest``, ``report
+build --format md`` and ``runner all --resume --dry-run`` (what a resume would keep and run;
+nothing launched) called through their ``main`` in-process, each under a time limit. Counted:
 tracebacks (an exception out of ``main`` or an "internal error" line), hangs (over the limit),
 impossible numbers in the note (a negative, infinite or NaN number in a table cell), and reads
 or writes outside the campaign (a canary text from a planted outside file in any output, or a
-new file outside the campaign and --out dirs). ``runner all --resume`` is not in it: on a
-mutated campaign it would launch real runs.
+new file outside the campaign and --out dirs). A real ``runner all --resume`` is not in it:
+on a mutated campaign it would launch real runs; its dry run reads the same files.
 Results (counts, failures with a reproducer seed) go to benchmarks/results/fuzz.json.
 """
 from __future__ import annotations
@@ -278,8 +279,9 @@ def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
     return outcome, out.getvalue(), err.getvalue()
 
 
-def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
-    """``n`` CLI-level inputs (module docstring): n // 3 mutated campaigns x 3 commands."""
+def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30, on_progress=None, progress_every: int = 500) -> dict:
+    """``n`` CLI-level inputs (module docstring): n // 4 mutated campaigns x 4 commands.
+    on_progress(partial result) every ``progress_every`` inputs, so a long run leaves its counts."""
     from ingest.cli import main as ingest_main
     from report.cli import main as report_main
     from runner.cli import main as runner_main
@@ -309,12 +311,14 @@ def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
             for _ in range(r.randint(1, 3)):
                 try:
                     ops.append(_mutate_campaign(work, outside, r))
-                except (ValueError, KeyError, TypeError, IndexError, AttributeError):  # an earlier mutation broke it
+                except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError, OSError):  # an earlier mutation broke it
                     ops.append("skipped")
             for name, fn, argv in (("runner status", runner_main, ["status", str(work)]),
                                    ("ingest", ingest_main, [str(work), "--out", str(tables)]),
                                    ("report build", report_main, ["build", str(work), "--out", str(out_dir),
-                                                                  "--format", "md"])):
+                                                                  "--format", "md"]),
+                                   ("runner all --resume --dry-run", runner_main,
+                                    ["all", "--resume", str(work), "--dry-run"])):
                 counts["inputs"] += 1
                 outcome, stdout, stderr = _call(fn, argv, limit_s=limit_s)
                 counts[outcome] += 1
@@ -333,7 +337,9 @@ def fuzz_cli(n: int, rng: random.Random, *, limit_s: int = 30) -> dict:
                 if problems:
                     failures.append({"seed": seed, "command": name, "ops": ops, "problems": problems,
                                      "stderr": stderr[-300:]})
-    return {**counts, "failures": failures[:20]}
+            if on_progress is not None and counts["inputs"] // progress_every > (counts["inputs"] - 4) // progress_every:
+                on_progress({**counts, "failures": failures[:20], "complete": False})
+    return {**counts, "failures": failures[:20], "complete": True}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,9 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_cli:
         t0 = time.perf_counter()
         result = json.loads(args.out.read_text()) if args.out.is_file() else {"seed": args.seed}
-        result["cli"] = {"seed": args.seed, **fuzz_cli(args.cli_inputs, rng)}
-        result.setdefault("seconds", {})["cli"] = round(time.perf_counter() - t0, 1)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+        def record(cli: dict) -> None:
+            result["cli"] = {"seed": args.seed, "requested": args.cli_inputs, **cli}
+            result.setdefault("seconds", {})["cli"] = round(time.perf_counter() - t0, 1)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+        record(fuzz_cli(args.cli_inputs, rng, on_progress=record))
         cli = result["cli"]
         print(json.dumps({k: v for k, v in cli.items() if k != "failures"}))
         return 1 if any(cli[k] for k in ("traceback", "hang", "impossible_number", "outside_access")) else 0

@@ -64,26 +64,56 @@ def summarize_stack(threads: list[dict[str, Any]]) -> dict[str, Any]:
     return {"blocked_in": blocked, "frame": fmt(hit), "user_frame": fmt(user)}
 
 
-def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """Per-rank summaries (summarize_stack) -> (one-line cause, diagnosis dict).
+def describe_rank(rank: int | str, s: Mapping[str, Any]) -> str:
+    """One rank's summary as words, saying only what is known: "rank 1 in all_reduce at
+    step (runner/train.py:88)", or without a stack "rank 1: stopped (state T), no stack
+    (py-spy: <its error>)"."""
+    blocked, frame = s.get("blocked_in"), s.get("user_frame") or s.get("frame")
+    if blocked:
+        return f"rank {rank} in {blocked}" + (f" at {frame}" if frame else "")
+    state = s.get("process_state")
+    text = f"rank {rank}: " + (f"{state}, " if state else "") + "no stack"
+    return text + (f" (py-spy: {s['stack_error']})" if s.get("stack_error") else "")
 
-    The odd ones out are the ranks whose blocked_in differs from the majority's."""
+
+def rank_evidence(s: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(blocked in, where) of one rank's py-spy summary, as a table shows them: a rank without a
+    stack reads ("no stack (<py-spy's error>)", "process stopped (state T)"), never None."""
+    if s.get("blocked_in"):
+        return s["blocked_in"], s.get("user_frame") or s.get("frame")
+    blocked = "no stack" + (f" ({s['stack_error']})" if s.get("stack_error") else "")
+    return blocked, f"process {s['process_state']}" if s.get("process_state") else "process state not recorded"
+
+
+def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Per-rank summaries (summarize_stack, optionally with process_state / stack_error) ->
+    (one-line cause, diagnosis dict).
+
+    The odd ones out are the ranks whose blocked_in differs from the majority's; a rank without
+    a stack (py-spy failed, e.g. on a SIGSTOPped process) is odd by itself and described by
+    what is known of it (describe_rank), never "None"."""
     if not per_rank:
         return "no stack dumps could be taken", {"ranks": {}}
-    counts = Counter(s["blocked_in"] for s in per_rank.values())
-    (majority, top), *rest = counts.most_common()
-    where = lambda r: f"rank {r} in {per_rank[r]['blocked_in']} at {per_rank[r]['user_frame'] or per_rank[r]['frame']}"  # noqa: E731
-    if not rest:
-        odd, cause = [], f"all ranks wait in {majority}"
+    known = {r: s for r, s in per_rank.items() if s.get("blocked_in")}
+    blind = sorted(set(per_rank) - set(known))
+    counts = Counter(s["blocked_in"] for s in known.values())
+    (majority, top), *rest = counts.most_common() or [(None, 0)]
+    if majority is None:
+        odd, cause = [], ""
+    elif not rest:
+        odd, cause = [], f"all ranks wait in {majority}" if not blind else f"rank(s) {', '.join(map(str, sorted(known)))} wait in {majority}"
     elif rest[0][1] == top:  # a tie (e.g. 2 ranks): no majority to call the others odd against
-        majority, odd = None, sorted(per_rank)
-        cause = "ranks are in different collectives: " + "; ".join(where(r) for r in odd)
+        majority, odd = None, sorted(known)
+        cause = "ranks are in different collectives: " + "; ".join(describe_rank(r, per_rank[r]) for r in odd)
     else:
-        odd = sorted(r for r, s in per_rank.items() if s["blocked_in"] != majority)
-        others = sorted(set(per_rank) - set(odd))
-        cause = "; ".join(where(r) for r in odd) + f" while rank(s) {', '.join(map(str, others))} wait in {majority}"
+        odd = sorted(r for r, s in known.items() if s["blocked_in"] != majority)
+        others = sorted(set(known) - set(odd))
+        cause = "; ".join(describe_rank(r, per_rank[r]) for r in odd) + \
+            f" while rank(s) {', '.join(map(str, others))} wait in {majority}"
+    if blind:
+        cause = "; ".join([describe_rank(r, per_rank[r]) for r in blind] + ([cause] if cause else []))
     return cause, {"source": "py-spy", "ranks": {str(r): s for r, s in sorted(per_rank.items())},
-                   "odd_ranks": odd, "majority_blocked_in": majority}
+                   "odd_ranks": sorted([*odd, *blind]), "majority_blocked_in": majority}
 
 
 def summarize_flight_recorder(dump: Mapping[str, Any]) -> dict[str, Any]:

@@ -263,12 +263,14 @@ _NON_NEGATIVE_FIELDS = ("step", "tokens", "lr", "data_wait_s", "wall_time_s", "m
 def step_row_problem(row: dict[str, Any]) -> str | None:
     """Why a metrics row (type-checked StepRow fields) holds an impossible number, or None.
     Checks: step_time_s finite and > 0; the counters, times and memory finite and >= 0; loss
-    and grad_norm not negative; rank >= 0."""
+    and grad_norm not negative; rank >= 0; an integer fits int64 (the tables' column type)."""
     import math
 
     def bad(v: Any, *, positive: bool = False, finite: bool = True) -> bool:
         if v is None:
             return False
+        if isinstance(v, int) and not -2**63 <= v < 2**63:
+            return True
         if finite and not math.isfinite(v):
             return True
         return v <= 0 if positive else v < 0

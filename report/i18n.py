@@ -23,7 +23,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, getcontext, localcontext
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -120,6 +120,14 @@ def translate(value: Any, lang: "Language", *, escape: Any = None) -> Any:
     return value
 
 
+def _exact(value: Decimal):
+    """A decimal context keeping every digit of ``value``: babel quantizes in the current context
+    (28 digits by default), which raises InvalidOperation on a longer number (a 1e300 GiB peak)."""
+    ctx = getcontext().copy()
+    ctx.prec = max(ctx.prec, len(value.as_tuple().digits) + 4)
+    return localcontext(ctx)
+
+
 @dataclass(frozen=True)
 class Language:
     """One note language: ``code`` ("en", "zh"), its Babel ``locale`` and its ``translations``
@@ -151,7 +159,8 @@ class Language:
         value = Decimal(text.replace(",", ""))
         digits = -value.as_tuple().exponent if value.as_tuple().exponent < 0 else 0
         pattern = ("#,##0" if "," in text else "0") + ("." + "0" * digits if digits else "")
-        return format_decimal(value, format=pattern, locale=self.locale, decimal_quantization=False)
+        with _exact(value):
+            return format_decimal(value, format=pattern, locale=self.locale, decimal_quantization=False)
 
     def percent(self, x: float, digits: int) -> str:
         """Fraction -> the locale's percent pattern with ``digits`` decimals (Python rounds)."""
@@ -160,7 +169,8 @@ class Language:
             rounded = abs(rounded)  # '-0.0%' reads as a sign error
         pattern = re.sub(r"[#,0]+", lambda m: m.group(0) + ("." + "0" * digits if digits else ""),
                          self.locale.percent_formats[None].pattern, count=1)
-        return format_percent(rounded / 100, format=pattern, locale=self.locale, decimal_quantization=False)
+        with _exact(rounded):
+            return format_percent(rounded / 100, format=pattern, locale=self.locale, decimal_quantization=False)
 
     def date(self, iso: str) -> str:
         """An ISO-8601 timestamp -> the locale's long date and the time in UTC (or as written

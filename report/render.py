@@ -221,6 +221,25 @@ def escape_md_html(value: Any) -> Any:
     return value
 
 
+class _MemoryBytecodeCache(jinja2.BytecodeCache):
+    """Compiled templates kept for the process: a process that renders many notes (report diff,
+    the tests, the fuzz benchmark) compiles each template once, not once per note. Jinja keys a
+    bucket by template name and source checksum, so an edited template is compiled again."""
+
+    def __init__(self) -> None:
+        self._code: dict[str, bytes] = {}
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        if bucket.key in self._code:
+            bucket.bytecode_from_string(self._code[bucket.key])
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        self._code[bucket.key] = bucket.bytecode_to_string()
+
+
+_BYTECODE_CACHES = {True: _MemoryBytecodeCache(), False: _MemoryBytecodeCache()}  # by html
+
+
 def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) -> jinja2.Environment:
     """Jinja environment over report/templates/ with StrictUndefined, autoescape iff html, the
     filters formatting numbers for ``lang``, and gettext (``_``, ``ngettext``, ``pgettext``,
@@ -230,6 +249,7 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
     lang = load_language(lang) if isinstance(lang, str) else lang
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
                              autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"],
+                             bytecode_cache=_BYTECODE_CACHES[html],
                              **({} if html else {"finalize": escape_md_html}))
     env.install_gettext_translations(lang.translations, newstyle=True)
     newstyle = env.globals["gettext"]

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ingest.hangs import rank_evidence
 from ingest.jobs import Evidence, HangView, Job
 
 # (fact, label, filter the template formats it with): the rows of each job's fact list
@@ -79,15 +80,16 @@ def build_triage_runs(runs: Sequence[Mapping[str, Any]]) -> tuple[TriageRun, ...
             odd = tuple(d.get("odd_ranks") or ())
             waiting = tuple(sorted(set(ranks) - set(odd)))
             fix = None
-            if odd and d.get("majority_blocked_in"):
-                where = ranks[odd[0]].get("user_frame") or ranks[odd[0]].get("frame")
+            called = [k for k in odd if ranks[k].get("blocked_in")]  # odd ranks with a stack (a stopped one has none)
+            if called and d.get("majority_blocked_in"):
+                where = ranks[called[0]].get("user_frame") or ranks[called[0]].get("frame")
                 from ingest.jobs import _FIX, _ranges
-                fix = (f"rank(s) {_ranges(list(odd))} called {ranks[odd[0]]['blocked_in']} at {where} while rank(s) "
+                fix = (f"rank(s) {_ranges(called)} called {ranks[called[0]]['blocked_in']} at {where} while rank(s) "
                        f"{_ranges(list(waiting))} wait in {d['majority_blocked_in']}: {_FIX}")
             hang = HangView(source="py-spy", cause=str(r.get("cause") or ""), odd_ranks=odd, waiting_ranks=waiting,
-                            odd_collective=ranks[odd[0]]["blocked_in"] if odd else None,
+                            odd_collective=ranks[called[0]]["blocked_in"] if called else None,
                             waiting_collective=d.get("majority_blocked_in"),
-                            frames=tuple((k, v.get("blocked_in"), v.get("user_frame") or v.get("frame"))
+                            frames=tuple((k, *rank_evidence(v))
                                          for k, v in sorted(ranks.items(), key=lambda kv: (kv[0] not in odd, kv[0]))),
                             fix=fix, evidence=(f"{r['run']}/status.json",))
         code = r.get("exit_code")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from ingest.hangs import rank_evidence
 from ingest.io import Campaign
 from core.records import RUN_STATUSES
 from report import evidence as ev
@@ -601,7 +602,8 @@ def _diagnosis(r: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
     """Per-rank evidence of hung runs: py-spy (blocked_in, our innermost frame) or the flight
-    recorder (last collective and its state)."""
+    recorder (last collective and its state); a rank without a stack is shown with its process
+    state (e.g. "stopped (state T)") and py-spy's error instead."""
     out = []
     for r in runs:
         if r.get("status") != "hang":
@@ -611,10 +613,12 @@ def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
             if not isinstance(s, dict):
                 continue
             if d.get("source") == "flight-recorder":
-                blocked = f"collective #{s.get('last_seq_id')} {s.get('last_op')} ({s.get('last_state')})"
-                where = f"flight recorder, last completed #{s.get('last_completed_seq_id')}"
-            else:
-                blocked, where = s.get("blocked_in"), s.get("user_frame") or s.get("frame")
+                blocked = (f"collective #{s['last_seq_id']} {s.get('last_op') or 'op unknown'} ({s.get('last_state') or 'state unknown'})"
+                           if s.get("last_seq_id") is not None else "no collective recorded")
+                done = s.get("last_completed_seq_id")
+                where = "flight recorder, " + (f"last completed #{done}" if done is not None else "none completed")
+            else:  # a rank without a stack (py-spy failed, e.g. on a stopped process): what is known of it
+                blocked, where = rank_evidence(s)
             out.append(HangRank(run=r["run"], rank=int(rank) if str(rank).isdigit() else str(rank),
                                 blocked_in=blocked, where=where))
     return tuple(out)

@@ -146,9 +146,13 @@ def cmd_all(args: argparse.Namespace) -> int:
     if args.resume:
         if node is not None:
             raise ToolError("--resume is single-node only for now; re-run the whole multi-node campaign into a new --out")
+        if args.dry_run:
+            return plan_resume(args.resume)
         return resume_campaign(args.resume, kill=args.kill_orphans)
     if args.gpus is not None and not args.dry_run:
         raise ToolError("--gpus only applies to --dry-run (a real campaign uses the GPUs it finds)")
+    if args.gpus is not None and args.gpus < 0:
+        raise ConfigError(f"--gpus {args.gpus}: must be >= 0 (0: resolve for CPU)")
     if node is not None and args.out is None:
         raise ToolError("--out DIR is required with --nnodes: every node must write into the same campaign directory")
     num_gpus = count_gpus() if args.gpus is None else args.gpus  # per node
@@ -393,6 +397,28 @@ def resume_campaign(out: Path, *, kill: bool = False) -> int:
         lock.release()
 
 
+def plan_resume(out: Path) -> int:
+    """``runner all --resume CAMPAIGN --dry-run``: print what a resume would do (each run kept, with
+    its final status, or run again) and touch nothing: no lock, no launch, no file moved."""
+    from ingest.paths import resolve_under
+    from runner.launch import load_json
+
+    if not (out / "campaign.json").is_file():
+        raise ToolError(f"{out}: not a campaign directory (no campaign.json); pass a directory written by `runner all`")
+    meta = load_campaign_meta(out)
+    specs = [load_run_spec(out, name) for name in meta["runs"]]
+    print(f"resume of campaign {meta['name']} in {out} (dry run: nothing is launched or moved)")
+    for i, spec in enumerate(specs, 1):
+        path = resolve_under(out, spec.name, "status.json")  # a symlink out of the campaign is refused
+        status = load_json(path).get("status") if path.exists() else None
+        if status in FINAL_STATUSES:
+            print(f"[{i}/{len(specs)}] {spec.name}: already {status}, kept")
+        else:
+            print(f"[{i}/{len(specs)}] {spec.name}: would run ({spec.strategy}/{spec.engine} on {spec.world_size} "
+                  f"process(es)" + (f"; its status '{status}' is not final" if isinstance(status, str) else "") + ")")
+    return 0
+
+
 def load_campaign_meta(out: Path) -> dict:
     """campaign.json checked for what --resume needs: an object with a name, a list of plain run
     names and the supervision limits. ConfigError naming the file otherwise."""
@@ -575,7 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_all = sub.add_parser("all", help="run every run of the matrix, one torchrun each")
     p_all.add_argument("--matrix", type=Path, help="experiment matrix TOML (default: embedded, by GPUs found)")
     p_all.add_argument("--out", type=Path, help="campaign directory (default: runs/<name>-<timestamp>)")
-    p_all.add_argument("--dry-run", action="store_true", help="print resolved runs and exact commands; run nothing")
+    p_all.add_argument("--dry-run", action="store_true", help="print resolved runs and exact commands; run nothing "
+                       "(with --resume: which runs a resume would keep and which it would run)")
     p_all.add_argument("--preset", help="model preset (overrides the matrix): gpt-125m | tiny")
     p_all.add_argument("--steps", type=int, help="optimizer steps per run (overrides the matrix)")
     p_all.add_argument("--gpus", type=int, help="with --dry-run: resolve as if this many GPUs were present")
@@ -598,7 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_pd.add_argument("--vocab-size", type=int, default=50257,
                       help="the model's vocabulary: cap of a fitted tokenizer, bound for a given one (default 50257)")
     p_pd.add_argument("--text-key", default="text", help="jsonl field / parquet column holding the text (default text)")
-    p_pd.set_defaults(func=cmd_prepare_data)
+    p_pd.set_defaults(func=cmd_prepare_data, interrupted="runner: prepare-data interrupted; no output written (PREFIX.bin, "
+                      ".idx, .json and a fitted tokenizer are renamed into place only once all are complete)")
     p_col = sub.add_parser("collect", help="merge nodes' campaign directories into node 0's")
     p_col.add_argument("campaign_dir", type=Path, help="node 0's campaign directory (has campaign.json)")
     p_col.add_argument("node_dirs", type=Path, nargs="+", help="the other nodes' --out directories")
@@ -635,8 +663,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"runner: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("runner: interrupted; the current run was stopped and marked 'interrupted' "
-              "(finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
+        print(getattr(args, "interrupted", None) or "runner: interrupted; the current run was stopped and marked "
+              "'interrupted' (finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
         return 130
     except OSError as e:  # full disk, permissions: name the file
         from runner.launch import describe_error

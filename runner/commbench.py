@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import re
 import signal
@@ -64,7 +65,14 @@ class CommBenchConfig:
 
 
 def check_config(cfg: CommBenchConfig, *, nproc: int) -> None:
-    """ConfigError listing every bad field."""
+    """ConfigError listing every bad field (config_problems)."""
+    problems = config_problems(cfg, nproc=nproc)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def config_problems(cfg: CommBenchConfig, *, nproc: int) -> list[str]:
+    """Every bad field of ``cfg`` (and the process count), one line each."""
     problems = []
     bad = [op for op in cfg.ops if op not in COLLECTIVES]
     if bad or not cfg.ops:
@@ -81,8 +89,7 @@ def check_config(cfg: CommBenchConfig, *, nproc: int) -> None:
         problems.append(f"--device {cfg.device}: choose cuda or cpu")
     if nproc < 1:
         problems.append(f"--nproc {nproc}: must be >= 1")
-    if problems:
-        raise ConfigError("\n".join(problems))
+    return problems
 
 
 def build_sizes(cfg: CommBenchConfig, *, world_size: int) -> list[int]:
@@ -283,6 +290,15 @@ def add_commbench_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_commbench(args: argparse.Namespace) -> int:
     from ingest.io import load_commbench
 
+    problems = []  # every bad value at once, one line each, before anything is launched
+    if args.nnodes < 1:
+        problems.append(f"--nnodes {args.nnodes}: must be >= 1")
+    elif not 0 <= args.node_rank < args.nnodes:
+        problems.append(f"--node-rank {args.node_rank}: must be in [0, {args.nnodes}) (--nnodes {args.nnodes})")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        problems.append("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        problems.append(f"--timeout-s {args.timeout_s}: must be a finite number of seconds > 0")
     device = args.device
     gpus = 0
     if device in ("auto", "cuda"):
@@ -290,18 +306,25 @@ def cmd_commbench(args: argparse.Namespace) -> int:
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if device == "cuda" and gpus == 0:
-            raise ConfigError("--device cuda: no GPU found; use --device cpu (gloo)")
+            problems.append("--device cuda: no GPU found; use --device cpu (gloo)")
         device = "cuda" if gpus else "cpu"
-    nproc = args.nproc or (gpus if device == "cuda" else 2)
+    nproc = args.nproc if args.nproc is not None else (gpus if device == "cuda" else 2)  # 0 is refused, not the default
     if device == "cuda" and nproc > gpus:
-        raise ConfigError(f"--nproc {nproc}: only {gpus} GPU(s) here; NCCL needs one GPU per rank")
-    if args.nnodes > 1 and not args.rdzv_endpoint:
-        raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        problems.append(f"--nproc {nproc}: only {gpus} GPU(s) here; NCCL needs one GPU per rank")
+    sizes = {}
+    for flag, text in (("--min-bytes", args.min_bytes), ("--max-bytes", args.max_bytes or ("1G" if device == "cuda" else "4M"))):
+        try:
+            sizes[flag] = parse_size(text)
+        except ConfigError as e:
+            problems.append(f"{flag} {e}")
     cfg = CommBenchConfig(ops=tuple(o.strip() for o in args.ops.split(",") if o.strip()),
-                          min_bytes=parse_size(args.min_bytes),
-                          max_bytes=parse_size(args.max_bytes or ("1G" if device == "cuda" else "4M")),
+                          min_bytes=sizes.get("--min-bytes", 1) if len(sizes) == 2 else 1,
+                          max_bytes=sizes.get("--max-bytes", 1) if len(sizes) == 2 else 1,
                           step_factor=args.factor, num_warmup=args.warmup, num_iters=args.iters, dtype=args.dtype,
                           device=device)
+    problems += config_problems(cfg, nproc=nproc)
+    if problems:
+        raise ConfigError("\n".join(problems))
     out = args.out or Path("runs") / f"commbench-{dt.datetime.now():%Y%m%d-%H%M%S}"
     print(f"commbench: {','.join(cfg.ops)} on {nproc * args.nnodes} {device} rank(s) "
           f"({'nccl' if device == 'cuda' else 'gloo'}), {cfg.min_bytes}..{cfg.max_bytes} bytes x{cfg.step_factor}",

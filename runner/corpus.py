@@ -15,6 +15,15 @@
    ``DType.optimal_dtype``), so Megatron-LM reads it and a dataset Megatron-LM's tool wrote is
    read here.
 
+Linear in input size: the fitted tokenizer's pre-tokenizer cuts every pre-token (GPT-2's regex
+pieces) into pieces of at most MAX_PRETOKEN_CHARS characters, so one huge "word" (a 1 MB line
+without spaces, a long run of one character or of whitespace) costs the BPE trainer what many
+short words do; uncut, its merges rescan the whole word and the fit was quadratic in its length.
+Interruptible: the tokenizer's Rust work runs in a worker thread while the main thread waits,
+so SIGTERM/SIGINT (KeyboardInterrupt) stop it at once; every output is built in a temporary
+directory beside the prefix and renamed into place at the end (signals held off while renaming),
+so an interrupted run leaves no output that looks complete.
+
 The embedded default corpus needs no download: the source files of this Python's standard
 library (sorted, up to a byte budget), which every machine with Python has.
 
@@ -28,9 +37,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +62,10 @@ DEFAULT_VOCAB_SIZE = 50257  # gpt-125m's: `runner prepare-data` without a model 
 DEFAULT_CORPUS_MIN_BYTES = 1 << 20
 DEFAULT_CORPUS_MAX_BYTES = 64 << 20
 CHUNK_TOKENS = 1 << 24  # .bin scan for the largest id, 16M tokens at a time
+# Longest pre-token a fitted tokenizer sees (characters of the byte-level alphabet): longer GPT-2
+# regex pieces are cut, which keeps the BPE fit linear in the input (module docstring). 128 is
+# far past real words and indentation runs, so ordinary text is pre-tokenized exactly as GPT-2's.
+MAX_PRETOKEN_CHARS = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,17 +227,43 @@ def train_tokenizer(docs: Sequence[str], *, vocab_size: int):
     """A byte-level BPE (GPT-2's pre-tokenizer and byte alphabet, EOD special token) fitted on
     ``docs`` with HF tokenizers' BpeTrainer. Its vocabulary is at most ``vocab_size`` (a small
     corpus may have fewer merges to learn). Raises ConfigError when vocab_size < 257."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < MIN_TRAINED_VOCAB:
         raise ConfigError(f"vocab size {vocab_size} < {MIN_TRAINED_VOCAB}: a byte-level BPE needs 256 byte symbols + EOD")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # GPT-2's byte-level pieces, each cut to MAX_PRETOKEN_CHARS: saved in tokenizer.json, so encoding cuts alike
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+        pre_tokenizers.Split(Regex(f".{{1,{MAX_PRETOKEN_CHARS}}}"), behavior="isolated")])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    run_interruptible(tok.train_from_iterator, docs, trainer=trainer, length=len(docs))
     return tok
+
+
+def run_interruptible(fn, /, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a worker thread while this (main) thread waits in short joins,
+    so a signal handler -- SIGINT's KeyboardInterrupt, the runner's SIGTERM -> KeyboardInterrupt --
+    runs at once instead of after a long call into the tokenizers library (Rust, GIL released),
+    which never returns to Python until done. On an interrupt the daemon worker is abandoned (the
+    process is exiting). Returns fn's result; re-raises its exception."""
+    result: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            result["error"] = e
+
+    worker = threading.Thread(target=work, name="tokenizer", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
 
 
 def check_tokenizer_vocab(tokenizer, *, path: str | Path, model_vocab_size: int) -> int:
@@ -253,30 +295,28 @@ def _index_dtype(vocab_size: int):
 
 def write_indexed_dataset(token_docs: Sequence[Sequence[int]], *, prefix: Path, vocab_size: int) -> None:
     """Write documents of token ids as ``prefix.bin`` / ``prefix.idx`` with megatron-core's
-    IndexedDatasetBuilder (one sequence per document), atomically (temp names, then rename)."""
+    IndexedDatasetBuilder (one sequence per document), in place: ``prefix`` is a staging path
+    (prepare_data renames the files into place once everything is built and checked)."""
     IndexedDatasetBuilder = _megatron_indexed_dataset().IndexedDatasetBuilder
     dtype = _index_dtype(vocab_size)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    # exclusive, random temp names (never a planted symlink); the builder reopens them in place
-    tmp_bin, tmp_idx = (Path(_new_temp(prefix.parent, f"{prefix.name}.{ext}")) for ext in ("bin", "idx"))
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    for ids in token_docs:
+        arr = np.asarray(ids, dtype=dtype)
+        builder.add_document(arr, [arr.size])
+    builder.finalize(f"{prefix}.idx")
+
+
+def _commit_staged(moves: Sequence[tuple[Path, Path]]) -> None:
+    """Rename staged files into place (user's file mode) with SIGINT/SIGTERM held off, so an
+    interrupt lands before or after the whole set, never between two of its files."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        builder = IndexedDatasetBuilder(str(tmp_bin), dtype=dtype)
-        for ids in token_docs:
-            arr = np.asarray(ids, dtype=dtype)
-            builder.add_document(arr, [arr.size])
-        builder.finalize(str(tmp_idx))
-        for tmp, ext in ((tmp_bin, "bin"), (tmp_idx, "idx")):
-            os.chmod(tmp, 0o666 & ~umask())
-            os.replace(tmp, f"{prefix}.{ext}")
+        for src, dst in moves:
+            os.chmod(src, 0o666 & ~umask())
+            os.replace(src, dst)
     finally:
-        tmp_bin.unlink(missing_ok=True)
-        tmp_idx.unlink(missing_ok=True)
-
-
-def _new_temp(directory: Path, name: str) -> str:
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    os.close(fd)
-    return tmp
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,32 +375,41 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
     the model's vocabulary (cap of a trained tokenizer; bound a given one must fit). Raises
     ConfigError naming the file for bad input (module docstring)."""
     t0 = time.perf_counter()
+    out_prefix = Path(out_prefix)
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     if tokenizer is not None:
         tok_vocab = check_tokenizer_vocab(tokenizer, path=tokenizer_path, model_vocab_size=vocab_size)
     docs = load_corpus(sources, text_key=text_key)
-    if tokenizer is None:
-        tokenizer = train_tokenizer(docs, vocab_size=vocab_size)
-        tok_vocab = check_tokenizer_vocab(tokenizer, path="trained tokenizer", model_vocab_size=vocab_size)
-        tokenizer_path = Path(f"{out_prefix}.tokenizer.json")
-        tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(tokenizer_path))
-        trained = True
-    else:
-        trained = False
-    eod = tokenizer.token_to_id(EOD_TOKEN)
-    if eod is None:  # a tokenizer without GPT-2's EOD: Megatron-LM's tool appends the tokenizer's eod; we need one
-        raise ConfigError(f"{tokenizer_path}: no '{EOD_TOKEN}' token to end documents with; use a GPT-2 style tokenizer")
-    encoded = [e.ids + [eod] for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
-    write_indexed_dataset(encoded, prefix=out_prefix, vocab_size=tok_vocab)
-    info = validate_dataset(out_prefix, model_vocab_size=vocab_size, seq_length=seq_length)
-    record = DatasetRecord(
-        prefix=str(Path(out_prefix).resolve()), source=source, sources=tuple(str(p) for p in sources),
-        source_bytes=sum(Path(p).stat().st_size for p in sources), tokenizer=str(Path(tokenizer_path).resolve()),
-        tokenizer_trained=trained, vocab_size=tok_vocab, eod_token_id=eod, num_documents=info.num_documents,
-        num_tokens=info.num_tokens, token_dtype=info.token_dtype, max_token_id=info.max_token_id,
-        bin_bytes=info.bin_bytes, build_s=time.perf_counter() - t0)
-    write_dataset_record(Path(f"{out_prefix}.json"), record)
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    # everything is built in an exclusive, randomly named directory beside the outputs, then renamed
+    stage = Path(tempfile.mkdtemp(dir=out_prefix.parent, prefix=f".{out_prefix.name}.", suffix=".tmp"))
+    try:
+        staged = stage / out_prefix.name
+        moves = [(Path(f"{staged}.{ext}"), Path(f"{out_prefix}.{ext}")) for ext in ("bin", "idx")]
+        trained = tokenizer is None
+        if trained:
+            tokenizer = train_tokenizer(docs, vocab_size=vocab_size)
+            tok_vocab = check_tokenizer_vocab(tokenizer, path="trained tokenizer", model_vocab_size=vocab_size)
+            tokenizer_path = Path(f"{out_prefix}.tokenizer.json")
+            tokenizer.save(f"{staged}.tokenizer.json")
+            moves.insert(0, (Path(f"{staged}.tokenizer.json"), tokenizer_path))
+        eod = tokenizer.token_to_id(EOD_TOKEN)
+        if eod is None:  # a tokenizer without GPT-2's EOD: Megatron-LM's tool appends the tokenizer's eod; we need one
+            raise ConfigError(f"{tokenizer_path}: no '{EOD_TOKEN}' token to end documents with; use a GPT-2 style "
+                              "tokenizer")
+        encodings = run_interruptible(tokenizer.encode_batch, docs, add_special_tokens=False)
+        write_indexed_dataset((e.ids + [eod] for e in encodings), prefix=staged, vocab_size=tok_vocab)
+        info = validate_dataset(staged, model_vocab_size=vocab_size, seq_length=seq_length)
+        record = DatasetRecord(
+            prefix=str(out_prefix.resolve()), source=source, sources=tuple(str(p) for p in sources),
+            source_bytes=sum(Path(p).stat().st_size for p in sources), tokenizer=str(Path(tokenizer_path).resolve()),
+            tokenizer_trained=trained, vocab_size=tok_vocab, eod_token_id=eod, num_documents=info.num_documents,
+            num_tokens=info.num_tokens, token_dtype=info.token_dtype, max_token_id=info.max_token_id,
+            bin_bytes=info.bin_bytes, build_s=time.perf_counter() - t0)
+        Path(f"{staged}.json").write_text(json.dumps(to_dict(record), indent=2) + "\n", encoding="utf-8")
+        _commit_staged([*moves, (Path(f"{staged}.json"), Path(f"{out_prefix}.json"))])  # the record last
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return record
 
 

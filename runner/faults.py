@@ -16,6 +16,7 @@ Deliberately tiny: the training loop calls ``inject(point, step)`` at three poin
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import torch
 
 FAULT_KINDS = ("oom", "crash", "hang", "gpu_hang", "straggler", "slow_data")
+FAULT_KEYS = ("kind", "rank", "step", "seconds")
 IMPOSSIBLE_BYTES = 1 << 50  # 1 PiB: no allocator on earth grants it
 
 
@@ -35,8 +37,31 @@ class Fault:
     seconds: float = 0.0
 
 
+def fault_problems(raw: Any, *, world_size: int, steps: int) -> list[str]:
+    """Problems of a run's ``options.fault`` table, one line each (empty: a valid fault or none):
+    kind one of FAULT_KINDS, rank an integer in [0, world_size), step an integer in [0, steps),
+    seconds a finite number >= 0, no other keys."""
+    if raw is None or (isinstance(raw, Mapping) and not raw):
+        return []
+    if not isinstance(raw, Mapping):
+        return [f"options.fault must be a table such as {{ kind = \"crash\", rank = 1, step = 5 }}, got {raw!r}"]
+    problems = [f"options.fault: unknown key '{k}' (valid: {', '.join(FAULT_KEYS)})"
+                for k in sorted(set(map(str, raw)) - set(FAULT_KEYS))]
+    if raw.get("kind") not in FAULT_KINDS:
+        problems.append(f"options.fault kind must be one of {', '.join(FAULT_KINDS)}, got {raw.get('kind')!r}")
+    for key, bound, name in (("rank", world_size, "world_size"), ("step", steps, "steps")):
+        value = raw.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
+            problems.append(f"options.fault {key} must be an integer in [0, {bound}) ({name} {bound}), got {value!r}")
+    seconds = raw.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        problems.append(f"options.fault seconds must be a finite number >= 0, got {seconds!r}")
+    return problems
+
+
 def build_fault(options: Mapping[str, Any]) -> Fault | None:
-    """The run's fault, or None. Raises ValueError naming the bad field."""
+    """The run's fault, or None (runner.matrix checked it with fault_problems). Raises ValueError
+    naming the bad field."""
     raw = options.get("fault")
     if not raw:
         return None

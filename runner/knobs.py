@@ -41,6 +41,7 @@ Deliberately not here: launching, the DeepSpeed JSON (runner.strategies.zero3 bu
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -124,6 +125,16 @@ ZERO3_DEFAULTS: dict[str, Any] = {
     "stage3_max_reuse_distance": 1_000_000_000,
 }
 
+# Lower bounds of integer knobs (any engine's, and the test key): a knob not named takes any value of its type.
+KNOB_MINIMUMS: dict[str, int] = {"bucket_cap_mb": 1, "prefetch_num_blocks": 0, "virtual_stages": 1,
+                                 "simulate_oom_above_micro_batch_size": 1}
+# Lower bounds of the integer zero_optimization keys (sizes in elements, distances in parameters).
+ZERO_MINIMUMS: dict[str, int] = {"reduce_bucket_size": 1, "stage3_prefetch_bucket_size": 0,
+                                 "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 1,
+                                 "stage3_max_reuse_distance": 0, "allgather_bucket_size": 1,
+                                 "zero_hpz_partition_size": 1}
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderKnobs:
     """The real data round's DataLoader (runner.data.RealBatches), in ``[runs.options.loader]``;
@@ -149,7 +160,7 @@ def resolve_loader_knobs(raw: Any, *, device: str, where: str) -> tuple[dict[str
         if v is None:
             continue
         ok = isinstance(v, bool) if kind is bool else (not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else int))
-        if not ok or (kind is not bool and v < 0) or (k == "prefetch_factor" and v < 1):
+        if not ok or (kind is not bool and (not math.isfinite(v) or v < 0)) or (k == "prefetch_factor" and v < 1):
             problems.append(f"{where}: 'loader.{k}' must be {'true or false' if kind is bool else 'a number >= 0' if kind is float else 'an integer >= ' + ('1' if k == 'prefetch_factor' else '0')}, got {v!r}")
     if problems:
         return {}, problems
@@ -212,14 +223,21 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
                 problems.append(f"{where}: unknown key 'zero.{k}' (valid: {', '.join(sorted(ZERO_KEYS))})")
             elif not _type_ok(v, ZERO_KEYS[k]):
                 problems.append(f"{where}: 'zero.{k}' must be {ZERO_KEYS[k].__name__}, got {v!r}")
+            elif k in ZERO_MINIMUMS and v < ZERO_MINIMUMS[k]:
+                problems.append(f"{where}: 'zero.{k}' must be >= {ZERO_MINIMUMS[k]}, got {v!r}")
     if "init" in given and given["init"] not in ("runner", "megatron"):
         problems.append(f"{where}: 'init' must be 'runner' or 'megatron', got {given['init']!r}")
     for key, valid_values in (("schedule", PP_SCHEDULES), ("reduce_dtype", REDUCE_DTYPES)):
         if key in given and given[key] is not None and given[key] not in valid_values:
             problems.append(f"{where}: '{key}' must be one of {', '.join(valid_values)}, got {given[key]!r}")
-    for key, minimum in (("prefetch_num_blocks", 0), ("virtual_stages", 1)):
-        if isinstance(given.get(key), int) and not isinstance(given[key], bool) and given[key] < minimum:
-            problems.append(f"{where}: '{key}' must be >= {minimum}, got {given[key]!r}")
+    for key, minimum in KNOB_MINIMUMS.items():
+        value = options.get(key)
+        if key not in fields and key not in TEST_OPTION_KEYS or value is None:
+            continue
+        if key in TEST_OPTION_KEYS and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(f"{where}: '{key}' must be an integer >= {minimum}, got {value!r}")
+        elif isinstance(value, int) and not isinstance(value, bool) and value < minimum:
+            problems.append(f"{where}: '{key}' must be >= {minimum}, got {value!r}")
     if problems:
         return dict(options), problems
     knobs = cls(**given)

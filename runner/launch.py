@@ -185,6 +185,24 @@ def _rank_processes(proc: subprocess.Popen) -> dict[int, psutil.Process]:
     return ranks
 
 
+# psutil status -> the kernel's one-letter state (ps STAT column)
+PROCESS_STATE_LETTERS = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T", "tracing-stop": "t",
+                         "zombie": "Z", "dead": "X", "idle": "I"}
+
+
+def describe_process_state(process: psutil.Process) -> str:
+    """A rank's process state as words, e.g. "stopped (state T)" for a SIGSTOPped rank; "gone"
+    once it has exited."""
+    try:
+        status = process.status()
+    except psutil.NoSuchProcess:
+        return "gone (exited)"
+    except psutil.Error as e:
+        return f"state unknown ({type(e).__name__})"
+    letter = PROCESS_STATE_LETTERS.get(status)
+    return f"{status} (state {letter})" if letter else str(status)
+
+
 def diagnose_stall(proc: subprocess.Popen, run_dir: Path, *, world_size: int) -> tuple[str, dict]:
     """Dump every rank's Python stack with py-spy into trace/stacks_rank<r>.txt and say which
     rank is not in the collective the others wait in."""
@@ -197,9 +215,16 @@ def diagnose_stall(proc: subprocess.Popen, run_dir: Path, *, world_size: int) ->
             out = subprocess.run([pyspy, "dump", "--pid", str(child.pid)], capture_output=True, text=True,
                                  timeout=60, check=False)
         except subprocess.TimeoutExpired:
+            summaries[rank] = {"blocked_in": None, "frame": None, "user_frame": None,
+                               "process_state": describe_process_state(child), "stack_error": "timed out after 60 s"}
             continue
         (run_dir / "trace" / f"stacks_rank{rank}.txt").write_text(out.stdout + out.stderr, encoding="utf-8")
-        summaries[rank] = summarize_stack(parse_pyspy_dump(out.stdout))
+        summary = summarize_stack(parse_pyspy_dump(out.stdout))
+        if summary["blocked_in"] is None:  # no stack: say what is known of the process instead
+            summary["process_state"] = describe_process_state(child)
+            error = next((ln.strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip()), "")
+            summary["stack_error"] = error[:200] or f"exit code {out.returncode}, no frames"
+        summaries[rank] = summary
     cause, diagnosis = diagnose_from_stacks(summaries)
     missing = sorted(set(range(world_size)) - set(summaries))
     if missing:

@@ -59,7 +59,7 @@ else:  # pragma: no cover
 from core.errors import ConfigError
 from core.records import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
 from runner.corpus import DataSourceConfig, build_data_source_config
-from runner.faults import build_fault
+from runner.faults import fault_problems
 from runner.knobs import DATA_OPTION_KEYS, check_layout_knobs, resolve_knobs, resolve_loader_knobs
 from runner.presets import PRESETS, build_model_config
 from runner.kernels import KERNEL_MODES, apply_engine_knobs, liger_available, resolve_kernels
@@ -95,6 +95,14 @@ FIXED_TYPES: dict[str, tuple[type, float | None]] = {
     "min_lr": (float, 0.0), "weight_decay": (float, 0.0), "adam_beta1": (float, 0.0), "adam_beta2": (float, 0.0),
     "grad_clip": (float, 0.0), "dtype": (str, None),
     "profile_start_step": (int, 1), "profile_num_steps": (int, 0),
+}
+MAX_STEPS = 10_000_000  # far past any comparison campaign; catches typos such as steps = 1e23
+# [fixed] bounds besides FIXED_TYPES' minimum: key -> (wording, test)
+FIXED_LIMITS = {
+    "lr": ("> 0", lambda v: v > 0), "min_lr": ("> 0", lambda v: v > 0),
+    "adam_beta1": ("< 1", lambda v: v < 1), "adam_beta2": ("< 1", lambda v: v < 1),
+    **{k: (f"<= {MAX_STEPS}", lambda v: v <= MAX_STEPS)
+       for k in ("steps", "warmup_steps", "lr_warmup_steps", "profile_start_step", "profile_num_steps")},
 }
 DEFAULT_PROFILE_NUM_STEPS = 3  # traced steps per run; one warm-up step precedes them
 MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
@@ -313,6 +321,8 @@ def _check_fixed_types(fixed_raw: Mapping[str, Any], where: str) -> list[str]:
             problems.append(f"{name} must be a finite number, got {value!r}")
         elif minimum is not None and value < minimum:
             problems.append(f"{name} must be >= {minimum}, got {value!r}")
+        elif key in FIXED_LIMITS and not FIXED_LIMITS[key][1](value):
+            problems.append(f"{name} must be {FIXED_LIMITS[key][0]}, got {value!r}")
     return problems
 
 
@@ -386,6 +396,9 @@ def resolve_matrix(
     values = base | fixed_raw
     if values["dtype"] not in DTYPES:
         problems.append(f"{source} [fixed] dtype '{values['dtype']}' is not supported (valid: {', '.join(DTYPES)})")
+    if values["min_lr"] > values["lr"]:
+        problems.append(f"{source} [fixed] min_lr ({values['min_lr']}) must not exceed lr ({values['lr']}): the schedule"
+                        " decays from lr to min_lr")
     if values["steps"] <= values["warmup_steps"]:
         problems.append(f"{source} [fixed] steps ({values['steps']}) must exceed warmup_steps ({values['warmup_steps']}),"
                         " or no step is measured")
@@ -474,8 +487,8 @@ def resolve_matrix(
     for key in timeouts:
         if key in camp:
             value = camp[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                problems.append(f"{source} [campaign] {key} must be a positive number of seconds, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                problems.append(f"{source} [campaign] {key} must be a positive, finite number of seconds, got {value!r}")
             else:
                 timeouts[key] = float(value)
     specs = []
@@ -543,10 +556,8 @@ def resolve_matrix(
                                                         num_microbatches=per_dp // mbs, where=f"{where} options")
         if search is not None:
             options["micro_batch_search"] = search
-        try:
-            build_fault(options)
-        except (ValueError, TypeError) as e:
-            problems.append(f"{where}: {e}")
+        problems += [f"{where} {p}" for p in fault_problems(options.get("fault"), world_size=lay["world"],
+                                                              steps=fixed.steps)]
         loader_raw = options.pop("loader", None)
         loader, loader_problems = ({}, []) if "real" not in rounds else resolve_loader_knobs(
             loader_raw or {}, device=device, where=f"{where} options")
