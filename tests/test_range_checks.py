@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.errors import ConfigError
+from core.errors import ConfigError
 from ingest.hangs import diagnose_from_stacks
 from report.view import HangRank, build_hang_ranks
 from runner.matrix import resolve_matrix
