@@ -1,4 +1,5 @@
-"""`ingest CAMPAIGN_DIR [--out DIR]`: write runs.parquet / steps.parquet and print a summary.
+"""`ingest CAMPAIGN_DIR [--out DIR]`: write runs.parquet / steps.parquet, section 5's trace_*.parquet
+(ingest.io.write_trace_tables) and commbench.parquet, and print a summary.
 
 `ingest COMMBENCH_DIR [--out DIR]`: `runner commbench` results -> commbench.parquet.
 
@@ -19,7 +20,9 @@ import sys
 from pathlib import Path
 
 from core.errors import ConfigError, ToolError
-from ingest.io import load_campaign, write_tables
+from ingest.io import (
+    load_campaign, load_commbench, load_trace_tables, write_commbench_table, write_tables, write_trace_tables,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,8 +101,6 @@ def run_thirdparty(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if len(args.paths) == 1 and (Path(args.paths[0]) / "commbench.json").is_file():  # `runner commbench --out DIR`
-        from ingest.io import load_commbench, write_commbench_table
-
         rows = load_commbench(args.paths[0])
         print(f"commbench: {len(rows)} rows ({', '.join(sorted({r['op'] for r in rows}))})")
         print(f"wrote {write_commbench_table(rows, Path(args.out) if args.out else Path(args.paths[0]))}")
@@ -110,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
     campaign = load_campaign(args.campaign_dir)
     out_dir = Path(args.out) if args.out else Path(args.campaign_dir) / "tables"
     paths = write_tables(campaign, out_dir)
+    trace_tables = load_trace_tables(campaign)  # section 5's tables, so `report build OUT` needs no trace
+    if trace_tables is not None:
+        paths += write_trace_tables(trace_tables, out_dir)
+    bench = Path(args.campaign_dir) / "commbench"
+    if (bench / "commbench.json").is_file():
+        paths.append(write_commbench_table(load_commbench(bench), out_dir))
     print(f"campaign {campaign.name}: {len(campaign.runs)} runs, {len(campaign.steps)} step rows")
     for run in campaign.runs.to_dict("records"):
         status = run.get("status") if isinstance(run.get("status"), str) else "no status.json"

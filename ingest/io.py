@@ -594,79 +594,99 @@ class TraceTables:
     collectives: pd.DataFrame | None = None
 
 
-def load_trace_tables(campaign: Campaign) -> TraceTables | None:
-    """Analyse every run's profiler traces and NCCL rank logs (see TraceTables). None when no
-    run of the campaign has a trace/ or a rank log (tables dirs, third-party folders).
-    Never raises on content: unreadable traces become warnings."""
+# Section 5's tables as written by ``write_trace_tables`` (a run's <run>/tables/ or an ingest folder)
+TRACE_TABLE_FILES = {"breakdown": "trace_breakdown.parquet", "kernels": "trace_kernels.parquet",
+                     "spans": "trace_spans.parquet", "meta": "trace_meta.parquet",
+                     "attribution": "trace_attribution.parquet", "collectives": "trace_collectives.parquet",
+                     "nccl": "trace_nccl.parquet"}
+RUN_TABLES_DIR = "tables"
+_TRACE_META_COLUMNS = ["run", "rank", "export_s", "trace_bytes"]
+
+
+def _run_layout(run: Any) -> tuple[int, int]:
+    """(pp_degree, num_microbatches) of a run row, 1 where missing."""
     import pandas as pd
 
-    from ingest.parsers.dispatch import parse_text
-    from core.records import KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
-    from ingest.topology import nccl_transports, summarize_nccl_topology
+    pp = int(run["pp_degree"]) if not pd.isna(run.get("pp_degree")) else 1
+    m = run.get("num_microbatches")
+    return pp, int(m) if m is not None and not pd.isna(m) and int(m) >= 1 else 1
+
+
+def _trace_inputs(run_dir: Path) -> list[tuple[str, int]]:
+    """The files a run's trace tables are computed from, as (name under the run, bytes): the
+    fingerprint stored with the tables, so tables older than their inputs are not used."""
+    paths = [*(run_dir / "trace").glob("profile_*rank*.json*"), *(run_dir / "logs").glob("rank*.log*")]
+    return sorted((f"{p.parent.name}/{p.name}", p.stat().st_size) for p in paths if is_regular_file(p))
+
+
+def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_degree: int = 1,
+                             num_microbatches: int = 1, root: str | os.PathLike[str] | None = None,
+                             ) -> TraceTables | None:
+    """Analyse one run's profiler traces (trace/profile_rank<r>.json[.gz]), profiler-window
+    records and NCCL rank logs (logs/rank<r>.log[.gz]) into its ``TraceTables``. None when the
+    run has none of them. root: the campaign (rank logs must lie inside it; default the run's
+    parent). Never raises on content: unreadable traces become warnings."""
+    import pandas as pd
+
+    from core.records import AttributionRow, CollectiveRow, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
     from ingest.attribution import compute_attribution
-    from core.records import AttributionRow, CollectiveRow
+    from ingest.parsers.dispatch import parse_text
+    from ingest.topology import nccl_transports, summarize_nccl_topology
     from ingest.traces import compute_step_breakdown
 
-    root = Path(campaign.source)
-    if not root.is_dir() or campaign.runs.empty:
-        return None
+    run_dir = Path(run_dir)
+    root = Path(root) if root is not None else run_dir.parent
     steps, kernels, spans, metas, warnings, attributed, collectives = [], [], [], [], [], [], []
     nccl: dict[str, list[str]] = {}
     transports: dict[str, list[str]] = {}
     found = False
-    for run in campaign.runs.to_dict("records"):
-        name = str(run["run"])
-        run_dir = root / name
-        pp = int(run["pp_degree"]) if not pd.isna(run.get("pp_degree")) else 1
-        m = run.get("num_microbatches")
-        num_microbatches = int(m) if m is not None and not pd.isna(m) and int(m) >= 1 else 1
-        timelines = {}
-        for path in sorted((run_dir / "trace").glob("profile_rank*.json*"), key=lambda p: p.name):
-            match = re.fullmatch(r"profile_rank(\d+)\.json(\.gz)?", path.name)
-            if not match or path.is_symlink():
-                continue
-            if not is_regular_file(path):
-                warnings.append(f"{name}/trace/{path.name}: not a regular file (a FIFO?); skipped")
-                continue
-            found = True
-            try:
-                result = compute_step_breakdown(open_trace_events(path, lean=True), run=name,
-                                                rank=int(match.group(1)), pp_degree=pp)
-            except ParseError as e:
-                warnings.append(str(e))
-                continue
-            if result.rank_timeline is not None:
-                timelines[int(match.group(1))] = result.rank_timeline
-            steps += result.steps
-            kernels += result.kernels
-            spans += result.spans
-            warnings += [f"{name}/trace/{path.name}: {w}" for w in result.warnings]
-        if timelines:
-            att = compute_attribution(timelines, run=name, pp_degree=pp, num_microbatches=num_microbatches)
-            attributed += att.rows
-            collectives += att.collectives
-            warnings += [f"{name}: {w}" for w in att.warnings]
-        for path in sorted((run_dir / "trace").glob("profile_meta_rank*.json")):
-            found = True
-            data = _read_json(path)
-            if isinstance(data, dict) and isinstance(data.get("export_s"), (int, float)):
-                metas.append({"run": name, "rank": data.get("rank"), "export_s": float(data["export_s"]),
-                              "trace_bytes": data.get("trace_bytes")})
-            else:
-                warnings.append(f"{path}: not a profiler-window record; its export time is not counted")
-        recs = []
-        for path in sorted((run_dir / "logs").glob("rank*.log*")):
-            if not re.fullmatch(r"rank\d+\.log(?:\.gz)?", path.name):
-                continue
-            if not is_regular_file(path) or not path.resolve().is_relative_to(root.resolve()):
-                warnings.append(f"{name}/logs/{path.name}: not a regular file inside the campaign; skipped")
-                continue
-            found = True
-            text = read_text_head(path, 1 << 22)
-            recs += [r for r in parse_text(text, source=path.name, kind="nccl").records if r["table"] == "comm_topology"]
-        if recs:
-            nccl[name] = summarize_nccl_topology(recs)
-            transports[name] = nccl_transports(recs)
+    timelines = {}
+    for path in sorted((run_dir / "trace").glob("profile_rank*.json*"), key=lambda p: p.name):
+        match = re.fullmatch(r"profile_rank(\d+)\.json(\.gz)?", path.name)
+        if not match or path.is_symlink():
+            continue
+        if not is_regular_file(path):
+            warnings.append(f"{name}/trace/{path.name}: not a regular file (a FIFO?); skipped")
+            continue
+        found = True
+        try:
+            result = compute_step_breakdown(open_trace_events(path, lean=True), run=name,
+                                            rank=int(match.group(1)), pp_degree=pp_degree)
+        except ParseError as e:
+            warnings.append(str(e))
+            continue
+        if result.rank_timeline is not None:
+            timelines[int(match.group(1))] = result.rank_timeline
+        steps += result.steps
+        kernels += result.kernels
+        spans += result.spans
+        warnings += [f"{name}/trace/{path.name}: {w}" for w in result.warnings]
+    if timelines:
+        att = compute_attribution(timelines, run=name, pp_degree=pp_degree, num_microbatches=num_microbatches)
+        attributed += att.rows
+        collectives += att.collectives
+        warnings += [f"{name}: {w}" for w in att.warnings]
+    for path in sorted((run_dir / "trace").glob("profile_meta_rank*.json")):
+        found = True
+        data = _read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("export_s"), (int, float)):
+            metas.append({"run": name, "rank": data.get("rank"), "export_s": float(data["export_s"]),
+                          "trace_bytes": data.get("trace_bytes")})
+        else:
+            warnings.append(f"{path}: not a profiler-window record; its export time is not counted")
+    recs = []
+    for path in sorted((run_dir / "logs").glob("rank*.log*")):
+        if not re.fullmatch(r"rank\d+\.log(?:\.gz)?", path.name):
+            continue
+        if not is_regular_file(path) or not path.resolve().is_relative_to(root.resolve()):
+            warnings.append(f"{name}/logs/{path.name}: not a regular file inside the campaign; skipped")
+            continue
+        found = True
+        text = read_text_head(path, 1 << 22)
+        recs += [r for r in parse_text(text, source=path.name, kind="nccl").records if r["table"] == "comm_topology"]
+    if recs:
+        nccl[name] = summarize_nccl_topology(recs)
+        transports[name] = nccl_transports(recs)
     if not found:
         return None
 
@@ -675,13 +695,132 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
         return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=cols)
 
     return TraceTables(breakdown=frame(steps, StepBreakdownRow), kernels=frame(kernels, KernelSummaryRow),
-                       spans=frame(spans, TimelineSpanRow),
-                       meta=pd.DataFrame(metas, columns=["run", "rank", "export_s", "trace_bytes"]),
+                       spans=frame(spans, TimelineSpanRow), meta=pd.DataFrame(metas, columns=_TRACE_META_COLUMNS),
                        nccl=nccl, nccl_transports=transports, warnings=tuple(warnings),
                        attribution=frame(attributed, AttributionRow), collectives=frame(collectives, CollectiveRow))
 
 
+def merge_trace_tables(parts: list[TraceTables]) -> TraceTables | None:
+    """One TraceTables of several runs' (in order); None for none."""
+    import pandas as pd
+
+    if not parts:
+        return None
+
+    def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        full = [f for f in frames if not f.empty]
+        return pd.concat(full, ignore_index=True) if full else frames[0]
+
+    return TraceTables(breakdown=cat([p.breakdown for p in parts]), kernels=cat([p.kernels for p in parts]),
+                       spans=cat([p.spans for p in parts]), meta=cat([p.meta for p in parts]),
+                       nccl={k: v for p in parts for k, v in p.nccl.items()},
+                       nccl_transports={k: v for p in parts for k, v in p.nccl_transports.items()},
+                       warnings=tuple(w for p in parts for w in p.warnings),
+                       attribution=cat([p.attribution for p in parts]), collectives=cat([p.collectives for p in parts]))
+
+
+def _write_parquet(df: pd.DataFrame, path: Path, meta: dict[str, Any]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    kv = dict(table.schema.metadata or {})
+    kv.update({k.encode(): json.dumps(v).encode() for k, v in {"schema_version": SCHEMA_VERSION, **meta}.items()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(kv), sink)
+    return write_bytes_atomic(path, sink.getvalue().to_pybytes())
+
+
+def write_trace_tables(tables: TraceTables, out_dir: str | os.PathLike[str], *,
+                       inputs: dict[str, Any] | None = None) -> list[Path]:
+    """Write ``tables`` as the trace_*.parquet files of TRACE_TABLE_FILES into ``out_dir``
+    (atomically; schema_version in each file's metadata). NCCL summaries become rows (run,
+    kind "summary" | "transport", text); warnings and ``inputs`` (the fingerprint of what they
+    were computed from) go in trace_breakdown.parquet's metadata. Returns written paths."""
+    import pandas as pd
+
+    nccl = pd.DataFrame([{"run": run, "kind": kind, "text": text}
+                         for kind, d in (("summary", tables.nccl), ("transport", tables.nccl_transports))
+                         for run, lines in d.items() for text in lines], columns=["run", "kind", "text"])
+    frames = {"breakdown": tables.breakdown, "kernels": tables.kernels, "spans": tables.spans, "meta": tables.meta,
+              "attribution": tables.attribution, "collectives": tables.collectives, "nccl": nccl}
+    out = Path(out_dir)
+    extra = {"warnings": list(tables.warnings), "inputs": inputs}
+    return [_write_parquet(frames[key], out / fname, extra if key == "breakdown" else {})
+            for key, fname in TRACE_TABLE_FILES.items() if frames[key] is not None]
+
+
+def read_trace_tables(path: str | os.PathLike[str], *, inputs: dict[str, Any] | None = None) -> TraceTables | None:
+    """The TraceTables written by ``write_trace_tables`` into ``path``. None when they are not
+    all there, unreadable, of another schema version, or (``inputs`` given) computed from other
+    inputs: the caller then analyses the raw traces."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(path)
+    frames, meta = {}, {}
+    for key, fname in TRACE_TABLE_FILES.items():
+        try:
+            table = pq.read_table(root / fname)
+            kv = table.schema.metadata or {}
+            if key == "breakdown":
+                meta = {k: json.loads(kv[k.encode()]) for k in ("schema_version", "warnings", "inputs")}
+        except (pa.ArrowException, OSError, KeyError, ValueError):
+            return None
+        frames[key] = table.to_pandas()
+    if meta["schema_version"] != SCHEMA_VERSION or (inputs is not None and meta["inputs"] != inputs):
+        return None
+    nccl = frames.pop("nccl")
+    lines = {kind: {run: list(g["text"]) for run, g in nccl[nccl["kind"] == kind].groupby("run", sort=False)}
+             for kind in ("summary", "transport")}
+    return TraceTables(nccl=lines["summary"], nccl_transports=lines["transport"], warnings=tuple(meta["warnings"]),
+                       **frames)
+
+
+def ingest_run_traces(run_dir: str | os.PathLike[str], *, name: str, pp_degree: int = 1,
+                      num_microbatches: int = 1) -> list[Path]:
+    """Analyse one run's traces and rank logs (``compute_run_trace_tables``) and write them into
+    <run>/tables/ with their inputs' fingerprint; [] when the run has none. The runner calls this
+    when a run ends. Raises ParseError / OSError."""
+    run_dir = Path(run_dir)
+    inputs = {"files": _trace_inputs(run_dir), "pp_degree": pp_degree, "num_microbatches": num_microbatches}
+    tables = compute_run_trace_tables(run_dir, name=name, pp_degree=pp_degree, num_microbatches=num_microbatches)
+    return [] if tables is None else write_trace_tables(tables, run_dir / RUN_TABLES_DIR, inputs=inputs)
+
+
+def load_trace_tables(campaign: Campaign) -> TraceTables | None:
+    """Section 5's tables (see TraceTables): read from a tables folder written by ``ingest``, or
+    per run from <run>/tables/ when those were computed from the run's present traces and logs,
+    else analysed from them. None when no run has a trace/ or a rank log (third-party folders).
+    Never raises on content: unreadable traces become warnings."""
+    root = Path(campaign.source)
+    if not root.is_dir() or campaign.runs.empty:
+        return None
+    if not (root / "campaign.json").is_file():  # a tables folder: what `ingest` wrote, if anything
+        return read_trace_tables(root)
+    parts = []
+    for run in campaign.runs.to_dict("records"):
+        name = str(run["run"])
+        pp, num_microbatches = _run_layout(run)
+        inputs = {"files": _trace_inputs(root / name), "pp_degree": pp, "num_microbatches": num_microbatches}
+        tables = read_trace_tables(root / name / RUN_TABLES_DIR, inputs=inputs) if inputs["files"] else None
+        tables = tables or compute_run_trace_tables(root / name, name=name, pp_degree=pp,
+                                                    num_microbatches=num_microbatches, root=root)
+        if tables is not None:
+            parts.append(tables)
+    return merge_trace_tables(parts)
+
+
 COMMBENCH_JSON, COMMBENCH_TABLE = "commbench.json", "commbench.parquet"
+
+
+def find_commbench(source: str | os.PathLike[str]) -> Path | None:
+    """Where a campaign's `runner commbench` results are: CAMPAIGN/commbench, or a tables folder
+    holding commbench.parquet (written by `ingest`); None when neither."""
+    root = Path(source)
+    if (root / "commbench").is_dir():
+        return root / "commbench"
+    return root if (root / COMMBENCH_TABLE).is_file() and not (root / "campaign.json").is_file() else None
 
 
 def load_commbench(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

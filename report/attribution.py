@@ -90,10 +90,10 @@ def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, A
 def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
     """CAMPAIGN/commbench rows on the campaign's device, or [] (none, or unreadable)."""
     from core.errors import ToolError
-    from ingest.io import load_commbench
+    from ingest.io import find_commbench, load_commbench
 
-    bench = Path(str(campaign.source)) / "commbench"
-    if not bench.is_dir():
+    bench = find_commbench(campaign.source)
+    if bench is None:
         return []
     try:
         return load_commbench(bench)

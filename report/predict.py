@@ -145,11 +145,11 @@ def choose_rate(pool: Sequence[_Rate], *, engine: str, compiled: bool, exclude: 
 def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_per_node: int) -> tuple[CommModel, str]:
     """Collective curves: CAMPAIGN/commbench (ingest.io.load_commbench) measured on this device
     kind, else the GPU's nominal scale-up link from hardware.toml (intra-node only)."""
-    from ingest.io import load_commbench
+    from ingest.io import find_commbench, load_commbench
 
     rows: list[dict] = []
-    bench = Path(source) / "commbench"
-    if bench.is_dir():
+    bench = find_commbench(source)
+    if bench is not None:
         try:
             rows = [r for r in load_commbench(bench) if r.get("device") == device]
         except ToolError:

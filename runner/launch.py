@@ -257,7 +257,7 @@ def load_json(path: Path) -> dict:
 def archive_attempt(run_dir: Path) -> None:
     """Move a previous attempt's artifacts (metrics, logs, trace, status) to attempt-<n>/ so a
     re-run starts clean and nothing measured is lost."""
-    old = [run_dir / n for n in ("metrics", "logs", "trace", "status.json", "run_info.json") if (run_dir / n).exists()]
+    old = [run_dir / n for n in ("metrics", "logs", "trace", "tables", "status.json", "run_info.json") if (run_dir / n).exists()]
     if not old:
         return
     n = 1
@@ -309,6 +309,30 @@ def compress_traces(run_dir: Path) -> list[Path]:
     return done
 
 
+INGEST_LOG = "ingest.log"
+
+
+def ingest_traces(run_dir: Path, spec: RunSpec) -> list[Path]:
+    """Write the run's section-5 tables (ingest.io.ingest_run_traces -> <run>/tables/) so
+    `report build` reads them instead of the raw traces. Any failure is a warning, in
+    logs/ingest.log and on stderr, never a failed run: the note then analyses the traces itself."""
+    from ingest.io import ingest_run_traces
+
+    try:
+        return ingest_run_traces(run_dir, name=spec.name, pp_degree=spec.pp_degree,
+                                 num_microbatches=spec.num_microbatches)
+    except Exception as e:  # noqa: BLE001 - the run is done and recorded; its tables are an optimisation
+        text = f"warning: {spec.name}: trace tables not written ({type(e).__name__}: {e}); " \
+               "`report build` will analyse the traces itself"
+        print(f"runner: {text}", file=sys.stderr)
+        try:
+            with (run_dir / "logs" / INGEST_LOG).open("a", encoding="utf-8") as log:
+                log.write(text + "\n")
+        except OSError:
+            pass
+        return []
+
+
 def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: int, node: NodeLaunch | None = None,
             run_index: int = 0, progress: ProgressReporter | None = None,
             on_launch=None) -> RunStatus:
@@ -342,7 +366,10 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
                                                         launcher_log=launcher_log_name(node))
         ended = f"{status}: {cause}" if cause else status
         compress_traces(run_dir)
-        return _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
+        written = _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, path=status_path)
+        if node is None or node.node_rank == 0:
+            ingest_traces(run_dir, spec)
+        return written
     except BaseException as e:  # any exit of the runner's own (signal, full disk, bug) stops the run's group
         if proc is not None:
             _kill_group(proc)
