@@ -32,6 +32,8 @@ from core.records import (
     run_spec_from_dict,
 )
 
+# RunSpec fields held in the runs table as JSON text (decoded by Campaign.run_records)
+SPEC_JSON_COLUMNS = ("options", "plant")
 STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepRow))
 RUNS_TABLE, STEPS_TABLE = "runs.parquet", "steps.parquet"
 _META_KEYS = ("schema_version", "campaign", "env", "problems")
@@ -76,6 +78,29 @@ class Campaign:
     @property
     def name(self) -> str:
         return str(self.campaign.get("name") or Path(self.source).name)
+
+    def run_records(self) -> list[dict[str, Any]]:
+        """The runs table as one dict per run, for the note: NA as None, numpy scalars as Python,
+        and the spec's nested records (``options``, ``plant``: JSON text in the table, so Parquet
+        keeps one column type) decoded here, once (a value that is not JSON reads as None)."""
+        import pandas as pd
+
+        def py(value: Any) -> Any:
+            if value is None or (not isinstance(value, (str, tuple, list, dict)) and pd.isna(value)):
+                return None
+            return value.item() if hasattr(value, "item") else value
+
+        out = []
+        for row in self.runs.to_dict("records"):
+            rec = {k: py(v) for k, v in row.items()}
+            for key in SPEC_JSON_COLUMNS:
+                if isinstance(rec.get(key), str):
+                    try:
+                        rec[key] = json.loads(rec[key]) if rec[key] else None
+                    except (json.JSONDecodeError, RecursionError):
+                        rec[key] = None
+            out.append(rec)
+        return out
 
 
 def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any):
@@ -314,7 +339,7 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
             row.update(value["model"])
         elif key not in ("name", "schema_version"):
             # nested records as JSON text, so Parquet keeps one column type (plant: None or an object)
-            row[key] = json.dumps(value, sort_keys=True) if key in ("options", "plant") and value is not None else value
+            row[key] = json.dumps(value, sort_keys=True) if key in SPEC_JSON_COLUMNS and value is not None else value
     row["tokens_per_step"] = spec.tokens_per_step
     status = _read_record(run_dir / "status.json", RunStatus, problems)
     for f in dataclasses.fields(RunStatus):

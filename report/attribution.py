@@ -46,12 +46,9 @@ class AttributionView:
 
 
 def run_plant(run: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run's planted cause (the matrix's ``plant`` table: JSON text or a mapping) without its unset
-    keys; None when the run is not planted."""
-    raw = run.get("plant")
-    if raw is None or (isinstance(raw, float) and pd.isna(raw)):
-        return None
-    value = json.loads(raw) if isinstance(raw, str) else raw
+    """The run's planted cause (the matrix's ``plant`` table, decoded by Campaign.run_records)
+    without its unset keys; None when the run is not planted."""
+    value = run.get("plant")
     return {k: v for k, v in value.items() if v is not None} if isinstance(value, Mapping) else None
 
 

@@ -140,7 +140,7 @@ def build_round_rows(runs: Sequence[Mapping[str, Any]], summary: Sequence[Mappin
             continue
         (rr, rs), syn = rounds["real"], rounds.get("synthetic")
         sr, ss = syn if syn else ({}, {})
-        opts = json.loads(rr["options"]) if rr.get("options") else {}
+        opts = rr.get("options") or {}
         loader = opts.get("loader") or {}
         t_syn, t_real = _num(ss.get("tokens_per_s")), _num(rs.get("tokens_per_s"))
         m_syn, m_real = _num(ss.get("mfu")), _num(rs.get("mfu"))

@@ -71,7 +71,7 @@ class EngineGroup:
 def _row(run: Mapping[str, Any], s: Mapping[str, Any], b: Mapping[str, Any] | None, *, dtype: str,
          param_numels: list[int] | None,
          fastest_tps: float | None, gpu_memory_gib: float | None, baseline: bool) -> EngineRow:
-    options = json.loads(run["options"]) if isinstance(run.get("options"), str) else (run.get("options") or {})
+    options = run.get("options") or {}
     states = None
     if run.get("num_params"):
         states = compute_model_state_bytes(

@@ -41,13 +41,7 @@ INTERVAL_METHOD = "95% Student-t interval of the mean"
 
 
 def _options(run: Mapping[str, Any]) -> dict[str, Any]:
-    o = run.get("options")
-    if isinstance(o, str):
-        try:
-            return json.loads(o)
-        except json.JSONDecodeError:
-            return {}
-    return dict(o or {})
+    return dict(run.get("options") or {})
 
 
 def run_kernels(run: Mapping[str, Any]) -> dict[str, Any]:

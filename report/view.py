@@ -486,7 +486,7 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
     """One run's layout. Micro-batches are gradient-accumulation steps without PP and
     pipeline micro-batches with PP (then the 1F1B bubble is shown)."""
     pp, m = int(r["pp_degree"]), int(r["num_microbatches"])
-    options = json.loads(r["options"]) if r.get("options") else {}
+    options = r.get("options") or {}
     return RunConfig(
         run=r["run"], strategy=r["strategy"], engine=r["engine"], world_size=r["world_size"], tp_degree=r["tp_degree"],
         pp_degree=pp, dp_degree=r["dp_degree"], micro_batch_size=r["micro_batch_size"], num_microbatches=m,
@@ -503,9 +503,7 @@ def build_config(r: Mapping[str, Any]) -> RunConfig:
 
 def _virtual_stages(options: Any) -> int:
     """Model chunks per pipeline rank (the torch engine's Interleaved1F1B), 1 otherwise.
-    options: the spec's options, decoded or as the runs table's JSON text."""
-    if isinstance(options, str):
-        options = json.loads(options) if options else {}
+    options: the spec's options (Campaign.run_records)."""
     v = options.get("virtual_stages") if isinstance(options, Mapping) else None
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
 
@@ -639,7 +637,7 @@ def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: 
                                evidence={**ev, "status": r.get("status"), "known": RUN_STATUSES}))
         elif m.status in ("interrupted", "skipped"):
             out.append(Finding(kind=m.status, runs=(r["run"],), evidence={**ev, "cause": r.get("cause")}))
-        options = json.loads(r["options"]) if r.get("options") else {}
+        options = r.get("options") or {}
         if isinstance(options, dict) and options.get("fault"):
             out.append(Finding(kind="fault_injected", runs=(r["run"],), evidence={"fault": options["fault"]}))
     ranked = [(r["run"], int(r["world_size"])) for r, m in zip(runs, rows)
@@ -712,11 +710,9 @@ def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: Evide
         if b.profile_cost_share is not None and b.profile_cost_share > 0.02:
             out.append(Finding(kind="profile_cost", runs=(b.run,), evidence={"share": b.profile_cost_share},
                                threshold=0.02))
-    compiled = {bool((json.loads(r["options"]) if isinstance(r.get("options"), str) else r.get("options") or {})
-                     .get("compile", False)): r["run"] for r in runs}
+    compiled = {bool((r.get("options") or {}).get("compile", False)): r["run"] for r in runs}
     if len(compiled) > 1:
-        modes = {m: tuple(r["run"] for r in runs if bool((json.loads(r["options"]) if isinstance(r.get("options"), str)
-                                                          else r.get("options") or {}).get("compile", False)) == m)
+        modes = {m: tuple(r["run"] for r in runs if bool((r.get("options") or {}).get("compile", False)) == m)
                  for m in (True, False)}
         out.append(Finding(kind="mixed_compile", runs=tuple(r["run"] for r in runs),
                            evidence={"compiled": modes[True], "eager": modes[False]}))
@@ -880,13 +876,7 @@ def build_resolved_config(info: Mapping[str, Any], runs: Sequence[Mapping[str, A
     supervision limits, launch command, tool version) and each run's layout fields
     (LAYOUT_FIELDS, options decoded)."""
     def layout(r: Mapping[str, Any]) -> dict[str, Any]:
-        out = {k: r.get(k) for k in LAYOUT_FIELDS if k in r}
-        if isinstance(out.get("options"), str):
-            try:
-                out["options"] = json.loads(out["options"])
-            except json.JSONDecodeError:
-                pass
-        return out
+        return {k: r.get(k) for k in LAYOUT_FIELDS if k in r}
 
     return json.dumps({"campaign": dict(info), "runs": {r["run"]: layout(r) for r in runs}}, indent=2,
                       ensure_ascii=False, default=str)
@@ -898,7 +888,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     (ingest rejects those first)."""
     info, fixed = campaign.campaign, campaign.campaign["fixed"]
     env_record, env_problems = clean_env(campaign.env)
-    runs = _records(campaign.runs)
+    runs = campaign.run_records()
     for r in runs:
         r["diagnosis"] = _diagnosis(r)
     peaks: dict[str, float | None] = {}
