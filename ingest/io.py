@@ -496,8 +496,11 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
             rest = data[cut + 1:]
         if rest:
             rest = _newlines(rest)
+            if not rest.endswith("\n"):
+                out.ends_cut = True
             yield rest[:-1] if rest.endswith("\n") else rest
-    return TextBlocks(blocks())
+    out = TextBlocks(blocks())
+    return out
 
 
 def _newlines(text: str) -> str:
