@@ -229,6 +229,17 @@ def compute_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFram
     return measured.groupby(["run", "step"], as_index=False, sort=True)["step_time_s"].max()
 
 
+def compute_tokens_per_s(steps: pd.DataFrame, *, tokens_per_step: float, warmup_steps: int) -> float | None:
+    """tokens/s of one run as the metric table states it: tokens per step (global batch x seq)
+    over the median of its measured steps' step time (compute_step_times: slowest rank per
+    step, warm-up and profiled steps left out). None without a measured step."""
+    times = compute_step_times(steps, warmup_steps=warmup_steps)["step_time_s"].to_numpy(dtype=float)
+    if times.size == 0:
+        return None
+    median = float(np.percentile(times, 50, method="linear"))
+    return tokens_per_step / median if median > 0 else None
+
+
 def compute_bus_factor(op: str, group_size: int) -> float:
     """busbw / algbw for a collective over n ranks (nccl-tests doc/PERFORMANCE.md): all_reduce
     2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; send_recv 1. Raises ConfigError

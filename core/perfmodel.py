@@ -216,6 +216,10 @@ class Layout:
     recompute: str = "selective"
     sequence_parallel: bool = False
     uneven_pp: bool = False
+    # bytes per gradient element the data-parallel reduction moves; None: GRAD_BYTES[sharding]
+    # (a campaign run: what its engine reduces -- torch DDP under autocast keeps fp32 parameters and
+    # all-reduces fp32 gradients; Megatron with grad_reduce_in_fp32; FSDP2 its reduce_dtype)
+    grad_reduce_bytes: int | None = None
     # bytes per logit held at the output layer's peak: 4 = the fp32 logits a fused or vocab-parallel
     # cross entropy keeps (Korthikanti et al. 2022 s4.3); 10 = an unfused eager cross entropy
     # (runner.model.lm_loss: bf16 logits 2 + their fp32 copy 4 + the fp32 gradient 4)
@@ -290,8 +294,9 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
     Compute: each stage's FLOPs (layers x compute_layer_flops_per_token, + the output layer on the
     last stage, x 4/3 on the layers under full recomputation) over the stage's m x b x s/cp
     tokens / TP, at peak x compute_efficiency. Overlap assumptions (this tool's, stated):
-    TP all-reduces (4 per layer per micro-batch, 6 with full recompute; Megatron-LM, Narayanan
-    et al. 2021 s3.2), CP's K/V all-gathers beyond the attention compute, and MoE all-to-alls
+    TP collectives (4 all-reduces per layer per micro-batch, 6 with full recompute, Narayanan et
+    al. 2021 s3.2; with sequence parallelism 6 all-gathers + 4 reduce-scatters, Korthikanti et
+    al. 2022 s4.2.2), CP's K/V all-gathers beyond the attention compute, and MoE all-to-alls
     are exposed; PP send/recv costs 2(v·m + p - 1) transfers on the critical path; DP gradient
     reduction hides under the last micro-batch's backward (2/3 of its compute); the
     distributed optimizer's / ZeRO-1/2's parameter all-gather is exposed; ZeRO-3's per
@@ -316,9 +321,18 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
     cp_scope = _group_scope(stride=t, size=cp, gpus_per_node=gpus_per_node)
     dp_scope = _group_scope(stride=t, size=cp * dp, gpus_per_node=gpus_per_node)  # the DP x CP group
     pp_scope = _group_scope(stride=t * cp * dp, size=p, gpus_per_node=gpus_per_node)
-    tp_calls_per_layer = 6 if lay.recompute == "full" else 4
-    tp_curve = comm.curve("all_reduce", tp_scope)
-    t_tp_call = compute_collective_time_s(tp_curve, nbytes=act_bytes, group_size=t)
+    # TP per layer per micro-batch. Without sequence parallelism: 4 all-reduces of the hidden states
+    # (2 forward, 2 backward; +2 with full recompute; Narayanan et al. 2021 s3.2). With it, each
+    # becomes an all-gather + reduce-scatter pair, and the backward re-gathers each column-parallel
+    # linear's input for its weight gradient: 6 all-gathers + 4 reduce-scatters (+2 + 2 with full
+    # recompute; Korthikanti et al. 2022 s4.2.2, Megatron-core's tensor_parallel/layers.py).
+    if lay.sequence_parallel:
+        tp_ops = (("all_gather", 8 if lay.recompute == "full" else 6), ("reduce_scatter", 6 if lay.recompute == "full" else 4))
+    else:
+        tp_ops = (("all_reduce", 6 if lay.recompute == "full" else 4),)
+    tp_curves = {op: comm.curve(op, tp_scope) for op, _ in tp_ops}
+    tp_call_s = {op: compute_collective_time_s(tp_curves[op], nbytes=act_bytes, group_size=t) for op, _ in tp_ops}
+    t_tp_layer = sum(n * tp_call_s[op] for op, n in tp_ops)  # one layer, one micro-batch
     cp_curve = comm.curve("all_gather", cp_scope)
     kv_bytes = 2.0 * b * s * shape.kv_hidden_size * mem.ACTIVATION_BYTES / t
     t_cp_call = compute_collective_time_s(cp_curve, nbytes=kv_bytes, group_size=cp)
@@ -331,7 +345,7 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
         flops = m * tokens_mb * (n_layers * layer_flops + (out_flops if k == p - 1 else 0.0)) / t
         compute_s = flops / rate
         attention_s = m * tokens_mb * n_layers * 12 * h * s / t / rate
-        tp_s = m * n_layers * tp_calls_per_layer * t_tp_call
+        tp_s = m * n_layers * t_tp_layer
         cp_s = max(0.0, m * n_layers * 3 * t_cp_call - attention_s)
         ep_s = m * n_layers * 4 * t_ep_call
         stage_compute.append(compute_s)
@@ -344,10 +358,10 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
     costs = []
     n_crit = layers[crit]
     if t > 1:
-        costs.append(CommCost(kind="tp", op="all_reduce", group_size=t, scope=tp_scope,
-                              num_calls=m * n_crit * tp_calls_per_layer, nbytes_per_call=act_bytes,
-                              time_s=m * n_crit * tp_calls_per_layer * t_tp_call,
-                              exposed_s=m * n_crit * tp_calls_per_layer * t_tp_call, source=tp_curve.source))
+        for op, n in tp_ops:
+            total = m * n_crit * n * tp_call_s[op]
+            costs.append(CommCost(kind="tp", op=op, group_size=t, scope=tp_scope, num_calls=m * n_crit * n,
+                                  nbytes_per_call=act_bytes, time_s=total, exposed_s=total, source=tp_curves[op].source))
     if cp > 1:
         total = m * n_crit * 3 * t_cp_call
         attention_s = m * tokens_mb * n_crit * 12 * h * s / t / rate
@@ -426,7 +440,7 @@ def compute_layout_memory(shape: ModelShape, layout: Layout, *, seq_length: int)
 
 def _dp_costs(lay: Layout, *, comm: CommModel, psi: float, d: int, scope: str, t_mb: float, m: int) -> list[CommCost]:
     """Data-parallel traffic of one step for the layout's optimizer sharding (see predict_layout)."""
-    grad_bytes = psi * GRAD_BYTES[lay.sharding]
+    grad_bytes = psi * (lay.grad_reduce_bytes or GRAD_BYTES[lay.sharding])
     param_bytes = psi * 2
     window = 2 / 3 * t_mb  # the last micro-batch's backward
     ar, rs, ag = (comm.curve(op, scope) for op in ("all_reduce", "reduce_scatter", "all_gather"))
@@ -488,7 +502,24 @@ def build_run_layout(run: Mapping[str, Any]) -> Layout:
                   micro_batch_size=int(run["micro_batch_size"]), num_microbatches=int(run["num_microbatches"]),
                   sharding=sharding, recompute="selective",
                   sequence_parallel=run["engine"] == "megatron" and int(run["tp_degree"]) > 1,
+                  grad_reduce_bytes=grad_reduce_bytes(run, options),
                   logits_bytes=logits_bytes(run["engine"], compiled=bool(run.get("compile"))))
+
+
+def grad_reduce_bytes(run: Mapping[str, Any], options: Mapping[str, Any]) -> int:
+    """Bytes per gradient element a campaign run's data-parallel reduction moves: torch DDP and
+    the torch TP+PP engine keep fp32 parameters under autocast, so their gradients are fp32 (4);
+    Megatron reduces fp32 with grad_reduce_in_fp32 (its default here), else the campaign dtype;
+    FSDP2 its reduce_dtype; DeepSpeed the campaign dtype."""
+    half = 2 if run.get("dtype") in ("bf16", "fp16") else 4
+    engine = run["engine"]
+    if engine in ("torch-ddp", "torch"):
+        return 4
+    if engine == "megatron":
+        return 4 if options.get("grad_reduce_in_fp32", True) else half
+    if engine == "fsdp2":
+        return {"fp32": 4, "bf16": 2}.get(options.get("reduce_dtype") or run.get("dtype"), half)
+    return half
 
 
 def logits_bytes(engine: str, *, compiled: bool) -> int:

@@ -218,6 +218,14 @@ def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def load_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every rank's validated StepRows of one run (``<run>/metrics/rank*.jsonl``, as the note
+    reads them) and the problems found. ParseError when a file is not UTF-8."""
+    problems: list[str] = []
+    files = sorted((Path(run_dir) / "metrics").glob("rank*.jsonl"))
+    return [r for p in files for r in _read_metrics(p, problems)], problems
+
+
 def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     """StepRows of one rank's JSONL, validated: a row is kept only if it is a StepRow whose
     numbers are possible (``step_row_problem``) and whose step is greater than every step kept
@@ -513,8 +521,11 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
             rest = data[cut + 1:]
         if rest:
             rest = _newlines(rest)
+            if not rest.endswith("\n"):
+                out.ends_cut = True
             yield rest[:-1] if rest.endswith("\n") else rest
-    return TextBlocks(blocks())
+    out = TextBlocks(blocks())
+    return out
 
 
 def _newlines(text: str) -> str:

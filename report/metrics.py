@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from core.formulas import DEFAULT_CONVENTION, compute_flops_per_token, compute_mfu, compute_step_times, select_measured
+from core.formulas import DEFAULT_CONVENTION, compute_flops_per_token, compute_mfu, compute_step_times, compute_tokens_per_s, select_measured
 
 
 SUMMARY_COLUMNS = (
@@ -47,8 +47,8 @@ def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak
     row["data_wait_median_s"] = float(np.median(per_step["data_wait_s"].to_numpy(dtype=float)))
     tokens_per_step = int(per_step["tokens"].iloc[0])
     row["tokens_per_step"] = tokens_per_step
-    if median_s > 0:
-        row["tokens_per_s"] = tokens_per_step / median_s
+    row["tokens_per_s"] = compute_tokens_per_s(steps, tokens_per_step=tokens_per_step, warmup_steps=warmup_steps)
+    if row["tokens_per_s"] is not None:
         row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / int(run["world_size"])
     for col in ("mem_peak_allocated_gib", "mem_peak_reserved_gib"):
         row[col] = _na(measured[col].max())

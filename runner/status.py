@@ -3,19 +3,17 @@
 State comes from <run>/status.json when the run ended; otherwise "running" once the run has
 logs or metrics and a live runner holds the campaign's lock (runner.owner), "runner dead" when
 none does (the lock's pid is gone, or there is no lock: `runner all --resume` finishes it),
-"not started" before. Steps done (distinct step numbers, not lines) and median tokens/s come
-from the lowest rank's metrics file. Run names must be plain names and status.json a JSON
+"not started" before. Steps done (distinct step numbers, not lines) and tokens/s is the note's
+(measured_tokens_per_s). Run names must be plain names and status.json a JSON
 object: a damaged campaign is a ConfigError naming the file, never a traceback. This module
 reads only.
 """
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ConfigError, NoDataError
+from core.errors import ConfigError, NoDataError, ToolError
 from ingest.paths import check_run_name
 from runner.launch import load_json
 from runner.owner import LockState, lock_path, read_lock
@@ -42,8 +40,7 @@ def load_run_state(run_dir: Path, *, name: str, warmup_steps: int = 0, runner_al
     total = total if isinstance(total, int) and not isinstance(total, bool) else None
     status = load_json(run_dir / "status.json") if (run_dir / "status.json").exists() else {}
     tail = MetricsTail(run_dir)
-    rows = tail.poll()
-    times = [r["tokens"] / r["step_time_s"] for r in rows if _measured(r, warmup_steps)]
+    tail.poll()
     if status:
         state = str(status.get("status"))[:40]
     elif (run_dir / "logs").is_dir() or tail.num_rows:
@@ -52,16 +49,31 @@ def load_run_state(run_dir: Path, *, name: str, warmup_steps: int = 0, runner_al
         state = "not started"
     cause = status.get("cause") if state not in ("ok", "running", "runner dead", "not started") else None
     return RunState(run=name, state=state, num_steps_done=tail.num_steps, num_steps_total=total,
-                    tokens_per_s=statistics.median(times) if times else None,
+                    tokens_per_s=measured_tokens_per_s(run_dir, warmup_steps=warmup_steps),
                     cause=str(cause) if cause is not None else None)
 
 
-def _measured(row: dict, warmup_steps: int) -> bool:
-    """A row whose tokens/s counts: finite, positive time and tokens, past warm-up, unprofiled."""
-    t, n, step = row.get("step_time_s"), row.get("tokens"), row.get("step")
-    return (not row.get("profiled") and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                            for v in (t, n, step))
-            and math.isfinite(t) and t > 0 and math.isfinite(n) and n > 0 and step >= warmup_steps)
+def measured_tokens_per_s(run_dir: Path, *, warmup_steps: int) -> float | None:
+    """The note's tokens/s (one definition, core.formulas.compute_tokens_per_s): tokens per step
+    over the median of the measured steps' slowest-rank step time, from every rank's validated
+    metrics rows. None before the first measured step."""
+    import pandas as pd
+
+    from core.formulas import compute_tokens_per_s
+    from ingest.io import load_metrics
+
+    try:
+        rows, _ = load_metrics(run_dir)
+    except ToolError:
+        return None
+    if not rows:
+        return None
+    steps = pd.DataFrame(rows)
+    tokens = steps["tokens"].dropna()
+    if tokens.empty:
+        return None
+    return compute_tokens_per_s(steps.assign(run=run_dir.name), tokens_per_step=float(tokens.iloc[-1]),
+                                warmup_steps=warmup_steps)
 
 
 def load_campaign_status(root: Path) -> tuple[dict, list[RunState]]:

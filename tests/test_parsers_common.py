@@ -40,7 +40,7 @@ EXPECTED = {
     "40_topo_dgx2_nv6_16gpu_mlx5_no_numa.txt": ("nvidia_smi_topo", 108, 0),
     "41_topo_2017_mlx4_trailing_whitespace.txt": ("nvidia_smi_topo", 50, 0),
     "43_topo_nic_legend_mangled_42nics.txt": ("nvidia_smi_topo", 40, 3),  # mangled NIC0/NIC1, ulimit
-    "45_nvsmi_q_2020_driver450_mig_field.txt": ("nvidia_smi_q", 23, 0),
+    "45_nvsmi_q_2020_driver450_mig_field.txt": ("nvidia_smi_q", 25, 0),
     "47_collect_env_2020_torch1.7.txt": ("collect_env", 13, 0),
     "48_collect_env_2025_torch2.7_8xh100.txt": ("collect_env", 17, 0),
     "50_collect_env_vllm_sectioned_2025.txt": ("collect_env", 16, 1),  # "warnings.warn("

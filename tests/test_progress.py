@@ -33,8 +33,10 @@ LINE = re.compile(r"^\[runner\] ddp step (\d+)/40  ([\d.]+)([kMG]?) tok/s  loss 
 
 
 def _row(step: int, *, step_time_s: float = 0.5, tokens: int = 1000, loss: float = 5.0, profiled=False) -> dict:
+    # a whole StepRow: `runner status` reads metrics as the note does (validated StepRows)
     return {"run": "r", "rank": 0, "step": step, "step_time_s": step_time_s, "tokens": tokens, "loss": loss,
-            "profiled": profiled}
+            "profiled": profiled, "lr": 1e-3, "grad_norm": 1.0, "mem_peak_allocated_gib": None,
+            "mem_peak_reserved_gib": None, "data_wait_s": 0.0, "wall_time_s": 0.5 * (step + 1)}
 
 
 def _runner(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

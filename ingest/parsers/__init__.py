@@ -176,6 +176,8 @@ class TextBlocks:
 
     def __init__(self, blocks: Iterable[str]) -> None:
         self.blocks = blocks
+        # set by the reader once the input ends inside a line (no newline after its last line)
+        self.ends_cut = False
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.blocks)
@@ -328,7 +330,23 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     ``parsers`` through the normaliser; the result of the chain."""
     runner = Runner(parsers, kind=kind)
     raw = runner.raw
-    lines = text.split("\n") if isinstance(text, str) else text.lines() if isinstance(text, TextBlocks) else text
+    if isinstance(text, TextBlocks):
+        # a file that ends inside a line was cut (a crashed writer, a partial copy): its last
+        # line is counted unparsed and flagged, and none of its numbers are used
+        last = None
+        for lineno, line in enumerate(text.lines(), start=1):
+            if last is not None and last[1]:
+                raw(*last)
+            last = (lineno, line)
+        if last is not None and last[1]:
+            if text.ends_cut and last[1].strip():
+                runner.miss(last[0])
+                runner.num_lines = last[0]
+                parsers[0].warnings.append(f"line {last[0]}: cut (the file ends without a newline); not used")
+            else:
+                raw(*last)
+        return runner.result()
+    lines = text.split("\n") if isinstance(text, str) else text
     for lineno, line in enumerate(lines, start=1):
         if line:
             raw(lineno, line)
