@@ -648,6 +648,11 @@ def _run_layout(run: Any) -> tuple[int, int]:
     return pp, int(m) if m is not None and not pd.isna(m) and int(m) >= 1 else 1
 
 
+# Bump when ingest.traces / ingest.attribution change what they compute: stored run tables
+# carry it in their fingerprint, so tables of an older analysis are recomputed, not reused.
+TRACE_ANALYSIS_VERSION = 1
+
+
 def _trace_inputs(run_dir: Path) -> list[tuple[str, int]]:
     """The files a run's trace tables are computed from, as (name under the run, bytes): the
     fingerprint stored with the tables, so tables older than their inputs are not used."""
@@ -819,7 +824,8 @@ def ingest_run_traces(run_dir: str | os.PathLike[str], *, name: str, pp_degree: 
     <run>/tables/ with their inputs' fingerprint; [] when the run has none. The runner calls this
     when a run ends. Raises ParseError / OSError."""
     run_dir = Path(run_dir)
-    inputs = {"files": _trace_inputs(run_dir), "pp_degree": pp_degree, "num_microbatches": num_microbatches}
+    inputs = {"files": _trace_inputs(run_dir), "pp_degree": pp_degree, "num_microbatches": num_microbatches,
+              "analysis": TRACE_ANALYSIS_VERSION}
     tables = compute_run_trace_tables(run_dir, name=name, pp_degree=pp_degree, num_microbatches=num_microbatches)
     return [] if tables is None else write_trace_tables(tables, run_dir / RUN_TABLES_DIR, inputs=inputs)
 
@@ -838,7 +844,8 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
     for run in campaign.runs.to_dict("records"):
         name = str(run["run"])
         pp, num_microbatches = _run_layout(run)
-        inputs = {"files": _trace_inputs(root / name), "pp_degree": pp, "num_microbatches": num_microbatches}
+        inputs = {"files": _trace_inputs(root / name), "pp_degree": pp, "num_microbatches": num_microbatches,
+                  "analysis": TRACE_ANALYSIS_VERSION}
         tables = read_trace_tables(root / name / RUN_TABLES_DIR, inputs=inputs) if inputs["files"] else None
         tables = tables or compute_run_trace_tables(root / name, name=name, pp_degree=pp,
                                                     num_microbatches=num_microbatches, root=root)
