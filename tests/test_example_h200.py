@@ -66,7 +66,8 @@ def test_mfu_golden_from_jsonl(note_md):
 
 def test_section5_breakdown_on_the_h200_traces(note_md):
     section = note_md.split("## 5. Evidence", 1)[1].split("## 6.", 1)[0]
-    rows = [ln for ln in section.split("| Run | Timeline |", 1)[1].splitlines()[2:] if ln.startswith("| ")]
+    table_text = section.split("| Run | Timeline |", 1)[1].split("\n\n", 1)[0]  # this table only
+    rows = [ln for ln in table_text.splitlines()[2:] if ln.startswith("| ")]
     table = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in rows)}
     assert set(table) == set(RUNS)
     for run, cells in table.items():
