@@ -24,14 +24,15 @@ BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwi
 @dataclass(frozen=True, kw_only=True)
 class AttributionView:
     """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends):
-    breakdown_ms / shares keyed by ATTRIBUTION_KEYS (ms of the unprofiled median step; shares
-    of the traced step), per_rank: rank -> category -> s per traced step, rescale: traced step /
+    breakdown_ms / shares / traced_ms keyed by ATTRIBUTION_KEYS (ms of the unprofiled median step;
+    shares of the traced step; ms of the traced steps themselves), per_rank: rank -> category -> s per traced step, rescale: traced step /
     unprofiled median step; straggler (compute_trace_straggler), stages (compute_stage_balance,
     PP runs), bandwidth (compute_collective_bandwidth rows), plant: the planted cause (matrix
     ``plant`` table) or None."""
 
     breakdown_ms: Mapping[str, float | None]
     shares: Mapping[str, float | None]
+    traced_ms: Mapping[str, float | None]  # the traced steps' own ms per category (not rescaled)
     per_rank: Mapping[int, Mapping[str, float]]
     traced_step_s: float
     median_step_s: float | None
@@ -78,7 +79,8 @@ def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, A
     collectives = getattr(trace_tables, "collectives", None)
     bandwidth = ev.compute_collective_bandwidth(collectives, run=name, commbench=bench) if collectives is not None else []
     return AttributionView(
-        breakdown_ms=s["breakdown_ms"], shares=s["shares"], per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
+        breakdown_ms=s["breakdown_ms"], shares=s["shares"],
+        traced_ms={c: (v * s["traced_step_s"] * 1e3 if v is not None else None) for c, v in s["shares"].items()}, per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
         median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
         launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
         stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=plant)

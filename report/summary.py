@@ -115,6 +115,7 @@ def build_summary(note: Note) -> dict[str, Any]:
             "breakdown": shares.get(m.run),
             # section 5 across ranks: ms of the unprofiled median step (report.evidence.summarize_attribution)
             "breakdown_ms": dict(a.breakdown_ms) if a else None,
+            "breakdown_traced_ms": dict(a.traced_ms) if a else None,  # the traced steps' own ms
             "straggler": ({"rank": a.straggler["rank"], "host": a.straggler["host"],
                            "late_ms_median": a.straggler["late_ms_median"]}
                           if a and a.straggler and a.straggler["named"] else None),

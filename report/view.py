@@ -780,8 +780,10 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
 def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str, Any]]) -> list[PlantCheck]:
     """Each planted cause (matrix ``plant``) against the category it must be found in: a host
     delay in skew_wait (launch_gaps on one rank: nobody waits), a data delay in data_stall, an
-    uneven pipeline split in imbalance; recovered = the category's ms minus that of the
-    unplanted run of the same strategy, engine and degrees (no reference: the category's ms)."""
+    uneven pipeline split in imbalance; recovered = the category's ms in the traced steps minus
+    that of the unplanted run of the same strategy, engine and degrees (no reference: the
+    category's ms). Traced, not rescaled: a planted delay is a fixed time per step, which a
+    rescale to the unprofiled median would shrink by the profiled steps' slowdown."""
     by_name = {r["run"]: r for r in runs}
     att = {b.run: b.attribution for b in rows if b.attribution is not None}
     layout = ("strategy", "engine", "world_size", "tp_degree", "pp_degree", "dp_degree", "data_round")
@@ -800,11 +802,10 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str,
         if a.plant.get("data_delay_ms"):
             causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None))
         if a.plant.get("pp_layers") and a.stages:
-            # the traced excess, rescaled to the unprofiled median step like breakdown_ms
-            causes.append(("pp_layers", a.stages["imbalance_s"] * 1e3 / (a.rescale or 1.0), "imbalance", None))
+            causes.append(("pp_layers", a.stages["imbalance_s"] * 1e3, "imbalance", None))
         for cause, planted, cat, rank in causes:
-            got = a.breakdown_ms.get(cat)
-            base = att[ref].breakdown_ms.get(cat) if ref and cause != "pp_layers" else 0.0
+            got = a.traced_ms.get(cat)
+            base = att[ref].traced_ms.get(cat) if ref and cause != "pp_layers" else 0.0
             recovered = got - base if got is not None and base is not None else None
             out.append(PlantCheck(run=name, cause=cause, planted_ms=planted, category=cat,
                                   reference=ref if cause != "pp_layers" else None, recovered_ms=recovered,

@@ -23,7 +23,9 @@ name = "cpu-planted"
 preset = "tiny"
 
 [fixed]
-steps = 20
+steps = 24
+profile_start_step = 14
+profile_num_steps = 5
 num_layers = 8
 hidden_size = 128
 ffn_hidden_size = 512
@@ -94,11 +96,11 @@ def test_breakdown_ms_has_the_eight_categories_and_sums_to_the_median_step(summa
 
 
 def test_host_delay_is_skew_wait_charged_to_the_planted_rank(summary):
-    clean, run = _run(summary, "clean")["breakdown_ms"], _run(summary, "host-delay")
+    clean, run = _run(summary, "clean")["breakdown_traced_ms"], _run(summary, "host-delay")
     check = _check(summary, "host-delay")
     assert check["category"] == "skew_wait"
     assert check["recovered_ms"] == pytest.approx(HOST_DELAY_MS, rel=0.30)
-    ms = run["breakdown_ms"]
+    ms = run["breakdown_traced_ms"]
     for other in ("data_stall", "launch_gaps", "bubble", "imbalance", "transfer"):
         assert ms[other] - clean[other] < 0.30 * HOST_DELAY_MS, other
     assert ms["compute"] == pytest.approx(clean["compute"], rel=0.25)
@@ -108,7 +110,7 @@ def test_host_delay_is_skew_wait_charged_to_the_planted_rank(summary):
 
 
 def test_data_delay_is_data_stall_on_every_rank(summary):
-    clean, ms = _run(summary, "clean")["breakdown_ms"], _run(summary, "data-delay")["breakdown_ms"]
+    clean, ms = _run(summary, "clean")["breakdown_traced_ms"], _run(summary, "data-delay")["breakdown_traced_ms"]
     check = _check(summary, "data-delay")
     assert check["category"] == "data_stall"
     assert check["recovered_ms"] == pytest.approx(DATA_DELAY_MS, rel=0.30)
@@ -124,7 +126,7 @@ def test_uneven_pipeline_split_is_imbalance_with_the_split_that_fixes_it(summary
     # compute category; the waits that category must explain are measured apart from it
     assert check["planted_ms"] > 20
     assert check["recovered_ms"] == pytest.approx(check["planted_ms"], rel=0.30)
-    even, uneven = _run(summary, "pp-even")["breakdown_ms"], _run(summary, "pp-uneven")["breakdown_ms"]
+    even, uneven = _run(summary, "pp-even")["breakdown_traced_ms"], _run(summary, "pp-uneven")["breakdown_traced_ms"]
     assert even["imbalance"] < 0.6 * uneven["imbalance"]
     assert "would balance them" in summary["note_md"]
 
@@ -139,4 +141,5 @@ def test_committed_h200_planted_campaign_recovers_both_causes(tmp_path):
     assert host["recovered_ms"] == pytest.approx(40.0, rel=0.30)
     assert data["recovered_ms"] == pytest.approx(30.0, rel=0.30)
     for name in ("host-delay", "data-delay"):
-        assert runs[name]["breakdown_ms"]["compute"] == pytest.approx(runs["clean"]["breakdown_ms"]["compute"], rel=0.25)
+        assert (runs[name]["breakdown_traced_ms"]["compute"]
+                == pytest.approx(runs["clean"]["breakdown_traced_ms"]["compute"], rel=0.25))
