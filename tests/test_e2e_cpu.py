@@ -128,7 +128,7 @@ def test_profiler_window_traced_on_every_rank_and_marked(campaign):
 
 def _evidence_table(note_md: str) -> dict[str, list[str]]:
     section = note_md.split("## 5. Evidence", 1)[1].split("## 6.", 1)[0]
-    lines = section.split("| Run | Timeline |", 1)[1].splitlines()[2:]
+    lines = section.split("| Run | Timeline |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]  # this table only
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ")]
     return {c[0]: c for c in cells}
 

@@ -24,7 +24,10 @@ def test_signal_during_prepare_data_exits_with_a_clear_line_and_no_output(tmp_pa
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "prepare-data", str(src), "--out", str(out / "corpus")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            # as from a terminal: a shell's background job inherits SIGINT ignored,
+                            # and Python then installs no KeyboardInterrupt handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (out.is_dir() and any(out.iterdir())) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # the staging directory appears once the sources are read, before the fit
