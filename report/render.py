@@ -433,35 +433,33 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     figures += build_evidence_figures(note, trace_tables, out, lang=language)
     note = dataclasses.replace(note, figures=figures)
     written = [write_bytes_atomic(out / "summary.json", render_summary_json(build_summary(note)))]
-    if "md" in formats:
-        written.append(write_bytes_atomic(out / "note.md", render_markdown(note, lang=language).encode()))
-    if "html" in formats or "pdf" in formats:
-        html = render_html(note, lang=language)
-        if "html" in formats:
-            written.append(write_bytes_atomic(out / "note.html", html.encode()))
-        if "pdf" in formats:
-            try:
-                written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
-            except PdfUnavailableError as e:
-                if warn is None:
-                    raise
-                warn(f"no PDF: {e}")
-    return written
+    return written + write_note_files(out, formats=formats, warn=warn,
+                                      markdown=lambda: render_markdown(note, lang=language),
+                                      html=lambda: render_html(note, lang=language))
 
 
 def write_logs_note(note: LogsNote, out: Path, *, formats: Sequence[str], lang: Language,
                     warn: Callable[[str], None] | None) -> list[Path]:
     """note.md / note.html / note.pdf of a logs folder's triage note. Returns written paths."""
+    return write_note_files(out, formats=formats, warn=warn, markdown=lambda: render_logs(note, html=False, lang=lang),
+                            html=lambda: render_logs(note, html=True, lang=lang))
+
+
+def write_note_files(out: Path, *, formats: Sequence[str], warn: Callable[[str], None] | None,
+                     markdown: Callable[[], str], html: Callable[[], str]) -> list[Path]:
+    """note.md / note.html / note.pdf for the requested formats from the note's renderers (the
+    PDF is WeasyPrint over the HTML). warn: given, a PDF that cannot be made is skipped with one
+    line to it; else PdfUnavailableError. Returns written paths."""
     written = []
     if "md" in formats:
-        written.append(write_bytes_atomic(out / "note.md", render_logs(note, html=False, lang=lang).encode()))
+        written.append(write_bytes_atomic(out / "note.md", markdown().encode()))
     if "html" in formats or "pdf" in formats:
-        html = render_logs(note, html=True, lang=lang)
+        page = html()
         if "html" in formats:
-            written.append(write_bytes_atomic(out / "note.html", html.encode()))
+            written.append(write_bytes_atomic(out / "note.html", page.encode()))
         if "pdf" in formats:
             try:
-                written.append(write_bytes_atomic(out / "note.pdf", render_pdf(html, base_url=out)))
+                written.append(write_bytes_atomic(out / "note.pdf", render_pdf(page, base_url=out)))
             except PdfUnavailableError as e:
                 if warn is None:
                     raise
