@@ -41,8 +41,20 @@ def run_hung_job(out: Path, *, world: int = WORLD, timeout_s: float = 240) -> No
             dump = subprocess.run([PYSPY, "dump", "--pid", str(w.pid)], capture_output=True, text=True, timeout=60)
             (out / f"stacks_rank{rank}.txt").write_text(dump.stdout)
     finally:
+        # torchrun starts each worker in a session of its own: kill them by pid (SIGKILL of the
+        # launcher's group alone left 8 hung ranks spinning for the rest of the suite)
+        try:
+            workers_left = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            workers_left = []
+        for w in workers_left:
+            try:
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+        psutil.wait_procs(workers_left, timeout=60)
         log.close()
 
 
