@@ -6,9 +6,12 @@ attention, loss, optimizer, elementwise, comm, memory, other): the summed kernel
 class over all ranks per traced step (GPU kernels; host ops on CPU timelines), divided by the
 tokens of one step, in ms/token. At equal math -- tp = pp = world = 1, where no layout has anything
 to communicate -- runs of the same kernels mode should spend the same time per token in every
-non-communication class; a run fails when a class differs from the median of those runs by more
-than ``parity_tolerance`` (and by more than ``parity_min_share`` of its own non-communication
-time, so a class of a few microseconds does not fail a run), naming the class and the difference.
+non-communication class; a run fails when a class differs from the reference by more than
+``parity_tolerance`` (and by more than ``parity_min_share`` of its own non-communication time, so a
+class of a few microseconds does not fail a run), naming the class and the difference. The
+reference is the median over engines (strategy/engine) of each engine's median run, so one
+engine's variants (knob runs, data rounds, repeats) do not outvote the others; with two engines
+it lies midway and both are named.
 Runs not at equal math carry ``passed = None`` (nothing to compare like for like).
 
 Repeats. Runs sharing a layout, data round and kernels mode (``options.repeat``) form a group:
@@ -116,6 +119,15 @@ def compute_ms_per_token(kernels: pd.DataFrame | None, runs: Sequence[Mapping[st
     return out
 
 
+def _engine_median(peers: Sequence[str], cls: str, ms: Mapping[str, Mapping[str, float]],
+                   engines: Mapping[str, str]) -> float:
+    """Median over engines of each engine's median ms/token of class ``cls`` among ``peers``."""
+    by_engine: dict[str, list[float]] = {}
+    for p in peers:
+        by_engine.setdefault(engines[p], []).append(ms[p][cls])
+    return statistics.median(statistics.median(v) for v in by_engine.values())
+
+
 def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[Mapping[str, Any]], *, timelines: Mapping[str, str],
                       thresholds: Mapping[str, float] | None = None) -> tuple[ParityRow, ...]:
     """One ParityRow per run (campaign order). runs: Campaign.runs records (``status``,
@@ -125,6 +137,7 @@ def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[Mapping[str, 
     ms = compute_ms_per_token(kernels, runs)
     equal = {r["run"]: int(r.get("tp_degree") or 1) == 1 and int(r.get("pp_degree") or 1) == 1
              and int(r.get("world_size") or 1) == 1 for r in runs}
+    engines = {r["run"]: f'{r.get("strategy")}/{r.get("engine")}' for r in runs}
     groups: dict[str, list[str]] = {}
     for r in runs:
         if equal[r["run"]] and r["run"] in ms and r.get("status") == "ok":
@@ -145,7 +158,7 @@ def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[Mapping[str, 
             non_comm = sum(mine[c] for c in NON_COMM_CLASSES)
             worst = None
             for c in NON_COMM_CLASSES:
-                ref = statistics.median(ms[p][c] for p in peers)
+                ref = _engine_median(peers, c, ms, engines)
                 if ref <= 0:
                     continue
                 diff = mine[c] / ref - 1
@@ -155,7 +168,7 @@ def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[Mapping[str, 
             passed = worst is None
             if worst:
                 failed_class, failed_diff = worst[0], worst[1]
-                reason = (f"{worst[0]} {worst[1]:+.0%} vs the median of equal-math runs with the same kernels"
+                reason = (f"{worst[0]} {worst[1]:+.0%} vs the median over engines of equal-math runs with the same kernels"
                           f" ({worst[2]:.4g} vs {worst[3]:.4g} ms/token)")
         rows.append(ParityRow(
             run=name, mode=str(k.get("mode") or "unrecorded"), loss=k.get("loss"), attention=k.get("attention"),

@@ -441,3 +441,61 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
         out.append(Finding(kind="engine_gap" if gap else "engine_parity", runs=tuple(r["run"] for r in ok),
                            evidence=ev, threshold=t["engine_gap_min"]))
     return out
+
+
+# ---------------------------------------------------------------- same layout and engine, other knobs
+def _flat_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in (options or {}).items():
+        if isinstance(v, Mapping):
+            out.update(_flat_options(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# options that say how a run was placed or searched, not an engine knob
+_NOT_KNOBS = ("repeat", "kernels", "micro_batch_search")
+
+
+def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],
+                      breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
+    """One finding per run that repeats another run's layout, engine, data round and micro-batch
+    with different engine knobs (``options`` other than repeat/kernels/search): what the knobs
+    buy. The reference is the first such run in campaign order. Kind "engine_knob". Evidence:
+    ``base``; ``knobs`` ((key, base value, this value), ...) flattened ("zero.overlap_comm");
+    ``margin`` = this tokens/s / base tokens/s - 1; ``noise`` the larger relative (p90 - median)
+    step spread of the two; ``beyond`` when |margin| exceeds ``noise_multiple`` x noise; and,
+    when both runs were traced, ``deltas_s`` (this - base, seconds per traced step) per
+    GAP_CATEGORIES with ``delta_step_s``. Runs that did not end ok are left out.
+    summary_rows / run_rows / breakdown_rows: as rule_engine_gap."""
+    summary = {s["run"]: s for s in summary_rows}
+    traced = {b["run"]: b for b in breakdown_rows}
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in run_rows:
+        if r.get("status") == "ok" and summary.get(r["run"], {}).get("tokens_per_s"):
+            key = (*layout_key(r), r["engine"], _data_round(r), r.get("micro_batch_size"))
+            groups.setdefault(key, []).append(r)
+    out = []
+    for runs in groups.values():
+        base = runs[0]
+        base_knobs = {k: v for k, v in _flat_options(base.get("options") or {}).items()
+                      if k.split(".")[0] not in _NOT_KNOBS}
+        for r in runs[1:]:
+            knobs = {k: v for k, v in _flat_options(r.get("options") or {}).items() if k.split(".")[0] not in _NOT_KNOBS}
+            diff = tuple((k, base_knobs.get(k), knobs.get(k)) for k in sorted(set(knobs) | set(base_knobs))
+                         if knobs.get(k) != base_knobs.get(k))
+            if not diff:
+                continue  # a repeat, not a knob
+            s, sb = summary[r["run"]], summary[base["run"]]
+            margin = s["tokens_per_s"] / sb["tokens_per_s"] - 1
+            noise = max(_rel_spread(s), _rel_spread(sb))
+            ev: dict[str, Any] = {"base": base["run"], "engine": r["engine"], "knobs": diff, "margin": margin,
+                                  "noise": noise, "beyond": abs(margin) > t["noise_multiple"] * noise,
+                                  "tokens_per_s": s["tokens_per_s"], "base_tokens_per_s": sb["tokens_per_s"]}
+            b, bb = traced.get(r["run"]), traced.get(base["run"])
+            if b is not None and bb is not None and b.get("step_time_s") and bb.get("step_time_s"):
+                ev["delta_step_s"] = b["step_time_s"] - bb["step_time_s"]
+                ev["deltas_s"] = {c: b[f"{c}_s"] - bb[f"{c}_s"] for c in GAP_CATEGORIES}
+            out.append(Finding(kind="engine_knob", runs=(r["run"], base["run"]), evidence=ev))
+    return out

@@ -34,7 +34,7 @@ from report.parity import (
     ranking_mode, rule_parity, rule_repeat_spread, run_repeat,
 )
 from report import rules
-from report.rules import THRESHOLDS, Finding, build_findings, build_knowledge_map, rule_conditions
+from report.rules import THRESHOLDS, Finding, build_findings, build_knowledge_map, rule_conditions, rule_engine_knobs
 from core.formulas import (
     DEFAULT_CONVENTION, ZIPF_EXPONENT, compute_bubble_fraction, compute_flops_per_token, compute_mfu, zipf_entropy_nats,
 )
@@ -355,6 +355,7 @@ class Note:
     formulas: tuple[tuple[str, str, str], ...]
     predicted: Any = None  # report.predict.PredictedSection: the model checked on these runs, unrun layouts
     engine_groups: tuple[EngineGroup, ...] = ()  # one layout under several engines (report.engines)
+    knob_findings: tuple[Finding, ...] = ()  # one layout and engine under other knobs (rules.rule_engine_knobs)
     data_round: DataRoundSection | None = None  # data rounds and checkpoint cost (report.data_rounds)
     hardware: Hardware | None = None
     executive: ExecutiveSummary = ExecutiveSummary(kind="none")
@@ -958,6 +959,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         engine_groups=build_engine_groups(summary, runs, [gap_row(b) for b in evidence.rows],
                                           dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed["model"],
                                           thresholds=thresholds),
+        knob_findings=tuple(rule_engine_knobs(summary, runs, [gap_row(b) for b in evidence.rows],
+                                              {**THRESHOLDS, **(thresholds or {})})),
         findings=findings,
         hang_ranks=build_hang_ranks(runs), placements=placements,
         conditions=conditions,
