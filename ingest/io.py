@@ -654,10 +654,17 @@ TRACE_ANALYSIS_VERSION = 1
 
 
 def _trace_inputs(run_dir: Path) -> list[tuple[str, int]]:
-    """The files a run's trace tables are computed from, as (name under the run, bytes): the
-    fingerprint stored with the tables, so tables older than their inputs are not used."""
+    """The files a run's trace tables are computed from, as (name under the run, bytes)."""
     paths = [*(run_dir / "trace").glob("profile_*rank*.json*"), *(run_dir / "logs").glob("rank*.log*")]
     return sorted((f"{p.parent.name}/{p.name}", p.stat().st_size) for p in paths if is_regular_file(p))
+
+
+def trace_tables_fingerprint(run_dir: str | os.PathLike[str], *, pp_degree: int, num_microbatches: int) -> dict:
+    """What a run's stored trace tables were computed from: its trace and rank-log files (name
+    under the run, bytes), the layout the analysis needs and TRACE_ANALYSIS_VERSION. Stored with
+    the tables, so tables older than their inputs (or of an older analysis) are not used."""
+    return {"files": _trace_inputs(Path(run_dir)), "pp_degree": pp_degree, "num_microbatches": num_microbatches,
+            "analysis": TRACE_ANALYSIS_VERSION}
 
 
 def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_degree: int = 1,
@@ -809,7 +816,9 @@ def read_trace_tables(path: str | os.PathLike[str], *, inputs: dict[str, Any] | 
         except (pa.ArrowException, OSError, KeyError, ValueError):
             return None
         frames[key] = table.to_pandas()
-    if meta["schema_version"] != SCHEMA_VERSION or (inputs is not None and meta["inputs"] != inputs):
+    # the stored fingerprint went through JSON (tuples came back as lists): compare it the same way
+    if meta["schema_version"] != SCHEMA_VERSION or (inputs is not None
+                                                    and meta["inputs"] != json.loads(json.dumps(inputs))):
         return None
     nccl = frames.pop("nccl")
     lines = {kind: {run: list(g["text"]) for run, g in nccl[nccl["kind"] == kind].groupby("run", sort=False)}
@@ -824,8 +833,7 @@ def ingest_run_traces(run_dir: str | os.PathLike[str], *, name: str, pp_degree: 
     <run>/tables/ with their inputs' fingerprint; [] when the run has none. The runner calls this
     when a run ends. Raises ParseError / OSError."""
     run_dir = Path(run_dir)
-    inputs = {"files": _trace_inputs(run_dir), "pp_degree": pp_degree, "num_microbatches": num_microbatches,
-              "analysis": TRACE_ANALYSIS_VERSION}
+    inputs = trace_tables_fingerprint(run_dir, pp_degree=pp_degree, num_microbatches=num_microbatches)
     tables = compute_run_trace_tables(run_dir, name=name, pp_degree=pp_degree, num_microbatches=num_microbatches)
     return [] if tables is None else write_trace_tables(tables, run_dir / RUN_TABLES_DIR, inputs=inputs)
 
@@ -844,8 +852,7 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
     for run in campaign.runs.to_dict("records"):
         name = str(run["run"])
         pp, num_microbatches = _run_layout(run)
-        inputs = {"files": _trace_inputs(root / name), "pp_degree": pp, "num_microbatches": num_microbatches,
-                  "analysis": TRACE_ANALYSIS_VERSION}
+        inputs = trace_tables_fingerprint(root / name, pp_degree=pp, num_microbatches=num_microbatches)
         tables = read_trace_tables(root / name / RUN_TABLES_DIR, inputs=inputs) if inputs["files"] else None
         tables = tables or compute_run_trace_tables(root / name, name=name, pp_degree=pp,
                                                     num_microbatches=num_microbatches, root=root)
