@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from core.formulas import (
     compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
 from core.hardware import HARDWARE_TOML, load_hardware_toml, lookup_gpu
+from core.records import EnvRecord, FixedConfig, LoadedRun, ModelConfig, RunSpec
 
 PERFMODEL_TOML = Path(files("core") / "perfmodel.toml")
 REFERENCE_FLOPS = 1e12  # calibration: rates are solved as efficiency x this reference, then carried as FLOP/s
@@ -478,47 +478,49 @@ def compute_time_to_train_s(*, num_params: float, num_tokens: float, num_gpus: i
 # --- a campaign's runs as the model sees them (the note's predicted block and `runner plan --calibration`)
 
 
-def build_shape(model: Mapping[str, Any], *, name: str) -> ModelShape:
+def build_shape(model: ModelConfig, *, name: str) -> ModelShape:
     """The campaign's GPT (runner.model: GELU MLP, biases, learned positions, tied embedding,
     no dropout) as a planner shape; vocab is the padded vocab the runs trained."""
-    return ModelShape(name=name, num_layers=int(model["num_layers"]), hidden_size=int(model["hidden_size"]),
-                      num_heads=int(model["num_heads"]), num_kv_heads=int(model["num_heads"]),
-                      ffn_hidden_size=int(model["ffn_hidden_size"]), vocab_size=int(model["padded_vocab_size"]),
-                      max_position_embeddings=int(model["seq_length"]))
+    return ModelShape(name=name, num_layers=int(model.num_layers), hidden_size=int(model.hidden_size),
+                      num_heads=int(model.num_heads), num_kv_heads=int(model.num_heads),
+                      ffn_hidden_size=int(model.ffn_hidden_size), vocab_size=int(model.padded_vocab_size),
+                      max_position_embeddings=int(model.seq_length))
 
 
-def build_run_layout(run: Mapping[str, Any]) -> Layout:
+def build_run_layout(spec: RunSpec, *, compiled: bool | None) -> Layout:
     """A campaign run's layout: DDP, DeepSpeed ZeRO-3, Megatron (distributed optimizer when the
     run's knob says so; sequence parallel with TP > 1, as runner.strategies.tp_pp_megatron), the
-    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored."""
-    options = json.loads(run["options"]) if isinstance(run.get("options"), str) else (run.get("options") or {})
-    if run["strategy"] == "zero3":
+    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored.
+    compiled: torch.compile on (the run's RunInfo.compile; None: not recorded, taken as off)."""
+    options = spec.options or {}
+    if spec.strategy == "zero3":
         sharding = "zero3"
-    elif run["strategy"] == "tp_pp" and run["engine"] == "megatron":
+    elif spec.strategy == "tp_pp" and spec.engine == "megatron":
         sharding = "megatron-distopt" if options.get("use_distributed_optimizer") else "megatron"
     else:
         sharding = "ddp"
-    return Layout(tp_degree=int(run["tp_degree"]), pp_degree=int(run["pp_degree"]), dp_degree=int(run["dp_degree"]),
-                  micro_batch_size=int(run["micro_batch_size"]), num_microbatches=int(run["num_microbatches"]),
+    return Layout(tp_degree=int(spec.tp_degree), pp_degree=int(spec.pp_degree), dp_degree=int(spec.dp_degree),
+                  micro_batch_size=int(spec.micro_batch_size), num_microbatches=int(spec.num_microbatches),
                   sharding=sharding, recompute="selective",
-                  sequence_parallel=run["engine"] == "megatron" and int(run["tp_degree"]) > 1,
-                  grad_reduce_bytes=grad_reduce_bytes(run, options),
-                  logits_bytes=logits_bytes(run["engine"], compiled=bool(run.get("compile"))))
+                  sequence_parallel=spec.engine == "megatron" and int(spec.tp_degree) > 1,
+                  grad_reduce_bytes=grad_reduce_bytes(spec),
+                  logits_bytes=logits_bytes(spec.engine, compiled=bool(compiled)))
 
 
-def grad_reduce_bytes(run: Mapping[str, Any], options: Mapping[str, Any]) -> int:
+def grad_reduce_bytes(spec: RunSpec) -> int:
     """Bytes per gradient element a campaign run's data-parallel reduction moves: torch DDP and
     the torch TP+PP engine keep fp32 parameters under autocast, so their gradients are fp32 (4);
     Megatron reduces fp32 with grad_reduce_in_fp32 (its default here), else the campaign dtype;
     FSDP2 its reduce_dtype; DeepSpeed the campaign dtype."""
-    half = 2 if run.get("dtype") in ("bf16", "fp16") else 4
-    engine = run["engine"]
+    options, dtype = spec.options or {}, spec.fixed.dtype
+    half = 2 if dtype in ("bf16", "fp16") else 4
+    engine = spec.engine
     if engine in ("torch-ddp", "torch"):
         return 4
     if engine == "megatron":
         return 4 if options.get("grad_reduce_in_fp32", True) else half
     if engine == "fsdp2":
-        return {"fp32": 4, "bf16": 2}.get(options.get("reduce_dtype") or run.get("dtype"), half)
+        return {"fp32": 4, "bf16": 2}.get(options.get("reduce_dtype") or dtype, half)
     return half
 
 
@@ -529,15 +531,15 @@ def logits_bytes(engine: str, *, compiled: bool) -> int:
     return 4 if engine == "megatron" or compiled else 10
 
 
-def predict_run(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, rate: float,
+def predict_run(shape: ModelShape, lay: Layout, *, fixed: FixedConfig, comm: CommModel, rate: float,
              num_gpus_per_node: int, memory_limit_bytes: float):
-    return predict_layout(shape, lay, seq_length=int(fixed["model"]["seq_length"]),
-                          global_batch_size=int(fixed["global_batch_size"]), gpus_per_node=num_gpus_per_node,
+    return predict_layout(shape, lay, seq_length=int(fixed.model.seq_length),
+                          global_batch_size=int(fixed.global_batch_size), gpus_per_node=num_gpus_per_node,
                           peak_flops=REFERENCE_FLOPS, compute_efficiency=rate / REFERENCE_FLOPS, comm=comm,
                           memory_limit_bytes=memory_limit_bytes)
 
 
-def solve_rate(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm: CommModel, step_time_s: float,
+def solve_rate(shape: ModelShape, lay: Layout, *, fixed: FixedConfig, comm: CommModel, step_time_s: float,
                num_gpus_per_node: int) -> float | None:
     """The compute rate (FLOP/s per GPU) at which the model reproduces step_time_s (bisection in
     log space; the step time falls as the rate rises). None when communication alone is slower."""
@@ -556,13 +558,12 @@ def solve_rate(shape: ModelShape, lay: Layout, *, fixed: Mapping[str, Any], comm
     return math.sqrt(lo * hi)
 
 
-def find_campaign_gpu(runs: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> tuple[str | None, float | None]:
+def find_campaign_gpu(runs: Sequence[LoadedRun], env: EnvRecord) -> tuple[str | None, float | None]:
     """(device name, memory GiB) of a campaign's GPUs: the runs' run_info device name, else env.json's;
     memory from env.json, else hardware.toml."""
-    name = next((r.get("device_name") for r in runs if r.get("device") == "cuda" and r.get("device_name")), None)
-    gpus = [g for g in env.get("gpus") or () if isinstance(g, Mapping)]
-    name = name or next((g.get("name") for g in gpus if g.get("name")), None)
-    mib = next((g.get("memory_total_mib") for g in gpus if isinstance(g.get("memory_total_mib"), (int, float))), None)
+    name = next((r.info.device_name for r in runs if r.spec.device == "cuda" and r.info and r.info.device_name), None)
+    name = name or next((g.name for g in env.gpus if g.name), None)
+    mib = next((g.memory_total_mib for g in env.gpus if g.memory_total_mib is not None), None)
     if mib:
         return name, mib / 1024
     entry = lookup_gpu(name) if name else None

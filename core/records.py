@@ -6,7 +6,10 @@ records' fields). This module holds no I/O and no logic beyond (de)serialisation
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -247,6 +250,8 @@ class DatasetRecord:
     max_token_id: int
     bin_bytes: int
     build_s: float | None = None  # wall time to tokenize and write (None: prepared elsewhere)
+    # how many source files: campaign.json's copy lists only the first few in ``sources``
+    num_sources: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,6 +270,186 @@ class RunStatus:
     engine: str | None = None
     # hang/oom/crash evidence: per-rank stacks or flight-recorder summary, allocator numbers
     diagnosis: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedRun:
+    """One run as ingest loaded it, for the note: what it was asked (spec.json), how it ended
+    (status.json; None: no file, the runner stopped first), what it learned about itself
+    (run_info.json; None: no file), its checkpoint (checkpoint.json; None: none) and how many
+    metric files and valid rows were read. Runs reconstructed from third-party logs carry None
+    in the spec and info fields the logs do not state, whatever the field's type says."""
+
+    spec: RunSpec
+    status: RunStatus | None = None
+    info: RunInfo | None = None
+    checkpoint: CheckpointRecord | None = None
+    num_metric_files: int = 0
+    num_metric_rows: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def status_name(self) -> str | None:
+        """status.json's status (any text), None without status.json."""
+        return self.status.status if self.status is not None else None
+
+    @property
+    def num_params(self) -> int | None:
+        return self.info.num_params if self.info is not None else None
+
+    @property
+    def compiled(self) -> bool | None:
+        """torch.compile on (run_info), None without run_info.json."""
+        return self.info.compile if self.info is not None else None
+
+
+# ---------------------------------------------------------------- env.json (runner.env)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuInfo:
+    model: str | None = None
+    cores_logical: int | None = None
+    cores_physical: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskInfo:
+    """Size of the filesystem holding the campaign directory (``path``)."""
+
+    path: str | None = None
+    total_gib: float | None = None
+    free_gib: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuInfo:
+    """One GPU as ``nvidia-smi --query-gpu`` reports it."""
+
+    index: int | None = None
+    name: str | None = None
+    memory_total_mib: float | None = None
+    driver_version: str | None = None
+    power_limit_w: float | None = None
+    clocks_sm_max_mhz: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageInfo:
+    """Where one role's files live (runner.env.collect_storage): role "campaign" | "data" |
+    "checkpoints", the path, its mount point, filesystem type, device, disk kind ("nvme" | "ssd" |
+    "hdd" | "network" | "memory", None when unknown), total and free GiB."""
+
+    role: str | None = None
+    path: str | None = None
+    mountpoint: str | None = None
+    fstype: str | None = None
+    device: str | None = None
+    kind: str | None = None
+    total_gib: float | None = None
+    free_gib: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeEnv:
+    """One node of a multi-node campaign (its env_node<K>.json, folded into env.json by runner.nodes)."""
+
+    node_rank: int | None = None
+    hostname: str | None = None
+    cpu: CpuInfo | None = None
+    host_memory_gib: float | None = None
+    gpu_count: int | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankPlacement:
+    """Where one global rank of a multi-node run lived (<run>/placement.json, runner.train)."""
+
+    node_rank: int | None = None
+    group_rank: int | None = None  # torchrun's GROUP_RANK
+    hostname: str | None = None
+    local_rank: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvRecord:
+    """The environment of a campaign (env.json, runner.env.collect_env; DESIGN.md, Environment
+    record): host, CPU, memory, disk, GPUs, ``nvidia-smi topo -m``, library versions, launch
+    command, tool commit and the allow-listed, redacted environment variables the ranks ran with.
+    storage: where the campaign's files live. Multi-node campaigns add num_nodes, nodes (one per
+    node) and placement (run -> global rank as text -> where it lived); a node's own
+    env_node<K>.json carries node_rank. sources: for a record read from third-party logs, the
+    files it was read from. Every field may be missing (None) in an older or damaged file."""
+
+    schema_version: int = SCHEMA_VERSION
+    collected_at: str | None = None  # ISO-8601 UTC
+    hostname: str | None = None
+    os: str | None = None
+    python: str | None = None
+    cpu: CpuInfo | None = None
+    host_memory_gib: float | None = None
+    disk: DiskInfo | None = None
+    gpu_count: int | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    topology: str | None = None
+    versions: Mapping[str, str | None] = field(default_factory=dict)  # library -> version text
+    launch_command: tuple[str, ...] | None = None
+    tool_git_commit: str | None = None
+    env_vars: Mapping[str, str | None] = field(default_factory=dict)
+    storage: tuple[StorageInfo, ...] | None = None
+    num_nodes: int | None = None
+    nodes: tuple[NodeEnv, ...] = ()
+    placement: Mapping[str, Mapping[str, RankPlacement]] | None = None
+    node_rank: int | None = None
+    sources: tuple[str, ...] | None = None
+
+
+# ---------------------------------------------------------------- campaign.json (runner.cli)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisionLimits:
+    """The watchdog's limits for every run of a campaign (runner.matrix; runner.launch.Watchdog)."""
+
+    run_timeout_s: float
+    stall_timeout_s: float
+    startup_timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignNodes:
+    """A multi-node campaign's launch: node count and the rendezvous (run i uses base port + i)."""
+
+    nnodes: int
+    rdzv_endpoint: str  # HOST:PORT
+    rdzv_port_rule: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignRecord:
+    """A campaign as the runner resolved it (campaign.json): its name, when and by which tool
+    version and commit it was made, the matrix file and launch command, the device, the
+    watchdog limits, the fixed variables every run shares, the run names in order, the
+    real-text round's dataset (its ``sources`` cut to the first few; None without a real round)
+    and, on several nodes, the launch (None on one). Fields an older file lacks read as None."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str | None = None
+    created_at: str | None = None  # ISO-8601 UTC
+    tool_version: str | None = None
+    tool_git_commit: str | None = None
+    matrix_path: str | None = None
+    launch_command: tuple[str, ...] | None = None
+    device: str | None = None  # "cuda" | "cpu"
+    supervision: SupervisionLimits | None = None
+    fixed: FixedConfig
+    runs: tuple[str, ...] = ()
+    dataset: DatasetRecord | None = None
+    nodes: CampaignNodes | None = None
 
 
 # Phase ranges every engine annotates (torch.profiler record_function; NVTX under nsys):
@@ -452,3 +637,99 @@ def run_spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
             plant["pp_layers"] = tuple(plant["pp_layers"])
         plant = Plant(**plant)
     return RunSpec(fixed=FixedConfig(**fixed), plant=plant, **rest)
+
+
+# ---------------------------------------------------------------- lenient decoding of env.json / campaign.json
+
+
+def record_from_dict(cls: type, data: Mapping[str, Any], *, where: str) -> tuple[Any, list[str]]:
+    """A JSON object -> (record of dataclass ``cls``, problems), leniently: a missing or null
+    field takes its default (None where it has none); a value of the wrong JSON type is dropped
+    the same way, with one problem text naming ``where`` and the field. Nested records, lists
+    (as tuples) and objects are decoded the same way, field by field."""
+    problems: list[str] = []
+    return _decode_record(cls, data, where=where, path="", problems=problems), problems
+
+
+def env_record_from_dict(data: Mapping[str, Any], *, where: str = "env.json") -> tuple[EnvRecord, list[str]]:
+    """env.json's object -> (EnvRecord, problems). Lenient: a missing field reads as None (or
+    empty); a value of the wrong JSON type is dropped (None, or left out of its list) with one
+    problem text naming it (``"env.json: gpus[1].index: expected int, got str '0'; ignored"``),
+    so a bad field costs its cell in the note, never the note. Library versions and environment
+    variables are name -> text: their values are kept as text whatever their JSON type."""
+    return record_from_dict(EnvRecord, data, where=where)
+
+
+def campaign_record_from_dict(data: Mapping[str, Any], *,
+                              where: str = "campaign.json") -> tuple[CampaignRecord, list[str]]:
+    """campaign.json's object -> (CampaignRecord, problems), as lenient as ``env_record_from_dict``.
+    The caller checks ``fixed`` strictly first (a wrong fixed variable mislabels every number);
+    a campaign.json without one raises KeyError."""
+    if not isinstance(data.get("fixed"), Mapping):
+        raise KeyError("fixed")
+    return record_from_dict(CampaignRecord, data, where=where)
+
+
+_DROP = object()  # a value of the wrong JSON type: left out
+
+
+def _decode_record(cls: type, data: Mapping[str, Any], *, where: str, path: str, problems: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        value = data.get(f.name)
+        if value is not None:
+            value = _decode_value(hints[f.name], value, where=where, path=f"{path}{f.name}", problems=problems)
+        if value is None or value is _DROP:  # missing, null or dropped: the default, else None
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = None
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _decode_value(hint: Any, value: Any, *, where: str, path: str, problems: list[str]) -> Any:
+    """One JSON value against its field's annotation: the value (records built, lists as tuples)
+    or _DROP with a problem text. JSON's bool is never an int or a number."""
+    def bad(want: str) -> Any:
+        problems.append(f"{where}: {path}: expected {want}, got {type(value).__name__} {value!r:.40}; ignored")
+        return _DROP
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # X | None: X
+        return _decode_value(next(a for a in args if a is not type(None)), value, where=where, path=path,
+                             problems=problems)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            return bad("an object")
+        return _decode_record(hint, value, where=where, path=f"{path}.", problems=problems)
+    if origin is tuple:
+        if not isinstance(value, list):
+            return bad("a list")
+        items = (_decode_value(args[0], v, where=where, path=f"{path}[{i}]", problems=problems)
+                 for i, v in enumerate(value))
+        return tuple(v for v in items if v is not _DROP)
+    if origin in (collections.abc.Mapping, dict) or hint in (dict, Mapping):
+        if not isinstance(value, dict):
+            return bad("an object")
+        if not args or args[1] is Any:
+            return dict(value)
+        if args[1] == str | None:  # name -> text
+            return {str(k): (None if v is None else str(v)) for k, v in value.items()}
+        items = ((str(k), _decode_value(args[1], v, where=where, path=f"{path}.{k}", problems=problems))
+                 for k, v in value.items())
+        return {k: v for k, v in items if v is not _DROP}
+    if hint is bool:
+        return value if isinstance(value, bool) else bad("bool")
+    if isinstance(value, bool):
+        return bad({int: "int", float: "a number", str: "str"}.get(hint, "another type"))
+    if hint is int:
+        return value if isinstance(value, int) else bad("int")
+    if hint is float:
+        return value if isinstance(value, (int, float)) else bad("a number")
+    if hint is str:
+        return value if isinstance(value, str) else bad("str")
+    return value  # Any

@@ -17,6 +17,7 @@ import re
 import json
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,11 +29,11 @@ from core.errors import NoDataError, ParseError
 from ingest.paths import run_name_problem
 from core.atomic import write_bytes_atomic
 from core.records import (
-    SCHEMA_VERSION, CheckpointRecord, FixedConfig, ModelConfig, Plant, RunInfo, RunSpec, RunStatus, StepRow,
-    run_spec_from_dict,
+    SCHEMA_VERSION, CampaignRecord, CheckpointRecord, EnvRecord, FixedConfig, LoadedRun, ModelConfig, Plant, RunInfo,
+    RunSpec, RunStatus, StepRow, campaign_record_from_dict, env_record_from_dict, run_spec_from_dict, to_dict,
 )
 
-# RunSpec fields held in the runs table as JSON text (decoded by Campaign.run_records)
+# RunSpec fields held in the runs table as JSON text (decoded by loaded_run_from_row)
 SPEC_JSON_COLUMNS = ("options", "plant")
 STEP_COLUMNS = tuple(f.name for f in dataclasses.fields(StepRow))
 RUNS_TABLE, STEPS_TABLE = "runs.parquet", "steps.parquet"
@@ -59,15 +60,21 @@ class Campaign:
       RunStatus fields (``status``, ``exit_code``, ``cause``, ``duration_s``...; NA when
       status.json is missing), RunInfo fields (``num_params``, ``device_name``, ``num_gpus``...;
       NA when run_info.json is missing), CheckpointRecord fields as ``ckpt_<field>`` (tuples as
-      JSON text; NA without checkpoint.json), ``num_metric_files``, ``num_metric_rows``.
+      JSON text; NA without checkpoint.json), ``num_metric_files``, ``num_metric_rows``. The
+      table is what Parquet stores; the note reads its runs as records (``run_records``).
     steps: one row per (run, rank, step), columns = StepRow fields (all steps, warm-up included).
-    campaign / env: campaign.json and env.json as dicts (env is {} when missing).
-    problems: human-readable caveats found while loading (missing files of individual runs).
+    campaign / env: campaign.json and env.json as records (core.records.CampaignRecord /
+      EnvRecord; an empty EnvRecord when env.json is missing; wrong-typed values dropped, each
+      with a caveat in ``problems``). campaign_json: campaign.json's object exactly as written,
+      printed by the note's appendix and nothing else: read the fields from ``campaign``.
+    problems: human-readable caveats found while loading (missing files of individual runs,
+      values of the wrong type in env.json or campaign.json).
     """
 
     source: str
-    campaign: dict[str, Any]
-    env: dict[str, Any]
+    campaign: CampaignRecord
+    env: EnvRecord
+    campaign_json: Mapping[str, Any]
     runs: pd.DataFrame
     steps: pd.DataFrame
     problems: tuple[str, ...] = ()
@@ -77,12 +84,14 @@ class Campaign:
 
     @property
     def name(self) -> str:
-        return str(self.campaign.get("name") or Path(self.source).name)
+        return self.campaign.name or Path(self.source).name
 
-    def run_records(self) -> list[dict[str, Any]]:
-        """The runs table as one dict per run, for the note: NA as None, numpy scalars as Python,
-        and the spec's nested records (``options``, ``plant``: JSON text in the table, so Parquet
-        keeps one column type) decoded here, once (a value that is not JSON reads as None)."""
+    def run_records(self) -> tuple[LoadedRun, ...]:
+        """The runs table as one LoadedRun per run (same order): the one place its JSON-text
+        columns (the spec's ``options`` and ``plant``, the status's ``command`` and ``diagnosis``,
+        run_info's ``kernels`` and ``pp_stage_num_layers``, the checkpoint's tuples) are decoded,
+        NA read as None (a text that is not JSON as None too). A column the table lacks (a run
+        reconstructed from third-party logs) reads as None."""
         import pandas as pd
 
         def py(value: Any) -> Any:
@@ -90,17 +99,59 @@ class Campaign:
                 return None
             return value.item() if hasattr(value, "item") else value
 
-        out = []
-        for row in self.runs.to_dict("records"):
-            rec = {k: py(v) for k, v in row.items()}
-            for key in SPEC_JSON_COLUMNS:
-                if isinstance(rec.get(key), str):
-                    try:
-                        rec[key] = json.loads(rec[key]) if rec[key] else None
-                    except (json.JSONDecodeError, RecursionError):
-                        rec[key] = None
-            out.append(rec)
-        return out
+        return tuple(loaded_run_from_row({k: py(v) for k, v in row.items()}) for row in self.runs.to_dict("records"))
+
+
+def _json_text(value: Any) -> Any:
+    """A JSON-text cell decoded; None for None, "" and text that is not JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value) if value else None
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def loaded_run_from_row(row: Mapping[str, Any]) -> LoadedRun:
+    """One runs-table row (NA already None) -> LoadedRun: the inverse of ``_load_run``'s flattening.
+    status is None when the row has no status (no status.json), info when it has none of
+    run_info's fields, checkpoint when it has no ``ckpt_save_s``."""
+    def pick(cls: type, *, skip: tuple[str, ...] = (), prefix: str = "") -> dict[str, Any]:
+        return {f.name: row.get(prefix + f.name) for f in dataclasses.fields(cls)
+                if f.name not in ("schema_version", "run", *skip)}
+
+    name = str(row["run"])
+    fixed = FixedConfig(**pick(FixedConfig, skip=("model",)), model=ModelConfig(**pick(ModelConfig)))
+    spec = pick(RunSpec, skip=("name", "fixed", "options", "plant"))
+    options = _json_text(row.get("options"))
+    plant = _json_text(row.get("plant"))
+    if isinstance(plant, dict):
+        plant = Plant(**{**plant, "pp_layers": tuple(plant["pp_layers"]) if plant.get("pp_layers") is not None else None})
+    spec_record = RunSpec(**spec, name=name, fixed=fixed, options=options if isinstance(options, dict) else {},
+                          plant=plant if isinstance(plant, Plant) else None)
+    status = None
+    if row.get("status") is not None:
+        command, diagnosis = _json_text(row.get("command")), _json_text(row.get("diagnosis"))
+        status = RunStatus(**pick(RunStatus, skip=("engine", "command", "diagnosis")), run=name,
+                           command=tuple(command) if isinstance(command, list) else (),
+                           diagnosis=diagnosis if isinstance(diagnosis, dict) else None)
+    info_fields = pick(RunInfo, skip=("engine",))
+    info = None
+    if any(v is not None for v in info_fields.values()):
+        kernels, layers = _json_text(info_fields["kernels"]), _json_text(info_fields["pp_stage_num_layers"])
+        info = RunInfo(**{**info_fields, "kernels": kernels if isinstance(kernels, dict) else None,
+                          "pp_stage_num_layers": tuple(layers) if isinstance(layers, list) else None},
+                       run=name, engine=spec_record.engine)
+    checkpoint = None
+    if row.get("ckpt_save_s") is not None:
+        ckpt = pick(CheckpointRecord, skip=("engine",), prefix="ckpt_")
+        for key in ("verify_steps", "loss_uninterrupted", "loss_restored"):
+            value = _json_text(ckpt[key])
+            ckpt[key] = tuple(value) if isinstance(value, list) else ()
+        checkpoint = CheckpointRecord(**ckpt, run=name, engine=spec_record.engine)
+    return LoadedRun(spec=spec_record, status=status, info=info, checkpoint=checkpoint,
+                     num_metric_files=int(row.get("num_metric_files") or 0),
+                     num_metric_rows=int(row.get("num_metric_rows") or 0))
 
 
 def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any):
@@ -407,10 +458,10 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     if bad:
         raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad)}; regenerate it with `runner all`")
     problems: list[str] = []
-    env: Any = {}
+    env_json: Any = {}
     if (root / "env.json").is_file():
-        env = _read_json(root / "env.json")
-        if not isinstance(env, dict):
+        env_json = _read_json(root / "env.json")
+        if not isinstance(env_json, dict):
             raise ParseError(f"{root / 'env.json'}: expected a JSON object; regenerate it with `runner env`")
     else:
         problems.append(f"{root / 'env.json'} is missing: the environment section is empty")
@@ -434,20 +485,35 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     steps_df = pd.DataFrame(steps, columns=list(STEP_COLUMNS))
     steps_df = steps_df.astype({c: "float64" for c in ("loss", "grad_norm", "mem_peak_allocated_gib", "mem_peak_reserved_gib",
                                               "step_entry_time_s")})
-    return Campaign(source=str(root), campaign=campaign, env=env, runs=runs_df, steps=steps_df, problems=tuple(problems))
+    return build_campaign(source=str(root), campaign_json=campaign, env_json=env_json, runs=runs_df, steps=steps_df,
+                          problems=problems)
+
+
+def build_campaign(*, source: str, campaign_json: Mapping[str, Any], env_json: Mapping[str, Any], runs: pd.DataFrame,
+                   steps: pd.DataFrame, problems: Sequence[str] = ()) -> Campaign:
+    """A Campaign from campaign.json's and env.json's objects (decoded here, the one place:
+    core.records' lenient decoders; each value of the wrong type dropped with a caveat appended to
+    ``problems``, unless it is there already) and the tables. Raises KeyError when campaign.json
+    has no ``fixed`` (callers check it first, with a message naming the file)."""
+    record, campaign_problems = campaign_record_from_dict(campaign_json)
+    env, env_problems = env_record_from_dict(env_json)
+    found = [p for p in (*env_problems, *campaign_problems) if p not in problems]
+    return Campaign(source=source, campaign=record, env=env, campaign_json=campaign_json, runs=runs, steps=steps,
+                    problems=(*problems, *found))
 
 
 def write_tables(campaign: Campaign, out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write ``runs.parquet`` and ``steps.parquet`` into ``out_dir`` (created), atomically.
 
-    Parquet key-value metadata carries schema_version, campaign.json, env.json and the load
-    problems (JSON), so ``load_campaign(out_dir)`` restores an equal Campaign.
+    Parquet key-value metadata carries schema_version, campaign.json (as written), the
+    environment record (core.records.EnvRecord as JSON) and the load problems (JSON), so
+    ``load_campaign(out_dir)`` restores an equal Campaign.
     Returns the written paths.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    meta = {"schema_version": SCHEMA_VERSION, "campaign": campaign.campaign, "env": campaign.env,
+    meta = {"schema_version": SCHEMA_VERSION, "campaign": campaign.campaign_json, "env": to_dict(campaign.env),
             "problems": list(campaign.problems)}
     out = []
     for name, df in ((RUNS_TABLE, campaign.runs), (STEPS_TABLE, campaign.steps)):
@@ -482,8 +548,12 @@ def load_tables(path: str | os.PathLike[str]) -> Campaign:
         if meta["schema_version"] > SCHEMA_VERSION:
             raise ParseError(f"{root / name}: schema_version {meta['schema_version']} is newer than {SCHEMA_VERSION}; upgrade the tool")
         frames.append(table.to_pandas())
-    return Campaign(source=str(root), campaign=meta["campaign"], env=meta["env"], runs=frames[0],
-                    steps=frames[1], problems=tuple(meta["problems"]))
+    if not isinstance(meta["campaign"], dict) or not isinstance(meta["campaign"].get("fixed"), dict) \
+            or not isinstance(meta["env"], dict):
+        raise ParseError(f"{root / STEPS_TABLE}: campaign/env metadata are not objects; rerun `ingest`")
+    # the environment record as written (older folders: env.json's object, its caveats found again)
+    return build_campaign(source=str(root), campaign_json=meta["campaign"], env_json=meta["env"], runs=frames[0],
+                          steps=frames[1], problems=meta["problems"])
 
 
 def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20):

@@ -261,7 +261,7 @@ def _topology_text(files: list[IngestedFile]) -> str | None:
 
 
 def build_env_record(files: list[IngestedFile]) -> dict:
-    """An env.json-shaped dict (what report.view.build_env reads) from env/topology records."""
+    """An env.json-shaped object (decoded into core.records.EnvRecord like env.json) from env/topology records."""
     env = {}
     for r in _env_records(files):
         env.setdefault(r["key"], r["value"])
@@ -289,7 +289,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     argument dump, overridden by ``model`` (CLI ``--model``). Returns None when no file has
     steps. Raises ConfigError when the shape needed for the note is unknown."""
     from core.errors import ConfigError
-    from ingest.io import Campaign
+    from ingest.io import build_campaign
 
     train = [f for f in files if any(r["table"] == "steps" and _has_timing(r) for r in f.result.records)]
     if not train:
@@ -375,7 +375,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     runs_df = pd.DataFrame(runs)
     for c in ("micro_batch_size", "exit_code", "seed", "steps", "lr_warmup_steps"):
         runs_df[c] = runs_df[c].astype("Int64")
-    return Campaign(source=name, campaign=campaign, env=env, runs=runs_df, steps=steps, problems=tuple(problems))
+    return build_campaign(source=name, campaign_json=campaign, env_json=env, runs=runs_df, steps=steps, problems=problems)
 
 
 def _has_timing(r: dict) -> bool:

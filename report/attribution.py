@@ -6,15 +6,12 @@ Deliberately not here: computing the attribution (ingest.attribution), wording (
 """
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from ingest.io import Campaign
+from core.records import Plant
 from report import evidence as ev
 from report import rules
 
@@ -46,52 +43,53 @@ class AttributionView:
     plant: Mapping[str, Any] | None
 
 
-def run_plant(run: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run's planted cause (the matrix's ``plant`` table, decoded by Campaign.run_records)
-    without its unset keys; None when the run is not planted."""
-    value = run.get("plant")
-    return {k: v for k, v in value.items() if v is not None} if isinstance(value, Mapping) else None
-
-
-def build_attribution(trace_tables: Any, campaign: Campaign, run: Mapping[str, Any], *,
-                      median_step_s: float | None) -> AttributionView | None:
-    """One run's cross-rank attribution view (None when the run has no attribution rows)."""
-    att = getattr(trace_tables, "attribution", None)
-    if att is None or att.empty or not run:
+def run_plant(plant: Plant | None) -> dict[str, Any] | None:
+    """A run's planted cause (the matrix's ``plant`` table, RunSpec.plant) as evidence: its set
+    keys in name order, the layers per stage as a list; None when the run is not planted."""
+    if plant is None:
         return None
-    name = str(run["run"])
-    s = ev.summarize_attribution(att, run=name, median_step_s=median_step_s)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(dataclasses.asdict(plant).items())
+            if v is not None}
+
+
+def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size: int, num_layers: int,
+                      plant: Plant | None, host: str | None, commbench: Sequence[Mapping[str, Any]],
+                      median_step_s: float | None) -> AttributionView | None:
+    """One run's cross-rank attribution view (None when the run has no attribution rows).
+    host: the one host every rank ran on (None: several or unknown); commbench: `runner commbench`
+    rows (``commbench_rows``) the collectives' bandwidth is compared with; num_layers: the model's
+    (an even pipeline split when the plant does not say, 0: unknown)."""
+    att = getattr(trace_tables, "attribution", None)
+    if att is None or att.empty:
+        return None
+    s = ev.summarize_attribution(att, run=run, median_step_s=median_step_s)
     if s is None:
         return None
-    env = campaign.env if isinstance(campaign.env, Mapping) else {}
-    host = env.get("hostname") if int(env.get("num_nodes") or 1) == 1 else None
     hosts = {r: host for r in s["per_rank"]} if host else None
-    straggler = ev.compute_trace_straggler(att, run=name, min_fraction=rules.THRESHOLDS["straggler_trace_min_fraction"],
+    straggler = ev.compute_trace_straggler(att, run=run, min_fraction=rules.THRESHOLDS["straggler_trace_min_fraction"],
                                            hosts=hosts)
-    pp = int(run.get("pp_degree") or 1)
-    plant = run_plant(run)
-    num_layers = int(run.get("num_layers") or 0)
-    layers = (list(plant["pp_layers"]) if plant and plant.get("pp_layers")
+    pp = int(pp_degree or 1)
+    planted = run_plant(plant)
+    layers = (list(plant.pp_layers) if plant and plant.pp_layers
               else [num_layers // pp] * pp if pp > 1 and num_layers % pp == 0 else [])
-    stages = ev.compute_stage_balance(att, run=name, pp_degree=pp, layers=layers,
-                                      ranks_per_stage=int(run.get("world_size") or pp) // pp)
-    bench = _commbench_rows(campaign)
+    stages = ev.compute_stage_balance(att, run=run, pp_degree=pp, layers=layers,
+                                      ranks_per_stage=int(world_size or pp) // pp)
     collectives = getattr(trace_tables, "collectives", None)
-    bandwidth = ev.compute_collective_bandwidth(collectives, run=name, commbench=bench) if collectives is not None else []
+    bandwidth = ev.compute_collective_bandwidth(collectives, run=run, commbench=commbench) if collectives is not None else []
     return AttributionView(
         breakdown_ms=s["breakdown_ms"], shares=s["shares"],
         traced_ms={c: (v * s["traced_step_s"] * 1e3 if v is not None else None) for c, v in s["shares"].items()}, per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
         median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
         launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
-        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=plant)
+        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=planted)
 
 
-def _commbench_rows(campaign: Campaign) -> list[dict[str, Any]]:
-    """CAMPAIGN/commbench rows on the campaign's device, or [] (none, or unreadable)."""
+def commbench_rows(source: str) -> list[dict[str, Any]]:
+    """SOURCE/commbench's rows (or a tables folder's commbench.parquet), or [] (none, or unreadable)."""
     from core.errors import ToolError
     from ingest.io import find_commbench, load_commbench
 
-    bench = find_commbench(campaign.source)
+    bench = find_commbench(source)
     if bench is None:
         return []
     try:

@@ -12,7 +12,6 @@ the caller like report.rules.THRESHOLDS). Deliberately not here: wording (templa
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from core.formulas import select_measured
+from core.records import DatasetRecord, EnvRecord, FixedConfig, LoadedRun, RunSpec
 from report.rules import THRESHOLDS, Finding, rule_loss
 
 DATA_THRESHOLDS: dict[str, float] = {
@@ -109,7 +109,7 @@ class DataRoundSection:
     round_loss_agrees / round_loss_disagrees for the rounds after the first (report.rules.rule_loss)."""
 
     rounds: tuple[str, ...]
-    dataset: Mapping[str, Any] | None
+    dataset: DatasetRecord | None
     num_epochs: float | None  # how many times a real run walks the corpus's samples
     rows: tuple[RoundRow, ...]
     checkpoints: tuple[CheckpointRow, ...]
@@ -126,31 +126,30 @@ def _spread(s: Mapping[str, Any]) -> float | None:
     return (p90 - med) / med if med and p90 is not None else None
 
 
-def build_round_rows(runs: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
+def build_round_rows(runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, Any]],
                      shares: Mapping[str, float | None]) -> list[RoundRow]:
-    """Pair each layout's synthetic and real runs. runs: Campaign.runs records (``data_round``,
-    ``layout``; campaigns from before rounds read as synthetic); summary: report.metrics
-    summary rows (same order) with ``mfu``; shares: run -> data_wait_share."""
-    by_layout: dict[str, dict[str, tuple[Mapping, Mapping]]] = {}
+    """Pair each layout's synthetic and real runs (RunSpec.layout and data_round; campaigns from
+    before rounds read as synthetic). summary: report.metrics summary rows (same order) with
+    ``mfu``; shares: run -> data_wait_share."""
+    by_layout: dict[str, dict[str, tuple[RunSpec, Mapping]]] = {}
     for r, s in zip(runs, summary):
-        by_layout.setdefault(r.get("layout") or r["run"], {})[r.get("data_round") or "synthetic"] = (r, s)
+        by_layout.setdefault(r.spec.layout or r.name, {})[r.spec.data_round or "synthetic"] = (r.spec, s)
     rows = []
     for layout, rounds in by_layout.items():
         if "real" not in rounds:
             continue
         (rr, rs), syn = rounds["real"], rounds.get("synthetic")
-        sr, ss = syn if syn else ({}, {})
-        opts = rr.get("options") or {}
-        loader = opts.get("loader") or {}
+        sr, ss = syn if syn else (None, {})
+        loader = rr.options.get("loader") or {}
         t_syn, t_real = _num(ss.get("tokens_per_s")), _num(rs.get("tokens_per_s"))
         m_syn, m_real = _num(ss.get("mfu")), _num(rs.get("mfu"))
         noises = [x for x in (_spread(ss), _spread(rs)) if x is not None]
         rows.append(RoundRow(
-            layout=layout, strategy=rr["strategy"], engine=rr["engine"], synthetic_run=sr.get("run"), real_run=rr["run"],
+            layout=layout, strategy=rr.strategy, engine=rr.engine, synthetic_run=sr.name if sr else None, real_run=rr.name,
             synthetic_data_wait_median_s=_num(ss.get("data_wait_median_s")),
             real_data_wait_median_s=_num(rs.get("data_wait_median_s")),
-            synthetic_data_wait_share=shares.get(sr.get("run")) if sr else None,
-            real_data_wait_share=shares.get(rr["run"]),
+            synthetic_data_wait_share=shares.get(sr.name) if sr else None,
+            real_data_wait_share=shares.get(rr.name),
             synthetic_tokens_per_s=t_syn, real_tokens_per_s=t_real,
             tokens_per_s_delta=t_real / t_syn - 1 if t_syn and t_real else None,
             synthetic_mfu=m_syn, real_mfu=m_real,
@@ -203,57 +202,52 @@ def rule_restore(checkpoints: Sequence[CheckpointRow]) -> list[Finding]:
             for c in checkpoints if c.ok is False]
 
 
-def build_checkpoint_rows(runs: Sequence[Mapping[str, Any]]) -> list[CheckpointRow]:
-    """CheckpointRows from the runs' ``ckpt_*`` columns (ingest.io), for runs that have one."""
+def build_checkpoint_rows(runs: Sequence[LoadedRun]) -> list[CheckpointRow]:
+    """CheckpointRows from the runs' checkpoint records, for runs that have one."""
     out = []
     for r in runs:
-        if _num(r.get("ckpt_save_s")) is None:
+        c = r.checkpoint
+        if c is None or _num(c.save_s) is None:
             continue
-        tup = lambda k: tuple(json.loads(r[k])) if isinstance(r.get(k), str) else ()  # noqa: E731
         out.append(CheckpointRow(
-            run=r["run"], format=r.get("ckpt_format") or "?", step=int(r["ckpt_step"]), save_s=float(r["ckpt_save_s"]),
-            load_s=_num(r.get("ckpt_load_s")), size_gib=float(r["ckpt_bytes_written"]) / 2**30,
-            num_files=int(r["ckpt_num_files"]), verify_steps=tup("ckpt_verify_steps"),
-            loss_uninterrupted=tup("ckpt_loss_uninterrupted"), loss_restored=tup("ckpt_loss_restored"),
-            max_abs_diff_nats=_num(r.get("ckpt_max_abs_diff_nats")), tolerance_nats=_num(r.get("ckpt_tolerance_nats")),
-            ok=None if _num(r.get("ckpt_ok")) is None else bool(r["ckpt_ok"])))
+            run=r.name, format=c.format or "?", step=int(c.step), save_s=float(c.save_s),
+            load_s=_num(c.load_s), size_gib=float(c.bytes_written) / 2**30,
+            num_files=int(c.num_files), verify_steps=c.verify_steps,
+            loss_uninterrupted=c.loss_uninterrupted, loss_restored=c.loss_restored,
+            max_abs_diff_nats=_num(c.max_abs_diff_nats), tolerance_nats=_num(c.tolerance_nats),
+            ok=None if _num(c.ok) is None else bool(c.ok)))
     return out
 
 
-def build_storage_rows(env: Mapping[str, Any]) -> list[StorageRow]:
-    rows = env.get("storage")
-    if not isinstance(rows, list):
-        return []
-    return [StorageRow(role=str(s.get("role")), path=str(s.get("path")), fstype=s.get("fstype"), kind=s.get("kind"),
-                       free_gib=s.get("free_gib") if isinstance(s.get("free_gib"), (int, float)) else None,
-                       total_gib=s.get("total_gib") if isinstance(s.get("total_gib"), (int, float)) else None)
-            for s in rows if isinstance(s, dict)]
+def build_storage_rows(env: EnvRecord) -> list[StorageRow]:
+    return [StorageRow(role=str(s.role), path=str(s.path), fstype=s.fstype, kind=s.kind, free_gib=s.free_gib,
+                       total_gib=s.total_gib) for s in env.storage or ()]
 
 
-def build_data_round_section(*, fixed: Mapping[str, Any], dataset: Mapping[str, Any] | None, env: Mapping[str, Any],
-                             runs: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]],
+def build_data_round_section(*, fixed: FixedConfig, dataset: DatasetRecord | None, env: EnvRecord,
+                             runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, Any]],
                              steps: pd.DataFrame, thresholds: Mapping[str, float] | None = None) -> DataRoundSection:
     """The section from campaign.json's fixed variables and dataset record, env.json, the runs'
     records, the metric summary (same order as runs) and the step rows."""
     t = {**DATA_THRESHOLDS, **{k: v for k, v in (thresholds or {}).items() if k in DATA_THRESHOLDS}}
-    share_df = compute_data_wait_share(steps, warmup_steps=int(fixed["warmup_steps"]))
+    share_df = compute_data_wait_share(steps, warmup_steps=int(fixed.warmup_steps))
     shares = {r: _num(v) for r, v in zip(share_df["run"], share_df["data_wait_share"])}
     rows = build_round_rows(runs, summary, shares)
     checkpoints = build_checkpoint_rows(runs)
-    ok_summary = [s for s, r in zip(summary, runs) if r.get("status") == "ok"]
-    rounds = tuple(str(fixed.get("data", "synthetic")).split("+"))
+    ok_summary = [s for s, r in zip(summary, runs) if r.status_name == "ok"]
+    rounds = tuple(str(fixed.data).split("+"))
     findings = rule_data_stall(ok_summary, shares, t) + rule_data_bound(rows, t) + rule_restore(checkpoints)
     if len(rounds) > 1:  # the note's ranking and loss check cover the first round; the later ones agree too?
         for later in rounds[1:]:
-            same = [s for s, r in zip(ok_summary, [r for r in runs if r.get("status") == "ok"])
-                    if (r.get("data_round") or "synthetic") == later]
+            same = [s for s, r in zip(ok_summary, [r for r in runs if r.status_name == "ok"])
+                    if (r.spec.data_round or "synthetic") == later]
             t_loss = {**THRESHOLDS, **{k: v for k, v in (thresholds or {}).items() if k in THRESHOLDS}}
             findings += [Finding(kind=f"round_{f.kind}", runs=f.runs, threshold=f.threshold,
                                  evidence={**f.evidence, "round": later}) for f in rule_loss(same, t_loss)]
     epochs = None
-    if dataset and dataset.get("num_tokens"):
-        samples = (int(dataset["num_tokens"]) - 1) // int(fixed["model"]["seq_length"])
-        epochs = int(fixed["steps"]) * int(fixed["global_batch_size"]) / samples if samples else None
+    if dataset and dataset.num_tokens:
+        samples = (int(dataset.num_tokens) - 1) // int(fixed.model.seq_length)
+        epochs = int(fixed.steps) * int(fixed.global_batch_size) / samples if samples else None
     return DataRoundSection(rounds=rounds, dataset=dataset,
                             num_epochs=epochs, rows=tuple(rows), checkpoints=tuple(checkpoints),
                             storage=tuple(build_storage_rows(env)), findings=tuple(findings))

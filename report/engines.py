@@ -10,12 +10,11 @@ formatting, file access.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.records import STRATEGY_ENGINES
+from core.records import STRATEGY_ENGINES, LoadedRun, ModelConfig
 from report.memory import GIB, compute_model_state_bytes, compute_param_numels
 from report.rules import THRESHOLDS, Finding, layout_key, rule_engine_gap
 
@@ -68,16 +67,16 @@ class EngineGroup:
     finding: Finding
 
 
-def _row(run: Mapping[str, Any], s: Mapping[str, Any], b: Mapping[str, Any] | None, *, dtype: str,
+def _row(run: LoadedRun, s: Mapping[str, Any], b: Mapping[str, Any] | None, *, dtype: str,
          param_numels: list[int] | None,
          fastest_tps: float | None, gpu_memory_gib: float | None, baseline: bool) -> EngineRow:
-    options = run.get("options") or {}
+    spec = run.spec
     states = None
-    if run.get("num_params"):
+    if run.num_params:
         states = compute_model_state_bytes(
-            strategy=run["strategy"], engine=run["engine"], dtype=dtype, num_params=int(run["num_params"]),
-            tp_degree=int(run["tp_degree"]), pp_degree=int(run["pp_degree"]), dp_degree=int(run["dp_degree"]),
-            options=options, param_numels=param_numels)
+            strategy=spec.strategy, engine=spec.engine, dtype=dtype, num_params=int(run.num_params),
+            tp_degree=int(spec.tp_degree), pp_degree=int(spec.pp_degree), dp_degree=int(spec.dp_degree),
+            options=spec.options, param_numels=param_numels)
     states_gib = states.total_bytes / GIB if states else None
     alloc, reserved = s.get("mem_peak_allocated_gib"), s.get("mem_peak_reserved_gib")
     tps = s.get("tokens_per_s")
@@ -87,7 +86,7 @@ def _row(run: Mapping[str, Any], s: Mapping[str, Any], b: Mapping[str, Any] | No
         return b[f"{cat}_s"] / step if b and step else None
 
     return EngineRow(
-        run=run["run"], engine=run["engine"], baseline=baseline, tokens_per_s=tps,
+        run=run.name, engine=spec.engine, baseline=baseline, tokens_per_s=tps,
         ratio_to_fastest=fastest_tps / tps if fastest_tps and tps else None, mfu=s.get("mfu"),
         step_time_median_s=s.get("step_time_median_s"), mem_peak_allocated_gib=alloc, mem_peak_reserved_gib=reserved,
         model_states_bytes=states.total_bytes if states else None,
@@ -97,34 +96,34 @@ def _row(run: Mapping[str, Any], s: Mapping[str, Any], b: Mapping[str, Any] | No
         activations_gib=alloc - states_gib if alloc is not None and states_gib is not None else None,
         allocator_reserve_gib=reserved - alloc if reserved is not None and alloc is not None else None,
         max_params_states_only=(gpu_memory_gib * GIB / states.total_bytes_per_param
-                                if gpu_memory_gib and states and run.get("device") == "cuda" else None),
+                                if gpu_memory_gib and states and spec.device == "cuda" else None),
         traced_step_s=step, compute_share=share("compute"), exposed_comm_share=share("transfer"),
         bubble_share=share("bubble"), other_share=share("launch_gaps"),
         layout_cost_share=(share("transfer") + share("bubble") + share("imbalance")) if b and step else None)
 
 
-def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],
+def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[LoadedRun],
                         breakdown_rows: Sequence[Mapping[str, Any]], *, dtype: str, gpu_memory_gib: float | None,
-                        model: Mapping[str, Any] | None = None,
+                        model: ModelConfig | None = None,
                         thresholds: Mapping[str, float] | None = None) -> tuple[EngineGroup, ...]:
     """One EngineGroup per layout of a strategy with several engines (ZeRO-3, TP+PP), in the
     order the layouts first appear. summary_rows / run_rows: as report.rules.build_findings (same
     order, ``status`` on run_rows); breakdown_rows: report.evidence.summarize_breakdown records
     (or BreakdownRow fields) -- empty without traces. dtype: the campaign's; model: its
-    ``fixed.model`` record (parameter shapes for DeepSpeed's persistent parameters), or None."""
+    fixed model shape (parameter shapes for DeepSpeed's persistent parameters), or None."""
     t = {**THRESHOLDS, **(thresholds or {})}
     findings = rule_engine_gap(summary_rows, run_rows, breakdown_rows, t, engines=STRATEGY_ENGINES)
     summary = {s["run"]: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
-    by_run = {r["run"]: r for r in run_rows}
+    by_run = {r.name: r for r in run_rows}
     numels = compute_param_numels(model) if model else None
     groups = []
     for f in findings:
         runs = [by_run[name] for name in f.runs]
         if f.kind == "engine_single":
-            runs = [r for r in runs if r.get("status") == "ok"] or runs
+            runs = [r for r in runs if r.status_name == "ok"] or runs
         fastest = f.evidence["engines"][0][2] if f.kind != "engine_single" else None
-        rows = [_row(r, summary.get(r["run"], {}), traced.get(r["run"]), dtype=dtype, param_numels=numels,
+        rows = [_row(r, summary.get(r.name, {}), traced.get(r.name), dtype=dtype, param_numels=numels,
                      fastest_tps=fastest,
                      gpu_memory_gib=gpu_memory_gib, baseline=False) for r in runs]
         base = f.evidence.get("baseline")
@@ -133,8 +132,8 @@ def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seq
                              param_numels=numels,
                              fastest_tps=fastest, gpu_memory_gib=gpu_memory_gib, baseline=True))
         r0 = runs[0]
-        strategy, world, tp, pp, dp = layout_key(r0)
+        strategy, world, tp, pp, dp = layout_key(r0.spec)
         groups.append(EngineGroup(strategy=strategy, world_size=world, tp_degree=tp, pp_degree=pp, dp_degree=dp,
-                                  device=str(r0.get("device")), data_round=str(f.evidence["data_round"]),
+                                  device=str(r0.spec.device), data_round=str(f.evidence["data_round"]),
                                   rows=tuple(rows), finding=f))
     return tuple(groups)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core.records import ModelConfig
 from report.i18n import N_, Message, MessageList
 
 GIB = 1024**3
@@ -46,15 +47,15 @@ MEGATRON_SOURCE = N_("Megatron-LM docs, distributed optimizer (bytes/param table
 FSDP2_SOURCE = N_("torch FSDP2 fully_shard docs (sharded parameters keep their original dtype); ZeRO §5.3")
 
 
-def compute_param_numels(model: Mapping[str, Any]) -> list[int]:
+def compute_param_numels(model: ModelConfig) -> list[int]:
     """Element counts of every parameter of runner.model.GPT for a campaign's ``fixed.model``
     record (num_layers L, hidden_size H, ffn_hidden_size F, seq_length T, padded_vocab_size V):
     tied embedding V x H once, positions T x H, per block LayerNorms 4 x H, qkv 3H x H + 3H, proj
     H x H + H, fc F x H + F, proj H x F + H, final LayerNorm 2 x H. Sums to
     runner.model.count_gpt_params."""
-    h, f, t, v = model["hidden_size"], model["ffn_hidden_size"], model["seq_length"], model["padded_vocab_size"]
+    h, f, t, v = model.hidden_size, model.ffn_hidden_size, model.seq_length, model.padded_vocab_size
     block = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, f * h, f, h * f, h]
-    return [v * h, t * h, *block * int(model["num_layers"]), h, h]
+    return [v * h, t * h, *block * int(model.num_layers), h, h]
 
 
 def _state(weights: float, grads: float, optimizer: float, *, num_params: int, formula: str, source: str,

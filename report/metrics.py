@@ -5,11 +5,12 @@ Missing inputs give NA, never 0.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from core.records import LoadedRun
 from core.formulas import DEFAULT_CONVENTION, compute_flops_per_token, compute_mfu, compute_step_times, compute_tokens_per_s, select_measured
 
 
@@ -27,14 +28,15 @@ def _na(value: object) -> object:
     return None if value is None or pd.isna(value) else value
 
 
-def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak: float | None, convention: str) -> dict:
+def _summarize_one(run: LoadedRun, steps: pd.DataFrame, *, warmup_steps: int, peak: float | None, convention: str) -> dict:
     measured = select_measured(steps, warmup_steps=warmup_steps)
     per_step = measured.groupby("step").agg(
         step_time_s=("step_time_s", "max"), data_wait_s=("data_wait_s", "max"), tokens=("tokens", "max")
     )
     row: dict = {c: None for c in SUMMARY_COLUMNS}
-    row.update(run=run["run"], num_steps_measured=len(per_step), num_params=_na(run.get("num_params")))
-    row["tokens_per_step"] = _na(run.get("tokens_per_step"))
+    info, model = run.info, run.spec.fixed.model
+    row.update(run=run.name, num_steps_measured=len(per_step), num_params=run.num_params)
+    row["tokens_per_step"] = _tokens_per_step(run)
     if not steps.empty:
         losses = steps.dropna(subset=["loss"]).groupby("step")["loss"].mean()
         if not losses.empty:
@@ -49,17 +51,17 @@ def _summarize_one(run: Mapping, steps: pd.DataFrame, *, warmup_steps: int, peak
     row["tokens_per_step"] = tokens_per_step
     row["tokens_per_s"] = compute_tokens_per_s(steps, tokens_per_step=tokens_per_step, warmup_steps=warmup_steps)
     if row["tokens_per_s"] is not None:
-        row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / int(run["world_size"])
+        row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / int(run.spec.world_size)
     for col in ("mem_peak_allocated_gib", "mem_peak_reserved_gib"):
         row[col] = _na(measured[col].max())
-    if row["num_params"] is not None and _na(run.get("num_params_position_embedding")) is not None:
+    if row["num_params"] is not None and info.num_params_position_embedding is not None:
         row["flops_per_token"] = compute_flops_per_token(
-            num_params=int(run["num_params"]), num_layers=int(run["num_layers"]), hidden_size=int(run["hidden_size"]),
-            seq_length=int(run["seq_length"]), position_embedding_params=int(run["num_params_position_embedding"]),
+            num_params=int(info.num_params), num_layers=int(model.num_layers), hidden_size=int(model.hidden_size),
+            seq_length=int(model.seq_length), position_embedding_params=int(info.num_params_position_embedding),
             convention=convention,
         )
     row["mfu"] = compute_mfu(row["tokens_per_s"], flops_per_token=row["flops_per_token"], peak_flops=peak,
-                             num_gpus=int(run["world_size"]))
+                             num_gpus=int(run.spec.world_size))
     row.update(compute_straggler(measured))
     return row
 
@@ -89,9 +91,15 @@ def compute_straggler(steps: pd.DataFrame) -> dict:
     return {"straggler_rank": rank, "straggler_lag_median_s": float(medians[rank]), "straggler_last_share": last_share}
 
 
+def _tokens_per_step(run: LoadedRun) -> int | None:
+    """Global batch x sequence length; None where either is unknown (third-party logs)."""
+    f = run.spec.fixed
+    return None if f.global_batch_size is None or f.model.seq_length is None else run.spec.tokens_per_step
+
+
 def summarize_runs(
     steps: pd.DataFrame,
-    runs: pd.DataFrame,
+    runs: Sequence[LoadedRun],
     *,
     warmup_steps: int,
     peak_flops: Mapping[str, float | None] | None = None,
@@ -99,10 +107,9 @@ def summarize_runs(
 ) -> pd.DataFrame:
     """One row per run of ``runs`` (same order), columns ``SUMMARY_COLUMNS``.
 
-    steps: StepRow columns (all ranks, all steps). runs: ingest.io Campaign.runs (needs
-    ``run``, ``world_size``, ``num_layers``, ``hidden_size``, ``seq_length``; ``num_params`` and
-    ``num_params_position_embedding`` may be NA). peak_flops: run -> dense peak FLOP/s of one of
-    its GPUs, or None (no MFU).
+    steps: StepRow columns (all ranks, all steps). runs: the campaign's runs
+    (ingest.io.Campaign.run_records; run_info's parameter counts may be missing). peak_flops:
+    run -> dense peak FLOP/s of one of its GPUs, or None (no MFU).
 
     Steps < warmup_steps and steps inside the profiler window are dropped. The step time of a step is the max over ranks of
     step_time_s (the slowest rank gates the optimizer step); median and p90 over measured
@@ -116,9 +123,9 @@ def summarize_runs(
     peak_flops = peak_flops or {}
     by_run = dict(tuple(steps.groupby("run"))) if not steps.empty else {}
     rows = [
-        _summarize_one(run, by_run.get(run["run"], steps.iloc[0:0]), warmup_steps=warmup_steps,
-                       peak=peak_flops.get(run["run"]), convention=convention)
-        for run in runs.to_dict("records")
+        _summarize_one(run, by_run.get(run.name, steps.iloc[0:0]), warmup_steps=warmup_steps,
+                       peak=peak_flops.get(run.name), convention=convention)
+        for run in runs
     ]
     out = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     return out.astype({c: "Float64" for c in _FLOAT_COLUMNS} | {"num_params": "Int64", "tokens_per_step": "Int64",

@@ -23,7 +23,6 @@ Deliberately not here: wording, formatting, file access.
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from core.records import KERNEL_CLASSES
+from core.records import KERNEL_CLASSES, LoadedRun
 from report.rules import THRESHOLDS, Finding
 
 NON_COMM_CLASSES = tuple(c for c in KERNEL_CLASSES if c != "comm")
@@ -43,31 +42,21 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 INTERVAL_METHOD = "95% Student-t interval of the mean"
 
 
-def _options(run: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(run.get("options") or {})
+def run_kernels(run: LoadedRun) -> dict[str, Any]:
+    """The kernels a run used: run_info's record (RunInfo.kernels), else what its spec asked
+    (``options.kernels``), else {} (runs from before kernel modes)."""
+    if run.info is not None and run.info.kernels is not None:
+        return dict(run.info.kernels)
+    return dict(run.spec.options.get("kernels") or {})
 
 
-def run_kernels(run: Mapping[str, Any]) -> dict[str, Any]:
-    """The kernels a run used: run_info's record (``kernels``, JSON text in the runs table), else
-    what its spec asked (``options.kernels``), else {} (runs from before kernel modes)."""
-    k = run.get("kernels")
-    if isinstance(k, str):
-        try:
-            k = json.loads(k)
-        except json.JSONDecodeError:
-            k = None
-    if isinstance(k, Mapping):
-        return dict(k)
-    return dict(_options(run).get("kernels") or {})
-
-
-def kernels_mode(run: Mapping[str, Any]) -> str:
+def kernels_mode(run: LoadedRun) -> str:
     """"parity" | "engine-best" | "unrecorded" (runs from before kernel modes)."""
     return str(run_kernels(run).get("mode") or "unrecorded")
 
 
-def run_repeat(run: Mapping[str, Any]) -> int | None:
-    r = _options(run).get("repeat")
+def run_repeat(run: LoadedRun) -> int | None:
+    r = run.spec.options.get("repeat")
     return int(r) if isinstance(r, int) else None
 
 
@@ -102,13 +91,13 @@ class RepeatGroup:
     representative: str  # the run ranked for this layout (its tokens/s is the median)
 
 
-def compute_ms_per_token(kernels: pd.DataFrame | None, runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+def compute_ms_per_token(kernels: pd.DataFrame | None, runs: Sequence[LoadedRun]) -> dict[str, dict[str, float]]:
     """run -> {kernel class: ms per token}: per rank, the class's summed time / its traced steps,
     summed over ranks, / tokens per step x 1e3. Runs without kernel rows are absent."""
     out: dict[str, dict[str, float]] = {}
     if kernels is None or kernels.empty:
         return out
-    tokens = {r["run"]: r.get("tokens_per_step") for r in runs}
+    tokens = {r.name: r.spec.tokens_per_step for r in runs}
     for run, df in kernels.groupby("run", sort=False):
         tps = tokens.get(run)
         if not tps:
@@ -128,23 +117,21 @@ def _engine_median(peers: Sequence[str], cls: str, ms: Mapping[str, Mapping[str,
     return statistics.median(statistics.median(v) for v in by_engine.values())
 
 
-def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[Mapping[str, Any]], *, timelines: Mapping[str, str],
+def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[LoadedRun], *, timelines: Mapping[str, str],
                       thresholds: Mapping[str, float] | None = None) -> tuple[ParityRow, ...]:
-    """One ParityRow per run (campaign order). runs: Campaign.runs records (``status``,
-    ``tp_degree``, ``pp_degree``, ``world_size``, ``tokens_per_step``, ``options``, ``kernels``);
-    timelines: run -> "gpu" | "cpu" of its trace."""
+    """One ParityRow per run (campaign order). timelines: run -> "gpu" | "cpu" of its trace."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ms = compute_ms_per_token(kernels, runs)
-    equal = {r["run"]: int(r.get("tp_degree") or 1) == 1 and int(r.get("pp_degree") or 1) == 1
-             and int(r.get("world_size") or 1) == 1 for r in runs}
-    engines = {r["run"]: f'{r.get("strategy")}/{r.get("engine")}' for r in runs}
+    equal = {r.name: int(r.spec.tp_degree or 1) == 1 and int(r.spec.pp_degree or 1) == 1
+             and int(r.spec.world_size or 1) == 1 for r in runs}
+    engines = {r.name: f"{r.spec.strategy}/{r.spec.engine}" for r in runs}
     groups: dict[str, list[str]] = {}
     for r in runs:
-        if equal[r["run"]] and r["run"] in ms and r.get("status") == "ok":
-            groups.setdefault(kernels_mode(r), []).append(r["run"])
+        if equal[r.name] and r.name in ms and r.status_name == "ok":
+            groups.setdefault(kernels_mode(r), []).append(r.name)
     rows = []
     for r in runs:
-        name, k = r["run"], run_kernels(r)
+        name, k = r.name, run_kernels(r)
         mine = ms.get(name)
         passed = failed_class = failed_diff = reason = None
         peers = groups.get(kernels_mode(r), [])
@@ -201,16 +188,16 @@ def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
     return max(0.0, mean - half), mean + half
 
 
-def build_repeat_groups(runs: Sequence[Mapping[str, Any]], summary: Sequence[Mapping[str, Any]]) -> tuple[RepeatGroup, ...]:
+def build_repeat_groups(runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, Any]]) -> tuple[RepeatGroup, ...]:
     """Groups of repeated runs (runs with ``options.repeat``) that ended ok with a tokens/s, by
     (layout, data round, kernels mode), in campaign order of first appearance."""
     tps = {s["run"]: s.get("tokens_per_s") for s in summary}
     keyed: dict[tuple[str, str, str], list[str]] = {}
     for r in runs:
-        if run_repeat(r) is None or r.get("status") != "ok" or tps.get(r["run"]) is None:
+        if run_repeat(r) is None or r.status_name != "ok" or tps.get(r.name) is None:
             continue
-        key = (str(r.get("layout") or r["run"]), str(r.get("data_round") or "synthetic"), kernels_mode(r))
-        keyed.setdefault(key, []).append(r["run"])
+        key = (str(r.spec.layout or r.name), str(r.spec.data_round or "synthetic"), kernels_mode(r))
+        keyed.setdefault(key, []).append(r.name)
     out = []
     for (layout, data_round, mode), names in keyed.items():
         values = [float(tps[n]) for n in names]
@@ -223,21 +210,21 @@ def build_repeat_groups(runs: Sequence[Mapping[str, Any]], summary: Sequence[Map
     return tuple(out)
 
 
-def ranking_mode(runs: Sequence[Mapping[str, Any]]) -> str:
+def ranking_mode(runs: Sequence[LoadedRun]) -> str:
     """The kernels mode the note ranks: parity when any run has it, else engine-best, else unrecorded."""
     modes = {kernels_mode(r) for r in runs}
     return "parity" if "parity" in modes else ("engine-best" if "engine-best" in modes else "unrecorded")
 
 
-def ranked_runs(runs: Sequence[Mapping[str, Any]], groups: Sequence[RepeatGroup], *, first_round: str) -> list[bool]:
+def ranked_runs(runs: Sequence[LoadedRun], groups: Sequence[RepeatGroup], *, first_round: str) -> list[bool]:
     """Which runs enter the ranking: the first data round's, of one kernels mode (parity when any
     run has it: engine-best runs are never ranked against parity runs), and of a repeated layout
     only its representative (the median repeat)."""
     mode = ranking_mode(runs)
     reps = {g.representative for g in groups}
     repeated = {n for g in groups for n in g.runs}
-    return [(str(r.get("data_round") or "synthetic") == first_round and kernels_mode(r) == mode
-             and (r["run"] not in repeated or r["run"] in reps)) for r in runs]
+    return [(str(r.spec.data_round or "synthetic") == first_round and kernels_mode(r) == mode
+             and (r.name not in repeated or r.name in reps)) for r in runs]
 
 
 def rule_repeat_spread(groups: Sequence[RepeatGroup], fastest: Finding | None) -> list[Finding]:

@@ -1,8 +1,7 @@
 """Which parallel group lives inside a node: rank placement of multi-node runs, as plain records.
 
-Input is the environment record's ``placement`` ({run: {"<global rank>": {node_rank, hostname,
-local_rank, group_rank}}}, gathered by rank 0 after init: runner.train.write_placement) and the
-run's layout. The engines' rank orders (innermost first):
+Input is the environment record's ``placement`` (EnvRecord.placement: {run: {"<global rank>":
+RankPlacement}}, gathered by rank 0 after init: runner.train.write_placement) and the run's layout. The engines' rank orders (innermost first):
 
 - torch engine: ``init_device_mesh(..., (dp, pp, tp))`` -> rank = (dp·P + pp)·T + tp: TP, PP, DP
   (runner/strategies/tp_pp_torch.py);
@@ -18,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from core.records import LoadedRun, RankPlacement
 
 # innermost first
 RANK_ORDERS = {"torch": ("tp", "pp", "dp"), "megatron": ("tp", "dp", "pp")}
@@ -66,19 +67,20 @@ def build_groups(*, world_size: int, degrees: Mapping[str, int], order: Sequence
     return groups
 
 
-def compute_run_placement(run: Mapping[str, Any], ranks: Mapping[str, Any]) -> RunPlacement | None:
-    """One run's placement from its row (strategy, engine, world_size, tp/pp/dp degrees) and its
-    placement record; None when the record does not cover every rank (unknown placement)."""
-    world = int(run["world_size"])
+def compute_run_placement(*, run: str, strategy: str, engine: str, world_size: int, tp_degree: int, pp_degree: int,
+                          dp_degree: int, ranks: Mapping[str, RankPlacement]) -> RunPlacement | None:
+    """One run's placement from its layout and its placement record (global rank as text -> where
+    it lived); None when the record does not cover every rank (unknown placement)."""
+    world = int(world_size)
     node_of: dict[int, tuple[Any, Any]] = {}
     for key, rec in ranks.items():
-        if str(key).isdigit() and isinstance(rec, Mapping):
-            node_of[int(key)] = (rec.get("node_rank"), rec.get("hostname"))
+        if str(key).isdigit():
+            node_of[int(key)] = (rec.node_rank, rec.hostname)
     if sorted(node_of) != list(range(world)):
         return None
-    if run["strategy"] == "tp_pp":
-        order = RANK_ORDERS.get(str(run["engine"]), RANK_ORDERS["torch"])
-        degrees = {"tp": int(run["tp_degree"]), "pp": int(run["pp_degree"]), "dp": int(run["dp_degree"])}
+    if strategy == "tp_pp":
+        order = RANK_ORDERS.get(str(engine), RANK_ORDERS["torch"])
+        degrees = {"tp": int(tp_degree), "pp": int(pp_degree), "dp": int(dp_degree)}
     else:
         order, degrees = ("tp", "pp", "dp"), {"tp": 1, "pp": 1, "dp": world}
     groups = build_groups(world_size=world, degrees=degrees, order=order)
@@ -92,7 +94,7 @@ def compute_run_placement(run: Mapping[str, Any], ranks: Mapping[str, Any]) -> R
     nodes = tuple(NodeRanks(node_rank=k[0], hostname=k[1], ranks=tuple(v))
                   for k, v in sorted(by_node.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))))
     return RunPlacement(
-        run=str(run["run"]), order="-".join(d for d in order if degrees[d] > 1) or "dp", nodes=nodes,
+        run=str(run), order="-".join(d for d in order if degrees[d] > 1) or "dp", nodes=nodes,
         num_nodes=len(nodes),
         num_tp_groups=len(groups["tp"]) if degrees["tp"] > 1 else 0, num_tp_groups_crossing=crossing("tp") if degrees["tp"] > 1 else 0,
         num_pp_groups=len(groups["pp"]) if degrees["pp"] > 1 else 0, num_pp_groups_crossing=crossing("pp") if degrees["pp"] > 1 else 0,
@@ -100,13 +102,16 @@ def compute_run_placement(run: Mapping[str, Any], ranks: Mapping[str, Any]) -> R
     )
 
 
-def compute_placements(runs: Sequence[Mapping[str, Any]], placement: Mapping[str, Any]) -> tuple[RunPlacement, ...]:
-    """Placement of every run that has a record, in run order."""
+def compute_placements(runs: Sequence[LoadedRun],
+                       placement: Mapping[str, Mapping[str, RankPlacement]]) -> tuple[RunPlacement, ...]:
+    """Placement of every run that has a record (EnvRecord.placement), in run order."""
     out = []
     for r in runs:
-        ranks = placement.get(r["run"])
-        if isinstance(ranks, Mapping):
-            p = compute_run_placement(r, ranks)
+        ranks, spec = placement.get(r.name), r.spec
+        if ranks is not None:
+            p = compute_run_placement(run=r.name, strategy=spec.strategy, engine=spec.engine, world_size=spec.world_size,
+                                      tp_degree=spec.tp_degree, pp_degree=spec.pp_degree, dp_degree=spec.dp_degree,
+                                      ranks=ranks)
             if p is not None:
                 out.append(p)
     return tuple(out)

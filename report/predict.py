@@ -30,6 +30,7 @@ from core.perfmodel import (
     find_campaign_gpu, load_assumptions, logits_bytes, predict_run, solve_rate,
 )
 from core.formulas import ModelShape, compute_model_flops_per_token
+from core.records import EnvRecord, FixedConfig, LoadedRun
 
 PREDICT_GPU_COUNTS = (2, 8)  # the embedded matrices' sizes (examples/matrices/{2gpu,8gpu}.toml)
 MAX_PREDICTED_TP = 8
@@ -169,39 +170,39 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
                          source=intra.source, why=why)
 
 
-def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
-                    summary: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> PredictedSection:
+def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[LoadedRun],
+                    summary: Sequence[Mapping[str, Any]], env: EnvRecord) -> PredictedSection:
     """The predicted block from the note's runs and metric rows (same order)."""
     assumptions = load_assumptions()
-    shape = build_shape(fixed["model"], name=str(fixed.get("preset") or "campaign model"))
-    device = "cuda" if any(r.get("device") == "cuda" for r in runs) else "cpu"
+    shape = build_shape(fixed.model, name=str(fixed.preset or "campaign model"))
+    device = "cuda" if any(r.spec.device == "cuda" for r in runs) else "cpu"
     gpu_name, memory_gib = find_campaign_gpu(runs, env) if device == "cuda" else (None, None)
-    per_node = max([int(r["world_size"]) for r in runs] + [1])
+    per_node = max([int(r.spec.world_size) for r in runs] + [1])
     comm, comm_source = build_comm(source, gpu_name=gpu_name, device=device, gpus_per_node=max(per_node, 8))
     limit = (memory_gib or math.inf) * GIB * assumptions.memory_usable_fraction
     empty = dict(gpu_name=gpu_name, comm_source=comm_source, compile_speedup=assumptions.compile_speedup,
                  compile_source=assumptions.compile_source, memory_usable_fraction=assumptions.memory_usable_fraction)
     pool, solved, layouts, why = [], {}, {}, {}
     for r, s in zip(runs, summary):
-        layouts[r["run"]] = lay = build_run_layout(r)
+        layouts[r.name] = lay = build_run_layout(r.spec, compiled=r.compiled)
         median = s.get("step_time_median_s")
-        if r.get("status") != "ok" or not median:
+        if r.status_name != "ok" or not median:
             continue
         try:
             rate = solve_rate(shape, lay, fixed=fixed, comm=comm, step_time_s=float(median), num_gpus_per_node=per_node)
             # (message, parameters) completed with the calibration's text below
-            why[r["run"]] = None if rate is not None else (
+            why[r.name] = None if rate is not None else (
                 N_("%(how)s; this run's modelled communication alone exceeds its measured step time"), {})
         except ToolError as e:
-            rate, why[r["run"]] = None, (N_("%(how)s; this run cannot be modelled: %(error)s"), {"error": str(e)})
-        solved[r["run"]] = rate
+            rate, why[r.name] = None, (N_("%(how)s; this run cannot be modelled: %(error)s"), {"error": str(e)})
+        solved[r.name] = rate
         if rate is not None:
-            pool.append(_Rate(run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), rate=rate))
+            pool.append(_Rate(run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), rate=rate))
     checks = []
     for r, s in zip(runs, summary):
-        lay = layouts[r["run"]]
-        measured = s.get("step_time_median_s") if r.get("status") == "ok" else None
-        rate, how = choose_rate(pool, engine=r["engine"], compiled=bool(r.get("compile")), exclude=r["run"],
+        lay = layouts[r.name]
+        measured = s.get("step_time_median_s") if r.status_name == "ok" else None
+        rate, how = choose_rate(pool, engine=r.spec.engine, compiled=bool(r.compiled), exclude=r.name,
                                 speedup=assumptions.compile_speedup, speedup_source="perfmodel.toml [compile]")
         predicted = None
         if rate is not None and measured:
@@ -210,20 +211,20 @@ def build_predicted(source: str | Path, *, fixed: Mapping[str, Any], runs: Seque
                                      memory_limit_bytes=limit).step_time_s
             except ToolError as e:
                 rate, how = None, Message(N_("no prediction: %(error)s"), error=str(e))
-        others = [name for name in solved if name != r["run"]]
+        others = [name for name in solved if name != r.name]
         if rate is None and others:  # other runs ended ok, but none gave a rate: say so, not "no other run"
             how = Message(N_("none of the %(count)s other runs could be calibrated (each row says why)"),
                           count=len(others))
-        if rate is None and why.get(r["run"]):
-            message, params = why[r["run"]]
+        if rate is None and why.get(r.name):
+            message, params = why[r.name]
             how = Message(message, how=how, **params)
-        state, act = compute_layout_memory(shape, lay, seq_length=int(fixed["model"]["seq_length"]))
+        state, act = compute_layout_memory(shape, lay, seq_length=int(fixed.model.seq_length))
         checks.append(PredictedCheck(
-            run=r["run"], engine=r["engine"], compiled=bool(r.get("compile")), world_size=int(r["world_size"]),
+            run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), world_size=int(r.spec.world_size),
             measured_step_time_s=measured, predicted_step_time_s=predicted,
             error=predicted / measured - 1 if predicted and measured else None,
             measured_mem_gib=s.get("mem_peak_allocated_gib"), predicted_mem_gib=(state + act) / GIB,
-            rate_flops=solved.get(r["run"]), calibration=how))
+            rate_flops=solved.get(r.name), calibration=how))
     errors = [abs(c.error) for c in checks if c.error is not None]
     predicted_layouts: tuple[PredictedLayout, ...] = ()
     reason = None
@@ -253,7 +254,7 @@ def _strategy_of(lay: Layout) -> tuple[str, str] | None:
     return None
 
 
-def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+def _predict_unrun(shape: ModelShape, *, fixed: FixedConfig, runs: Sequence[LoadedRun],
                    pool: Sequence[_Rate], comm: CommModel, limit: float, gpu_name: str, assumptions) -> list[PredictedLayout]:
     """Each DDP, ZeRO-3 and Megatron TP x PP layout on PREDICT_GPU_COUNTS single-node GPUs that
     the campaign did not run, at the largest micro-batch that fits and leaves m >= 4p (the
@@ -261,10 +262,10 @@ def _predict_unrun(shape: ModelShape, *, fixed: Mapping[str, Any], runs: Sequenc
     The calibrated rate does not depend on the micro-batch, so smaller ones are not favoured."""
     from core.formulas import divisors
 
-    peak = lookup_peak(gpu_name, fixed.get("dtype"))
-    ran = {(int(r["world_size"]), r["strategy"], int(r["tp_degree"]), int(r["pp_degree"])) for r in runs}
-    compiled_by_engine = {r["engine"]: bool(r.get("compile")) for r in runs}
-    seq, batch = int(fixed["model"]["seq_length"]), int(fixed["global_batch_size"])
+    peak = lookup_peak(gpu_name, fixed.dtype)
+    ran = {(int(r.spec.world_size), r.spec.strategy, int(r.spec.tp_degree), int(r.spec.pp_degree)) for r in runs}
+    compiled_by_engine = {r.spec.engine: bool(r.compiled) for r in runs}
+    seq, batch = int(fixed.model.seq_length), int(fixed.global_batch_size)
     fpt = compute_model_flops_per_token(shape, seq_length=seq)
     out = []
     for n in PREDICT_GPU_COUNTS:

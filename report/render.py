@@ -329,7 +329,7 @@ def render_pdf(html: str, *, base_url: Path) -> bytes:
 def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float,
                   lang: Language = EN) -> tuple[Figure, ...]:
     """Compute the figure tables (report.metrics), plot them into out_dir/figures (labels in ``lang``)."""
-    warmup = campaign.campaign["fixed"]["warmup_steps"]
+    warmup = campaign.campaign.fixed.warmup_steps
     paths = write_figures(metrics.compute_loss_curve(campaign.steps),
                           compute_step_times(campaign.steps, warmup_steps=warmup),
                           runs=list(campaign.runs["run"]), out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats,
@@ -397,8 +397,6 @@ def load_note(source: str | Path, *, model: dict | None = None) -> tuple[Campaig
             return None, None, build_logs_note(Path(source).resolve().name, tables, jobs)
     else:
         campaign = load_campaign(source)
-    if "fixed" not in campaign.campaign:
-        raise ConfigError(f"{source}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
     trace_tables = load_trace_tables(campaign)
     note = build_note(campaign, trace_tables=trace_tables)
     if jobs is not None:

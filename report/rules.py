@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import re
 from typing import Any
 
+from core.records import LoadedRun, RunSpec
 from report.i18n import N_
 
 THRESHOLDS: dict[str, float] = {
@@ -141,35 +142,34 @@ def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
 FAILURE_STATUSES = ("oom", "crash", "hang", "timeout")
 
 
-def rule_failed(runs: Sequence[Mapping[str, Any]]) -> list[Finding]:
+def rule_failed(runs: Sequence[LoadedRun], *, failed_at_step: Mapping[str, int | None] | None = None) -> list[Finding]:
     """Runs that failed (oom / crash / hang / timeout) are findings too: an OOM is an answer
-    about memory. runs: Campaign.runs records with ``diagnosis`` decoded to a dict (or None) and
-    ``failed_at_step`` (first step not completed by every rank, or None). Interrupted,
-    unfinished, skipped and unknown statuses are not findings about the layout (caveats)."""
+    about memory. failed_at_step: run -> first step not completed by every rank (or None).
+    Interrupted, unfinished, skipped and unknown statuses are not findings about the layout (caveats)."""
     out = []
     for r in runs:
-        status = r.get("status")
+        status, spec = r.status_name, r.spec
         if status not in FAILURE_STATUSES:
             continue
-        diagnosis = r.get("diagnosis") or {}
-        ev: dict[str, Any] = {"status": status, "exit_code": r.get("exit_code"), "cause": r.get("cause"),
-                              "failed_at_step": r.get("failed_at_step"), "engine": r.get("engine")}
+        diagnosis = r.status.diagnosis or {}
+        ev: dict[str, Any] = {"status": status, "exit_code": r.status.exit_code, "cause": r.status.cause,
+                              "failed_at_step": (failed_at_step or {}).get(r.name), "engine": spec.engine}
         if status == "oom":
-            ev.update(rank=diagnosis.get("rank"), message=diagnosis.get("message") or r.get("cause"),
-                      strategy=r.get("strategy"), world_size=r.get("world_size"), tp_degree=r.get("tp_degree"),
-                      pp_degree=r.get("pp_degree"), dp_degree=r.get("dp_degree"),
-                      micro_batch_size=r.get("micro_batch_size"), device=r.get("device"))
+            ev.update(rank=diagnosis.get("rank"), message=diagnosis.get("message") or r.status.cause,
+                      strategy=spec.strategy, world_size=spec.world_size, tp_degree=spec.tp_degree,
+                      pp_degree=spec.pp_degree, dp_degree=spec.dp_degree,
+                      micro_batch_size=spec.micro_batch_size, device=spec.device)
         elif status == "crash":
             ev.update(rank=diagnosis.get("rank"), exception=diagnosis.get("exception"))
         elif status == "hang":
             ev.update(source=diagnosis.get("source"), num_ranks_diagnosed=len(diagnosis.get("ranks") or {}))
-        out.append(Finding(kind=status, runs=(r["run"],), evidence=ev))
+        out.append(Finding(kind=status, runs=(r.name,), evidence=ev))
     return out
 
 
 def build_findings(
     summary_rows: Sequence[Mapping[str, Any]],
-    run_rows: Sequence[Mapping[str, Any]],
+    run_rows: Sequence[LoadedRun],
     *,
     gpu_memory_gib: float | None,
     on_gpu: bool = True,
@@ -178,7 +178,7 @@ def build_findings(
     loss_curves: Mapping[str, Mapping[int, float]] | None = None,
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
-    NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: Campaign.runs records
+    NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: the campaign's runs
     (same order). Only runs with status "ok" are ranked; the others' numbers are partial.
     thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
     agreement (default all; a campaign with data rounds ranks its first round's runs, whose
@@ -186,10 +186,11 @@ def build_findings(
     every common step, not only the last)."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ranked = [True] * len(summary_rows) if ranked is None else list(ranked)
-    ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") == "ok"]
-    ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked) if s.get("status") == "ok" and k]
-    partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.get("status") != "ok"]
-    return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows)
+    ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name == "ok"]
+    ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked) if s.status_name == "ok" and k]
+    partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name != "ok"]
+    failed_at_step = {s["run"]: s.get("failed_at_step") for s in summary_rows}
+    return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows, failed_at_step=failed_at_step)
             + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves)
             + rule_straggler(summary_rows, t))
 
@@ -225,7 +226,7 @@ def _nvlink_in_topology(topology: str) -> tuple[str, ...]:
 
 
 def rule_conditions(
-    run_rows: Sequence[Mapping[str, Any]], *, gpu_memory_gib: float | None, topology: str | None,
+    run_rows: Sequence[LoadedRun], *, gpu_memory_gib: float | None, topology: str | None,
     num_params: int | None, num_gpus: int = 0, dtype: str | None = None,
 ) -> list[Finding]:
     """Conditions under which the answer changes. Each finding carries ``basis``: "rule of
@@ -239,7 +240,7 @@ def rule_conditions(
     - Interconnect (GPU campaigns only): TP = 4 all-reduces per layer per micro-batch
       (Megatron-LM, Shoeybi et al. 2019, section 3); NVLink seen in the recorded topology.
     - Model size: 16 bytes/param of Adam model states (``MODEL_STATE_BYTES``) vs GPU memory."""
-    world_sizes = tuple(sorted({int(r["world_size"]) for r in run_rows}))
+    world_sizes = tuple(sorted({int(r.spec.world_size) for r in run_rows}))
     factors = tuple((n, 2 * (n - 1) / n) for n in sorted(set(world_sizes) | {8}))
     out = [Finding(kind="condition_gpu_count", evidence={
         "world_sizes": world_sizes, "allreduce_factors": factors, "basis": "rule of thumb",
@@ -270,7 +271,7 @@ KNOWLEDGE_MAP_TOPICS = ("nccl", "ddp", "zero", "tp_pp", "data", "kernels")
 def build_knowledge_map(
     breakdown_rows: Sequence[Mapping[str, Any]],
     summary_rows: Sequence[Mapping[str, Any]],
-    run_rows: Sequence[Mapping[str, Any]],
+    run_rows: Sequence[LoadedRun],
     *,
     kernel_rows: Sequence[Mapping[str, Any]] = (),
     nccl_transports: Sequence[str] = (),
@@ -285,10 +286,13 @@ def build_knowledge_map(
     communication is then split into transfer and skew wait, launch gaps and stage imbalance
     named; without it the single-rank shares stand (transfer = exposed comm, skew unknown)."""
     by_run = {b["run"]: b for b in breakdown_rows}
-    runs = {r["run"]: r for r in run_rows}
+    runs = {r.name: r.spec for r in run_rows}
     summary = {s["run"]: s for s in summary_rows}
-    ddp = next((s for s in summary_rows if runs.get(s["run"], {}).get("strategy") == "ddp"
-                and s.get("step_time_median_s")), None)
+
+    def strategy(run: str) -> str | None:
+        return runs[run].strategy if run in runs else None
+
+    ddp = next((s for s in summary_rows if strategy(s["run"]) == "ddp" and s.get("step_time_median_s")), None)
 
     def share(run: str, cat: str) -> float | None:
         return by_run.get(run, {}).get(f"{cat}_share")
@@ -304,11 +308,11 @@ def build_knowledge_map(
              if by_run[r]["step_time_s"] else None) for r in by_run]
     out = [Finding(kind="map_nccl", runs=tuple(by_run), evidence={"transports": tuple(nccl_transports),
                                                                   "comm": tuple(comm)})]
-    ddp_runs = [r for r in by_run if runs.get(r, {}).get("strategy") == "ddp"]
+    ddp_runs = [r for r in by_run if strategy(r) == "ddp"]
     out.append(Finding(kind="map_ddp", runs=tuple(ddp_runs), evidence={"comm": tuple(c for c in comm if c[0] in ddp_runs)}))
     zero = []
-    for r, row in runs.items():
-        if row.get("strategy") == "zero3" and summary.get(r, {}).get("step_time_median_s"):
+    for r, spec in runs.items():
+        if spec.strategy == "zero3" and summary.get(r, {}).get("step_time_median_s"):
             ratio = (summary[r]["step_time_median_s"] / ddp["step_time_median_s"]) if ddp else None
             zero.append((r, ratio, transfer(r), cross(r, "skew_wait"),
                          cross(r, "launch_gaps") if r in (attribution or {}) else share(r, "other"),
@@ -316,10 +320,10 @@ def build_knowledge_map(
     out.append(Finding(kind="map_zero", runs=tuple(z[0] for z in zero),
                        evidence={"runs": tuple(zero), "ddp_run": ddp["run"] if ddp else None,
                                  "ddp_mem_peak_reserved_gib": ddp.get("mem_peak_reserved_gib") if ddp else None}))
-    tp_pp = [(r, runs[r].get("tp_degree"), runs[r].get("pp_degree"),
+    tp_pp = [(r, runs[r].tp_degree, runs[r].pp_degree,
               cross(r, "bubble") if r in (attribution or {}) else share(r, "bubble"), by_run[r].get("bubble_expected"),
               by_run[r].get("compute_imbalance"), transfer(r), cross(r, "skew_wait"), cross(r, "imbalance"))
-             for r in by_run if runs.get(r, {}).get("strategy") == "tp_pp"]
+             for r in by_run if strategy(r) == "tp_pp"]
     out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
     data = [(r, share(r, "data_stall"), summary.get(r, {}).get("data_wait_median_s")) for r in by_run]
     out.append(Finding(kind="map_data", runs=tuple(by_run), evidence={"runs": tuple(data)}))
@@ -337,18 +341,17 @@ ENGINE_COST_CATEGORIES = ("compute", "launch_gaps", "other")  # kernels, host/la
 LAYOUT_COST_CATEGORIES = ("transfer", "bubble", "imbalance")  # what the layout itself adds to a step
 
 
-def layout_key(run: Mapping[str, Any]) -> tuple:
+def layout_key(spec: RunSpec) -> tuple:
     """(strategy, world_size, tp_degree, pp_degree, dp_degree): runs with equal keys are one
     layout, whatever engine ran them."""
-    return (run["strategy"], int(run["world_size"]), int(run["tp_degree"]), int(run["pp_degree"]),
-            int(run["dp_degree"]))
+    return (spec.strategy, int(spec.world_size), int(spec.tp_degree), int(spec.pp_degree), int(spec.dp_degree))
 
 
-def _data_round(run: Mapping[str, Any]) -> str:
-    return str(run.get("data_round") or "synthetic")
+def _data_round(spec: RunSpec) -> str:
+    return str(spec.data_round or "synthetic")
 
 
-def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],
+def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[LoadedRun],
                     breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float], *,
                     engines: Mapping[str, Sequence[str]]) -> list[Finding]:
     """One finding per layout of a strategy that has several engines (``engines``: strategy ->
@@ -374,55 +377,55 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
     Runs of different data rounds (RunSpec.data_round) are separate groups.
     summary_rows / run_rows: as build_findings (same order); breakdown_rows: records with
     ``run``, ``step_time_s`` and ``<category>_s``."""
-    status = {r["run"]: r.get("status") for r in run_rows}
+    status = {r.name: r.status_name for r in run_rows}
     summary = {s["run"]: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
     # one group per layout and data round: a real-text round is another experiment, not another engine
-    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    groups: dict[tuple, list[RunSpec]] = {}
     for r in run_rows:
-        if len(engines.get(r["strategy"], ())) > 1:
-            groups.setdefault((*layout_key(r), _data_round(r)), []).append(r)
-    baselines = {(int(r["world_size"]), _data_round(r)): r for r in run_rows
-                 if r["strategy"] == "ddp" and status.get(r["run"]) == "ok" and summary.get(r["run"], {}).get("tokens_per_s")}
+        if len(engines.get(r.spec.strategy, ())) > 1:
+            groups.setdefault((*layout_key(r.spec), _data_round(r.spec)), []).append(r.spec)
+    baselines = {(int(r.spec.world_size), _data_round(r.spec)): r.spec for r in run_rows
+                 if r.spec.strategy == "ddp" and status.get(r.name) == "ok" and summary.get(r.name, {}).get("tokens_per_s")}
     out = []
     for key, runs in groups.items():
         strategy, world, tp, pp, dp, data_round = key
-        ok = sorted((r for r in runs if status.get(r["run"]) == "ok" and summary.get(r["run"], {}).get("tokens_per_s")),
-                    key=lambda r: -summary[r["run"]]["tokens_per_s"])
+        ok = sorted((r for r in runs if status.get(r.name) == "ok" and summary.get(r.name, {}).get("tokens_per_s")),
+                    key=lambda r: -summary[r.name]["tokens_per_s"])
         layout = {"strategy": strategy, "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": dp,
                   "data_round": data_round,
                   "degenerate": (strategy == "zero3" and dp == 1 and world == 1) or (strategy == "tp_pp" and tp == pp == 1),
-                  "cpu": all(r.get("device") == "cpu" for r in runs)}
-        ran = sorted({r["engine"] for r in ok})
+                  "cpu": all(r.device == "cpu" for r in runs)}
+        ran = sorted({r.engine for r in ok})
         if len(ran) < 2:
-            out.append(Finding(kind="engine_single", runs=tuple(r["run"] for r in runs), evidence={
-                **layout, "engines_run": tuple(sorted({r["engine"] for r in runs})),
-                "engines_not_run": tuple(e for e in engines[strategy] if e not in {r["engine"] for r in runs})}))
+            out.append(Finding(kind="engine_single", runs=tuple(r.name for r in runs), evidence={
+                **layout, "engines_run": tuple(sorted({r.engine for r in runs})),
+                "engines_not_run": tuple(e for e in engines[strategy] if e not in {r.engine for r in runs})}))
             continue
         best, worst = ok[0], ok[-1]
-        tps = {r["run"]: summary[r["run"]]["tokens_per_s"] for r in ok}
-        margin = tps[best["run"]] / tps[worst["run"]] - 1
-        noise = max(_rel_spread(summary[best["run"]]), _rel_spread(summary[worst["run"]]))
+        tps = {r.name: summary[r.name]["tokens_per_s"] for r in ok}
+        margin = tps[best.name] / tps[worst.name] - 1
+        noise = max(_rel_spread(summary[best.name]), _rel_spread(summary[worst.name]))
         gap = margin > t["engine_gap_min"] and margin > t["noise_multiple"] * noise
         per_run = []
         for r in ok:
-            b = traced.get(r["run"])
+            b = traced.get(r.name)
             if b is None or not b.get("step_time_s"):
                 continue
             layout_s = sum(b[f"{c}_s"] for c in LAYOUT_COST_CATEGORIES)
-            per_run.append({"run": r["run"], "engine": r["engine"], "step_time_s": b["step_time_s"],
+            per_run.append({"run": r.name, "engine": r.engine, "step_time_s": b["step_time_s"],
                             **{f"{c}_s": b[f"{c}_s"] for c in GAP_CATEGORIES},
                             "layout_cost_s": layout_s, "layout_cost_share": layout_s / b["step_time_s"],
                             "other_share": b["launch_gaps_s"] / b["step_time_s"],
                             "elementwise_share": dict(b.get("class_shares") or ()).get("elementwise")})
         ev: dict[str, Any] = {
-            **layout, "margin": margin, "noise": noise, "fastest": best["run"], "slowest": worst["run"],
-            "engines": tuple((r["run"], r["engine"], tps[r["run"]], tps[best["run"]] / tps[r["run"]],
-                              summary[r["run"]]["step_time_median_s"]) for r in ok),
+            **layout, "margin": margin, "noise": noise, "fastest": best.name, "slowest": worst.name,
+            "engines": tuple((r.name, r.engine, tps[r.name], tps[best.name] / tps[r.name],
+                              summary[r.name]["step_time_median_s"]) for r in ok),
             "traced": tuple(per_run)}
         by_run = {p["run"]: p for p in per_run}
-        if best["run"] in by_run and worst["run"] in by_run:
-            fast, slow = by_run[best["run"]], by_run[worst["run"]]
+        if best.name in by_run and worst.name in by_run:
+            fast, slow = by_run[best.name], by_run[worst.name]
             delta_s = slow["step_time_s"] - fast["step_time_s"]
             deltas = {c: slow[f"{c}_s"] - fast[f"{c}_s"] for c in GAP_CATEGORIES}
             dominant = max(GAP_CATEGORIES, key=lambda c: deltas[c])
@@ -435,10 +438,10 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
                          "dominates": delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"]}
         base = baselines.get((world, data_round))
         if base is not None:
-            base_tps = summary[base["run"]]["tokens_per_s"]
-            ev["baseline"] = {"run": base["run"], "tokens_per_s": base_tps,
-                              "vs_baseline": tuple((r["run"], tps[r["run"]] / base_tps) for r in ok)}
-        out.append(Finding(kind="engine_gap" if gap else "engine_parity", runs=tuple(r["run"] for r in ok),
+            base_tps = summary[base.name]["tokens_per_s"]
+            ev["baseline"] = {"run": base.name, "tokens_per_s": base_tps,
+                              "vs_baseline": tuple((r.name, tps[r.name] / base_tps) for r in ok)}
+        out.append(Finding(kind="engine_gap" if gap else "engine_parity", runs=tuple(r.name for r in ok),
                            evidence=ev, threshold=t["engine_gap_min"]))
     return out
 
@@ -458,7 +461,7 @@ def _flat_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 _NOT_KNOBS = ("repeat", "kernels", "micro_batch_search")
 
 
-def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[Mapping[str, Any]],
+def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[LoadedRun],
                       breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
     """One finding per run that repeats another run's layout, engine, data round and micro-batch
     with different engine knobs (``options`` other than repeat/kernels/search): what the knobs
@@ -471,31 +474,31 @@ def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seque
     summary_rows / run_rows / breakdown_rows: as rule_engine_gap."""
     summary = {s["run"]: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
-    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    groups: dict[tuple, list[RunSpec]] = {}
     for r in run_rows:
-        if r.get("status") == "ok" and summary.get(r["run"], {}).get("tokens_per_s"):
-            key = (*layout_key(r), r["engine"], _data_round(r), r.get("micro_batch_size"))
-            groups.setdefault(key, []).append(r)
+        if r.status_name == "ok" and summary.get(r.name, {}).get("tokens_per_s"):
+            key = (*layout_key(r.spec), r.spec.engine, _data_round(r.spec), r.spec.micro_batch_size)
+            groups.setdefault(key, []).append(r.spec)
     out = []
     for runs in groups.values():
         base = runs[0]
-        base_knobs = {k: v for k, v in _flat_options(base.get("options") or {}).items()
+        base_knobs = {k: v for k, v in _flat_options(base.options or {}).items()
                       if k.split(".")[0] not in _NOT_KNOBS}
         for r in runs[1:]:
-            knobs = {k: v for k, v in _flat_options(r.get("options") or {}).items() if k.split(".")[0] not in _NOT_KNOBS}
+            knobs = {k: v for k, v in _flat_options(r.options or {}).items() if k.split(".")[0] not in _NOT_KNOBS}
             diff = tuple((k, base_knobs.get(k), knobs.get(k)) for k in sorted(set(knobs) | set(base_knobs))
                          if knobs.get(k) != base_knobs.get(k))
             if not diff:
                 continue  # a repeat, not a knob
-            s, sb = summary[r["run"]], summary[base["run"]]
+            s, sb = summary[r.name], summary[base.name]
             margin = s["tokens_per_s"] / sb["tokens_per_s"] - 1
             noise = max(_rel_spread(s), _rel_spread(sb))
-            ev: dict[str, Any] = {"base": base["run"], "engine": r["engine"], "knobs": diff, "margin": margin,
+            ev: dict[str, Any] = {"base": base.name, "engine": r.engine, "knobs": diff, "margin": margin,
                                   "noise": noise, "beyond": abs(margin) > t["noise_multiple"] * noise,
                                   "tokens_per_s": s["tokens_per_s"], "base_tokens_per_s": sb["tokens_per_s"]}
-            b, bb = traced.get(r["run"]), traced.get(base["run"])
+            b, bb = traced.get(r.name), traced.get(base.name)
             if b is not None and bb is not None and b.get("step_time_s") and bb.get("step_time_s"):
                 ev["delta_step_s"] = b["step_time_s"] - bb["step_time_s"]
                 ev["deltas_s"] = {c: b[f"{c}_s"] - bb[f"{c}_s"] for c in GAP_CATEGORIES}
-            out.append(Finding(kind="engine_knob", runs=(r["run"], base["run"]), evidence=ev))
+            out.append(Finding(kind="engine_knob", runs=(r.name, base.name), evidence=ev))
     return out

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+from core.records import LoadedRun
 from ingest.hangs import rank_evidence
 from ingest.jobs import Evidence, HangView, Job
 
@@ -63,17 +67,17 @@ def build_triage_section(jobs: Sequence[Job]) -> TriageSection:
     return TriageSection(jobs=tuple(order), unrelated=len(jobs) > 1)
 
 
-def build_triage_runs(runs: Sequence[Mapping[str, Any]]) -> tuple[TriageRun, ...]:
+def build_triage_runs(runs: Sequence[LoadedRun], *,
+                      failed_at_step: Mapping[str, int | None] | None = None) -> tuple[TriageRun, ...]:
     """A campaign's runs that did not end ok -> what status.json says failed, with the hang view
-    of its diagnosis (py-spy stacks or flight recorder) when there is one."""
+    of its diagnosis (py-spy stacks or flight recorder) when there is one. failed_at_step: run ->
+    first step not completed by every rank (report.view.compute_failed_at_step)."""
     out = []
     for r in runs:
-        status = r.get("status")
+        status = r.status_name
         if status in (None, "ok", "skipped"):
             continue
-        d = r.get("diagnosis") or {}
-        if isinstance(d, str):
-            d = json.loads(d) if d.strip().startswith("{") else {}
+        d = r.status.diagnosis or {}
         hang = None
         if d.get("source") == "py-spy" and d.get("ranks"):
             ranks = {int(k): v for k, v in d["ranks"].items()}
@@ -86,16 +90,16 @@ def build_triage_runs(runs: Sequence[Mapping[str, Any]]) -> tuple[TriageRun, ...
                 from ingest.jobs import _FIX, _ranges
                 fix = (f"rank(s) {_ranges(called)} called {ranks[called[0]]['blocked_in']} at {where} while rank(s) "
                        f"{_ranges(list(waiting))} wait in {d['majority_blocked_in']}: {_FIX}")
-            hang = HangView(source="py-spy", cause=str(r.get("cause") or ""), odd_ranks=odd, waiting_ranks=waiting,
+            hang = HangView(source="py-spy", cause=str(r.status.cause or ""), odd_ranks=odd, waiting_ranks=waiting,
                             odd_collective=ranks[called[0]]["blocked_in"] if called else None,
                             waiting_collective=d.get("majority_blocked_in"),
                             frames=tuple((k, *rank_evidence(v))
                                          for k, v in sorted(ranks.items(), key=lambda kv: (kv[0] not in odd, kv[0]))),
-                            fix=fix, evidence=(f"{r['run']}/status.json",))
-        code = r.get("exit_code")
-        out.append(TriageRun(run=str(r["run"]), status=str(status), cause=r.get("cause"),
-                             exit_code=None if code is None or code != code else int(code),
-                             failed_at_step=r.get("failed_at_step"), hang=hang, source=f"{r['run']}/status.json"))
+                            fix=fix, evidence=(f"{r.name}/status.json",))
+        code = r.status.exit_code
+        out.append(TriageRun(run=r.name, status=str(status), cause=r.status.cause,
+                             exit_code=None if code is None else int(code),
+                             failed_at_step=(failed_at_step or {}).get(r.name), hang=hang, source=f"{r.name}/status.json"))
     return tuple(out)
 
 
@@ -138,12 +142,12 @@ class TraceJob:
     warnings: tuple[str, ...] = ()
 
 
-def build_trace_jobs(tables: Mapping[str, Any], jobs: Sequence[Job], *, folder: str) -> tuple[TraceJob, ...]:
+def build_trace_jobs(tables: Mapping[str, pd.DataFrame], jobs: Sequence[Job], *, folder: str) -> tuple[TraceJob, ...]:
     """Jobs with profiler traces (``attribution`` table of ingest.thirdparty.compute_trace_attribution)
     -> TraceJob views, in job order."""
     from types import SimpleNamespace
 
-    from report.attribution import build_attribution
+    from report.attribution import build_attribution, commbench_rows
 
     att = tables.get("attribution")
     if att is None or att.empty:
@@ -151,7 +155,7 @@ def build_trace_jobs(tables: Mapping[str, Any], jobs: Sequence[Job], *, folder: 
     meta = tables.get("traces")
     warn = tables.get("trace_warnings")
     trace_tables = SimpleNamespace(attribution=att, collectives=tables.get("trace_collectives"))
-    origin = SimpleNamespace(env={}, source=folder)  # no campaign: no host map, no commbench
+    bench = commbench_rows(folder)
     out = []
     for j in jobs:
         rows = att[att["run"] == j.name]
@@ -165,8 +169,9 @@ def build_trace_jobs(tables: Mapping[str, Any], jobs: Sequence[Job], *, folder: 
             sizes = m["world_size"].dropna()
             world = int(sizes.max()) if len(sizes) else None
             whole = tuple(sorted(int(r) for r in m[m["whole_trace"].astype(bool)]["rank"].dropna()))
-        view = build_attribution(trace_tables, origin, {"run": j.name, "pp_degree": 1, "world_size": len(ranks)},
-                                 median_step_s=None)
+        # no campaign: no layout beyond the ranks given, no host map
+        view = build_attribution(trace_tables, run=j.name, pp_degree=1, world_size=len(ranks), num_layers=0, plant=None,
+                                 host=None, commbench=bench, median_step_s=None)
         if view is None:
             continue
         missing = tuple(r for r in range(world) if r not in ranks) if world and world > len(ranks) else ()

@@ -20,14 +20,14 @@ import pandas as pd
 
 from ingest.hangs import rank_evidence
 from ingest.io import Campaign
-from core.records import RUN_STATUSES
+from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun
 from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
 from core.hardware import lookup_peak
 from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
-from report.attribution import AttributionView, build_attribution, run_plant
+from report.attribution import AttributionView, build_attribution, commbench_rows, run_plant
 from report.engines import EngineGroup, build_engine_groups
 from report.parity import (
     INTERVAL_METHOD, ParityRow, RepeatGroup, build_parity_rows, build_repeat_groups, kernels_mode, ranked_runs,
@@ -378,133 +378,67 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _py(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
-_NUM = (int, float)
-_ENV_TYPES: dict[str, Any] = {
-    "hostname": str, "os": str, "host_memory_gib": _NUM, "topology": str, "tool_git_commit": str,
-    "gpu_count": int, "launch_command": list, "versions": dict, "env_vars": dict,
-    "cpu": {"model": str, "cores_logical": int, "cores_physical": int},
-    "disk": {"path": str, "total_gib": _NUM, "free_gib": _NUM},
-    "gpus": [{"index": int, "name": str, "memory_total_mib": _NUM, "driver_version": str, "power_limit_w": _NUM,
-              "clocks_sm_max_mhz": _NUM}],
-    "num_nodes": int, "placement": dict,
-    "nodes": [{"node_rank": int, "hostname": str, "host_memory_gib": _NUM, "gpu_count": int, "cpu": dict,
-               "gpus": list}],
-}
-
-
-def _type_ok(value: Any, kind: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, kind)
-
-
-def clean_env(env: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """env.json with every value of the wrong JSON type dropped (None), and one problem text per
-    drop naming the field: a bad field costs its cell in the note, never the note."""
-    out, problems = dict(env), []
-
-    def bad(field: str, value: Any, want: str) -> None:
-        problems.append(f"env.json: {field}: expected {want}, got {type(value).__name__} {value!r:.40}; ignored")
-
-    for key, kind in _ENV_TYPES.items():
-        value = env.get(key)
-        if value is None:
-            continue
-        if isinstance(kind, dict):
-            if not isinstance(value, dict):
-                bad(key, value, "an object")
-                out[key] = None
-                continue
-            out[key] = dict(value)
-            for sub, sub_kind in kind.items():
-                if value.get(sub) is not None and not _type_ok(value[sub], sub_kind):
-                    bad(f"{key}.{sub}", value[sub], getattr(sub_kind, "__name__", "a number"))
-                    out[key][sub] = None
-        elif isinstance(kind, list):
-            if not isinstance(value, list):
-                bad(key, value, "a list")
-                out[key] = None
-                continue
-            items = []
-            for i, item in enumerate(value):
-                if not isinstance(item, dict):
-                    bad(f"{key}[{i}]", item, "an object")
-                    continue
-                item = dict(item)
-                for sub, sub_kind in kind[0].items():
-                    if item.get(sub) is not None and not _type_ok(item[sub], sub_kind):
-                        bad(f"{key}[{i}].{sub}", item[sub], getattr(sub_kind, "__name__", "a number"))
-                        item[sub] = None
-                items.append(item)
-            out[key] = items
-        elif not _type_ok(value, kind):
-            bad(key, value, {list: "a list", dict: "an object"}.get(kind, getattr(kind, "__name__", "a number")))
-            out[key] = None
-    for key in ("versions", "env_vars"):  # name -> text
-        if out.get(key):
-            out[key] = {str(k): (None if v is None else str(v)) for k, v in out[key].items()}
-    return out, problems
-
-
-def build_env(env: Mapping[str, Any]) -> EnvSection:
-    """Environment section from env.json cleaned by ``clean_env`` (any value may be missing)."""
-    cpu, disk = env.get("cpu") or {}, env.get("disk") or {}
+def build_env(env: EnvRecord) -> EnvSection:
+    """Environment section from the environment record (any value may be missing)."""
+    cpu, disk = env.cpu or CpuInfo(), env.disk or DiskInfo()
     gpus = tuple(
-        Gpu(index=g.get("index"), name=g.get("name"), driver_version=g.get("driver_version"),
-            memory_total_gib=g["memory_total_mib"] / 1024 if g.get("memory_total_mib") is not None else None,
-            power_limit_w=g.get("power_limit_w"), clocks_sm_max_mhz=g.get("clocks_sm_max_mhz"))
-        for g in env.get("gpus") or ())
+        Gpu(index=g.index, name=g.name, driver_version=g.driver_version,
+            memory_total_gib=g.memory_total_mib / 1024 if g.memory_total_mib is not None else None,
+            power_limit_w=g.power_limit_w, clocks_sm_max_mhz=g.clocks_sm_max_mhz)
+        for g in env.gpus)
     return EnvSection(
-        hostname=env.get("hostname"), os=env.get("os"), cpu_model=cpu.get("model"), cores_logical=cpu.get("cores_logical"),
-        cores_physical=cpu.get("cores_physical"), host_memory_gib=env.get("host_memory_gib"),
-        disk_path=disk.get("path"), disk_total_gib=disk.get("total_gib"), disk_free_gib=disk.get("free_gib"),
-        gpus=gpus, topology=env.get("topology"), versions=tuple((env.get("versions") or {}).items()),
-        launch_command=" ".join(map(str, env["launch_command"])) if env.get("launch_command") else None,
-        tool_git_commit=env.get("tool_git_commit"), env_vars=tuple(sorted((env.get("env_vars") or {}).items())),
-        num_nodes=env.get("num_nodes"), nodes=tuple(
-            NodeInfo(node_rank=n["node_rank"], hostname=n.get("hostname"), cpu_model=(n.get("cpu") or {}).get("model"),
-                     cores_logical=(n.get("cpu") or {}).get("cores_logical"), host_memory_gib=n.get("host_memory_gib"),
-                     gpu_count=n.get("gpu_count"),
-                     gpu_name=next((g.get("name") for g in n.get("gpus") or () if isinstance(g, dict)), None))
-            for n in env.get("nodes") or () if n.get("node_rank") is not None))
+        hostname=env.hostname, os=env.os, cpu_model=cpu.model, cores_logical=cpu.cores_logical,
+        cores_physical=cpu.cores_physical, host_memory_gib=env.host_memory_gib,
+        disk_path=disk.path, disk_total_gib=disk.total_gib, disk_free_gib=disk.free_gib,
+        gpus=gpus, topology=env.topology, versions=tuple(env.versions.items()),
+        launch_command=" ".join(env.launch_command) if env.launch_command else None,
+        tool_git_commit=env.tool_git_commit, env_vars=tuple(sorted(env.env_vars.items())),
+        num_nodes=env.num_nodes, nodes=tuple(
+            NodeInfo(node_rank=n.node_rank, hostname=n.hostname, cpu_model=n.cpu.model if n.cpu else None,
+                     cores_logical=n.cpu.cores_logical if n.cpu else None, host_memory_gib=n.host_memory_gib,
+                     gpu_count=n.gpu_count, gpu_name=n.gpus[0].name if n.gpus else None)
+            for n in env.nodes if n.node_rank is not None))
 
 
-def build_model(fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> ModelSection:
-    """Model and data section from campaign.json's ``fixed`` and the runs' reported parameter counts."""
-    m = fixed["model"]
+def build_model(fixed: FixedConfig, runs: Sequence[LoadedRun]) -> ModelSection:
+    """Model and data section from campaign.json's fixed variables and the runs' reported parameter counts."""
+    m = fixed.model
     return ModelSection(
-        preset=fixed["preset"], num_layers=m["num_layers"], hidden_size=m["hidden_size"], num_heads=m["num_heads"],
-        ffn_hidden_size=m["ffn_hidden_size"], seq_length=m["seq_length"], vocab_size=m["vocab_size"],
-        padded_vocab_size=m["padded_vocab_size"], vocab_padding=m["padded_vocab_size"] - m["vocab_size"],
-        num_params=tuple(sorted({r["num_params"] for r in runs if r.get("num_params") is not None})),
-        global_batch_size=fixed["global_batch_size"], tokens_per_step=fixed["global_batch_size"] * m["seq_length"],
-        dtype=fixed["dtype"], steps=fixed["steps"], warmup_steps=fixed["warmup_steps"], seed=fixed["seed"],
-        optimizer=tuple((k, fixed[k]) for k in ("lr", "min_lr", "lr_warmup_steps", "weight_decay", "adam_beta1",
-                                                 "adam_beta2", "grad_clip")),
-        data=fixed["data"], zipf_exponent=ZIPF_EXPONENT, loss_init_nats=math.log(m["vocab_size"]),
-        loss_floor_nats=zipf_entropy_nats(m["vocab_size"]))
+        preset=fixed.preset, num_layers=m.num_layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
+        ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length, vocab_size=m.vocab_size,
+        padded_vocab_size=m.padded_vocab_size, vocab_padding=m.padded_vocab_size - m.vocab_size,
+        num_params=tuple(sorted({r.num_params for r in runs if r.num_params is not None})),
+        global_batch_size=fixed.global_batch_size, tokens_per_step=fixed.global_batch_size * m.seq_length,
+        dtype=fixed.dtype, steps=fixed.steps, warmup_steps=fixed.warmup_steps, seed=fixed.seed,
+        optimizer=tuple((k, getattr(fixed, k)) for k in ("lr", "min_lr", "lr_warmup_steps", "weight_decay",
+                                                          "adam_beta1", "adam_beta2", "grad_clip")),
+        data=fixed.data, zipf_exponent=ZIPF_EXPONENT, loss_init_nats=math.log(m.vocab_size),
+        loss_floor_nats=zipf_entropy_nats(m.vocab_size))
 
 
-def build_config(r: Mapping[str, Any]) -> RunConfig:
+def build_config(r: LoadedRun) -> RunConfig:
     """One run's layout. Micro-batches are gradient-accumulation steps without PP and
     pipeline micro-batches with PP (then the 1F1B bubble is shown)."""
-    pp, m = int(r["pp_degree"]), int(r["num_microbatches"])
-    options = r.get("options") or {}
+    spec, info = r.spec, r.info
+    pp, m = int(spec.pp_degree), int(spec.num_microbatches)
+    options = spec.options
     return RunConfig(
-        run=r["run"], strategy=r["strategy"], engine=r["engine"], world_size=r["world_size"], tp_degree=r["tp_degree"],
-        pp_degree=pp, dp_degree=r["dp_degree"], micro_batch_size=r["micro_batch_size"], num_microbatches=m,
+        run=r.name, strategy=spec.strategy, engine=spec.engine, world_size=spec.world_size, tp_degree=spec.tp_degree,
+        pp_degree=pp, dp_degree=spec.dp_degree, micro_batch_size=spec.micro_batch_size, num_microbatches=m,
         grad_accum_steps=m if pp == 1 else None,
         bubble_fraction=compute_bubble_fraction(pp_degree=pp, num_microbatches=m,
                                                         num_virtual_stages=_virtual_stages(options)) if pp > 1 else None,
-        num_params=r.get("num_params"), device=r["device"],
+        num_params=r.num_params, device=spec.device,
         options=render_options(options), micro_batch_search=describe_micro_batch_search(options),
-        compile=_opt_bool(r.get("compile")), first_step_s=_opt_float(r.get("first_step_s")),
-        compile_s=_opt_float(r.get("compile_s")),
+        compile=_opt_bool(r.compiled), first_step_s=_opt_float(info.first_step_s if info else None),
+        compile_s=_opt_float(info.compile_s if info else None),
         # Megatron turns sequence parallelism on with TP (runner.strategies.tp_pp_megatron)
-        sequence_parallel=r["engine"] == "megatron" and int(r["tp_degree"]) > 1)
+        sequence_parallel=spec.engine == "megatron" and int(spec.tp_degree) > 1)
 
 
 def _virtual_stages(options: Any) -> int:
     """Model chunks per pipeline rank (the torch engine's Interleaved1F1B), 1 otherwise.
-    options: the spec's options (Campaign.run_records)."""
+    options: the spec's options (RunSpec.options)."""
     v = options.get("virtual_stages") if isinstance(options, Mapping) else None
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
 
@@ -543,20 +477,21 @@ def describe_micro_batch_search(options: Mapping[str, Any]) -> str | None:
     return f"auto ({search.get('policy')}): {search['chosen']} of " + ", ".join(parts) + reused
 
 
-def _gpu_name(run: Mapping[str, Any], env: Mapping[str, Any]) -> str | None:
-    if run.get("device") != "cuda":
+def _gpu_name(run: LoadedRun, env: EnvRecord) -> str | None:
+    if run.spec.device != "cuda":
         return None
-    gpus = env.get("gpus") or [{}]
-    return run.get("device_name") or gpus[0].get("name")
+    return (run.info.device_name if run.info else None) or (env.gpus[0].name if env.gpus else None)
 
 
-def _mfu(s: Mapping[str, Any], r: Mapping[str, Any], peak: float | None, convention: str) -> float | None:
-    if s["tokens_per_s"] is None or r.get("num_params") is None or r.get("num_params_position_embedding") is None:
+def _mfu(s: Mapping[str, Any], r: LoadedRun, peak: float | None, convention: str) -> float | None:
+    info = r.info
+    if s["tokens_per_s"] is None or info is None or info.num_params is None or info.num_params_position_embedding is None:
         return None
+    m = r.spec.fixed.model
     fpt = compute_flops_per_token(
-        num_params=r["num_params"], num_layers=r["num_layers"], hidden_size=r["hidden_size"],
-        seq_length=r["seq_length"], position_embedding_params=r["num_params_position_embedding"], convention=convention)
-    return compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r["world_size"])
+        num_params=info.num_params, num_layers=m.num_layers, hidden_size=m.hidden_size,
+        seq_length=m.seq_length, position_embedding_params=info.num_params_position_embedding, convention=convention)
+    return compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r.spec.world_size)
 
 
 def status_label(status: Any) -> str:
@@ -589,25 +524,15 @@ def compute_window_spread(steps: pd.DataFrame | None, num_steps: Any) -> float |
     return float((times.max() - times.min()) / times.median())
 
 
-def _diagnosis(r: Mapping[str, Any]) -> dict[str, Any]:
-    value = r.get("diagnosis")
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    return value if isinstance(value, dict) else {}
-
-
-def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
+def build_hang_ranks(runs: Sequence[LoadedRun]) -> tuple[HangRank, ...]:
     """Per-rank evidence of hung runs: py-spy (blocked_in, our innermost frame) or the flight
     recorder (last collective and its state); a rank without a stack is shown with its process
     state (e.g. "stopped (state T)") and py-spy's error instead."""
     out = []
     for r in runs:
-        if r.get("status") != "hang":
+        if r.status_name != "hang":
             continue
-        d = r["diagnosis"]
+        d = r.status.diagnosis or {}
         for rank, s in sorted((d.get("ranks") or {}).items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
             if not isinstance(s, dict):
                 continue
@@ -618,47 +543,47 @@ def build_hang_ranks(runs: Sequence[Mapping[str, Any]]) -> tuple[HangRank, ...]:
                 where = "flight recorder, " + (f"last completed #{done}" if done is not None else "none completed")
             else:  # a rank without a stack (py-spy failed, e.g. on a stopped process): what is known of it
                 blocked, where = rank_evidence(s)
-            out.append(HangRank(run=r["run"], rank=int(rank) if str(rank).isdigit() else str(rank),
+            out.append(HangRank(run=r.name, rank=int(rank) if str(rank).isdigit() else str(rank),
                                 blocked_in=blocked, where=where))
     return tuple(out)
 
 
-def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: ModelSection,
-                  peaks: Sequence[PeakUsed], *, rows: Sequence[MetricRow] = (), env_problems: Sequence[str] = (),
+def build_caveats(campaign: Campaign, runs: Sequence[LoadedRun], model: ModelSection,
+                  peaks: Sequence[PeakUsed], *, rows: Sequence[MetricRow] = (),
                   cores: int | None = None, placements: Sequence[RunPlacement] = ()) -> list[Finding]:
     """Caveats the reader must see next to the numbers (the template words each kind).
     rows: the metric rows (same order as runs); cores: logical CPU cores from env.json."""
-    out = [Finding(kind="load_problem", evidence={"text": p}) for p in (*campaign.problems, *env_problems)]
+    out = [Finding(kind="load_problem", evidence={"text": p}) for p in campaign.problems]
     for r, m in zip(runs, rows):
         ev = {"num_steps_measured": m.num_steps_measured, "failed_at_step": m.failed_at_step}
         if m.status == "unfinished":
-            out.append(Finding(kind="unfinished", runs=(r["run"],), evidence=ev))
+            out.append(Finding(kind="unfinished", runs=(r.name,), evidence=ev))
         elif m.status == "unknown":
-            out.append(Finding(kind="unknown_status", runs=(r["run"],),
-                               evidence={**ev, "status": r.get("status"), "known": RUN_STATUSES}))
+            out.append(Finding(kind="unknown_status", runs=(r.name,),
+                               evidence={**ev, "status": r.status_name, "known": RUN_STATUSES}))
         elif m.status in ("interrupted", "skipped"):
-            out.append(Finding(kind=m.status, runs=(r["run"],), evidence={**ev, "cause": r.get("cause")}))
-        options = r.get("options") or {}
-        if isinstance(options, dict) and options.get("fault"):
-            out.append(Finding(kind="fault_injected", runs=(r["run"],), evidence={"fault": options["fault"]}))
-    ranked = [(r["run"], int(r["world_size"])) for r, m in zip(runs, rows)
+            out.append(Finding(kind=m.status, runs=(r.name,), evidence={**ev, "cause": r.status.cause}))
+        if r.spec.options.get("fault"):
+            out.append(Finding(kind="fault_injected", runs=(r.name,), evidence={"fault": r.spec.options["fault"]}))
+    ranked = [(r.name, int(r.spec.world_size)) for r, m in zip(runs, rows)
               if m.status == "ok" and m.tokens_per_s is not None]
     if len({w for _, w in ranked}) > 1:
         out.append(Finding(kind="world_sizes_differ", runs=tuple(n for n, _ in ranked),
                            evidence={"world_sizes": tuple(ranked)}))
-    over = tuple((r["run"], int(r["world_size"])) for r in runs
-                 if r["device"] == "cpu" and cores is not None and int(r["world_size"]) > cores)
+    over = tuple((r.name, int(r.spec.world_size)) for r in runs
+                 if r.spec.device == "cpu" and cores is not None and int(r.spec.world_size) > cores)
     if over:
         out.append(Finding(kind="oversubscribed", runs=tuple(n for n, _ in over),
                            evidence={"world_sizes": over, "cores": cores}))
     for r in runs:
-        if r["strategy"] == "zero3" and r["world_size"] == 1:
-            out.append(Finding(kind="degenerate_zero3", runs=(r["run"],)))
-        if r["strategy"] == "tp_pp" and r["tp_degree"] == 1 and r["pp_degree"] == 1:
-            out.append(Finding(kind="degenerate_tp_pp", runs=(r["run"],)))
-        if r["strategy"] == "tp_pp" and r["device"] == "cpu":
-            out.append(Finding(kind="cpu_tp_pp_engine", runs=(r["run"],), evidence={"engine": r["engine"]}))
-    if any(r["device"] == "cpu" for r in runs):
+        spec = r.spec
+        if spec.strategy == "zero3" and spec.world_size == 1:
+            out.append(Finding(kind="degenerate_zero3", runs=(r.name,)))
+        if spec.strategy == "tp_pp" and spec.tp_degree == 1 and spec.pp_degree == 1:
+            out.append(Finding(kind="degenerate_tp_pp", runs=(r.name,)))
+        if spec.strategy == "tp_pp" and spec.device == "cpu":
+            out.append(Finding(kind="cpu_tp_pp_engine", runs=(r.name,), evidence={"engine": spec.engine}))
+    if any(r.spec.device == "cpu" for r in runs):
         out.append(Finding(kind="cpu_campaign"))
     for p in peaks:
         if p.flops is None:
@@ -669,7 +594,7 @@ def build_caveats(campaign: Campaign, runs: Sequence[Mapping[str, Any]], model: 
                                evidence={"crossing": p.num_tp_groups_crossing, "total": p.num_tp_groups,
                                          "num_nodes": p.num_nodes}))
     if len(model.num_params) > 1:
-        out.append(Finding(kind="param_mismatch", runs=tuple(r["run"] for r in runs),
+        out.append(Finding(kind="param_mismatch", runs=tuple(r.name for r in runs),
                            evidence={"num_params": model.num_params}))
     return out
 
@@ -681,8 +606,8 @@ PROFILED_SLOWER_MIN = 0.05  # profiled steps this much slower than unprofiled on
 PREDICTION_ERROR_MAX = 0.25  # leave-one-out errors beyond this make the predictions a rough guide
 
 
-def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: EvidenceSection,
-                              fixed: Mapping[str, Any], *, metric_rows: Sequence[MetricRow] = (),
+def build_measurement_caveats(runs: Sequence[LoadedRun], evidence: EvidenceSection,
+                              fixed: FixedConfig, *, metric_rows: Sequence[MetricRow] = (),
                               predicted: Any = None) -> list[Finding]:
     """Caveats from facts the campaign already holds: planted causes, profiled steps slower
     than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, a
@@ -700,9 +625,9 @@ def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: Evide
         out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
                            evidence={"low": min(errors), "high": max(errors)}))
     for r in runs:
-        plant = run_plant(r)
+        plant = run_plant(r.spec.plant)
         if plant:
-            out.append(Finding(kind="planted", runs=(r["run"],), evidence={"plant": plant}))
+            out.append(Finding(kind="planted", runs=(r.name,), evidence={"plant": plant}))
     for b in evidence.rows:
         a = b.attribution
         if a is not None and a.rescale is not None and abs(a.rescale - 1) > PROFILED_SLOWER_MIN:
@@ -711,46 +636,53 @@ def build_measurement_caveats(runs: Sequence[Mapping[str, Any]], evidence: Evide
         if b.profile_cost_share is not None and b.profile_cost_share > 0.02:
             out.append(Finding(kind="profile_cost", runs=(b.run,), evidence={"share": b.profile_cost_share},
                                threshold=0.02))
-    compiled = {bool((r.get("options") or {}).get("compile", False)): r["run"] for r in runs}
+    compiled = {bool(r.spec.options.get("compile", False)): r.name for r in runs}
     if len(compiled) > 1:
-        modes = {m: tuple(r["run"] for r in runs if bool((r.get("options") or {}).get("compile", False)) == m)
+        modes = {m: tuple(r.name for r in runs if bool(r.spec.options.get("compile", False)) == m)
                  for m in (True, False)}
-        out.append(Finding(kind="mixed_compile", runs=tuple(r["run"] for r in runs),
+        out.append(Finding(kind="mixed_compile", runs=tuple(r.name for r in runs),
                            evidence={"compiled": modes[True], "eager": modes[False]}))
     if len(runs) > 1 and not any(run_repeat(r) for r in runs):
         out.append(Finding(kind="no_repeats", runs=()))
-    if str(fixed.get("data") or "synthetic") == "synthetic":
+    if str(fixed.data or "synthetic") == "synthetic":
         out.append(Finding(kind="synthetic_only", runs=()))
     return out
 
 
-def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping[str, Any]],
+def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedRun],
                    summary: Sequence[Mapping[str, Any]], findings: Sequence[Finding]) -> EvidenceSection:
     """Section 5 from the trace tables (ingest.io.TraceTables or None when the source has no
     traces: third-party folders, campaigns run before profiling)."""
     straggler = tuple(f for f in findings if f.kind == "straggler")
     if trace_tables is None:
-        return EvidenceSection(rows=(), runs_without_trace=tuple(r["run"] for r in runs), warnings=(),
+        return EvidenceSection(rows=(), runs_without_trace=tuple(r.name for r in runs), warnings=(),
                                knowledge_map=(), straggler=straggler,
                                profile_tables=tuple(ev.summarize_profile_tables(campaign.kernel_summaries)))
     bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
     classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
-    warmup = int(campaign.campaign.get("fixed", {}).get("warmup_steps") or 0)
+    warmup = int(campaign.campaign.fixed.warmup_steps or 0)
     cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta,
                                                                    warmup_steps=warmup))}
-    by_name = {r["run"]: r for r in runs}
+    by_name = {r.name: r for r in runs}
+    host = campaign.env.hostname if int(campaign.env.num_nodes or 1) == 1 else None  # one host: it names every rank
+    bench = commbench_rows(campaign.source)
     rows = []
     for b in bd:
-        r = by_name.get(b["run"], {})
-        pp, m = int(r.get("pp_degree") or 1), int(r.get("num_microbatches") or 1)
+        r = by_name.get(b["run"])
+        spec = r.spec if r is not None else None
+        pp, m = int(spec.pp_degree or 1) if spec else 1, int(spec.num_microbatches or 1) if spec else 1
         b["bubble_expected"] = compute_bubble_fraction(
-            pp_degree=pp, num_microbatches=m, num_virtual_stages=_virtual_stages(r.get("options"))) if pp > 1 else None
+            pp_degree=pp, num_microbatches=m, num_virtual_stages=_virtual_stages(spec.options if spec else None)) \
+            if pp > 1 else None
         top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
         k = classes.get(b["run"], {})
         c = cost.get(b["run"], {})
         median = next((x["step_time_median_s"] for x in summary if x["run"] == b["run"]), None)
         rows.append(BreakdownRow(
-            attribution=build_attribution(trace_tables, campaign, r, median_step_s=median),
+            attribution=build_attribution(
+                trace_tables, run=b["run"], pp_degree=pp, world_size=int(spec.world_size or pp) if spec else pp,
+                num_layers=int(spec.fixed.model.num_layers or 0) if spec else 0, plant=spec.plant if spec else None,
+                host=host, commbench=bench, median_step_s=median) if spec else None,
             median_step_time_s=median,
             **{f: b[f] for f in ("run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s",
                                  "sum_error", "compute_s", "exposed_comm_s", "bubble_s", "data_stall_s", "other_s",
@@ -768,37 +700,40 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[Mapping
     kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
                                attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
     traced = {b["run"] for b in bd}
-    return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r["run"] for r in runs if r["run"] not in traced),
+    return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r.name for r in runs if r.name not in traced),
                            plant_checks=tuple(build_plant_checks(rows, runs)),
                            warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler,
-                           nccl=tuple((r["run"], tuple(trace_tables.nccl[r["run"]])) for r in runs
-                                      if trace_tables.nccl.get(r["run"])))
+                           nccl=tuple((r.name, tuple(trace_tables.nccl[r.name])) for r in runs
+                                      if trace_tables.nccl.get(r.name)))
 
 
 
 
 
-def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[Mapping[str, Any]]) -> list[PlantCheck]:
+def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun]) -> list[PlantCheck]:
     """Each planted cause (matrix ``plant``) against the category it must be found in: a host
     delay in skew_wait (launch_gaps on one rank: nobody waits), a data delay in data_stall, an
     uneven pipeline split in imbalance; recovered = the category's ms in the traced steps minus
     that of the unplanted run of the same strategy, engine and degrees (no reference: the
     category's ms). Traced, not rescaled: a planted delay is a fixed time per step, which a
     rescale to the unprofiled median would shrink by the profiled steps' slowdown."""
-    by_name = {r["run"]: r for r in runs}
+    def layout(name: str) -> tuple | None:
+        spec = by_name[name].spec if name in by_name else None
+        return (spec.strategy, spec.engine, spec.world_size, spec.tp_degree, spec.pp_degree, spec.dp_degree,
+                spec.data_round) if spec else None
+
+    by_name = {r.name: r for r in runs}
     att = {b.run: b.attribution for b in rows if b.attribution is not None}
-    layout = ("strategy", "engine", "world_size", "tp_degree", "pp_degree", "dp_degree", "data_round")
     out = []
     for name, a in att.items():
         if not a.plant:
             continue
-        r = by_name.get(name, {})
-        ref = next((n for n, b in att.items() if not b.plant and all(by_name.get(n, {}).get(k) == r.get(k)
-                                                                       for k in layout)), None)
+        ref = next((n for n, b in att.items() if not b.plant and layout(n) == layout(name)), None)
+        world_size = by_name[name].spec.world_size if name in by_name else None
         causes = []
         if a.plant.get("host_delay_ms"):
             causes.append(("host_delay_ms", float(a.plant["host_delay_ms"]),
-                           "skew_wait" if int(r.get("world_size") or 1) > 1 else "launch_gaps",
+                           "skew_wait" if int(world_size or 1) > 1 else "launch_gaps",
                            int(a.plant.get("host_delay_rank") or 0)))
         if a.plant.get("data_delay_ms"):
             causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None))
@@ -873,64 +808,64 @@ def build_executive_summary(findings: Sequence[Finding], conditions: Sequence[Fi
         not_ok=tuple((m.run, m.status) for m in rows if m.status != "ok"))
 
 
-def build_resolved_config(info: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str:
-    """The full resolved configuration as indented JSON: campaign.json (fixed variables,
-    supervision limits, launch command, tool version) and each run's layout fields
-    (LAYOUT_FIELDS, options decoded)."""
-    def layout(r: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: r.get(k) for k in LAYOUT_FIELDS if k in r}
+def build_resolved_config(campaign_json: Mapping[str, Any], runs: Sequence[LoadedRun]) -> str:
+    """The full resolved configuration as indented JSON: campaign.json as written (fixed
+    variables, supervision limits, launch command, tool version) and each run's layout fields
+    (LAYOUT_FIELDS of its spec)."""
+    def layout(r: LoadedRun) -> dict[str, Any]:
+        return {k: getattr(r.spec, k) for k in LAYOUT_FIELDS}
 
-    return json.dumps({"campaign": dict(info), "runs": {r["run"]: layout(r) for r in runs}}, indent=2,
+    return json.dumps({"campaign": dict(campaign_json), "runs": {r.name: layout(r) for r in runs}}, indent=2,
                       ensure_ascii=False, default=str)
 
 
 def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention: str = DEFAULT_CONVENTION,
                thresholds: Mapping[str, float] | None = None, trace_tables: Any = None) -> Note:
-    """The whole note's view-model. Raises KeyError only on a campaign.json without ``fixed``
-    (ingest rejects those first)."""
-    info, fixed = campaign.campaign, campaign.campaign["fixed"]
-    env_record, env_problems = clean_env(campaign.env)
+    """The whole note's view-model."""
+    info, fixed, env_record = campaign.campaign, campaign.campaign.fixed, campaign.env
     runs = campaign.run_records()
-    for r in runs:
-        r["diagnosis"] = _diagnosis(r)
     peaks: dict[str, float | None] = {}
     peak_notes: dict[tuple[str, str], PeakUsed] = {}
     for r in runs:
         name = _gpu_name(r, env_record)
-        peak = lookup_peak(name, r["dtype"]) if name else None
-        peaks[r["run"]] = peak.flops if peak else None
+        dtype = r.spec.fixed.dtype
+        peak = lookup_peak(name, dtype) if name else None
+        peaks[r.name] = peak.flops if peak else None
         if name:
-            peak_notes[(name, r["dtype"])] = PeakUsed(gpu_name=name, dtype=r["dtype"], flops=peak and peak.flops,
-                                                      source=peak and peak.source)
-    summary = _records(metrics.summarize_runs(campaign.steps, campaign.runs, warmup_steps=fixed["warmup_steps"],
+            peak_notes[(name, dtype)] = PeakUsed(gpu_name=name, dtype=dtype, flops=peak and peak.flops,
+                                                 source=peak and peak.source)
+    summary = _records(metrics.summarize_runs(campaign.steps, runs, warmup_steps=fixed.warmup_steps,
                                               peak_flops=peaks, convention=convention))
     steps_by_run = dict(tuple(campaign.steps.groupby("run"))) if not campaign.steps.empty else {}
     for s, r in zip(summary, runs):
-        s["status"] = status_label(r.get("status"))
-        s["failed_at_step"] = r["failed_at_step"] = (
-            None if s["status"] == "ok" else compute_failed_at_step(steps_by_run.get(r["run"], campaign.steps.iloc[0:0])))
+        s["status"] = status_label(r.status_name)
+        s["failed_at_step"] = (
+            None if s["status"] == "ok" else compute_failed_at_step(steps_by_run.get(r.name, campaign.steps.iloc[0:0])))
+    failed_at_step = {s["run"]: s["failed_at_step"] for s in summary}
     rows = tuple(
         MetricRow(run=s["run"], status=s["status"], partial=s["status"] != "ok" and s["num_steps_measured"] > 0,
                   failed_at_step=s["failed_at_step"], num_steps_measured=s["num_steps_measured"],
                   step_time_median_s=s["step_time_median_s"], step_time_p90_s=s["step_time_p90_s"],
                   tokens_per_s=s["tokens_per_s"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"], mfu=s["mfu"],
-                  mfu_6n=_mfu(s, r, peaks[r["run"]], "6N"), mfu_causal=_mfu(s, r, peaks[r["run"]], "6N+6LHQT"),
+                  mfu_6n=_mfu(s, r, peaks[r.name], "6N"), mfu_causal=_mfu(s, r, peaks[r.name], "6N+6LHQT"),
                   mem_peak_allocated_gib=s["mem_peak_allocated_gib"], mem_peak_reserved_gib=s["mem_peak_reserved_gib"],
                   data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"],
-                  loop_overhead_fraction=r.get("loop_overhead_fraction"),
-                  loop_overhead_num_steps=r.get("loop_overhead_num_steps"),
-                  loop_overhead_spread=compute_window_spread(steps_by_run.get(r["run"]), r.get("loop_overhead_num_steps")),
-                  ckpt_save_s=_opt_float(r.get("ckpt_save_s")), ckpt_load_s=_opt_float(r.get("ckpt_load_s")),
-                  ckpt_size_bytes=r.get("ckpt_bytes_written"))
+                  loop_overhead_fraction=r.info.loop_overhead_fraction if r.info else None,
+                  loop_overhead_num_steps=r.info.loop_overhead_num_steps if r.info else None,
+                  loop_overhead_spread=compute_window_spread(steps_by_run.get(r.name),
+                                                             r.info.loop_overhead_num_steps if r.info else None),
+                  ckpt_save_s=_opt_float(r.checkpoint.save_s) if r.checkpoint else None,
+                  ckpt_load_s=_opt_float(r.checkpoint.load_s) if r.checkpoint else None,
+                  ckpt_size_bytes=r.checkpoint.bytes_written if r.checkpoint else None)
         for s, r in zip(summary, runs))
     env = build_env(env_record)
     gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)
     model = build_model(fixed, runs)
     fpt = next((s["flops_per_token"] for s in summary if s["flops_per_token"] is not None), None)
-    on_gpu = any(r["device"] == "cuda" for r in runs)
-    placements = compute_placements(runs, env_record.get("placement") or {})
-    commit = info.get("tool_git_commit") if isinstance(info.get("tool_git_commit"), str) else env.tool_git_commit
-    rounds = str(fixed.get("data") or "synthetic").split("+")  # several data rounds: rank the first one's runs
+    on_gpu = any(r.spec.device == "cuda" for r in runs)
+    placements = compute_placements(runs, env_record.placement or {})
+    commit = info.tool_git_commit if info.tool_git_commit is not None else env.tool_git_commit
+    rounds = str(fixed.data or "synthetic").split("+")  # several data rounds: rank the first one's runs
     # ranked: the first data round, one kernels mode, a repeated layout by its median repeat (report.parity)
     repeats = build_repeat_groups(runs, summary)
     ranked = ranked_runs(runs, repeats, first_round=rounds[0])
@@ -950,14 +885,14 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     configs = tuple(build_config(r) for r in runs)
     predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record)
     return Note(
-        campaign=campaign.name, created_at=info.get("created_at"),
-        tool_version=info.get("tool_version"), tool_git_commit=commit,
+        campaign=campaign.name, created_at=info.created_at,
+        tool_version=info.tool_version, tool_git_commit=commit,
         per_unit=N_("GPU") if on_gpu else N_("process"), env=env, model=model, configs=configs,
         metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         evidence=evidence,
         engine_groups=build_engine_groups(summary, runs, [gap_row(b) for b in evidence.rows],
-                                          dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed["model"],
+                                          dtype=model.dtype, gpu_memory_gib=gpu_mem, model=fixed.model,
                                           thresholds=thresholds),
         knob_findings=tuple(rule_engine_knobs(summary, runs, [gap_row(b) for b in evidence.rows],
                                               {**THRESHOLDS, **(thresholds or {})})),
@@ -965,7 +900,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         hang_ranks=build_hang_ranks(runs), placements=placements,
         conditions=conditions,
         caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
-                                    env_problems=env_problems, cores=env.cores_logical or env.cores_physical,
+                                    cores=env.cores_logical or env.cores_physical,
                                     placements=placements)) + tuple(build_measurement_caveats(
                                         runs, evidence, fixed, metric_rows=rows, predicted=predicted)),
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
@@ -974,22 +909,22 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
             not_layout_only=next((tuple(f.evidence["classes"]) for f in findings if f.kind == "not_layout_only"), ()),
             repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
                                None),
-            unranked_modes=tuple((r["run"], kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs))),
+            unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs))),
         parity=parity, repeats=repeats,
         parity_tolerance={**THRESHOLDS, **(thresholds or {})}["parity_tolerance"],
-        resolved_config=build_resolved_config(info, runs),
-        triage=TriageSection(runs=build_triage_runs(runs)),
+        resolved_config=build_resolved_config(campaign.campaign_json, runs),
+        triage=TriageSection(runs=build_triage_runs(runs, failed_at_step=failed_at_step)),
         predicted=predicted,
         data_round=build_data_round_section(
-            fixed=fixed, dataset=info.get("dataset") if isinstance(info.get("dataset"), dict) else None,
-            env=env_record, runs=runs, summary=summary, steps=campaign.steps, thresholds=thresholds))
+            fixed=fixed, dataset=info.dataset, env=env_record, runs=runs, summary=summary, steps=campaign.steps,
+            thresholds=thresholds))
 
 
 from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below the Note it fills
 
 
-def build_predicted_or_reason(campaign: Campaign, fixed: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
-                              summary: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> Any:
+def build_predicted_or_reason(campaign: Campaign, fixed: FixedConfig, runs: Sequence[LoadedRun],
+                              summary: Sequence[Mapping[str, Any]], env: EnvRecord) -> Any:
     """report.predict's block; a source it cannot model (third-party logs without a layout) gets
     the block's reason instead of a failed note."""
     from report.predict import build_predicted, unavailable

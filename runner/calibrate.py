@@ -21,15 +21,13 @@ from ingest.io import load_campaign, load_commbench
 def calibrate_campaign(path: str | Path) -> dict[str, tuple[float, str]]:
     """engine -> (compute efficiency = solved rate / the GPU's dense peak, source), averaged over the
     campaign's ok GPU runs of that engine. Raises ConfigError for a CPU campaign or an unknown peak."""
-    campaign = load_campaign(path)
-    fixed = campaign.campaign.get("fixed")
-    if not fixed:
-        raise ConfigError(f"--calibration {path}: campaign.json has no 'fixed' section; regenerate it with `runner all`")
-    runs = campaign.runs.to_dict("records")
-    gpu_name = find_campaign_gpu(runs, campaign.env)[0] if any(r.get("device") == "cuda" for r in runs) else None
+    campaign = load_campaign(path)  # a campaign.json without 'fixed' is refused there (ParseError)
+    fixed = campaign.campaign.fixed
+    runs = campaign.run_records()
+    gpu_name = find_campaign_gpu(runs, campaign.env)[0] if any(r.spec.device == "cuda" for r in runs) else None
     if gpu_name is None:
         raise ConfigError(f"--calibration {path}: not a GPU campaign; its rates do not carry to GPUs")
-    peak = lookup_peak(gpu_name, fixed.get("dtype"))
+    peak = lookup_peak(gpu_name, fixed.dtype)
     if peak is None:
         raise ConfigError(f"--calibration {path}: no dense peak for {gpu_name} in hardware.toml")
     rows: list[dict] = []
@@ -39,23 +37,23 @@ def calibrate_campaign(path: str | Path) -> dict[str, tuple[float, str]]:
             rows = [r for r in load_commbench(bench) if r.get("device") == "cuda"]
         except ToolError:
             rows = []
-    per_node = max([int(r["world_size"]) for r in runs] + [1])
+    per_node = max([int(r.spec.world_size) for r in runs] + [1])
     comm, _ = build_campaign_comm_model(rows, gpu_name=gpu_name, gpus_per_node=max(per_node, 8))
-    shape = build_shape(fixed["model"], name=str(fixed.get("preset") or "campaign model"))
-    times = compute_step_times(campaign.steps, warmup_steps=int(fixed["warmup_steps"]))
+    shape = build_shape(fixed.model, name=str(fixed.preset or "campaign model"))
+    times = compute_step_times(campaign.steps, warmup_steps=int(fixed.warmup_steps))
     medians = {run: float(np.percentile(t.to_numpy(dtype=float), 50, method="linear"))
                for run, t in times.groupby("run")["step_time_s"]}
     by_engine: dict[str, list[float]] = {}
     for r in runs:
-        median = medians.get(r["run"])
-        if r.get("status") != "ok" or not median:
+        median = medians.get(r.name)
+        if r.status_name != "ok" or not median:
             continue
         try:
-            rate = solve_rate(shape, build_run_layout(r), fixed=fixed, comm=comm, step_time_s=median,
-                              num_gpus_per_node=per_node)
+            rate = solve_rate(shape, build_run_layout(r.spec, compiled=r.compiled), fixed=fixed, comm=comm,
+                              step_time_s=median, num_gpus_per_node=per_node)
         except ToolError:
             rate = None
         if rate:
-            by_engine.setdefault(r["engine"], []).append(rate / peak.flops)
+            by_engine.setdefault(r.spec.engine, []).append(rate / peak.flops)
     return {e: (sum(v) / len(v), f"{path}: {len(v)} {gpu_name} run(s) of {e}, model rate / dense peak")
             for e, v in by_engine.items()}

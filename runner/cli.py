@@ -29,7 +29,9 @@ import sys
 from pathlib import Path
 
 from core.errors import ConfigError, ToolError
-from core.records import SCHEMA_VERSION, Plant, run_spec_from_dict, to_dict
+from core.records import (
+    CampaignNodes, CampaignRecord, DatasetRecord, Plant, StorageInfo, SupervisionLimits, run_spec_from_dict, to_dict,
+)
 from runner import __version__
 from runner.matrix import Campaign, attach_dataset, load_matrix, resolve_matrix, tokens_read
 from runner.nodes import (
@@ -200,43 +202,42 @@ def cmd_all(args: argparse.Namespace) -> int:
 
 
 def _start_campaign(out: Path, campaign: Campaign, node: NodeLaunch | None, *, matrix_path: Path,
-                    dataset_meta: dict | None, lock) -> int:
+                    dataset_meta: DatasetRecord | None, lock) -> int:
     """Record the environment, every spec and campaign.json into ``out`` (owned: ``lock``), then run."""
     from runner.env import collect_env
     from core.atomic import write_json_atomic
 
     launch_command = list(sys.orig_argv)
-    env = collect_env(launch_command=launch_command, data_dir=out)
-    env["storage"] = collect_campaign_storage(campaign, out=out)
     # what the ranks actually run with (NCCL_DEBUG, flight recorder, OMP threads), not the runner's own env
     from runner.env import collect_env_vars
     from runner.launch import build_run_env
 
-    env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node))
+    env = dataclasses.replace(
+        collect_env(launch_command=launch_command, data_dir=out), storage=collect_campaign_storage(campaign, out=out),
+        env_vars=collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node)))
     if node is not None:
-        write_json_atomic(env_node_path(out, 0), {**env, "node_rank": 0})
-    write_json_atomic(out / "env.json", env)
-    supervision = {"run_timeout_s": campaign.run_timeout_s, "stall_timeout_s": campaign.stall_timeout_s,
-                   "startup_timeout_s": campaign.startup_timeout_s}
+        write_json_atomic(env_node_path(out, 0), to_dict(dataclasses.replace(env, node_rank=0)))
+    write_json_atomic(out / "env.json", to_dict(env))
+    supervision = campaign_supervision(campaign)
     for spec in campaign.runs:  # every spec up front, so --resume knows the whole campaign
         (out / spec.name).mkdir(exist_ok=node is not None)
         write_json_atomic(out / spec.name / "spec.json", to_dict(spec))
-    meta = {
-        "schema_version": SCHEMA_VERSION, "name": campaign.name,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "tool_version": __version__, "tool_git_commit": env["tool_git_commit"], "matrix_path": str(matrix_path),
-        "launch_command": launch_command, "device": campaign.device, "supervision": supervision,
-        "fixed": to_dict(campaign.fixed), "runs": [s.name for s in campaign.runs],
-    }
-    if dataset_meta is not None:
-        meta["dataset"] = dataset_meta
-    if node is not None:
-        meta["nodes"] = {"nnodes": node.nnodes, "rdzv_endpoint": f"{node.rdzv_host}:{node.rdzv_port}",
-                         "rdzv_port_rule": "base port + run index"}
-    write_json_atomic(out / "campaign.json", meta)
+    meta = CampaignRecord(
+        name=campaign.name, created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__, tool_git_commit=env.tool_git_commit, matrix_path=str(matrix_path),
+        launch_command=tuple(launch_command), device=campaign.device, supervision=supervision, fixed=campaign.fixed,
+        runs=tuple(s.name for s in campaign.runs), dataset=dataset_meta,
+        nodes=CampaignNodes(nnodes=node.nnodes, rdzv_endpoint=f"{node.rdzv_host}:{node.rdzv_port}",
+                            rdzv_port_rule="base port + run index") if node is not None else None)
+    write_json_atomic(out / "campaign.json", to_dict(meta))
     print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, preset {campaign.preset}"
           + (f", node 0 of {node.nnodes}" if node else "") + ")", flush=True)
     return run_campaign(out, list(campaign.runs), supervision, node=node, lock=lock)
+
+
+def campaign_supervision(campaign: Campaign) -> SupervisionLimits:
+    return SupervisionLimits(run_timeout_s=campaign.run_timeout_s, stall_timeout_s=campaign.stall_timeout_s,
+                             startup_timeout_s=campaign.startup_timeout_s)
 
 
 def own_campaign(out: Path, *, node_rank: int | None = None, kill: bool = False):
@@ -265,7 +266,7 @@ def own_campaign(out: Path, *, node_rank: int | None = None, kill: bool = False)
     return lock
 
 
-def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, dict | None]:
+def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, DatasetRecord | None]:
     """A campaign with a real data round gets its dataset before any launch: the prepared one
     of ``[data] path`` validated, or ``[data] sources`` / the default corpus tokenized into
     ``out/data`` (runner.corpus). Returns the campaign and the dataset record for campaign.json
@@ -282,7 +283,7 @@ def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, dict 
                                       tokens_needed=tokens_read(campaign))
     print(f"    {record.num_tokens} tokens in {record.num_documents} documents ({record.source}), vocab "
           f"{record.vocab_size}" + (f", built in {record.build_s:.1f} s" if record.build_s else ""), flush=True)
-    meta = {**to_dict(record), "sources": list(record.sources[:SOURCES_IN_META]), "num_sources": len(record.sources)}
+    meta = dataclasses.replace(record, sources=record.sources[:SOURCES_IN_META], num_sources=len(record.sources))
     return attach_dataset(campaign, prefix=record.prefix, token_dtype=record.token_dtype,
                           num_tokens=record.num_tokens), meta
 
@@ -290,7 +291,7 @@ def resolve_real_data(campaign: Campaign, *, out: Path) -> tuple[Campaign, dict 
 SOURCES_IN_META = 10
 
 
-def collect_campaign_storage(campaign: Campaign, *, out: Path) -> list[dict]:
+def collect_campaign_storage(campaign: Campaign, *, out: Path) -> tuple[StorageInfo, ...]:
     """env.json's storage record: the campaign directory, the real round's dataset, the checkpoints."""
     from runner.env import collect_storage
 
@@ -366,15 +367,15 @@ def _join_campaign(out: Path, campaign: Campaign, node: NodeLaunch, *, lock) -> 
             raise ToolError(f"{out}/campaign.json is campaign {theirs.get('name')!r} with runs {theirs.get('runs')}, "
                             f"not this matrix's {campaign.name!r} {names}; every node needs the same --matrix")
     campaign, _ = resolve_real_data(campaign, out=out)  # same sources, same deterministic build on every node
-    env = collect_env(launch_command=list(sys.orig_argv), data_dir=out)
-    env["env_vars"] = collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node))
-    env["storage"] = collect_campaign_storage(campaign, out=out)
-    write_json_atomic(mine, {**env, "node_rank": node.node_rank})
+    env = dataclasses.replace(
+        collect_env(launch_command=list(sys.orig_argv), data_dir=out), node_rank=node.node_rank,
+        env_vars=collect_env_vars(build_run_env(campaign.runs[0], run_dir=out / "<run>", node=node)),
+        storage=collect_campaign_storage(campaign, out=out))
+    write_json_atomic(mine, to_dict(env))
     for spec in campaign.runs:
         (out / spec.name).mkdir(exist_ok=True)
         write_json_atomic(out / spec.name / f"spec_node{node.node_rank}.json", to_dict(spec))
-    supervision = {"run_timeout_s": campaign.run_timeout_s, "stall_timeout_s": campaign.stall_timeout_s,
-                   "startup_timeout_s": campaign.startup_timeout_s}
+    supervision = campaign_supervision(campaign)
     print(f"campaign {campaign.name} -> {out} ({len(campaign.runs)} runs, node {node.node_rank} of {node.nnodes})",
           flush=True)
     return run_campaign(out, list(campaign.runs), supervision, node=node, lock=lock)
@@ -392,7 +393,10 @@ def resume_campaign(out: Path, *, kill: bool = False) -> int:
         meta = load_campaign_meta(out)
         specs = [load_run_spec(out, name) for name in meta["runs"]]
         print(f"resuming campaign {meta['name']} in {out}", flush=True)
-        return run_campaign(out, specs, meta["supervision"], lock=lock)
+        sup = meta["supervision"]
+        limits = SupervisionLimits(run_timeout_s=sup["run_timeout_s"], stall_timeout_s=sup["stall_timeout_s"],
+                                   startup_timeout_s=sup["startup_timeout_s"])
+        return run_campaign(out, specs, limits, lock=lock)
     finally:
         lock.release()
 
@@ -453,7 +457,7 @@ def load_run_spec(out: Path, name: str):
         raise ConfigError(f"{path}: not a run spec ({type(e).__name__}: {str(e)[:100]}); the campaign is damaged") from None
 
 
-def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None = None, lock=None) -> int:
+def run_campaign(out: Path, specs: list, supervision: SupervisionLimits, *, node: NodeLaunch | None = None, lock=None) -> int:
     """Run every spec without a final status, in order. ``lock`` (runner.owner), when given,
     records each torchrun's session for an orphan search after a SIGKILL. An I/O error (full
     disk) stops the campaign with a ToolError naming the file, what finished and what did not."""
@@ -469,7 +473,7 @@ def run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch 
                         f"could be written); after freeing space: runner all --resume {out}") from None
 
 
-def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch | None, lock,
+def _run_campaign(out: Path, specs: list, supervision: SupervisionLimits, *, node: NodeLaunch | None, lock,
                   done: list[str]) -> int:
     from runner.launch import Watchdog, archive_attempt, load_json, run_one
     from core.atomic import write_json_atomic
@@ -493,8 +497,8 @@ def _run_campaign(out: Path, specs: list, supervision: dict, *, node: NodeLaunch
         print(f"[{i}/{len(specs)}] {spec.name}: {spec.strategy}/{spec.engine} on {spec.world_size} "
               f"process(es) ...", flush=True)
         def watchdog() -> Watchdog:
-            return Watchdog(deadline_s=supervision["run_timeout_s"], stall_timeout_s=supervision["stall_timeout_s"],
-                            startup_timeout_s=supervision["startup_timeout_s"])
+            return Watchdog(deadline_s=supervision.run_timeout_s, stall_timeout_s=supervision.stall_timeout_s,
+                            startup_timeout_s=supervision.startup_timeout_s)
 
         searched_key = (spec.layout or spec.name, spec.data_round)
         if ("micro_batch_search" in spec.options and "chosen" not in spec.options["micro_batch_search"]

@@ -18,11 +18,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from core.records import SCHEMA_VERSION
+from core.records import CpuInfo, DiskInfo, EnvRecord, GpuInfo, StorageInfo
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_")
 SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -50,17 +49,17 @@ def _float(text: str) -> float | None:
         return None  # "[N/A]" and friends
 
 
-def collect_gpus() -> list[dict[str, Any]]:
-    """nvidia-smi --query-gpu, one dict per GPU; [] without nvidia-smi."""
+def collect_gpus() -> tuple[GpuInfo, ...]:
+    """nvidia-smi --query-gpu, one record per GPU; () without nvidia-smi."""
     out = _run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
     gpus = []
     for line in (out or "").splitlines():
         f = [x.strip() for x in line.split(",")]
         if len(f) != 6:
             continue
-        gpus.append({"index": int(f[0]), "name": f[1], "memory_total_mib": _float(f[2]), "driver_version": f[3],
-                     "power_limit_w": _float(f[4]), "clocks_sm_max_mhz": _float(f[5])})
-    return gpus
+        gpus.append(GpuInfo(index=int(f[0]), name=f[1], memory_total_mib=_float(f[2]), driver_version=f[3],
+                            power_limit_w=_float(f[4]), clocks_sm_max_mhz=_float(f[5])))
+    return tuple(gpus)
 
 
 def _version(dist: str) -> str | None:
@@ -124,29 +123,28 @@ def collect_tool_commit() -> str | None:
     return described.strip() if described else None
 
 
-def collect_env(*, launch_command: list[str], data_dir: Path) -> dict[str, Any]:
-    """The whole environment record as a JSON-ready dict (schema in ingest/io.py's reader)."""
+def collect_env(*, launch_command: list[str], data_dir: Path) -> EnvRecord:
+    """The whole environment record (core.records.EnvRecord; env.json is its to_dict)."""
     gpus = collect_gpus()
     disk = shutil.disk_usage(data_dir)
     topology = _run(["nvidia-smi", "topo", "-m"])
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "collected_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "hostname": socket.gethostname(),
-        "os": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpu": {"model": _cpu_model(), "cores_logical": psutil.cpu_count(logical=True),
-                "cores_physical": psutil.cpu_count(logical=False)},
-        "host_memory_gib": psutil.virtual_memory().total / 1024**3,
-        "disk": {"path": str(data_dir), "total_gib": disk.total / 1024**3, "free_gib": disk.free / 1024**3},
-        "gpu_count": len(gpus),
-        "gpus": gpus,
-        "topology": ANSI_ESCAPE.sub("", topology) if topology else None,
-        "versions": collect_versions(),
-        "launch_command": launch_command,
-        "tool_git_commit": collect_tool_commit(),
-        "env_vars": collect_env_vars(),
-    }
+    return EnvRecord(
+        collected_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(),
+        os=platform.platform(),
+        python=sys.version.split()[0],
+        cpu=CpuInfo(model=_cpu_model(), cores_logical=psutil.cpu_count(logical=True),
+                    cores_physical=psutil.cpu_count(logical=False)),
+        host_memory_gib=psutil.virtual_memory().total / 1024**3,
+        disk=DiskInfo(path=str(data_dir), total_gib=disk.total / 1024**3, free_gib=disk.free / 1024**3),
+        gpu_count=len(gpus),
+        gpus=gpus,
+        topology=ANSI_ESCAPE.sub("", topology) if topology else None,
+        versions=collect_versions(),
+        launch_command=tuple(launch_command),
+        tool_git_commit=collect_tool_commit(),
+        env_vars=collect_env_vars(),
+    )
 
 
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuse.sshfs", "9p", "glusterfs")
@@ -167,7 +165,7 @@ def _block_device_kind(device: str) -> str | None:
     return {"0": "ssd", "1": "hdd"}.get(rotational)
 
 
-def collect_storage(paths: dict[str, Path]) -> list[dict[str, Any]]:
+def collect_storage(paths: dict[str, Path]) -> tuple[StorageInfo, ...]:
     """Where the campaign's data and checkpoints live: per role ("campaign", "data",
     "checkpoints"), the path, its mount point, filesystem type, device, disk kind (nvme / ssd /
     hdd / network / memory, None when unknown), total and free GiB. Best effort: a path that does
@@ -187,8 +185,8 @@ def collect_storage(paths: dict[str, Path]) -> list[dict[str, Any]]:
         fstype = mount.fstype if mount else None
         kind = ("network" if fstype in NETWORK_FS else "memory" if fstype in ("tmpfs", "ramfs")
                 else _block_device_kind(mount.device) if mount else None)
-        out.append({"role": role, "path": str(path), "mountpoint": mount.mountpoint if mount else None,
-                    "fstype": fstype, "device": mount.device if mount else None, "kind": kind,
-                    "total_gib": usage.total / 1024**3 if usage else None,
-                    "free_gib": usage.free / 1024**3 if usage else None})
-    return out
+        out.append(StorageInfo(role=role, path=str(path), mountpoint=mount.mountpoint if mount else None,
+                               fstype=fstype, device=mount.device if mount else None, kind=kind,
+                               total_gib=usage.total / 1024**3 if usage else None,
+                               free_gib=usage.free / 1024**3 if usage else None))
+    return tuple(out)

@@ -23,13 +23,14 @@ import json
 import os
 import re
 import shutil
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
 from core.atomic import atomic_writer
-from core.records import SCHEMA_VERSION
+from core.records import SCHEMA_VERSION, NodeEnv, RankPlacement, env_record_from_dict, record_from_dict, to_dict
 
 ENV_NODE_PATTERN = re.compile(r"^env_node(\d+)\.json$")
 # Written by node 0 only; a node directory brought to `runner collect` may hold its own copy.
@@ -116,41 +117,46 @@ def _load(path: Path) -> Any:
         return None  # half-collected directories are normal; the note says what is missing
 
 
-def build_node_record(out: Path, run_names: list[str]) -> dict[str, Any]:
-    """{"num_nodes", "nodes", "placement"} from env_node<K>.json files and <run>/placement.json.
+def build_node_record(out: Path, run_names: list[str]) -> tuple[int | None, tuple[NodeEnv, ...],
+                                                                dict[str, dict[str, RankPlacement]]]:
+    """(num_nodes, nodes, placement) from env_node<K>.json files and <run>/placement.json.
 
-    nodes: one entry per node (node_rank, hostname, cpu, host_memory_gib, gpu_count, gpus), by
-    node rank. placement: {run: {"<global rank>": {node_rank, hostname, local_rank, group_rank}}}.
-    Unreadable files are skipped (a node not yet collected)."""
+    nodes: one per node (node_rank, hostname, cpu, host_memory_gib, gpu_count, gpus), by node
+    rank. placement: {run: {"<global rank>": RankPlacement}}. Unreadable files are skipped (a
+    node not yet collected)."""
     nodes = []
     for path in sorted(out.glob("env_node*.json")):
         m = ENV_NODE_PATTERN.match(path.name)
         data = _load(path) if m else None
         if isinstance(data, dict):
-            nodes.append({"node_rank": int(m.group(1)), **{k: data.get(k) for k in (
-                "hostname", "cpu", "host_memory_gib", "gpu_count", "gpus")}})
-    nodes.sort(key=lambda n: n["node_rank"])
+            env, _ = env_record_from_dict(data, where=path.name)
+            nodes.append(NodeEnv(node_rank=int(m.group(1)), hostname=env.hostname, cpu=env.cpu,
+                                 host_memory_gib=env.host_memory_gib, gpu_count=env.gpu_count, gpus=env.gpus))
+    nodes.sort(key=lambda n: n.node_rank)
     placement = {}
     for name in run_names:
         data = _load(out / name / "placement.json")
         if isinstance(data, dict) and isinstance(data.get("ranks"), dict):
-            placement[name] = data["ranks"]
-    num_nodes = len({n["node_rank"] for n in nodes}) or None
+            placement[name] = {str(r): record_from_dict(RankPlacement, rec, where=f"{name}/placement.json")[0]
+                               for r, rec in data["ranks"].items() if isinstance(rec, dict)}
+    num_nodes = len({n.node_rank for n in nodes}) or None
     for ranks in placement.values():
-        seen = {r.get("node_rank") for r in ranks.values() if isinstance(r, dict)}
+        seen = {r.node_rank for r in ranks.values()}
         num_nodes = max(num_nodes or 0, len(seen))
-    return {"num_nodes": num_nodes, "nodes": nodes, "placement": placement}
+    return num_nodes, tuple(nodes), placement
 
 
 def refresh_env_record(out: Path, run_names: list[str]) -> None:
     """Fold the nodes' records (build_node_record) into env.json, atomically. No env.json: no-op."""
     from core.atomic import write_json_atomic
 
-    env = _load(out / "env.json")
-    if not isinstance(env, dict):
+    data = _load(out / "env.json")
+    if not isinstance(data, dict):
         return
-    env.update(build_node_record(out, run_names))
-    write_json_atomic(out / "env.json", env)
+    env, _ = env_record_from_dict(data)
+    num_nodes, nodes, placement = build_node_record(out, run_names)
+    write_json_atomic(out / "env.json", to_dict(dataclasses.replace(env, num_nodes=num_nodes, nodes=nodes,
+                                                                     placement=placement)))
 
 
 def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:

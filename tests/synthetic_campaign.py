@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.records import FixedConfig, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, to_dict
+from core.records import FixedConfig, LoadedRun, ModelConfig, RunInfo, RunSpec, RunStatus, StepRow, to_dict
 
 MODEL = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256, seq_length=32,
                     vocab_size=500, padded_vocab_size=512)
@@ -112,3 +112,24 @@ def write_synthetic_campaign(root: Path, *, device_name: str | None = None, step
                 lines.append(json.dumps(to_dict(row)))
             (run_dir / "metrics" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     return root
+
+
+def make_run(name: str, *, strategy: str = "ddp", engine: str = "torch-ddp", world_size: int = 1, tp_degree: int = 1,
+             pp_degree: int = 1, dp_degree: int | None = None, status: str | None = "ok", device: str = "cuda",
+             data_round: str = "synthetic", num_params: int | None = None, options: Mapping | None = None,
+             cause: str | None = None, diagnosis: Mapping | None = None) -> LoadedRun:
+    """A SYNTHETIC loaded run (core.records.LoadedRun) for report unit tests: the tiny model's
+    fixed variables, the given layout; status None: no status.json; num_params None: no run_info."""
+    spec = RunSpec(campaign="synthetic", name=name, strategy=strategy, engine=engine, world_size=world_size,
+                   tp_degree=tp_degree, pp_degree=pp_degree, dp_degree=world_size if dp_degree is None else dp_degree,
+                   micro_batch_size=1, num_microbatches=1, device=device,
+                   backend="nccl" if device == "cuda" else "gloo", fixed=_fixed(12, 2), options=dict(options or {}),
+                   data_round=data_round)
+    run_status = None if status is None else RunStatus(
+        run=name, status=status, exit_code=None, cause=cause, started_at=None, ended_at=None, duration_s=None,
+        diagnosis=diagnosis)
+    pos = MODEL.seq_length * MODEL.hidden_size
+    info = None if num_params is None else RunInfo(
+        run=name, engine=engine, num_params=num_params, num_params_position_embedding=pos, torch_version="2.13",
+        engine_version="synthetic", device_name=None, num_gpus=world_size if device == "cuda" else 0)
+    return LoadedRun(spec=spec, status=run_status, info=info)

@@ -33,6 +33,7 @@ from report.rules import GAP_CATEGORIES, THRESHOLDS, rule_engine_gap
 from core.records import STRATEGY_ENGINES
 from runner.matrix import load_matrix, resolve_matrix
 from runner.model import count_gpt_params
+from synthetic_campaign import make_run
 
 REPO = Path(__file__).resolve().parents[1]
 MATRIX = REPO / "examples" / "matrices" / "cpu-engines.toml"
@@ -200,8 +201,7 @@ def test_model_state_bytes_per_engine():
         assert got.total_bytes_per_param == pytest.approx(want), (strategy, engine)
         assert got.total_bytes == pytest.approx(want * psi)
     from runner.presets import PRESETS, build_model_config
-    model = dataclasses.asdict(build_model_config(PRESETS["gpt-125m"], max_tp_degree=1))
-    numels = compute_param_numels(model)
+    numels = compute_param_numels(build_model_config(PRESETS["gpt-125m"], max_tp_degree=1))
     assert sum(numels) == psi
     ds = compute_model_state_bytes(strategy="zero3", engine="deepspeed", dtype="bf16", num_params=psi, tp_degree=1,
                                    pp_degree=1, dp_degree=8, param_numels=numels,
@@ -218,9 +218,8 @@ def _summary(run: str, tps: float, spread: float = 0.01) -> dict:
     return {"run": run, "tokens_per_s": tps, "step_time_median_s": step, "step_time_p90_s": step * (1 + spread)}
 
 
-def _run(run: str, strategy: str, engine: str, world: int = 1) -> dict:
-    return {"run": run, "strategy": strategy, "engine": engine, "world_size": world, "tp_degree": 1, "pp_degree": 1,
-            "dp_degree": world, "status": "ok", "device": "cuda"}
+def _run(run: str, strategy: str, engine: str, world: int = 1, device: str = "cuda"):
+    return make_run(run, strategy=strategy, engine=engine, world_size=world, device=device)
 
 
 def _bd(run: str, **secs: float) -> dict:
@@ -245,7 +244,7 @@ def test_rule_engine_gap_splits_engine_from_layout_cost():
     assert dict(zero.evidence["baseline"]["vs_baseline"])["ds"] == pytest.approx(163 / 446)
     assert tp_pp.kind == "engine_parity"  # 150k vs 145k: 3.4% < engine_gap_min (5%)
     assert "gap" not in tp_pp.evidence  # no traces
-    single = rule_engine_gap([_summary("tt", 1.0)], [{**_run("tt", "tp_pp", "torch", 2), "device": "cpu"}], [],
+    single = rule_engine_gap([_summary("tt", 1.0)], [_run("tt", "tp_pp", "torch", 2, device="cpu")], [],
                              THRESHOLDS, engines=STRATEGY_ENGINES)
     assert single[0].kind == "engine_single" and single[0].evidence["engines_not_run"] == ("megatron",)
     assert single[0].evidence["cpu"]

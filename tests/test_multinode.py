@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from core.records import RankPlacement
 from report.placement import build_groups, compute_run_placement
 
 MATRIX = """
@@ -198,11 +199,16 @@ def _ranks(nodes: list[int]) -> dict:
 def test_placement_flags_tp_groups_that_cross_nodes():
     run = {"run": "x", "strategy": "tp_pp", "engine": "megatron", "world_size": 8, "tp_degree": 4, "pp_degree": 2,
            "dp_degree": 1}
-    ok = compute_run_placement(run, _ranks([0, 0, 0, 0, 1, 1, 1, 1]))
+
+    def placed(nodes: list[int]):
+        ranks = {r: RankPlacement(**rec) for r, rec in _ranks(nodes).items()}
+        return compute_run_placement(**run, ranks=ranks)
+
+    ok = placed([0, 0, 0, 0, 1, 1, 1, 1])
     assert (ok.num_tp_groups, ok.num_tp_groups_crossing, ok.num_pp_groups_crossing) == (2, 0, 4)
-    bad = compute_run_placement(run, _ranks([0, 0, 1, 1, 0, 0, 1, 1]))  # 2 GPUs per node, TP=4
+    bad = placed([0, 0, 1, 1, 0, 0, 1, 1])  # 2 GPUs per node, TP=4
     assert (bad.num_tp_groups, bad.num_tp_groups_crossing, bad.num_nodes) == (2, 2, 2)
-    assert compute_run_placement(run, _ranks([0, 0, 0])) is None  # incomplete record: unknown, not guessed
+    assert placed([0, 0, 0]) is None  # incomplete record: unknown, not guessed
 
 
 def test_world_size_must_divide_over_nodes(tmp_path):

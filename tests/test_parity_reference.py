@@ -8,14 +8,15 @@ import pytest
 
 from report.parity import build_parity_rows
 from report.rules import THRESHOLDS, rule_engine_knobs
+from tests.synthetic_campaign import make_run
 
 TOKENS = 1000
+PARITY = {"kernels": {"mode": "parity"}}
 
 
-def _run(name: str, strategy: str, engine: str, **extra) -> dict:
-    return {"run": name, "strategy": strategy, "engine": engine, "status": "ok", "tp_degree": 1, "pp_degree": 1,
-            "world_size": 1, "dp_degree": 1, "tokens_per_step": TOKENS, "micro_batch_size": 8,
-            "options": {"kernels": {"mode": "parity"}}, **extra}
+def _run(name: str, strategy: str, engine: str, *, options: dict | None = None, data_round: str = "synthetic"):
+    return make_run(name, strategy=strategy, engine=engine, options={**PARITY, **(options or {})},
+                    data_round=data_round)
 
 
 def _kernels(elementwise_s: dict[str, float]) -> pd.DataFrame:
@@ -59,12 +60,10 @@ def _breakdown(name: str, step_s: float, launch_gaps_s: float) -> dict:
 
 
 def test_knob_run_is_compared_with_its_layouts_first_run():
-    base = _run("ds", "zero3", "deepspeed", options={"zero": {"persistence": 1}, "kernels": {"mode": "parity"}})
-    knob = _run("ds-persist", "zero3", "deepspeed", options={"zero": {"persistence": 100}, "kernels": {"mode": "parity"}})
-    repeat = _run("ds-r1", "zero3", "deepspeed", options={"zero": {"persistence": 1}, "repeat": 1,
-                                                         "kernels": {"mode": "parity"}})
-    other_round = _run("ds-real", "zero3", "deepspeed", data_round="real",
-                       options={"zero": {"persistence": 100}, "kernels": {"mode": "parity"}})
+    base = _run("ds", "zero3", "deepspeed", options={"zero": {"persistence": 1}})
+    knob = _run("ds-persist", "zero3", "deepspeed", options={"zero": {"persistence": 100}})
+    repeat = _run("ds-r1", "zero3", "deepspeed", options={"zero": {"persistence": 1}, "repeat": 1})
+    other_round = _run("ds-real", "zero3", "deepspeed", data_round="real", options={"zero": {"persistence": 100}})
     runs = [base, knob, repeat, other_round]
     summary = [_summary("ds", 1000.0), _summary("ds-persist", 1100.0), _summary("ds-r1", 1001.0),
                _summary("ds-real", 900.0)]

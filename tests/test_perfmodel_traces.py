@@ -22,14 +22,14 @@ def campaign():
 
 
 def _predict(c, run_name: str):
-    run = next(r for r in c.runs.to_dict("records") if r["run"] == run_name)
-    fixed = c.campaign["fixed"]
-    shape = build_shape(fixed["model"], name="campaign")
+    run = next(r for r in c.run_records() if r.name == run_name)
+    fixed = c.campaign.fixed
+    shape = build_shape(fixed.model, name="campaign")
     links = load_links(HARDWARE_TOML)
     comm = build_comm_model([], intra=links["nvlink4"], inter=None, gpus_per_node=2)
-    lay = build_run_layout(run)
-    pred = predict_layout(shape, lay, seq_length=int(fixed["model"]["seq_length"]),
-                          global_batch_size=int(fixed["global_batch_size"]), gpus_per_node=2, peak_flops=989.4e12,
+    lay = build_run_layout(run.spec, compiled=run.compiled)
+    pred = predict_layout(shape, lay, seq_length=int(fixed.model.seq_length),
+                          global_batch_size=int(fixed.global_batch_size), gpus_per_node=2, peak_flops=989.4e12,
                           compute_efficiency=0.4, comm=comm, memory_limit_bytes=140 * 2**30)
     return run, lay, pred
 

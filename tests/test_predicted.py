@@ -3,11 +3,13 @@ predictions of the runs it made within 15% of the measured step time, printed in
 the layouts it did not run marked as predictions."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from core.records import FixedConfig, ModelConfig
 from report.predict import _Rate, build_comm, choose_rate
 from core.perfmodel import build_run_layout, build_shape, solve_rate, predict_run
 from report.render import load_note, render_html, render_markdown
@@ -84,9 +86,12 @@ def test_choose_rate_rule():
 
 
 def test_solve_rate_inverts_a_multi_gpu_prediction():
-    fixed = {"model": {"num_layers": 12, "hidden_size": 768, "num_heads": 12, "ffn_hidden_size": 3072,
-                       "seq_length": 1024, "padded_vocab_size": 50304}, "global_batch_size": 128}
-    shape = build_shape(fixed["model"], name="gpt-125m")
+    model = ModelConfig(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=1024,
+                        vocab_size=50257, padded_vocab_size=50304)
+    fixed = FixedConfig(preset="gpt-125m", model=model, global_batch_size=128, dtype="bf16", seed=0, steps=10,
+                        warmup_steps=1, lr=6e-4, min_lr=6e-5, lr_warmup_steps=1, weight_decay=0.1, adam_beta1=0.9,
+                        adam_beta2=0.95, grad_clip=1.0, data="synthetic")
+    shape = build_shape(fixed.model, name="gpt-125m")
     links = load_links()
     comm = build_comm_model([], intra=links["pcie4"], inter=None, gpus_per_node=8)
     lay = Layout(tp_degree=2, pp_degree=2, dp_degree=2, micro_batch_size=8, num_microbatches=8,
@@ -116,12 +121,15 @@ def test_campaign_commbench_table_replaces_nominal_links(tmp_path):
 
 
 def test_run_layouts_follow_the_specs():
-    lay = build_run_layout({"strategy": "tp_pp", "engine": "megatron", "tp_degree": 2, "pp_degree": 2, "dp_degree": 2,
-                            "micro_batch_size": 4, "num_microbatches": 8,
-                            "options": json.dumps({"use_distributed_optimizer": True})})
+    from synthetic_campaign import make_run
+
+    spec = dataclasses.replace(make_run("m", strategy="tp_pp", engine="megatron", world_size=8, tp_degree=2, pp_degree=2,
+                                        dp_degree=2, options={"use_distributed_optimizer": True}).spec,
+                               micro_batch_size=4, num_microbatches=8)
+    lay = build_run_layout(spec, compiled=None)
     assert (lay.sharding, lay.sequence_parallel, lay.logits_bytes) == ("megatron-distopt", True, 4)
-    eager = build_run_layout({"strategy": "ddp", "engine": "torch-ddp", "tp_degree": 1, "pp_degree": 1, "dp_degree": 2,
-                              "micro_batch_size": 4, "num_microbatches": 8, "options": "{}", "compile": False})
+    eager = build_run_layout(dataclasses.replace(make_run("d", world_size=2).spec, micro_batch_size=4,
+                                                 num_microbatches=8), compiled=False)
     assert (eager.sharding, eager.logits_bytes) == ("ddp", 10)
 
 

@@ -138,7 +138,9 @@ def test_triage_of_a_stopped_rank_names_its_state_not_none():
               1: {"blocked_in": None, "frame": None, "user_frame": None, "process_state": "stopped (state T)",
                   "stack_error": "timed out after 60 s"}}
     cause, diagnosis = diagnose_from_stacks(stacks)
-    (run,) = build_triage_runs([{"run": "ddp", "status": "hang", "cause": cause, "diagnosis": diagnosis}])
+    from synthetic_campaign import make_run
+
+    (run,) = build_triage_runs([make_run("ddp", status="hang", cause=cause, diagnosis=diagnosis)])
     assert run.hang.frames == ((1, "no stack (timed out after 60 s)", "process stopped (state T)"),
                                (0, "all_reduce", "step (train.py:88)"))
     assert run.hang.fix is None and run.hang.odd_collective is None

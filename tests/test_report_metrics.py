@@ -14,6 +14,7 @@ from core.hardware import lookup_peak
 from core.formulas import compute_flops_per_token, compute_mfu
 from report.metrics import summarize_runs
 from runner.model import count_gpt_params
+from synthetic_campaign import make_run
 
 GPT2 = ModelConfig(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=1024,
                    vocab_size=50257, padded_vocab_size=50257)
@@ -66,9 +67,8 @@ def test_mfu_scales_with_gpus_and_is_none_without_peak():
 
 
 def _runs(names, world):
-    return pd.DataFrame([{"run": n, "world_size": world, "num_layers": 2, "hidden_size": 64, "seq_length": 32,
-                          "num_params": 100_000, "num_params_position_embedding": 2048, "tokens_per_step": 256}
-                         for n in names])
+    # the tiny model: 2 layers, hidden 64, seq 32 (2048 position parameters), 8 x 32 = 256 tokens per step
+    return [make_run(n, world_size=world, num_params=100_000) for n in names]
 
 
 def _steps(times, *, ranks, tokens=256, losses=None):

@@ -14,6 +14,7 @@ from report import render
 from report.data_rounds import DATA_THRESHOLDS, RoundRow, rule_data_bound, rule_data_stall
 from report.engines import build_engine_groups
 from report.rules import THRESHOLDS, rule_engine_gap
+from synthetic_campaign import make_run
 
 
 def _render(source: str, **context) -> str:
@@ -73,8 +74,7 @@ def test_negative_durations_keep_their_unit(seconds, text):
 
 # ------------------------------------------------------------------ engines
 def _run(run, strategy, engine, data_round="synthetic"):
-    return {"run": run, "strategy": strategy, "engine": engine, "world_size": 1, "tp_degree": 1, "pp_degree": 1,
-            "dp_degree": 1, "status": "ok", "device": "cpu", "data_round": data_round, "num_params": None}
+    return make_run(run, strategy=strategy, engine=engine, device="cpu", data_round=data_round)
 
 
 def _summary(run, tps, spread=0.01):
