@@ -49,7 +49,8 @@ class IngestedFile:
 
 def find_artifacts(paths: list[str]) -> list[Path]:
     """Expand the CLI paths: files as given, directories to their regular files (sorted,
-    recursive, hidden files and our own outputs skipped). Raises NoDataError when none."""
+    recursive, hidden files and our own outputs skipped; gzipped files kept, ingest.io reads
+    them decompressed). Raises NoDataError when none."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -57,8 +58,7 @@ def find_artifacts(paths: list[str]) -> list[Path]:
             out.extend(sorted(f for f in p.rglob("*") if f.is_file()
                               and not any(part.startswith(".") for part in f.relative_to(p).parts)
                               and not any(d in ours for d in f.parents)  # our own tables/ and report/ outputs
-                              and (f.suffix not in (".parquet", ".pdf", ".html", ".png", ".svg", ".gz")
-                                   or f.name.endswith(".json.gz"))))  # a user's gzipped profiler traces
+                              and f.suffix not in (".parquet", ".pdf", ".html", ".png", ".svg")))  # .gz: read decompressed
         elif p.is_file():
             out.append(p)
         else:
