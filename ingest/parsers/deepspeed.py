@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, StepRowParser, run_parsers, to_gib, to_num
+from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_gib
 from ingest.parsers.failures import FailureScanner
 
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
@@ -113,13 +113,11 @@ class DeepSpeedParser(StepRowParser):
                        loss=None if m.group("loss") == "nan" else float(m.group("loss")))
             return True
         if msg.startswith("cmd = "):
-            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "launch_command",
-                                 "kind": "deepspeed", "key": "launch_command", "value": msg[6:]})
+            self.env(lineno, "launch_command", msg[6:], record="launch_command")
             return True
         m = _CFG.match(msg) if " .." in msg else None
         if m:
-            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "config",
-                                 "kind": "deepspeed", "key": f"deepspeed.{m.group('key')}", "value": m.group("value").strip()})
+            self.env(lineno, f"deepspeed.{m.group('key')}", m.group("value").strip(), record="config")
             return True
         return False
 
@@ -142,12 +140,8 @@ class DeepSpeedParser(StepRowParser):
         return False
 
 
-def build_deepspeed_chain(source: str) -> list[LineParser]:
-    """The parsers a DeepSpeed log goes through, first that recognises a line wins."""
-    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
-    return [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
-
-
 def parse_deepspeed(text, *, source: str) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_deepspeed_chain(source), kind="deepspeed")
+    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
+    chain = [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
+    return run_parsers(text, chain, kind="deepspeed")

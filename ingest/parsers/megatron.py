@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, StepRowParser, put_field, run_parsers, to_int, to_num
+from ingest.parsers import ParseResult, StepRowParser, put_field, run_parsers, slug, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -56,10 +56,6 @@ _NOISE = (
 )
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
-
-
 class MegatronParser(StepRowParser):
     kind = "megatron"
 
@@ -85,7 +81,7 @@ class MegatronParser(StepRowParser):
             spec = fields.get(key)
             if spec is None:
                 if key.endswith(" loss") or key.endswith("_loss"):
-                    spec = (_slug(key), to_num, 1)
+                    spec = (slug(key), to_num, 1)
                 else:
                     if key not in self._unknown:
                         self._unknown.add(key)
@@ -124,8 +120,7 @@ class MegatronParser(StepRowParser):
                 return True
             m = _ARG.match(body)
             if m:
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "argument",
-                                     "kind": "megatron", "key": f"megatron.{m.group('key')}", "value": m.group("value").strip()})
+                self.env(lineno, f"megatron.{m.group('key')}", m.group("value").strip(), record="argument")
                 return True
         for rx in _NOISE:
             if rx.match(body):
@@ -133,11 +128,6 @@ class MegatronParser(StepRowParser):
         return False
 
 
-def build_megatron_chain(source: str) -> list[LineParser]:
-    """The parsers a Megatron-LM log goes through, first that recognises a line wins."""
-    return [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)]
-
-
 def parse_megatron(text, *, source: str) -> ParseResult:
     """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_megatron_chain(source), kind="megatron")
+    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron")

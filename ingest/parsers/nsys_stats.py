@@ -21,10 +21,9 @@ from __future__ import annotations
 import csv
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
+from ingest.parsers import CELLS, RULE_LINE, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
 from ingest.parsers.failures import FailureScanner
 
-_SPLIT = re.compile(r"\s{2,}")
 _TIME = {"ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "microseconds": 1e-6, "ms": 1e-3, "milliseconds": 1e-3,
          "s": 1.0, "sec": 1.0, "seconds": 1.0}
 _SIZE = {"b": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30}
@@ -52,7 +51,7 @@ _LINES = (
     rule("executing", r"\[\d+/\d+\] Executing '(?P<report>\w+)' stats report$", "report"),
     rule("title", r"\*\* (?P<title>.*) \((?P<report>\w+)\):$", "title"),
     rule("legacy_title", r"(?P<title>(?P<what>[\w /-]+?) Statistics) \((?P<unit>[^)]*)\)$", "legacy"),
-    rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None),
+    RULE_LINE,
     rule("notice", r"NOTICE: |(?:It is assumed|Consider using|Generating|Exporting|Processing|Saving|Creating|"
          r"Collecting|Exported|Saved report|Generating SQLite) ", None),
     rule("progress", r"(?:\[\d+/\d+\] )?\[=*\d+%\]", None),
@@ -136,7 +135,7 @@ class NsysStatsParser(LineParser):
                     return True
                 if self._cols is not None and self._csv:
                     return self._row(lineno, cells, rank)
-        cells = _SPLIT.split(body)
+        cells = CELLS.split(body)
         if self._table_header(cells, csv_form=False):
             return True
         if self._cols is None and len(cells) == len(DEFAULT_COLS):

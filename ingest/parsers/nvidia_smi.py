@@ -27,10 +27,6 @@ class TopoParser(LineParser):
         super().__init__(source)
         self._cols: list[str] | None = None
 
-    def _env(self, lineno, key, value, record):
-        self.records.append({"table": "env", "source": self.source, "line": lineno, "record": record,
-                             "kind": "nvidia_smi_topo", "key": key, "value": value})
-
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if body.endswith("nvidia-smi topo -m"):
             return True
@@ -47,19 +43,16 @@ class TopoParser(LineParser):
                 return False
             for col, cell in zip(self._cols, cells):
                 if col in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"):
-                    self._env(lineno, f"topo.{dev}.{col.lower()}", cell, "smi_affinity")
+                    self.env(lineno, f"topo.{dev}.{col.lower()}", cell, record="smi_affinity")
                 elif _LINK.match(cell):
                     self.records.append({"table": "comm_topology", "source": self.source, "line": lineno,
                                          "record": "smi_link", "device": dev, "peer": col, "link": cell})
             return True
         m = _LEGEND_NIC.match(body)
         if m:
-            self._env(lineno, f"topo.{m.group('nic')}", m.group("name"), "smi_nic")
+            self.env(lineno, f"topo.{m.group('nic')}", m.group("name"), record="smi_nic")
             return True
         return bool(_LEGEND.match(body))
-
-
-_Q = re.compile(r"(?P<indent> *)(?P<key>[^:]+?)\s*(?::\s?(?P<value>.*))?$")
 
 
 # top-level -q keys that are also environment facts under our names (a new one is one row)
@@ -91,11 +84,9 @@ class SmiQParser(LineParser):
             section = getattr(self, "_section", None)
             gpu = getattr(self, "_gpu", None)
             full = ".".join(x for x in ("nvsmi", gpu and f"gpu[{gpu}]", section, key) if x)
-            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
-                                 "kind": "nvidia_smi_q", "key": full, "value": value})
+            self.env(lineno, full, value, record="nvsmi")
             if not section and not gpu and key in _Q_ENV_KEYS and value:
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
-                                     "kind": "nvidia_smi_q", "key": _Q_ENV_KEYS[key], "value": value})
+                self.env(lineno, _Q_ENV_KEYS[key], value, record="nvsmi")
             return True
         if re.fullmatch(r"[A-Z][\w /()\-]*", body):
             self._section, self._section_indent = body, indent

@@ -75,19 +75,12 @@ class TorchtitanParser(LineParser):
             e = rx.search(msg)
             if e:
                 g = e.groupdict()
-                self.records.append({"table": "events", "source": self.source, "line": lineno, "event": name,
-                                     "rank": rank, "time": time, "detail": msg[:500],
-                                     "duration_s": float(g["s"]) if g.get("s") else None,
-                                     "step": int(g["step"]) if g.get("step") else None})
+                self.event(name, lineno, rank, time, detail=msg[:500], duration_s=float(g["s"]) if g.get("s") else None,
+                           step=int(g["step"]) if g.get("step") else None)
                 return True
         return False
 
 
-def build_torchtitan_chain(source: str) -> list[LineParser]:
-    """The parsers a torchtitan log goes through, first that recognises a line wins."""
-    return [TorchtitanParser(source), FailureScanner(source)]
-
-
 def parse_torchtitan(text, *, source: str) -> ParseResult:
     """Parse a torchtitan log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_torchtitan_chain(source), kind="torchtitan")
+    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan")
