@@ -171,8 +171,6 @@ _PREFIX = re.compile(
 _PREFIX_START = frozenset(" \t[(")
 _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
 
-Line = tuple  # (lineno, body, timestamp | None, rank | None)
-
 
 def is_timestamp_line(body: str) -> bool:
     """Whether a non-empty normalised line is an ISO timestamp alone (CloudWatch exports put one
@@ -220,7 +218,7 @@ def normalise_line(raw: str) -> tuple[str, int | None] | None:
     return line, rank
 
 
-def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
+def iter_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str | None, str | None, int | None]]:
     """Normalised non-blank lines: ``(lineno, body, timestamp, rank)``.
 
     body, rank: see ``normalise_line``. timestamp: an ISO timestamp that stood alone on the
@@ -256,8 +254,8 @@ class LineParser:
         self.records: list[dict] = []
         self.warnings: list[str] = []
 
-    def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:  # pragma: no cover
-        raise NotImplementedError
+    def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:
+        return False  # the base recognises no line: a kind without a parser (dispatch)
 
     def finish(self) -> None:
         pass
@@ -399,17 +397,13 @@ _SIGNATURES: tuple[tuple[str, re.Pattern], ...] = tuple((k, re.compile(p, re.M))
 HEAD_CHARS = 64 * 1024
 
 
-def normalised_head(text_head: str) -> str:
-    return "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
-
-
 def detect_kind(text_head: str) -> str | None:
     """The artifact kind of a text, by its content (first 64 KiB), or None if unknown.
 
     Kinds with a parser: see ``PARSED_KINDS``; other kinds are recognised so ingest can say
     what a file is and that it is not parsed yet (chrome_trace).
     """
-    head = normalised_head(text_head)
+    head = "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
     for kind, sig in _SIGNATURES:
         if sig.search(head):
             return kind

@@ -28,10 +28,7 @@ _PKG = re.compile(r"\[(?P<mgr>pip3?|conda)\] (?P<pkg>.+)$")
 
 class CollectEnvParser(LineParser):
     kind = "collect_env"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._open: dict | None = None  # record whose value continues on the next lines
+    _open: dict | None = None  # record whose value continues on the next lines
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if body.startswith("Collecting environment information") or re.fullmatch(r"=+", body):

@@ -27,8 +27,6 @@ _CPU = re.compile(r"CPU Virtual Memory:\s+used = (?P<used>[\d.]+) GB, percent = 
 _CFG = re.compile(r"(?P<key>[A-Za-z_][\w.]*) \.{2,} (?P<value>.*)$")
 # One ``| name: v`` segment (name starts with a non-space: the segment is stripped first).
 _TIMER_SEGS = re.compile(r"\|\s*([\w\-/.][\w\-/ .]*): ([\d.]+)")
-
-
 _TIMER_LINE = re.compile(r"(?:rank=(?P<rank>\d+) )?time \(ms\) (?P<rest>\|.*)$")
 
 
@@ -49,13 +47,10 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
 
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._last_step = None
-        self._mem_label: tuple[int, str] | None = None
-        self._mem: dict | None = None
-        self._last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
+    _last_step = None
+    _mem_label: tuple[int, str] | None = None
+    _mem: dict | None = None
+    _last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
 
     def _row(self, rank, step: int, lineno: int) -> dict:
         if rank is None:

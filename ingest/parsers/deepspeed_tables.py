@@ -80,11 +80,8 @@ _VERBOSE = re.compile(r"comm op: (?P<op>.+?) \| time \(ms\): (?P<t>[\d.]+) \| ms
 
 class FlopsProfileParser(LineParser):
     kind = "deepspeed"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._rec: dict | None = None
-        self._modules = False  # inside the aggregated/detailed part: every line is the profiler's
+    _rec: dict | None = None
+    _modules = False  # inside the aggregated/detailed part: every line is the profiler's
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if _BANNER.match(body):
@@ -123,11 +120,8 @@ class FlopsProfileParser(LineParser):
 
 class CommsLogParser(LineParser):
     kind = "deepspeed"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._table: str | None = None  # "summary" | "straggler" while inside a table
-        self._op: tuple[str, str | None] | None = None
+    _table: str | None = None  # "summary" | "straggler" while inside a table
+    _op: tuple[str, str | None] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _VERBOSE.search(body)

@@ -76,14 +76,11 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._child: dict | None = None  # the failure entry being filled
-        self._in_block = False
-        self._root = False
-        self._script: str | None = None
-        self._after_frame = False
+    _child: dict | None = None  # the failure entry being filled
+    _in_block = False
+    _root = False
+    _script: str | None = None
+    _after_frame = False
 
     def _flush_child(self) -> None:
         if self._child is not None:

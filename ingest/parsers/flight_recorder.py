@@ -71,11 +71,11 @@ def _dict_items(node: ast.AST) -> dict:
     return out
 
 
-def _scan(text: str) -> tuple[int | None, tuple[int, int] | None, tuple[int, int, str] | None]:
-    """Tokenize the literal: (end row of the outermost dict if it closes, else None;
-    last safe cut (row, col) after a ',' or opening bracket; its closing suffix)."""
+def _scan(text: str) -> tuple[int | None, list[tuple[int, int, str]]]:
+    """Tokenize the literal: (end row of the outermost dict if it closes, else None; the safe
+    cuts in order: (row, col) after a ',' or an opening bracket, and the closers the cut needs)."""
     stack: list[str] = []
-    cut = None
+    cuts = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
@@ -85,38 +85,36 @@ def _scan(text: str) -> tuple[int | None, tuple[int, int] | None, tuple[int, int
             s = tok.string
             if s in _OPEN:
                 stack.append(_CLOSE[_OPEN.index(s)])
-                cut = (*tok.end, "".join(reversed(stack)))
             elif s in _CLOSE:
                 if not stack or stack[-1] != s:
                     break
                 stack.pop()
                 if not stack:
-                    return tok.end[0], None, None
-            elif s == "," and stack:
-                cut = (*tok.end, "".join(reversed(stack)))
+                    return tok.end[0], []
+                continue
+            elif s != "," or not stack:
+                continue
+            cuts.append((*tok.end, "".join(reversed(stack))))
     except (tokenize.TokenError, SyntaxError, IndentationError, ValueError):
         pass
-    return None, None, cut
+    return None, cuts
 
 
 def _parse_literal(lines: list[str]) -> tuple[ast.AST | None, int, bool]:
-    """(root node, number of lines it spans, truncated?) of the dict literal in ``lines``."""
-    text = "\n".join(lines)
-    end_row, _, cut = _scan(text)
+    """(root node, number of lines it spans, truncated?) of the dict literal in ``lines``; a
+    truncated one is cut after its last element that parses, the open brackets closed."""
+    end_row, cuts = _scan("\n".join(lines))
     if end_row is not None:
         try:
             return _Literals().visit(ast.parse("\n".join(lines[:end_row]), mode="eval")).body, end_row, False
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             pass
-    tries = 0
-    while cut is not None and tries < MAX_REPAIR_TRIES:  # truncated: close what is open after the last element
-        row, col, closers = cut
-        head = lines[:row - 1] + [lines[row - 1][:col]]
+    for row, col, closers in cuts[::-1][:MAX_REPAIR_TRIES]:
         try:
-            return _Literals().visit(ast.parse("\n".join(head) + closers, mode="eval")).body, row, True
+            head = "\n".join(lines[:row - 1] + [lines[row - 1][:col]])
+            return _Literals().visit(ast.parse(head + closers, mode="eval")).body, row, True
         except (SyntaxError, ValueError, MemoryError, RecursionError):
-            tries += 1
-            _, _, cut = _scan("\n".join(head)[:-1] if col else "\n".join(lines[:row - 1]))
+            pass
     return None, 0, False
 
 

@@ -64,14 +64,14 @@ class MegatronParser(StepRowParser):
         self._last_step: int | None = None
         self._unknown: set[str] = set()
 
-    def _iteration(self, lineno: int, time, step: str, total: str, rest: str, rank) -> bool:
-        """An iteration line: ``iteration N/ M | key: value | ...`` (rest: after the first ``|``)."""
-        step = int(step)
+    def _iteration(self, lineno: int, m: re.Match, ts, rank) -> bool:
+        """An iteration line: ``[ts] iteration N/ M | key: value | ...`` (_ITER's match)."""
+        step = int(m.group("step"))
         row = self._step_row(rank, step, lineno)
-        row["time"] = time
-        row["num_steps_total"] = int(total)
+        row["time"] = m.group("ts") or ts
+        row["num_steps_total"] = int(m.group("total"))
         fields = ITER_FIELDS
-        for seg in rest.split("|"):
+        for seg in m.group("rest").split("|"):
             key, sep, value = seg.partition(":")
             if not sep:
                 continue
@@ -96,7 +96,7 @@ class MegatronParser(StepRowParser):
         if "iteration" in body:
             m = _ITER.match(body)
             if m:
-                return self._iteration(lineno, m.group("ts") or ts, m.group("step"), m.group("total"), m.group("rest"), rank)
+                return self._iteration(lineno, m, ts, rank)
         if body.startswith("time (ms)") or body.startswith("rank=") and "time (ms)" in body:
             self.records.extend(timer_records(body, source=self.source, lineno=lineno, step=self._last_step,
                                               rank=rank, kind="megatron"))

@@ -54,6 +54,9 @@ _RULES = {
              Col("comm", "comm", S), Col("rank", "rank", I), Col("cdev", "cuda_dev", I), Col("detail", "detail", S)),
         rule("comm_other", r"comm 0x[0-9a-f]+ .*", None),
     ),
+    "Channel": (rule("ring", r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$", "comm_topology",
+                     Col("channel", "channel", I), Col("num", "num_channels", I), Col("ring", "ring", lambda t: " ".join(t.split()))),),
+    "CollNet": (),  # CollNet lines other than transport edges: not known
     "Trees": (rule("tree", r"Trees (?P<trees>.+)", "comm_topology", Col("trees", "trees", S)),),
     "NVLS": (rule("nvls", r"NVLS comm (?P<comm>0x[0-9a-f]+) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d+) buffSize (?P<buff>\d+)"
                   r"(?: memSize (?P<mem>\d+))?(?: nvlsPerRankSize (?P<per>\d+))?(?: nvlsTotalSize (?P<tot>\d+))?", "comm_topology",
@@ -125,12 +128,13 @@ _COLL = re.compile(
     r"(?P<func>[A-Za-z]+): opCount (?P<op>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) datatype (?P<dt>\d+) "
     r"op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])?"
 )
-_TEST_ROW = re.compile(
-    r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+(?P<t>[\d.]+)\s+(?P<alg>[\d.]+)\s+"
-    r"(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$"
-)
+_TEST_ROW = rule(  # an nccl-tests result row: out-of-place then in-place time and bandwidths
+    "nccl_tests", r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+(?P<t>[\d.]+)\s+"
+    r"(?P<alg>[\d.]+)\s+(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$",
+    "collectives", Col("size", "size_b", I), Col("count", "count", I), Col("type", "dtype", S), Col("redop", "redop", S),
+    Col("root", "root", I), Col("t", "time_us", F), Col("alg", "alg_bw_gbps", F), Col("bus", "bus_bw_gbps", F),
+    Col("t2", "time_in_place_us", F), Col("alg2", "alg_bw_in_place_gbps", F), Col("bus2", "bus_bw_in_place_gbps", F))
 _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
-_RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$")
 
 
 class NcclParser(LineParser):
@@ -195,14 +199,6 @@ class NcclParser(LineParser):
             if m:
                 self._edge(lineno, hdr, m)
                 return True
-            m = _RING.match(stripped)
-            if m:
-                self.records.append(self._header({
-                    "table": "comm_topology", "source": self.source, "line": lineno, "record": "ring",
-                    "channel": int(m.group("channel")), "num_channels": int(m.group("num")),
-                    "ring": " ".join(m.group("ring").split())}, hdr))
-                return True
-            return False
         word = stripped.split(" ", 1)[0]
         if word.startswith("ncclComm") and stripped[len(word):len(word) + 6] == " comm ":
             stripped = stripped[len(word) + 1:]  # 2.28 names the API first: "ncclCommInitRankConfig comm 0x.. - Init COMPLETE"
@@ -306,16 +302,10 @@ class NcclParser(LineParser):
                 self.env(lineno, f"gpu.rank{m.group('rank')}", f"{m.group('name')} [{m.group('bus')}] on {m.group('host')} "
                          f"device {m.group('dev')}", record="nccl_tests_device")
             return True  # nccl-tests comments and table headers
-        m = _TEST_ROW.match(body)
+        m = _TEST_ROW.regex.match(body)
         if m:
-            g = m.groupdict()
-            self.records.append({"table": "collectives", "source": self.source, "line": lineno, "record": "nccl_tests",
-                                 "size_b": int(g["size"]), "count": int(g["count"]), "dtype": g["type"], "redop": g["redop"],
-                                 "root": int(g["root"]), "time_us": float(g["t"]), "alg_bw_gbps": float(g["alg"]),
-                                 "bus_bw_gbps": float(g["bus"]), "time_in_place_us": float(g["t2"]),
-                                 "alg_bw_in_place_gbps": float(g["alg2"]), "bus_bw_in_place_gbps": float(g["bus2"])})
-            return True
-        return False
+            self.records.append(apply_rule(_TEST_ROW, m, source=self.source, lineno=lineno))
+        return m is not None
 
     def finish(self) -> None:
         for key, e in self._edges.items():

@@ -61,13 +61,10 @@ def _value(text: str):
 
 class RasParser(LineParser):
     kind = "nccl_ras"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._section: str | None = None
-        self._head1: list[str] | None = None
-        self._cols: list[str] | None = None
-        self._block: dict | None = None
+    _section: str | None = None
+    _head1: list[str] | None = None
+    _cols: list[str] | None = None
+    _block: dict | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)

@@ -94,15 +94,12 @@ DEFAULT_COLS = _header(["Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", 
 
 class NsysStatsParser(LineParser):
     kind = "nsys_stats"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._report: str | None = None
-        self._title: str | None = None
-        self._unit: str | None = None
-        self._cols: list[tuple[str, str, float]] | None = None
-        self._csv = False
-        self._warned = False
+    _report: str | None = None
+    _title: str | None = None
+    _unit: str | None = None
+    _cols: list[tuple[str, str, float]] | None = None
+    _csv = False
+    _warned = False
 
     def _table_header(self, cells: list[str], *, csv_form: bool) -> bool:
         cols = _header(cells, unit=self._unit)
@@ -139,7 +136,7 @@ class NsysStatsParser(LineParser):
         if self._table_header(cells, csv_form=False):
             return True
         if self._cols is None and len(cells) == len(DEFAULT_COLS):
-            return self._headerless(lineno, cells, rank)
+            return all(_NUM.fullmatch(c) for c in cells[:-1]) and self._headerless(lineno, cells, rank)
         if self._cols is None or self._csv:
             return False
         if len(cells) > len(self._cols):  # names keep their inner double spaces: split off the numbers only
@@ -149,13 +146,14 @@ class NsysStatsParser(LineParser):
         self._cols = None  # not a row: the table ended (e.g. a "[trimmed]" gap); later rows have no header
         return False
 
-    def _row(self, lineno: int, cells: list[str], rank) -> bool:
-        if len(cells) != len(self._cols):
+    def _row(self, lineno: int, cells: list[str], rank, *, headerless: bool = False) -> bool:
+        cols = DEFAULT_COLS if headerless else self._cols
+        if len(cells) != len(cols):
             return False
         rec = {"table": "kernels", "source": self.source, "line": lineno, "record": "nsys_row", "kind": self.kind,
-               "rank": rank, "report": self._report, "title": self._title}
+               "rank": rank, "report": None if headerless else self._report, "title": None if headerless else self._title}
         numbers = 0
-        for (col, kind, scale), cell in zip(self._cols, cells):
+        for (col, kind, scale), cell in zip(cols, cells):
             cell = cell.strip()
             if kind == "str":
                 rec[col] = cell
@@ -174,16 +172,10 @@ class NsysStatsParser(LineParser):
         self.records.append(rec)
         return True
 
-
     def _headerless(self, lineno: int, cells: list[str], rank) -> bool:
         """A row after a gap (its table's title and header not in the text): nsys's default
         summary layout (cuda_api_sum, osrt_sum, cuda_gpu_kern_sum share it), report unknown."""
-        saved, self._cols, self._report, self._title = (self._report, self._title), DEFAULT_COLS, None, None
-        try:
-            ok = all(_NUM.fullmatch(c) for c in cells[:-1]) and self._row(lineno, cells, rank)
-        finally:
-            self._cols = None
-            self._report, self._title = saved
+        ok = self._row(lineno, cells, rank, headerless=True)
         if ok and not self._warned:
             self._warned = True
             self.warnings.append(f"line {lineno}: rows without their table header; read with nsys's default "

@@ -22,10 +22,7 @@ _LEGEND = re.compile(r"(?:Legend:|NIC Legend:|X\s+= Self|(?:SYS|NODE|PHB|PXB|PIX
 
 class TopoParser(LineParser):
     kind = "nvidia_smi_topo"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._cols: list[str] | None = None
+    _cols: list[str] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if body.endswith("nvidia-smi topo -m"):
@@ -61,15 +58,17 @@ _Q_ENV_KEYS = {"Driver Version": "driver_version", "Attached GPUs": "num_gpus"}
 
 class SmiQParser(LineParser):
     kind = "nvidia_smi_q"
+    _gpu: str | None = None  # the GPU section (bus id) and the section inside it the lines are in
+    _section: str | None = None
+    _section_indent = -1
 
     def __init__(self, source: str, indents: dict[int, int] | None = None) -> None:
         super().__init__(source)
         self._indents = indents or {}  # lineno -> leading spaces (the normaliser strips them)
-        self._section_indent = -1
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         indent = self._indents.get(lineno, 0)
-        if getattr(self, "_section", None) and indent <= self._section_indent:
+        if self._section and indent <= self._section_indent:
             self._section = None
         if re.fullmatch(r"=+NVSMI LOG=+", body):
             return True
@@ -81,8 +80,7 @@ class SmiQParser(LineParser):
         if " : " in body or body.endswith(" :"):
             key, _, value = body.partition(" :")
             key, value = key.strip(), value.strip()
-            section = getattr(self, "_section", None)
-            gpu = getattr(self, "_gpu", None)
+            section, gpu = self._section, self._gpu
             full = ".".join(x for x in ("nvsmi", gpu and f"gpu[{gpu}]", section, key) if x)
             self.env(lineno, full, value, record="nvsmi")
             if not section and not gpu and key in _Q_ENV_KEYS and value:

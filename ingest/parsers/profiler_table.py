@@ -94,11 +94,8 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
 
 class ProfilerTableParser(LineParser):
     kind = "profiler_table"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._cols: list[tuple[str, Callable]] | None = None
-        self._header = ""
+    _cols: list[tuple[str, Callable]] | None = None
+    _header = ""
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)

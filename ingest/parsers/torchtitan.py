@@ -33,25 +33,21 @@ STEP_FIELDS = {
     "tflops": ("framework_tflops_per_gpu", to_num, 1),
     "mfu": ("framework_mfu", to_pct, 0.01),
 }
-
-
 _EVENTS = (
     ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
     ("profiler_dump", re.compile(r"Dumping profiler traces at step (?P<step>\d+)")),
     ("profiler_dump_done", re.compile(r"Finished dumping profiler traces in (?P<s>[\d.]+) seconds")),
 )
 
+
 class TorchtitanParser(LineParser):
     kind = "torchtitan"
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        m = _LINE.match(body)
+        m = _LINE.match(body)  # [titan] ts - logger - LEVEL - msg
         if m is None:
             return False
-        return self._message(lineno, m.group("ts"), m.group("msg"), rank)
-
-    def _message(self, lineno: int, time: str, msg: str, rank) -> bool:
-        """The message of a ``ts - logger - LEVEL - msg`` line."""
+        time, msg = m.group("ts", "msg")
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
                    "time": time}
