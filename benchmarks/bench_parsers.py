@@ -15,7 +15,9 @@ them). Measured in one run, as ``ingest`` does it:
   0.8 x min(ranks, CPUs) x that corpus's one-process rate.
 
 The machine's load average is recorded with each measurement: the CPUs are shared, so a
-number is only as good as the load it was taken under.
+number is only as good as the load it was taken under. Beside the folder's number,
+``folder.cpu_scaling``: what the same number of worker processes got for a pure-Python loop
+(no I/O, nothing sent back) against one process, just before: the most any folder could gain.
 """
 from __future__ import annotations
 
@@ -205,22 +207,43 @@ def measure(path: Path, kind: str, repeats: int) -> dict:
             "loadavg_before": load, "loadavg_after": loadavg()}
 
 
+def _spin(n: int) -> float:
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i
+    return time.perf_counter() - t0
+
+
+def cpu_scaling(workers: int, *, n: int = 10_000_000) -> float:
+    """Throughput of ``2 * workers`` pure-Python loops on ``workers`` forked processes, against
+    one process running one: how many cores' worth the machine gives right now."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    one = _spin(n)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(_spin, [n] * (2 * workers)))
+    return round(2 * workers * one / (time.perf_counter() - t0), 2)
+
+
 def measure_folder(paths: list[Path], repeats: int, *, one_process_mb_per_s: float) -> dict:
     """``ingest_files`` on a folder of per-rank logs (default workers: min(files, CPUs)), best of ``repeats``."""
     size = sum(p.stat().st_size for p in paths)
     times = []
+    workers = min(len(paths), os.cpu_count() or 1)
+    scaling = cpu_scaling(workers)
     load = loadavg()
     for _ in range(repeats):
         t0 = time.perf_counter()
         ingest_files(paths)
         times.append(time.perf_counter() - t0)
     rate = size / min(times) / 1e6
-    workers = min(len(paths), os.cpu_count() or 1)
     target = FOLDER_EFFICIENCY * workers * one_process_mb_per_s
     return {"files": len(paths), "bytes": size, "workers": workers, "seconds_best": round(min(times), 3),
             "seconds_all": [round(t, 3) for t in times], "mb_per_s": round(rate, 1),
             "one_process_mb_per_s": one_process_mb_per_s, "speedup": round(rate / one_process_mb_per_s, 2),
-            "target_mb_per_s": round(target, 1), "meets_target": rate >= target,
+            "target_mb_per_s": round(target, 1), "meets_target": rate >= target, "cpu_scaling": scaling,
             "loadavg_before": load, "loadavg_after": loadavg()}
 
 
@@ -254,7 +277,8 @@ def main(argv=None) -> int:
         folder = measure_folder(paths, args.repeats, one_process_mb_per_s=results[args.folder_corpus]["mb_per_s"])
         folder["corpus"] = args.folder_corpus
         print(f"folder of {folder['files']} {args.folder_corpus} rank logs via ingest_files: {folder['mb_per_s']} MB/s with "
-              f"{folder['workers']} processes (x{folder['speedup']} one process; target {folder['target_mb_per_s']}) "
+              f"{folder['workers']} processes (x{folder['speedup']} one process; target {folder['target_mb_per_s']}; "
+              f"a pure-Python loop got x{folder['cpu_scaling']} on as many processes) "
               f"(load {folder['loadavg_before'][0]} -> {folder['loadavg_after'][0]})")
     out = {"python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
            "mb_per_corpus": args.mb, "repeats": args.repeats, "loadavg_at_end": loadavg(),

@@ -556,25 +556,50 @@ def load_tables(path: str | os.PathLike[str]) -> Campaign:
                           steps=frames[1], problems=meta["problems"])
 
 
+def _text(raw):
+    """A binary file object (at its start) as UTF-8 text (undecodable bytes replaced, newlines
+    untranslated), gzip-decompressed when it starts with gzip's magic bytes (a rank log kept as
+    ``rank0.log.gz``): the name is not looked at. Closing the text leaves ``raw`` to its owner."""
+    import gzip
+    import io
+
+    magic = raw.read(2)
+    raw.seek(0)
+    binary = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
+    return io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="")
+
+
+def _gzip_error(path) -> ParseError:
+    return ParseError(f"{path}: truncated gzip stream, or corrupt data in it; re-copy the file")
+
+
 def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20):
     """The text of a file (third-party log) as a ``TextBlocks``: blocks of whole lines, streamed.
 
     Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Python's universal newlines split
     them: progress bars redraw with ``\\r``); each block is cut after its last newline, so a
-    block holds about ``block_chars`` characters and memory stays bounded. Bytes that are not
-    UTF-8 are replaced, so this never raises a decode error; a missing/unreadable file raises
-    ParseError naming it (at the call, before any block is read).
+    block holds about ``block_chars`` characters and memory stays bounded. A gzip file is read
+    decompressed (``_text``). Bytes that are not UTF-8 are replaced, so this never raises a
+    decode error; a missing/unreadable file raises ParseError naming it (at the call, before
+    any block is read), a truncated or corrupt gzip stream raises ParseError where the reading
+    reaches it.
     """
+    import gzip
+    import zlib
+
     from ingest.parsers import TextBlocks
     try:
-        f = open_regular(path, "r", encoding="utf-8", errors="replace", newline="")
+        raw = open_regular(path, "rb")
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
 
     def chunks():
-        with f:
-            while data := f.read(block_chars):
-                yield data
+        with raw, _text(raw) as f:
+            try:
+                while data := f.read(block_chars):
+                    yield data
+            except (EOFError, zlib.error, gzip.BadGzipFile):
+                raise _gzip_error(path) from None
 
     def blocks():
         rest = ""
@@ -604,22 +629,17 @@ def _newlines(text: str) -> str:
 
 def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> str:
     """The first ``num_chars`` characters of a text file (for detecting its kind), gzip
-    decompressed when the file starts with gzip's magic bytes (e.g. a rank log stored as
-    ``rank0.log.gz``). Raises ParseError."""
+    decompressed as ``_text`` reads it. Raises ParseError."""
     import gzip
+    import zlib
 
     try:
-        with open_regular(path, "rb") as raw:
-            magic = raw.read(2)
-            raw.seek(0)
-            binary = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
-            import io
-            with io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="") as f:
-                return f.read(num_chars)
+        with open_regular(path, "rb") as raw, _text(raw) as f:
+            return f.read(num_chars)
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        raise _gzip_error(path) from None
     except OSError as e:
         raise ParseError(f"{path}: cannot read ({e.strerror or e}); check the path and permissions") from None
-    except EOFError:
-        raise ParseError(f"{path}: truncated gzip stream; re-copy the file") from None
 
 
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import pyarrow.parquet as pq
 
 from ingest.cli import main
@@ -85,6 +86,28 @@ def test_files_parsed_in_parallel_processes_equal_one_by_one(tmp_path):
     parallel = thirdparty.ingest_files(paths, max_workers=2)
     assert [f.path for f in parallel] == [str(p) for p in paths]
     assert parallel == serial
+
+
+def test_gzipped_logs_in_a_folder_are_found_and_read_decompressed(tmp_path):
+    """A folder's ``rank0.log.gz`` is ingested like its plain ``rank1.log``: found, detected
+    and parsed from the decompressed text (same records but for the source); a stream cut
+    short is a parse error naming the file."""
+    import gzip
+    from core.errors import ParseError
+    from ingest import thirdparty
+    d = tmp_path / "logs"
+    d.mkdir()
+    text = (FIXTURES / "19_megatron_llm_fork_iteration_plain.txt").read_bytes()
+    (d / "rank0.log.gz").write_bytes(gzip.compress(text))
+    (d / "rank1.log").write_bytes(text)
+    paths = thirdparty.find_artifacts([str(d)])
+    assert [p.name for p in paths] == ["rank0.log.gz", "rank1.log"]
+    gz, plain = thirdparty.ingest_files(paths, max_workers=1)
+    assert (gz.result.kind, len(gz.result.records), gz.result.unparsed) == ("megatron", 4, 0)
+    assert [{**r, "source": None} for r in gz.result.records] == [{**r, "source": None} for r in plain.result.records]
+    (d / "rank0.log.gz").write_bytes(gzip.compress(text * 2000)[:-4000])
+    with pytest.raises(ParseError, match="rank0.log.gz: truncated gzip stream"):
+        thirdparty.ingest_files(paths, max_workers=1)
 
 
 def test_cli_jobs(tmp_path, capsys):

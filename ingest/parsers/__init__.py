@@ -88,13 +88,15 @@ def to_int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def put_field(row: dict, spec: tuple, value: str) -> None:
+def put_field(row: dict, spec: tuple, value: str | None) -> None:
     """``row[column] = type(value) * scale`` for a (column, type, scale) pattern-table entry;
-    a value that does not convert is left out."""
+    a value that is absent (None) or does not convert is left out."""
+    if value is None:
+        return
     column, typ, scale = spec
     try:
         v = typ(value)
-    except ValueError:
+    except (ValueError, TypeError):
         return
     row[column] = v * scale if scale != 1 else v
 
@@ -107,14 +109,8 @@ def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None
     if r.const:
         rec.update(r.const)
     if r.plan:
-        for (column, typ, scale), text in zip(r.plan, m.group(*r.groups)):  # (one column: its group twice)
-            if text is None:
-                continue
-            try:
-                value = typ(text)
-            except (ValueError, TypeError):
-                continue
-            rec[column] = value * scale if scale != 1.0 else value
+        for spec, text in zip(r.plan, m.group(*r.groups)):  # (one column: its group twice)
+            put_field(rec, spec, text)
     return rec
 
 
@@ -126,8 +122,18 @@ def match_rules(rules: Iterable[Rule], text: str) -> tuple[Rule, re.Match] | tup
     return None, None
 
 
-_UNIT_GIB = {"B": 1 / 2**30, "KB": 1 / 2**20, "KIB": 1 / 2**20, "MB": 1 / 2**10, "MIB": 1 / 2**10,
-             "GB": 1.0, "GIB": 1.0, "TB": 2**10, "TIB": 2**10}
+# Unit prefixes, for every parser's sizes, times and counts: decimal (SI) and binary (1024-based).
+SI = {"P": 1e15, "T": 1e12, "G": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+
+
+def read_scaled(text: str, pattern: re.Pattern, scale: Callable[[str], float]) -> float:
+    """``<number><unit>`` text matched whole by ``pattern`` (groups: the number, thousands
+    separators allowed; the unit) -> number x scale(unit). Raises ValueError."""
+    m = pattern.fullmatch(text)
+    if m is None:
+        raise ValueError(text)
+    return to_num(m.group(1)) * scale(m.group(2))
 
 
 _SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", re.I)
@@ -136,10 +142,16 @@ _SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", re.I)
 @functools.lru_cache(maxsize=1 << 12)  # memory figures repeat from step to step
 def to_gib(text: str) -> float:
     """'649.97 MiB' / '1.01 GiB' / '0.26GB' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed print them)."""
-    m = _SIZE.fullmatch(text)
-    if not m:
-        raise ValueError(text)
-    return to_num(m.group(1)) * _UNIT_GIB[m.group(2).upper()]
+    return read_scaled(text, _SIZE, lambda unit: BINARY[unit.upper()[:-1].rstrip("I")] / 2**30)
+
+
+def slug(text: str) -> str:
+    """A printed name as a column or key: 'Params norm (x)' -> 'params_norm_x'."""
+    return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
+
+
+CELLS = re.compile(r"\s{2,}")  # the cell separator of tables printed with aligned columns
+RULE_LINE = rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None)  # dashes under a table header
 
 
 # ---------------------------------------------------------------- line normaliser
@@ -158,8 +170,6 @@ _PREFIX = re.compile(
 )
 _PREFIX_START = frozenset(" \t[(")
 _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
-
-Line = tuple  # (lineno, body, timestamp | None, rank | None)
 
 
 def is_timestamp_line(body: str) -> bool:
@@ -208,7 +218,7 @@ def normalise_line(raw: str) -> tuple[str, int | None] | None:
     return line, rank
 
 
-def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
+def iter_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str | None, str | None, int | None]]:
     """Normalised non-blank lines: ``(lineno, body, timestamp, rank)``.
 
     body, rank: see ``normalise_line``. timestamp: an ISO timestamp that stood alone on the
@@ -216,8 +226,8 @@ def iter_lines(text: str | Iterable[str]) -> Iterator[Line]:
     yielded. Long lines (> MAX_LINE_CHARS) are yielded with body None so callers count them
     unparsed. ``text`` may be a string or any iterable of lines (streaming).
     """
-    lines = text.split("\n") if isinstance(text, str) else text.lines() if isinstance(text, TextBlocks) else text
     pending_ts = None
+    lines = text.lines() if isinstance(text, TextBlocks) else text.split("\n") if isinstance(text, str) else text
     for lineno, raw in enumerate(lines, start=1):
         if len(raw) > MAX_LINE_CHARS:
             yield lineno, None, None, None
@@ -244,11 +254,25 @@ class LineParser:
         self.records: list[dict] = []
         self.warnings: list[str] = []
 
-    def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:  # pragma: no cover
-        raise NotImplementedError
+    def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:
+        return False  # the base recognises no line: a kind without a parser (dispatch)
 
     def finish(self) -> None:
         pass
+
+    def env(self, lineno: int, key: str, value, *, record: str) -> dict:
+        """Append (and return) an ``env`` record (an environment fact) of this parser's kind."""
+        rec = {"table": "env", "source": self.source, "line": lineno, "record": record, "kind": self.kind,
+               "key": key, "value": value}
+        self.records.append(rec)
+        return rec
+
+    def event(self, event: str, lineno: int, rank, time, **cols) -> dict:
+        """Append (and return) an ``events`` record: its kind, rank, time as printed, then ``cols``."""
+        rec = {"table": "events", "source": self.source, "line": lineno, "event": event, "rank": rank, "time": time}
+        rec.update(cols)
+        self.records.append(rec)
+        return rec
 
 
 class StepRowParser(LineParser):
@@ -330,26 +354,20 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     ``parsers`` through the normaliser; the result of the chain."""
     runner = Runner(parsers, kind=kind)
     raw = runner.raw
-    if isinstance(text, TextBlocks):
+    blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
+    last = (0, "")
+    for lineno, line in enumerate(blocks.lines(), start=1):
+        if last[1]:
+            raw(*last)
+        last = (lineno, line)
+    if last[1] and blocks.ends_cut and last[1].strip():
         # a file that ends inside a line was cut (a crashed writer, a partial copy): its last
         # line is counted unparsed and flagged, and none of its numbers are used
-        last = None
-        for lineno, line in enumerate(text.lines(), start=1):
-            if last is not None and last[1]:
-                raw(*last)
-            last = (lineno, line)
-        if last is not None and last[1]:
-            if text.ends_cut and last[1].strip():
-                runner.miss(last[0])
-                runner.num_lines = last[0]
-                parsers[0].warnings.append(f"line {last[0]}: cut (the file ends without a newline); not used")
-            else:
-                raw(*last)
-        return runner.result()
-    lines = text.split("\n") if isinstance(text, str) else text
-    for lineno, line in enumerate(lines, start=1):
-        if line:
-            raw(lineno, line)
+        runner.miss(last[0])
+        runner.num_lines = last[0]
+        parsers[0].warnings.append(f"line {last[0]}: cut (the file ends without a newline); not used")
+    elif last[1]:
+        raw(*last)
     return runner.result()
 
 
@@ -379,17 +397,13 @@ _SIGNATURES: tuple[tuple[str, re.Pattern], ...] = tuple((k, re.compile(p, re.M))
 HEAD_CHARS = 64 * 1024
 
 
-def normalised_head(text_head: str) -> str:
-    return "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
-
-
 def detect_kind(text_head: str) -> str | None:
     """The artifact kind of a text, by its content (first 64 KiB), or None if unknown.
 
     Kinds with a parser: see ``PARSED_KINDS``; other kinds are recognised so ingest can say
     what a file is and that it is not parsed yet (chrome_trace).
     """
-    head = normalised_head(text_head)
+    head = "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
     for kind, sig in _SIGNATURES:
         if sig.search(head):
             return kind

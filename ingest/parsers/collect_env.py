@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers
+from ingest.parsers import LineParser, ParseResult, run_parsers, slug
 
 KEYS = {  # pattern table: printed key -> env key
     "PyTorch version": "torch_version", "CUDA used to build PyTorch": "cuda_build_version",
@@ -26,22 +26,9 @@ _KV = re.compile(r"(?P<key>[A-Za-z][\w .()/\-]*?)\s*: ?(?P<value>.*)$")
 _PKG = re.compile(r"\[(?P<mgr>pip3?|conda)\] (?P<pkg>.+)$")
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
-
-
 class CollectEnvParser(LineParser):
     kind = "collect_env"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._open: dict | None = None  # record whose value continues on the next lines
-
-    def _env(self, lineno, key, value) -> dict:
-        rec = {"table": "env", "source": self.source, "line": lineno, "record": "collect_env",
-               "kind": "collect_env", "key": key, "value": value}
-        self.records.append(rec)
-        return rec
+    _open: dict | None = None  # record whose value continues on the next lines
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if body.startswith("Collecting environment information") or re.fullmatch(r"=+", body):
@@ -54,7 +41,7 @@ class CollectEnvParser(LineParser):
         m = _PKG.match(body)
         if m:
             name, _, ver = m.group("pkg").partition("==")
-            self._env(lineno, f"{m.group('mgr')}.{name.split()[0]}", ver or m.group("pkg"))
+            self.env(lineno, f"{m.group('mgr')}.{name.split()[0]}", ver or m.group("pkg"), record="collect_env")
             return True
         if self._open is not None and (body.startswith("GPU ") and re.match(r"GPU \d+: ", body) or body.startswith("/")):
             self._open["value"] = (self._open["value"] + "; " if self._open["value"] else "") + body
@@ -63,7 +50,7 @@ class CollectEnvParser(LineParser):
         if m:
             key, value = m.group("key").strip(), m.group("value").strip()
             value = "" if value.startswith("Probably one of the following") else value
-            rec = self._env(lineno, KEYS.get(key, _slug(key)), value)
+            rec = self.env(lineno, KEYS.get(key, slug(key)), value, record="collect_env")
             self._open = rec if not value or key in ("cuDNN version",) else None
             return True
         return False

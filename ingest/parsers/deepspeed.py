@@ -11,8 +11,9 @@ tables (remain unparsed; see the closing note of issue 3).
 from __future__ import annotations
 
 import re
+import sys
 
-from ingest.parsers import LineParser, ParseResult, StepRowParser, run_parsers, to_gib, to_num
+from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_gib
 from ingest.parsers.failures import FailureScanner
 
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
@@ -27,8 +28,6 @@ _CPU = re.compile(r"CPU Virtual Memory:\s+used = (?P<used>[\d.]+) GB, percent = 
 _CFG = re.compile(r"(?P<key>[A-Za-z_][\w.]*) \.{2,} (?P<value>.*)$")
 # One ``| name: v`` segment (name starts with a non-space: the segment is stripped first).
 _TIMER_SEGS = re.compile(r"\|\s*([\w\-/.][\w\-/ .]*): ([\d.]+)")
-
-
 _TIMER_LINE = re.compile(r"(?:rank=(?P<rank>\d+) )?time \(ms\) (?P<rest>\|.*)$")
 
 
@@ -42,20 +41,18 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
     out = []
     for name, v in _TIMER_SEGS.findall(m.group("rest")):  # a copy of the common part: cheaper than a literal
         rec = base.copy()
-        rec["name"], rec["time_s"] = name, float(v) * 1e-3
+        # the same few names every step: one string each (less memory; sent to the parent once per file)
+        rec["name"], rec["time_s"] = sys.intern(name), float(v) * 1e-3
         out.append(rec)
     return out
 
 
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._last_step = None
-        self._mem_label: tuple[int, str] | None = None
-        self._mem: dict | None = None
-        self._last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
+    _last_step = None
+    _mem_label: tuple[int, str] | None = None
+    _mem: dict | None = None
+    _last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
 
     def _row(self, rank, step: int, lineno: int) -> dict:
         if rank is None:
@@ -113,13 +110,11 @@ class DeepSpeedParser(StepRowParser):
                        loss=None if m.group("loss") == "nan" else float(m.group("loss")))
             return True
         if msg.startswith("cmd = "):
-            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "launch_command",
-                                 "kind": "deepspeed", "key": "launch_command", "value": msg[6:]})
+            self.env(lineno, "launch_command", msg[6:], record="launch_command")
             return True
         m = _CFG.match(msg) if " .." in msg else None
         if m:
-            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "config",
-                                 "kind": "deepspeed", "key": f"deepspeed.{m.group('key')}", "value": m.group("value").strip()})
+            self.env(lineno, f"deepspeed.{m.group('key')}", m.group("value").strip(), record="config")
             return True
         return False
 
@@ -142,12 +137,8 @@ class DeepSpeedParser(StepRowParser):
         return False
 
 
-def build_deepspeed_chain(source: str) -> list[LineParser]:
-    """The parsers a DeepSpeed log goes through, first that recognises a line wins."""
-    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
-    return [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
-
-
 def parse_deepspeed(text, *, source: str) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_deepspeed_chain(source), kind="deepspeed")
+    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
+    chain = [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
+    return run_parsers(text, chain, kind="deepspeed")

@@ -27,26 +27,20 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser
+from ingest.parsers import BINARY, SI, LineParser, read_scaled
 
-_SI = {"T": 1e12, "G": 1e9, "B": 1e9, "M": 1e6, "K": 1e3, "k": 1e3, "": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_SIZE = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "PB": 2**50}
+_SI_NUMBER = re.compile(r"(-?[\d.]+(?:[eE][+-]?\d+)?)\s*([TGBMKkmun]?)\s*(?:MACs|FLOPS|FLOPs|s)?")
+_SIZE = re.compile(r"([\d.]+)\s*([KMGTP]?B)")
 
 
 def to_si(text: str) -> float:
-    """'29.03 GMACs' / '81.9 TFLOPS' / '80.71 ms' / '2.39 B' (params) / '58.18 G' -> a number."""
-    m = re.fullmatch(r"(-?[\d.]+(?:[eE][+-]?\d+)?)\s*([TGBMKkmun]?)\s*(?:MACs|FLOPS|FLOPs|s)?", text.strip())
-    if not m:
-        raise ValueError(text)
-    return float(m.group(1)) * _SI[m.group(2)]
+    """'29.03 GMACs' / '81.9 TFLOPS' / '80.71 ms' / '2.39 B' (params: billions) / '58.18 G' -> a number."""
+    return read_scaled(text.strip(), _SI_NUMBER, lambda prefix: 1e9 if prefix == "B" else SI[prefix])
 
 
 def to_bytes(text: str) -> int:
     """convert_size output '678.86 MB' / '0B' -> bytes (approximate: printed with 2 decimals)."""
-    m = re.fullmatch(r"([\d.]+)\s*([KMGTP]?B)", text.strip())
-    if not m:
-        raise ValueError(text)
-    return round(float(m.group(1)) * _SIZE[m.group(2)])
+    return round(read_scaled(text.strip(), _SIZE, lambda unit: BINARY[unit[:-1]]))
 
 
 # Pattern table of the flops-profiler summary: key (lower case, as printed before ':') ->
@@ -86,11 +80,8 @@ _VERBOSE = re.compile(r"comm op: (?P<op>.+?) \| time \(ms\): (?P<t>[\d.]+) \| ms
 
 class FlopsProfileParser(LineParser):
     kind = "deepspeed"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._rec: dict | None = None
-        self._modules = False  # inside the aggregated/detailed part: every line is the profiler's
+    _rec: dict | None = None
+    _modules = False  # inside the aggregated/detailed part: every line is the profiler's
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if _BANNER.match(body):
@@ -129,11 +120,8 @@ class FlopsProfileParser(LineParser):
 
 class CommsLogParser(LineParser):
     kind = "deepspeed"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._table: str | None = None  # "summary" | "straggler" while inside a table
-        self._op: tuple[str, str | None] | None = None
+    _table: str | None = None  # "summary" | "straggler" while inside a table
+    _op: tuple[str, str | None] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _VERBOSE.search(body)

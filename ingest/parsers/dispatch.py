@@ -5,6 +5,7 @@ the parsers import the protocol and this module imports the parsers, without an 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterable
 
 from ingest.parsers import (
@@ -12,23 +13,21 @@ from ingest.parsers import (
     nccl, nccl_ras, nsys_stats, nvidia_smi, profiler_table, pyspy, run_parsers, torchtitan,
 )
 
-
-def _parsers() -> dict[str, Callable[..., ParseResult]]:
-    return {
-        "nccl": nccl.parse_nccl,
-        "megatron": megatron.parse_megatron,
-        "deepspeed": deepspeed.parse_deepspeed,
-        "torchtitan": torchtitan.parse_torchtitan,
-        "nvidia_smi_topo": nvidia_smi.parse_nvidia_smi_topo,
-        "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q,
-        "collect_env": collect_env.parse_collect_env,
-        "failures": failures.parse_failures,
-        "profiler_table": profiler_table.parse_profiler_table,
-        "nsys_stats": nsys_stats.parse_nsys_stats,
-        "flight_recorder": flight_recorder.parse_flight_recorder,
-        "pyspy": pyspy.parse_pyspy,
-        "nccl_ras": nccl_ras.parse_nccl_ras,
-    }
+PARSERS: dict[str, Callable[..., ParseResult]] = {
+    "nccl": nccl.parse_nccl,
+    "megatron": megatron.parse_megatron,
+    "deepspeed": deepspeed.parse_deepspeed,
+    "torchtitan": torchtitan.parse_torchtitan,
+    "nvidia_smi_topo": nvidia_smi.parse_nvidia_smi_topo,
+    "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q,
+    "collect_env": collect_env.parse_collect_env,
+    "failures": failures.parse_failures,
+    "profiler_table": profiler_table.parse_profiler_table,
+    "nsys_stats": nsys_stats.parse_nsys_stats,
+    "flight_recorder": flight_recorder.parse_flight_recorder,
+    "pyspy": pyspy.parse_pyspy,
+    "nccl_ras": nccl_ras.parse_nccl_ras,
+}
 
 
 def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = None) -> ParseResult:
@@ -38,25 +37,12 @@ def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = Non
         if not isinstance(text, str):
             raise TypeError("pass kind= when streaming text")
         kind = detect_kind(text[:HEAD_CHARS])
-    parser = _parsers().get(kind or "")
+    parser = PARSERS.get(kind or "")
     if parser is not None:
         return parser(text, source=source)
-    return no_parser_result(run_parsers(text, [_Nothing(source)], kind=kind or "unknown"))
-
-
-def no_parser_result(result: ParseResult) -> ParseResult:
-    """The result for a kind with no parser (``result``: its lines read by ``_Nothing``): no
-    records, every non-blank line unparsed, one warning saying why."""
-    kind = result.kind
+    kind = kind or "unknown"  # no parser: the base LineParser recognises no line
     what = f"kind {kind!r} has no parser yet" if kind != "unknown" else "unknown kind (no known signature in the first 64 KiB)"
-    return ParseResult(records=[], unparsed=result.unparsed, warnings=[what], kind=kind,
-                       unparsed_lines=result.unparsed_lines, num_lines=result.num_lines)
-
-
-class _Nothing(LineParser):
-
-    def feed(self, lineno, body, ts, rank) -> bool:
-        return False
+    return dataclasses.replace(run_parsers(text, [LineParser(source)], kind=kind), warnings=[what])
 
 
 PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q", "chrome_trace",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_gib, to_int
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, put_field, rule, run_parsers, to_gib
 
 _GLOG = re.compile(
     r"\[?(?P<sev>[EWIF])(?P<date>\d{3,4})?(?: (?P<time>\d\d:\d\d:\d\d\.\d+))?(?: \d+)? (?P<loc>[\w./]+:\d+)\] (?P<msg>.*)"
@@ -20,7 +20,7 @@ _GLOG = re.compile(
 _PG_RANK = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+) (?:PG GUID (?P<guid>\S+?) )?)?Rank (?P<rank>\d+)\] (?P<body>.*)")
 _WORK = re.compile(r"WorkNCCL\((?P<work>[^()]*(?:\([^()]*\)[^()]*)*)\)(?: ran for (?P<ran>\d+) milliseconds)?")
 _WORK_KEYS = {"SeqNum": ("seq_num", int, 1), "OpType": ("op_type", str, 1), "NumelIn": ("numel_in", int, 1),
-              "NumelOut": ("numel_out", int, 1), "Timeout(ms)": ("timeout_s", int, 1000)}  # scale: divisor
+              "NumelOut": ("numel_out", int, 1), "Timeout(ms)": ("timeout_s", lambda ms: int(ms) / 1000, 1)}
 
 # Pattern table: body of a glog/ProcessGroupNCCL message after "[... Rank r] ".
 _WATCHDOG_RULES = (
@@ -68,25 +68,19 @@ _OOM_FIELDS = (
 )
 
 _CHILD_KV = re.compile(r"(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*)$")
+# ChildFailedError entry values read into two columns: key -> (pattern, its groups' int columns)
+_CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank", "local_rank")),
+                "exitcode": (re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?"), ("exitcode", "pid"))}
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 
 class FailureScanner(LineParser):
     kind = "failures"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._child: dict | None = None  # the failure entry being filled
-        self._in_block = False
-        self._root = False
-        self._script: str | None = None
-        self._after_frame = False
-
-    def _event(self, event: str, lineno: int, rank, ts, **cols) -> dict:
-        rec = {"table": "events", "source": self.source, "line": lineno, "event": event, "rank": rank, "time": ts}
-        rec.update(cols)
-        self.records.append(rec)
-        return rec
+    _child: dict | None = None  # the failure entry being filled
+    _in_block = False
+    _root = False
+    _script: str | None = None
+    _after_frame = False
 
     def _flush_child(self) -> None:
         if self._child is not None:
@@ -120,27 +114,18 @@ class FailureScanner(LineParser):
             m = _CHILD_KV.match(body)
             if m and self._child is not None:
                 key, value = m.group("key"), m.group("value").strip()
-                if key == "rank":
-                    rm = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", value)
-                    if rm:
-                        self._child["rank"] = int(rm.group(1))
-                        self._child["local_rank"] = int(rm.group(2)) if rm.group(2) else None
-                elif key == "exitcode":
-                    em = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", value)
-                    if em:
-                        self._child["exitcode"] = int(em.group(1))
-                        self._child["pid"] = int(em.group(2)) if em.group(2) else None
+                if key in _CHILD_PAIRS:
+                    rx, cols = _CHILD_PAIRS[key]
+                    vm = rx.match(value)
+                    if vm:
+                        self._child.update((col, int(v) if v else None) for col, v in zip(cols, vm.groups()))
                 elif key == "traceback":
                     self._child["detail"] = value
                     sm = _SIGNAL.search(value)
                     if sm:
                         self._child["signal"] = sm.group("name")
-                elif key == "time":
-                    self._child["time"] = value
-                elif key == "host":
-                    self._child["host"] = value
-                else:
-                    self._child[key] = None if value == "<N/A>" else value
+                else:  # time, host as printed; error_file
+                    self._child[key] = None if key == "error_file" and value == "<N/A>" else value
                 return True
             if re.fullmatch(r"[=\-]{20,}", body):
                 return True
@@ -155,7 +140,7 @@ class FailureScanner(LineParser):
                     fm = rx.search(body)
                     if fm and col not in cols:
                         cols[col] = typ(fm.group("v"))
-                self._event("cuda_oom", lineno, rank, ts, **cols)
+                self.event("cuda_oom", lineno, rank, ts, **cols)
                 return True
         # --- glog / ProcessGroupNCCL lines
         if "] " in body:
@@ -175,14 +160,9 @@ class FailureScanner(LineParser):
                                    detail=m2.groupdict().get("detail") or pm.group("body")[:500])
                         wm = _WORK.search(pm.group("body"))
                         if wm:
-                            for item in wm.group("work").split(", "):
-                                k, _, v = item.partition("=")
+                            for k, _, v in (item.partition("=") for item in wm.group("work").split(", ")):
                                 if k in _WORK_KEYS:
-                                    col, typ, scale = _WORK_KEYS[k]
-                                    try:
-                                        rec[col] = typ(v) / scale if scale != 1 else typ(v)
-                                    except ValueError:
-                                        pass
+                                    put_field(rec, _WORK_KEYS[k], v)
                             if wm.group("ran"):
                                 rec["ran_for_s"] = int(wm.group("ran")) / 1000
                         if rec["event"] == "watchdog_terminated" and "seq_num" in rec:
@@ -192,7 +172,7 @@ class FailureScanner(LineParser):
                 if self._line_rules(lineno, msg, time, rank):
                     return True
                 if g.group("sev") in "EF":
-                    self._event("error", lineno, rank, time, loc=g.group("loc"), detail=msg[:500])
+                    self.event("error", lineno, rank, time, loc=g.group("loc"), detail=msg[:500])
                     return True
                 return False
         if self._line_rules(lineno, body, ts, rank):
@@ -217,11 +197,6 @@ class FailureScanner(LineParser):
         self._flush_child()
 
 
-def build_failures_chain(source: str) -> list[LineParser]:
-    """The parsers a failure report goes through."""
-    return [FailureScanner(source)]
-
-
 def parse_failures(text, *, source: str) -> ParseResult:
     """Parse failure reports into ``events`` rows (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_failures_chain(source), kind="failures")
+    return run_parsers(text, [FailureScanner(source)], kind="failures")

@@ -71,11 +71,11 @@ def _dict_items(node: ast.AST) -> dict:
     return out
 
 
-def _scan(text: str) -> tuple[int | None, tuple[int, int] | None, tuple[int, int, str] | None]:
-    """Tokenize the literal: (end row of the outermost dict if it closes, else None;
-    last safe cut (row, col) after a ',' or opening bracket; its closing suffix)."""
+def _scan(text: str) -> tuple[int | None, list[tuple[int, int, str]]]:
+    """Tokenize the literal: (end row of the outermost dict if it closes, else None; the safe
+    cuts in order: (row, col) after a ',' or an opening bracket, and the closers the cut needs)."""
     stack: list[str] = []
-    cut = None
+    cuts = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
@@ -85,50 +85,45 @@ def _scan(text: str) -> tuple[int | None, tuple[int, int] | None, tuple[int, int
             s = tok.string
             if s in _OPEN:
                 stack.append(_CLOSE[_OPEN.index(s)])
-                cut = (*tok.end, "".join(reversed(stack)))
             elif s in _CLOSE:
                 if not stack or stack[-1] != s:
                     break
                 stack.pop()
                 if not stack:
-                    return tok.end[0], None, None
-            elif s == "," and stack:
-                cut = (*tok.end, "".join(reversed(stack)))
+                    return tok.end[0], []
+                continue
+            elif s != "," or not stack:
+                continue
+            cuts.append((*tok.end, "".join(reversed(stack))))
     except (tokenize.TokenError, SyntaxError, IndentationError, ValueError):
         pass
-    return None, None, cut
+    return None, cuts
 
 
 def _parse_literal(lines: list[str]) -> tuple[ast.AST | None, int, bool]:
-    """(root node, number of lines it spans, truncated?) of the dict literal in ``lines``."""
-    text = "\n".join(lines)
-    end_row, _, cut = _scan(text)
+    """(root node, number of lines it spans, truncated?) of the dict literal in ``lines``; a
+    truncated one is cut after its last element that parses, the open brackets closed."""
+    end_row, cuts = _scan("\n".join(lines))
     if end_row is not None:
         try:
             return _Literals().visit(ast.parse("\n".join(lines[:end_row]), mode="eval")).body, end_row, False
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             pass
-    tries = 0
-    while cut is not None and tries < MAX_REPAIR_TRIES:  # truncated: close what is open after the last element
-        row, col, closers = cut
-        head = lines[:row - 1] + [lines[row - 1][:col]]
+    for row, col, closers in cuts[::-1][:MAX_REPAIR_TRIES]:
         try:
-            return _Literals().visit(ast.parse("\n".join(head) + closers, mode="eval")).body, row, True
+            head = "\n".join(lines[:row - 1] + [lines[row - 1][:col]])
+            return _Literals().visit(ast.parse(head + closers, mode="eval")).body, row, True
         except (SyntaxError, ValueError, MemoryError, RecursionError):
-            tries += 1
-            _, _, cut = _scan("\n".join(head)[:-1] if col else "\n".join(lines[:row - 1]))
+            pass
     return None, 0, False
 
 
-def _frame_text(frame) -> str | None:
-    if not isinstance(frame, dict):
-        return None
-    return f"{frame.get('name')} ({frame.get('filename')}:{frame.get('line')})"
+def _text(value) -> str | None:
+    return None if value is None else str(value)
 
 
-def parse_flight_recorder(text: str | Iterable[str], *, source: str, fast: bool = True) -> ParseResult:
-    """Parse a printed flight-recorder dump (see module doc). Pure; never raises on content.
-    ``fast`` is accepted for a uniform parser signature; a dump is read as one literal."""
+def parse_flight_recorder(text: str | Iterable[str], *, source: str) -> ParseResult:
+    """Parse a printed flight-recorder dump (see module doc). Pure; never raises on content."""
     numbered = [(n, body) for n, body, _, _ in iter_lines(text)]
     start = next((i for i, (_, body) in enumerate(numbered) if body is not None and body.startswith("{")), None)
     records: list[dict] = []
@@ -161,8 +156,7 @@ def _records(root: ast.Dict, linenos: list[int], *, source: str, warnings: list[
         return linenos[min(max(getattr(node, "lineno", 1), 1), len(linenos)) - 1]
 
     top = _dict_items(root)
-    version = _value(top["version"]) if "version" in top else None
-    rank = _value(top["rank"]) if "rank" in top else None
+    version, rank = (_value(top[k]) if k in top else None for k in ("version", "rank"))
     rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
     base = {"source": source, "kind": "flight_recorder", "rank": rank, "fr_version": version if isinstance(version, str) else None}
     out: list[dict] = []
@@ -175,25 +169,24 @@ def _records(root: ast.Dict, linenos: list[int], *, source: str, warnings: list[
         fields = _dict_items(node)
         if not fields:
             continue
+        values = {key: _value(v) for key, v in fields.items()}
         rec = {"table": "collectives", "line": line_of(node), "record": "fr_entry", **base}
         for key, (col, scale) in ENTRY_FIELDS.items():
-            v = _value(fields[key]) if key in fields else None
+            v = values.get(key)
             if scale is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
                 v = v * scale
             rec[col] = v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
-        pg = _value(fields["process_group"]) if "process_group" in fields else None
+        pg = values.get("process_group")
         pg = tuple(pg) if isinstance(pg, (tuple, list)) else (pg,)
-        rec["pg"] = str(pg[0]) if pg and pg[0] is not None else None
-        rec["pg_desc"] = str(pg[1]) if len(pg) > 1 and pg[1] is not None else None
+        rec["pg"] = _text(pg[0]) if pg else None
+        rec["pg_desc"] = _text(pg[1]) if len(pg) > 1 else None
         name = rec["profiling_name"] if isinstance(rec["profiling_name"], str) else None
         rec["collective"] = name.split(":", 1)[-1] if name else None
-        for key in TEXT_FIELDS:
-            v = _value(fields[key]) if key in fields else None
-            rec[key] = None if v is None else str(v)
-        frames = _value(fields["frames"]) if "frames" in fields else None
+        rec.update((key, _text(values.get(key))) for key in TEXT_FIELDS)
+        frames = values.get("frames")
         frames = [f for f in frames if isinstance(f, dict)] if isinstance(frames, (list, tuple)) else []
         rec["num_frames"] = len(frames) if "frames" in fields else None
-        rec["top_frame"] = _frame_text(frames[0]) if frames else None
+        rec["top_frame"] = f"{frames[0].get('name')} ({frames[0].get('filename')}:{frames[0].get('line')})" if frames else None
         out.append(rec)
     if elided:
         warnings.append(f"{elided} entr{'y' if elided == 1 else 'ies'} elided ('...') in the dump")
@@ -207,9 +200,7 @@ def _records(root: ast.Dict, linenos: list[int], *, source: str, warnings: list[
                 rec["detail"] = (f"pg {pg_id}: last enqueued #{rec['last_enqueued_collective']}, started "
                                  f"#{rec['last_started_collective']}, completed #{rec['last_completed_collective']}")
             else:
-                rec.update(pg=None if values.get("name") is None else str(values.get("name")),
-                           pg_desc=None if values.get("desc") is None else str(values.get("desc")),
-                           ranks=None if values.get("ranks") is None else str(values.get("ranks")))
+                rec.update(pg=_text(values.get("name")), pg_desc=_text(values.get("desc")), ranks=_text(values.get("ranks")))
                 rec["detail"] = f"pg {pg_id} ({rec['pg_desc']}): ranks {rec['ranks']}"
             out.append(rec)
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, StepRowParser, put_field, run_parsers, to_int, to_num
+from ingest.parsers import ParseResult, StepRowParser, put_field, run_parsers, slug, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -56,10 +56,6 @@ _NOISE = (
 )
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
-
-
 class MegatronParser(StepRowParser):
     kind = "megatron"
 
@@ -68,14 +64,14 @@ class MegatronParser(StepRowParser):
         self._last_step: int | None = None
         self._unknown: set[str] = set()
 
-    def _iteration(self, lineno: int, time, step: str, total: str, rest: str, rank) -> bool:
-        """An iteration line: ``iteration N/ M | key: value | ...`` (rest: after the first ``|``)."""
-        step = int(step)
+    def _iteration(self, lineno: int, m: re.Match, ts, rank) -> bool:
+        """An iteration line: ``[ts] iteration N/ M | key: value | ...`` (_ITER's match)."""
+        step = int(m.group("step"))
         row = self._step_row(rank, step, lineno)
-        row["time"] = time
-        row["num_steps_total"] = int(total)
+        row["time"] = m.group("ts") or ts
+        row["num_steps_total"] = int(m.group("total"))
         fields = ITER_FIELDS
-        for seg in rest.split("|"):
+        for seg in m.group("rest").split("|"):
             key, sep, value = seg.partition(":")
             if not sep:
                 continue
@@ -85,7 +81,7 @@ class MegatronParser(StepRowParser):
             spec = fields.get(key)
             if spec is None:
                 if key.endswith(" loss") or key.endswith("_loss"):
-                    spec = (_slug(key), to_num, 1)
+                    spec = (slug(key), to_num, 1)
                 else:
                     if key not in self._unknown:
                         self._unknown.add(key)
@@ -100,7 +96,7 @@ class MegatronParser(StepRowParser):
         if "iteration" in body:
             m = _ITER.match(body)
             if m:
-                return self._iteration(lineno, m.group("ts") or ts, m.group("step"), m.group("total"), m.group("rest"), rank)
+                return self._iteration(lineno, m, ts, rank)
         if body.startswith("time (ms)") or body.startswith("rank=") and "time (ms)" in body:
             self.records.extend(timer_records(body, source=self.source, lineno=lineno, step=self._last_step,
                                               rank=rank, kind="megatron"))
@@ -124,8 +120,7 @@ class MegatronParser(StepRowParser):
                 return True
             m = _ARG.match(body)
             if m:
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "argument",
-                                     "kind": "megatron", "key": f"megatron.{m.group('key')}", "value": m.group("value").strip()})
+                self.env(lineno, f"megatron.{m.group('key')}", m.group("value").strip(), record="argument")
                 return True
         for rx in _NOISE:
             if rx.match(body):
@@ -133,11 +128,6 @@ class MegatronParser(StepRowParser):
         return False
 
 
-def build_megatron_chain(source: str) -> list[LineParser]:
-    """The parsers a Megatron-LM log goes through, first that recognises a line wins."""
-    return [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)]
-
-
 def parse_megatron(text, *, source: str) -> ParseResult:
     """Parse a Megatron-LM log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_megatron_chain(source), kind="megatron")
+    return run_parsers(text, [MegatronParser(source), DeepSpeedParser(source), FailureScanner(source)], kind="megatron")

@@ -36,7 +36,6 @@ _RULES = {
     "Using": (rule("network", r"Using network (?P<value>.+)", "env", Col("value", "value", S), key="nccl_network"),
               rule("nccl_using", r"Using .*", None)),
     "NET/Plugin": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
-    "NET/Plugin:": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
     "NET/IB": (rule("net_ib", r"NET/IB ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),
                rule("net_ib_none", r"NET/IB ?: No device found\.?$", None)),
     "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),),
@@ -55,6 +54,9 @@ _RULES = {
              Col("comm", "comm", S), Col("rank", "rank", I), Col("cdev", "cuda_dev", I), Col("detail", "detail", S)),
         rule("comm_other", r"comm 0x[0-9a-f]+ .*", None),
     ),
+    "Channel": (rule("ring", r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$", "comm_topology",
+                     Col("channel", "channel", I), Col("num", "num_channels", I), Col("ring", "ring", lambda t: " ".join(t.split()))),),
+    "CollNet": (),  # CollNet lines other than transport edges: not known
     "Trees": (rule("tree", r"Trees (?P<trees>.+)", "comm_topology", Col("trees", "trees", S)),),
     "NVLS": (rule("nvls", r"NVLS comm (?P<comm>0x[0-9a-f]+) headRank (?P<head>-?\d+) nHeads (?P<nheads>\d+) buffSize (?P<buff>\d+)"
                   r"(?: memSize (?P<mem>\d+))?(?: nvlsPerRankSize (?P<per>\d+))?(?: nvlsTotalSize (?P<tot>\d+))?", "comm_topology",
@@ -97,8 +99,6 @@ _RULES = {
     "Assigned": (rule("net_plugin_assigned", r"Assigned NET plugin \S+ to comm$", None),),
     "Failed": (rule("net_plugin_failed", r"Failed to initialize NET plugin \S+$", None),),
     "ENV/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
-    "PROFILER/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
-    "TUNER/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
     "===": (rule("topo_end", r"=+$", None),
             rule("topo_system", r"=== System : maxBw (?P<max>[\d.]+) totalBw (?P<tot>[\d.]+) ===", "comm_topology",
                  Col("max", "topo_max_bw_gbps", F), Col("tot", "topo_total_bw_gbps", F)),),
@@ -106,8 +106,7 @@ _RULES = {
                "comm_topology", Col("link", "topo_link", S), Col("bw", "topo_link_bw_gbps", F), Col("ntype", "topo_node_type", S),
                Col("nid", "topo_node_id", S), Col("info", "topo_node_info", S)),),
     "CPU/": (rule("topo_cpu", r"CPU/(?P<nid>[\w\-]+) \((?P<info>[^)]*)\)$", "comm_topology", Col("nid", "topo_node_id", S),
-                  Col("info", "topo_node_info", S), topo_node_type="CPU"),
-             rule("topo_path", r"[A-Z]+/[\w\-]+ :(?:[A-Z]+/[\w\-]+ \([^)]*\) ?)+$", None)),
+                  Col("info", "topo_node_info", S), topo_node_type="CPU"),),
     # TUNING: ids and a time or channel count (NCCL <= 2.2x); names and a channel range (2.28:
     # ``AllReduce: 16 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}``), ids kept beside them
     "tuning": (rule("tuning_named", r"(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>[A-Z][A-Z_]*) "
@@ -122,16 +121,20 @@ _RULES = {
     "env": (rule("nccl_setting", r"(?P<key>NCCL_\w+) set by environment to (?P<value>.*)", "env",
                  Col("key", "key", S), Col("value", "value", S)),),
 }
+# First words that share another's rules: a glued colon, a CPU node or a path under it.
+_RULES.update({"NET/Plugin:": _RULES["NET/Plugin"], "PROFILER/Plugin:": _RULES["ENV/Plugin:"],
+               "TUNER/Plugin:": _RULES["ENV/Plugin:"], "CPU/": _RULES["CPU/"] + _RULES["topo_path"]})
 _COLL = re.compile(
     r"(?P<func>[A-Za-z]+): opCount (?P<op>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) datatype (?P<dt>\d+) "
     r"op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])?"
 )
-_TEST_ROW = re.compile(
-    r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+(?P<t>[\d.]+)\s+(?P<alg>[\d.]+)\s+"
-    r"(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$"
-)
+_TEST_ROW = rule(  # an nccl-tests result row: out-of-place then in-place time and bandwidths
+    "nccl_tests", r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+(?P<t>[\d.]+)\s+"
+    r"(?P<alg>[\d.]+)\s+(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$",
+    "collectives", Col("size", "size_b", I), Col("count", "count", I), Col("type", "dtype", S), Col("redop", "redop", S),
+    Col("root", "root", I), Col("t", "time_us", F), Col("alg", "alg_bw_gbps", F), Col("bus", "bus_bw_gbps", F),
+    Col("t2", "time_in_place_us", F), Col("alg2", "alg_bw_in_place_gbps", F), Col("bus2", "bus_bw_in_place_gbps", F))
 _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
-_RING = re.compile(r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$")
 
 
 class NcclParser(LineParser):
@@ -161,41 +164,32 @@ class NcclParser(LineParser):
         level, _, msg = msg.partition(" ")
         hdr = (h.group("host"), h.group("pid"), h.group("dev"))
         if level == "WARN":
-            loc = h.group("loc") or ""
-            file, _, ln = loc.rpartition(":")
-            hts = h.groupdict().get("ts")
-            self.records.append({"table": "events", "source": self.source, "line": lineno, "event": "nccl_warn",
-                                 "rank": rank, "time": ts or hts, "host": hdr[0], "pid": int(hdr[1]), "cuda_dev": int(hdr[2]),
-                                 "loc_file": file or None, "loc_line": int(ln) if ln else None, "detail": msg.strip()[:500]})
+            file, _, ln = (h.group("loc") or "").rpartition(":")
+            self.event("nccl_warn", lineno, rank, ts or h.groupdict().get("ts"), host=hdr[0], pid=int(hdr[1]),
+                       cuda_dev=int(hdr[2]), loc_file=file or None, loc_line=int(ln) if ln else None,
+                       detail=msg.strip()[:500])
             return True
         if level != "INFO" and level != "TRACE":
             return False
         return self._msg(lineno, hdr, msg.lstrip(), ts, rank)
 
-    def _edge(self, lineno: int, hdr: tuple, g: tuple) -> None:
-        """g: (kind, channel, src, src_id, dst, dst_id, direction, transport) strings ('' = absent)."""
-        src = f"{g[2]}[{g[3]}]" if g[3] else g[2]
-        dst = (f"{g[4]}[{g[5]}]" if g[5] else g[4]) if g[4] else ""
-        self._add_edge(lineno, hdr, (hdr[0], hdr[1], src, dst, g[6], g[7]), g[1], g[0] == "CollNet")
-
-    def _add_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
-        """key: (host, pid, src, dst, direction, transport); one row per key, counting channels."""
+    def _edge(self, lineno: int, hdr: tuple, m: re.Match) -> None:
+        """A ``Channel c : src -> dst via transport`` line: one row per (host, pid, src, dst,
+        direction, transport), counting its lines and its distinct channels."""
+        kind, channel, src, src_id, dst, dst_id, direction, transport = m.group(
+            "kind", "channel", "src", "src_id", "dst", "dst_id", "dir", "transport")
+        key = (hdr[0], hdr[1], src, src_id, dst, dst_id, direction, transport)
         e = self._edges.get(key)
-        if e is None:
-            self._new_edge(lineno, hdr, key, channel, collnet)
-        else:
+        if e is not None:
             e["num_channels"] += 1
             self._edge_channels[key][channel] = None
-
-    def _new_edge(self, lineno: int, hdr: tuple, key: tuple, channel: str, collnet: bool) -> None:
-        src, _, src_id = key[2].partition("[")
-        dst, _, dst_id = key[3].partition("[")
+            return
         self._edges[key] = {
             "table": "comm_topology", "source": self.source, "line": lineno, "record": "transport",
             "host": hdr[0], "pid": int(hdr[1]), "cuda_dev": int(hdr[2]), "rank": int(src),
-            "peer": int(dst) if dst else None, "rank_id": src_id.rstrip("]") or None, "peer_id": dst_id.rstrip("]") or None,
-            "direction": key[4] or None, "transport": key[5],
-            "transport_kind": _transport_kind(key[5]), "via_collnet": collnet,
+            "peer": int(dst) if dst else None, "rank_id": src_id or None, "peer_id": dst_id or None,
+            "direction": direction or None, "transport": transport,
+            "transport_kind": _transport_kind(transport), "via_collnet": kind == "CollNet",
             "num_channels": 1, "channels": channel}
         self._edge_channels[key] = {channel: None}
 
@@ -203,17 +197,8 @@ class NcclParser(LineParser):
         if stripped.startswith("Channel ") or stripped.startswith("CollNet "):
             m = _EDGE.match(stripped)
             if m:
-                self._edge(lineno, hdr, tuple(x or "" for x in m.group("kind", "channel", "src", "src_id", "dst", "dst_id",
-                                                                        "dir", "transport")))
+                self._edge(lineno, hdr, m)
                 return True
-            m = _RING.match(stripped)
-            if m:
-                self.records.append(self._header({
-                    "table": "comm_topology", "source": self.source, "line": lineno, "record": "ring",
-                    "channel": int(m.group("channel")), "num_channels": int(m.group("num")),
-                    "ring": " ".join(m.group("ring").split())}, hdr))
-                return True
-            return False
         word = stripped.split(" ", 1)[0]
         if word.startswith("ncclComm") and stripped[len(word):len(word) + 6] == " comm ":
             stripped = stripped[len(word) + 1:]  # 2.28 names the API first: "ncclCommInitRankConfig comm 0x.. - Init COMPLETE"
@@ -255,7 +240,7 @@ class NcclParser(LineParser):
                     return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo"], rec["proto"]), rec)
                 if r.name == "tuning_named":
                     rec["algo"], rec["proto"] = ALGO_IDS.get(rec["algo_name"]), PROTO_IDS.get(rec["proto_name"])
-                    return self._agg(_named_key(rec.get("func"), rec["size_b"], rec["algo_name"], rec["proto_name"]), rec)
+                    return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo_name"], rec["proto_name"]), rec)
                 if rec["table"] == "env":
                     k = (rec["key"], rec["value"])
                     if k in self._seen_env:
@@ -309,26 +294,18 @@ class NcclParser(LineParser):
             v = body.split()[2]
             if ("nccl_version", v) not in self._seen_env:
                 self._seen_env.add(("nccl_version", v))
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nccl_version",
-                                     "kind": "nccl", "key": "nccl_version", "value": v})
+                self.env(lineno, "nccl_version", v, record="nccl_version")
             return True
         if body[0] == "#":
             m = _TEST_RANK.match(body)
             if m:
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nccl_tests_device",
-                                     "kind": "nccl", "key": f"gpu.rank{m.group('rank')}",
-                                     "value": f"{m.group('name')} [{m.group('bus')}] on {m.group('host')} device {m.group('dev')}"})
+                self.env(lineno, f"gpu.rank{m.group('rank')}", f"{m.group('name')} [{m.group('bus')}] on {m.group('host')} "
+                         f"device {m.group('dev')}", record="nccl_tests_device")
             return True  # nccl-tests comments and table headers
-        m = _TEST_ROW.match(body)
+        m = _TEST_ROW.regex.match(body)
         if m:
-            g = m.groupdict()
-            self.records.append({"table": "collectives", "source": self.source, "line": lineno, "record": "nccl_tests",
-                                 "size_b": int(g["size"]), "count": int(g["count"]), "dtype": g["type"], "redop": g["redop"],
-                                 "root": int(g["root"]), "time_us": float(g["t"]), "alg_bw_gbps": float(g["alg"]),
-                                 "bus_bw_gbps": float(g["bus"]), "time_in_place_us": float(g["t2"]),
-                                 "alg_bw_in_place_gbps": float(g["alg2"]), "bus_bw_in_place_gbps": float(g["bus2"])})
-            return True
-        return False
+            self.records.append(apply_rule(_TEST_ROW, m, source=self.source, lineno=lineno))
+        return m is not None
 
     def finish(self) -> None:
         for key, e in self._edges.items():
@@ -338,20 +315,10 @@ class NcclParser(LineParser):
         self._edges, self._edge_channels, self._colls = {}, {}, {}
 
 
-def build_nccl_chain(source: str) -> list[LineParser]:
-    """The parsers NCCL output goes through, first that recognises a line wins."""
-    return [NcclParser(source), FailureScanner(source)]
-
-
 # NCCL's algorithm and protocol ids (src/include/device.h: NCCL_ALGO_*, NCCL_PROTO_*), the numbers
 # older TUNING lines print where 2.28 prints the names.
 ALGO_IDS = {"TREE": 0, "RING": 1, "COLLNET_DIRECT": 2, "COLLNET_CHAIN": 3, "NVLS": 4, "NVLS_TREE": 5, "PAT": 6}
 PROTO_IDS = {"LL": 0, "LL128": 1, "SIMPLE": 2}
-
-
-def _named_key(func: str | None, size, algo: str, proto: str) -> tuple:
-    """The aggregation key of a 2.28 TUNING line (names, not ids: an unknown name stays itself)."""
-    return ("tuning", func, int(size), algo, proto)
 
 
 def _transport_kind(transport: str) -> str:
@@ -370,4 +337,4 @@ def parse_nccl(text, *, source: str) -> ParseResult:
     ``text``: a string or an iterable of lines (streamed in chunks; memory is bounded by the
     number of distinct edges / call shapes, not by the log size).
     """
-    return run_parsers(text, build_nccl_chain(source), kind="nccl")
+    return run_parsers(text, [NcclParser(source), FailureScanner(source)], kind="nccl")

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
+from ingest.parsers import CELLS, Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 S = str
-_SPLIT = re.compile(r"\s{2,}")
 
 _LINES = (
     rule("nccl_version", r"NCCL version (?P<v>\S+)(?: compiled with CUDA (?P<cuda>\S+))?$", "env",
@@ -62,23 +61,20 @@ def _value(text: str):
 
 class RasParser(LineParser):
     kind = "nccl_ras"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._section: str | None = None
-        self._head1: list[str] | None = None
-        self._cols: list[str] | None = None
-        self._block: dict | None = None
+    _section: str | None = None
+    _head1: list[str] | None = None
+    _cols: list[str] | None = None
+    _block: dict | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)
         if r is not None:
             return self._rule(r, m, lineno)
         if _HEADER1.match(body):
-            self._head1, self._cols = _SPLIT.split(body), None
+            self._head1, self._cols = CELLS.split(body), None
             return True
         if self._head1 is not None and _HEADER2.match(body):
-            head2 = _SPLIT.split(body)
+            head2 = CELLS.split(body)
             head2 += [""] * (len(self._head1) - len(head2))
             names = [f"{a} {b}".strip() for a, b in zip(self._head1, head2)]
             self._cols = [COLUMNS.get(n, re.sub(r"\W+", "_", n.lower()).strip("_")) for n in names]
@@ -100,8 +96,7 @@ class RasParser(LineParser):
                 self.records.append({**rec, "record": "cuda_build_version", "key": "cuda_build_version", "value": g["cuda"]})
         elif r.table == "versions":
             for key, grp in (("cuda_runtime_version", "rt"), ("cuda_driver_version", "drv")):
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": key,
-                                     "kind": self.kind, "key": key, "value": g[grp]})
+                self.env(lineno, key, g[grp], record=key)
         elif r.table == "section":
             self._section, self._cols, self._head1, self._block = g["section"].rstrip("."), None, None, None
         elif r.table == "block":

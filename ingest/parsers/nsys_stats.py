@@ -21,10 +21,9 @@ from __future__ import annotations
 import csv
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
+from ingest.parsers import CELLS, RULE_LINE, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
 from ingest.parsers.failures import FailureScanner
 
-_SPLIT = re.compile(r"\s{2,}")
 _TIME = {"ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "microseconds": 1e-6, "ms": 1e-3, "milliseconds": 1e-3,
          "s": 1.0, "sec": 1.0, "seconds": 1.0}
 _SIZE = {"b": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30}
@@ -52,7 +51,7 @@ _LINES = (
     rule("executing", r"\[\d+/\d+\] Executing '(?P<report>\w+)' stats report$", "report"),
     rule("title", r"\*\* (?P<title>.*) \((?P<report>\w+)\):$", "title"),
     rule("legacy_title", r"(?P<title>(?P<what>[\w /-]+?) Statistics) \((?P<unit>[^)]*)\)$", "legacy"),
-    rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None),
+    RULE_LINE,
     rule("notice", r"NOTICE: |(?:It is assumed|Consider using|Generating|Exporting|Processing|Saving|Creating|"
          r"Collecting|Exported|Saved report|Generating SQLite) ", None),
     rule("progress", r"(?:\[\d+/\d+\] )?\[=*\d+%\]", None),
@@ -95,15 +94,12 @@ DEFAULT_COLS = _header(["Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", 
 
 class NsysStatsParser(LineParser):
     kind = "nsys_stats"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._report: str | None = None
-        self._title: str | None = None
-        self._unit: str | None = None
-        self._cols: list[tuple[str, str, float]] | None = None
-        self._csv = False
-        self._warned = False
+    _report: str | None = None
+    _title: str | None = None
+    _unit: str | None = None
+    _cols: list[tuple[str, str, float]] | None = None
+    _csv = False
+    _warned = False
 
     def _table_header(self, cells: list[str], *, csv_form: bool) -> bool:
         cols = _header(cells, unit=self._unit)
@@ -136,11 +132,11 @@ class NsysStatsParser(LineParser):
                     return True
                 if self._cols is not None and self._csv:
                     return self._row(lineno, cells, rank)
-        cells = _SPLIT.split(body)
+        cells = CELLS.split(body)
         if self._table_header(cells, csv_form=False):
             return True
         if self._cols is None and len(cells) == len(DEFAULT_COLS):
-            return self._headerless(lineno, cells, rank)
+            return all(_NUM.fullmatch(c) for c in cells[:-1]) and self._headerless(lineno, cells, rank)
         if self._cols is None or self._csv:
             return False
         if len(cells) > len(self._cols):  # names keep their inner double spaces: split off the numbers only
@@ -150,13 +146,14 @@ class NsysStatsParser(LineParser):
         self._cols = None  # not a row: the table ended (e.g. a "[trimmed]" gap); later rows have no header
         return False
 
-    def _row(self, lineno: int, cells: list[str], rank) -> bool:
-        if len(cells) != len(self._cols):
+    def _row(self, lineno: int, cells: list[str], rank, *, headerless: bool = False) -> bool:
+        cols = DEFAULT_COLS if headerless else self._cols
+        if len(cells) != len(cols):
             return False
         rec = {"table": "kernels", "source": self.source, "line": lineno, "record": "nsys_row", "kind": self.kind,
-               "rank": rank, "report": self._report, "title": self._title}
+               "rank": rank, "report": None if headerless else self._report, "title": None if headerless else self._title}
         numbers = 0
-        for (col, kind, scale), cell in zip(self._cols, cells):
+        for (col, kind, scale), cell in zip(cols, cells):
             cell = cell.strip()
             if kind == "str":
                 rec[col] = cell
@@ -175,16 +172,10 @@ class NsysStatsParser(LineParser):
         self.records.append(rec)
         return True
 
-
     def _headerless(self, lineno: int, cells: list[str], rank) -> bool:
         """A row after a gap (its table's title and header not in the text): nsys's default
         summary layout (cuda_api_sum, osrt_sum, cuda_gpu_kern_sum share it), report unknown."""
-        saved, self._cols, self._report, self._title = (self._report, self._title), DEFAULT_COLS, None, None
-        try:
-            ok = all(_NUM.fullmatch(c) for c in cells[:-1]) and self._row(lineno, cells, rank)
-        finally:
-            self._cols = None
-            self._report, self._title = saved
+        ok = self._row(lineno, cells, rank, headerless=True)
         if ok and not self._warned:
             self._warned = True
             self.warnings.append(f"line {lineno}: rows without their table header; read with nsys's default "

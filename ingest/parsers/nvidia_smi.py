@@ -22,14 +22,7 @@ _LEGEND = re.compile(r"(?:Legend:|NIC Legend:|X\s+= Self|(?:SYS|NODE|PHB|PXB|PIX
 
 class TopoParser(LineParser):
     kind = "nvidia_smi_topo"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._cols: list[str] | None = None
-
-    def _env(self, lineno, key, value, record):
-        self.records.append({"table": "env", "source": self.source, "line": lineno, "record": record,
-                             "kind": "nvidia_smi_topo", "key": key, "value": value})
+    _cols: list[str] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if body.endswith("nvidia-smi topo -m"):
@@ -47,19 +40,16 @@ class TopoParser(LineParser):
                 return False
             for col, cell in zip(self._cols, cells):
                 if col in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"):
-                    self._env(lineno, f"topo.{dev}.{col.lower()}", cell, "smi_affinity")
+                    self.env(lineno, f"topo.{dev}.{col.lower()}", cell, record="smi_affinity")
                 elif _LINK.match(cell):
                     self.records.append({"table": "comm_topology", "source": self.source, "line": lineno,
                                          "record": "smi_link", "device": dev, "peer": col, "link": cell})
             return True
         m = _LEGEND_NIC.match(body)
         if m:
-            self._env(lineno, f"topo.{m.group('nic')}", m.group("name"), "smi_nic")
+            self.env(lineno, f"topo.{m.group('nic')}", m.group("name"), record="smi_nic")
             return True
         return bool(_LEGEND.match(body))
-
-
-_Q = re.compile(r"(?P<indent> *)(?P<key>[^:]+?)\s*(?::\s?(?P<value>.*))?$")
 
 
 # top-level -q keys that are also environment facts under our names (a new one is one row)
@@ -68,15 +58,17 @@ _Q_ENV_KEYS = {"Driver Version": "driver_version", "Attached GPUs": "num_gpus"}
 
 class SmiQParser(LineParser):
     kind = "nvidia_smi_q"
+    _gpu: str | None = None  # the GPU section (bus id) and the section inside it the lines are in
+    _section: str | None = None
+    _section_indent = -1
 
     def __init__(self, source: str, indents: dict[int, int] | None = None) -> None:
         super().__init__(source)
         self._indents = indents or {}  # lineno -> leading spaces (the normaliser strips them)
-        self._section_indent = -1
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         indent = self._indents.get(lineno, 0)
-        if getattr(self, "_section", None) and indent <= self._section_indent:
+        if self._section and indent <= self._section_indent:
             self._section = None
         if re.fullmatch(r"=+NVSMI LOG=+", body):
             return True
@@ -88,14 +80,11 @@ class SmiQParser(LineParser):
         if " : " in body or body.endswith(" :"):
             key, _, value = body.partition(" :")
             key, value = key.strip(), value.strip()
-            section = getattr(self, "_section", None)
-            gpu = getattr(self, "_gpu", None)
+            section, gpu = self._section, self._gpu
             full = ".".join(x for x in ("nvsmi", gpu and f"gpu[{gpu}]", section, key) if x)
-            self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
-                                 "kind": "nvidia_smi_q", "key": full, "value": value})
+            self.env(lineno, full, value, record="nvsmi")
             if not section and not gpu and key in _Q_ENV_KEYS and value:
-                self.records.append({"table": "env", "source": self.source, "line": lineno, "record": "nvsmi",
-                                     "kind": "nvidia_smi_q", "key": _Q_ENV_KEYS[key], "value": value})
+                self.env(lineno, _Q_ENV_KEYS[key], value, record="nvsmi")
             return True
         if re.fullmatch(r"[A-Z][\w /()\-]*", body):
             self._section, self._section_indent = body, indent

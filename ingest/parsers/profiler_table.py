@@ -19,21 +19,17 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
+from ingest.parsers import (BINARY, CELLS, RULE_LINE, SI, Col, LineParser, ParseResult, apply_rule, match_rules,
+                            read_scaled, rule, run_parsers, to_num)
 from ingest.parsers.failures import FailureScanner
 
-_SPLIT = re.compile(r"\s{2,}")
-_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-_MEM_UNITS = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30}  # torch's format_memory: 1024-based
-_FLOP_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_TIME = re.compile(r"(-?[\d.,]+)\s*(ns|us|ms|s)")
+_MEM = re.compile(r"(-?[\d.,]+)\s*([KMG]?b)", re.I)
 
 
 def to_seconds(text: str) -> float:
     """'890.805us' / '5.234ms' / '1.203s' / '-3.000us' -> seconds."""
-    m = re.fullmatch(r"(-?[\d.,]+)\s*(ns|us|ms|s)", text)
-    if not m:
-        raise ValueError(text)
-    return to_num(m.group(1)) * _TIME_UNITS[m.group(2)]
+    return read_scaled(text, _TIME, lambda unit: SI[unit[:-1]])
 
 
 def to_pct(text: str) -> float:
@@ -43,11 +39,8 @@ def to_pct(text: str) -> float:
 
 
 def to_bytes(text: str) -> int:
-    """'1.25 Gb' / '-512 b' -> bytes (as torch prints them: Gb/Mb/Kb are binary multiples)."""
-    m = re.fullmatch(r"(-?[\d.,]+)\s*([KMG]?b)", text, re.I)
-    if not m:
-        raise ValueError(text)
-    return round(to_num(m.group(1)) * _MEM_UNITS[m.group(2).lower()])
+    """'1.25 Gb' / '-512 b' -> bytes (as torch prints them, format_memory: Gb/Mb/Kb are binary multiples)."""
+    return round(read_scaled(text, _MEM, lambda unit: BINARY[unit[:-1].upper()]))
 
 
 # Pattern table of header cells: (regex, column template, converter). Templates use the
@@ -71,7 +64,7 @@ STANDARD = ("self_cpu_s", "cpu_total_s", "self_cuda_s", "cuda_total_s", "num_cal
 _FLOPS = re.compile(r"Total (?P<unit>[KMGTP]?)FLOPs", re.I)
 
 _LINES = (
-    rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None),
+    RULE_LINE,
     rule("self_time_total", r"Self (?P<dev>\w+) time total: (?P<t>-?[\d.,]+\s*(?:ns|us|ms|s))$", "events",
          Col("dev", "device", str.lower), Col("t", "duration_s", to_seconds), event="profiler_self_time_total"),
 )
@@ -85,7 +78,7 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
     for cell in cells:
         m = _FLOPS.fullmatch(cell)
         if m:
-            scale = _FLOP_UNITS[m.group("unit").upper()]
+            scale = SI[m.group("unit").upper()]
             out.append(("total_flops", lambda t, s=scale: to_num(t) * s))
             continue
         for rx, col, conv in HEADERS:
@@ -101,11 +94,8 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
 
 class ProfilerTableParser(LineParser):
     kind = "profiler_table"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._cols: list[tuple[str, Callable]] | None = None
-        self._header = ""
+    _cols: list[tuple[str, Callable]] | None = None
+    _header = ""
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)
@@ -116,7 +106,7 @@ class ProfilerTableParser(LineParser):
                 self.records.append(rec)
                 self._cols = None  # a footer ends the table
             return True
-        cells = _SPLIT.split(body)
+        cells = CELLS.split(body)
         cols = _header_columns(cells)
         if cols is not None:
             self._cols, self._header = cols, "|".join(cells)

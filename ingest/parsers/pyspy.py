@@ -54,13 +54,10 @@ def is_collective(func: str, file: str) -> bool:
 
 class PySpyParser(LineParser):
     kind = "pyspy"
-
-    def __init__(self, source: str) -> None:
-        super().__init__(source)
-        self._pid = None
-        self._thread: dict | None = None
-        self._frames: list[tuple[str, str, int | None]] = []
-        self._in_locals = False
+    _pid = None
+    _thread: dict | None = None  # the thread being read; its frames (func, file, line), innermost first
+    _frames: list[tuple[str, str, int | None]]
+    _in_locals = False
 
     def _flush(self) -> None:
         t = self._thread
@@ -72,7 +69,7 @@ class PySpyParser(LineParser):
                  collective=self._frames[hit][0] if hit is not None else None,
                  collective_frame=text[hit] if hit is not None else None)
         self.records.append(t)
-        self._thread, self._frames = None, []
+        self._thread = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)
@@ -97,6 +94,7 @@ class PySpyParser(LineParser):
             self._thread = {"table": "stacks", "source": self.source, "line": lineno, "record": "pyspy_thread",
                             "kind": self.kind, "rank": rank, "pid": self._pid, "thread_id": rec["thread_id"],
                             "thread_name": rec.get("thread_name"), "state": rec.get("state")}
+            self._frames = []
         return True
 
     def finish(self) -> None:

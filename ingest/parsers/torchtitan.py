@@ -33,25 +33,21 @@ STEP_FIELDS = {
     "tflops": ("framework_tflops_per_gpu", to_num, 1),
     "mfu": ("framework_mfu", to_pct, 0.01),
 }
-
-
 _EVENTS = (
     ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
     ("profiler_dump", re.compile(r"Dumping profiler traces at step (?P<step>\d+)")),
     ("profiler_dump_done", re.compile(r"Finished dumping profiler traces in (?P<s>[\d.]+) seconds")),
 )
 
+
 class TorchtitanParser(LineParser):
     kind = "torchtitan"
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        m = _LINE.match(body)
+        m = _LINE.match(body)  # [titan] ts - logger - LEVEL - msg
         if m is None:
             return False
-        return self._message(lineno, m.group("ts"), m.group("msg"), rank)
-
-    def _message(self, lineno: int, time: str, msg: str, rank) -> bool:
-        """The message of a ``ts - logger - LEVEL - msg`` line."""
+        time, msg = m.group("ts", "msg")
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
                    "time": time}
@@ -75,19 +71,12 @@ class TorchtitanParser(LineParser):
             e = rx.search(msg)
             if e:
                 g = e.groupdict()
-                self.records.append({"table": "events", "source": self.source, "line": lineno, "event": name,
-                                     "rank": rank, "time": time, "detail": msg[:500],
-                                     "duration_s": float(g["s"]) if g.get("s") else None,
-                                     "step": int(g["step"]) if g.get("step") else None})
+                self.event(name, lineno, rank, time, detail=msg[:500], duration_s=float(g["s"]) if g.get("s") else None,
+                           step=int(g["step"]) if g.get("step") else None)
                 return True
         return False
 
 
-def build_torchtitan_chain(source: str) -> list[LineParser]:
-    """The parsers a torchtitan log goes through, first that recognises a line wins."""
-    return [TorchtitanParser(source), FailureScanner(source)]
-
-
 def parse_torchtitan(text, *, source: str) -> ParseResult:
     """Parse a torchtitan log (see module doc). Pure; never raises on content."""
-    return run_parsers(text, build_torchtitan_chain(source), kind="torchtitan")
+    return run_parsers(text, [TorchtitanParser(source), FailureScanner(source)], kind="torchtitan")
