@@ -46,7 +46,8 @@ NOT_TAKEN: dict[tuple[str, str], dict[str, str]] = {
     ("tp_pp", "megatron"): {
         "compile": "megatron-core 0.16 without Transformer Engine builds its layers from custom autograd"
                    " Functions (tensor-parallel linears) and a CUDA RNG tracker; per-layer torch.compile of its"
-                   " TransformerLayer is not a supported path there, so layers run eager",
+                   " TransformerLayer is not a supported path there, so layers run eager, with Megatron's own"
+                   " compiled bias-GELU and bias-dropout-add fusions",
     },
 }
 MEGATRON_TP_LOSS_REASON = ("tp_degree > 1: Megatron's logits are vocab-sharded across TP ranks; the shared loss needs"

@@ -109,6 +109,22 @@ def test_gelu_tanh_is_runner_models():
     assert torch.equal(gelu_tanh(x), F.gelu(x, approximate="tanh"))
 
 
+def test_fused_bias_ops_select_megatrons_fusions_of_the_same_math():
+    c = build_transformer_config(TINY, dtype="bf16", tp_degree=1, pp_degree=1, fused_bias_ops=True)
+    assert c.activation_func is F.gelu and c.bias_activation_fusion and c.bias_dropout_fusion
+    from megatron.core.fusions.fused_bias_gelu import bias_gelu, bias_gelu_back
+
+    # the fused functions uncompiled (jit_fuser is torch.compile): the tanh GELU and its gradient
+    fwd = getattr(bias_gelu, "_torchdynamo_orig_callable", bias_gelu)
+    back = getattr(bias_gelu_back, "_torchdynamo_orig_callable", bias_gelu_back)
+    y = torch.linspace(-6, 6, 1001, dtype=torch.float64, requires_grad=True)
+    b = torch.full((1001,), 0.25, dtype=torch.float64)
+    ref = gelu_tanh(y + b)
+    assert torch.allclose(fwd(b, y), ref, rtol=0, atol=1e-7)
+    (grad,) = torch.autograd.grad(ref.sum(), y)
+    assert torch.allclose(back(torch.ones_like(y), b, y.detach()), grad, rtol=0, atol=1e-7)
+
+
 @pytest.mark.parametrize("num_query_groups", [4, 2])
 def test_sdpa_core_attention_matches_formula(mp_state, num_query_groups):
     config = build_transformer_config(TINY, dtype="fp32", tp_degree=1, pp_degree=1, use_cpu_initialization=True)

@@ -9,9 +9,9 @@
   ``finalize_model_grads`` sums their gradients over the TP group. Megatron's own fallback
   without TE/apex (``WrappedTorchNorm``) asserts ``not config.sequence_parallel``, so without it
   the local spec cannot run sequence parallelism (Korthikanti et al. 2022) at all.
-- ``gelu_tanh``: the MLP activation, ``F.gelu(approximate='tanh')`` exactly as runner.model.
-  (Megatron's default ``activation_func`` is erf ``F.gelu``; its ``bias_activation_fusion`` path
-  ``bias_gelu_impl`` is a tanh approximation with rounded constants, 0.79788456 for sqrt(2/pi).)
+- ``gelu_tanh``: the MLP activation, ``F.gelu(approximate='tanh')`` exactly as runner.model,
+  where Megatron's bias-GELU fusion is off (with it on, Megatron's ``bias_gelu_impl`` computes
+  the same tanh approximation; its constants equal sqrt(2/pi) to float32 precision).
 - ``build_gpt_block_spec``: ``get_gpt_layer_local_spec()`` with those three substitutions, as a
   ``TransformerBlockSubmodules`` (the final LayerNorm is chosen there, not in the layer spec).
 

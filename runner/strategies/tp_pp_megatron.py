@@ -37,7 +37,8 @@ backward, and its DDP pre-scales gradients by 1/dp (``calculate_per_token_loss=F
 global batch -- the same objective as the DDP trainer (every micro-batch has mbs*T tokens).
 
 Mixed precision, the Megatron way: bf16 parameters under ``Float16Module`` (outputs upcast to
-fp32 on the last stage), gradients reduced in fp32 (``grad_reduce_in_fp32``), fp32 master
+fp32 on the last stage, except the logits handed to the shared loss: bf16, as in the other
+engines), gradients reduced in fp32 (``grad_reduce_in_fp32``), fp32 master
 weights in ``Float16OptimizerWithFloat16Params`` (or the ``DistributedOptimizer`` when
 ``options.use_distributed_optimizer``). Without TE/apex, ``get_megatron_optimizer`` 0.16.1
 falls back to ``torch.optim.AdamW`` (``OptimizerConfig.decoupled_weight_decay=True``, the
@@ -62,6 +63,7 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from core.records import ModelConfig, RunSpec
 from runner.strategies import RankContext, StepOutput
@@ -81,14 +83,18 @@ def pipeline_layout(pp_layers: tuple[int, ...]) -> str:
 
 def build_transformer_config(
     cfg: ModelConfig, *, dtype: str, tp_degree: int, pp_degree: int, pp_layers: tuple[int, ...] | None = None,
-    use_cpu_initialization: bool = False,
+    use_cpu_initialization: bool = False, fused_bias_ops: bool = False,
 ):
     """The TransformerConfig matching runner.model.GPT(cfg). ``dtype``: "bf16" | "fp32".
 
     Sequence parallelism is on whenever tp_degree > 1 (Megatron's guidance; it cannot be on
     at tp 1). ``pp_layers``: layers per pipeline stage (a planted uneven split, as
     ``pipeline_model_parallel_layout``); None: Megatron's even split. ``use_cpu_initialization``
-    is for CPU tests only."""
+    is for CPU tests only. ``fused_bias_ops`` (Megatron-LM's default; the engine sets it on
+    CUDA): the MLP's bias + GELU and each residual's bias + dropout + add as Megatron's own fused
+    functions (``megatron.core.fusions``, compiled by its jit_fuser, torch.compile); the fused
+    GELU is the tanh approximation, its constants sqrt(2/pi) and 0.044715 to float32 precision,
+    selected by ``activation_func=F.gelu``. Off: ``gelu_tanh`` and unfused adds."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     bf16 = dtype == "bf16"
@@ -103,8 +109,8 @@ def build_transformer_config(
         sequence_parallel=tp_degree > 1,
         normalization="LayerNorm",
         layernorm_epsilon=1e-5,
-        activation_func=gelu_tanh,
-        bias_activation_fusion=False,  # its fused path is erf-free but with rounded constants
+        activation_func=F.gelu if fused_bias_ops else gelu_tanh,
+        bias_activation_fusion=fused_bias_ops,
         gated_linear_unit=False,
         add_bias_linear=True,
         hidden_dropout=0.0,
@@ -115,7 +121,7 @@ def build_transformer_config(
         pipeline_dtype=params_dtype,
         use_cpu_initialization=use_cpu_initialization,
         masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
+        bias_dropout_fusion=fused_bias_ops,
         gradient_accumulation_fusion=False,  # needs apex's fused_weight_gradient_mlp_cuda
         deallocate_pipeline_outputs=True,  # Megatron-LM's default: free sent activations early
         calculate_per_token_loss=False,
@@ -242,8 +248,18 @@ def _forward_step(data_iterator, model, *, position_ids: torch.Tensor, shared_lo
     if shared_loss is None:
         output = model(input_ids=inputs, position_ids=position_ids, attention_mask=None, labels=labels)
         return output, _loss_func
-    output = model(input_ids=inputs, position_ids=position_ids, attention_mask=None)
+    # bf16 logits into the shared loss, as the other engines hand it theirs (it computes in fp32
+    # inside): Float16Module would otherwise upcast the [mbs, T, V] logits to fp32, a copy of
+    # twice their size and its backward
+    from megatron.core.transformer.module import Float16Module
+
+    kwargs = {"fp32_output": False} if isinstance(_unwrap_ddp(model), Float16Module) else {}
+    output = model(input_ids=inputs, position_ids=position_ids, attention_mask=None, **kwargs)
     return output, partial(_shared_loss_func, labels=labels, shared_loss=shared_loss)
+
+
+def _unwrap_ddp(model):
+    return getattr(model, "module", model)
 
 
 def _shared_loss_func(logits: torch.Tensor, *, labels: torch.Tensor, shared_loss):
@@ -314,7 +330,7 @@ class MegatronTPPPTrainer:
         tensor_parallel.model_parallel_cuda_manual_seed(f.seed + 100 * pp_rank)
 
         self.config = build_transformer_config(cfg, dtype=f.dtype, tp_degree=spec.tp_degree, pp_degree=spec.pp_degree,
-                                               pp_layers=_planted_pp_layers(spec))
+                                               pp_layers=_planted_pp_layers(spec), fused_bias_ops=True)
         model = build_gpt_model(cfg, self.config, pp_rank=pp_rank)
         # what was built, gathered over the pipeline: the run's record of its stage split
         self.pp_stage_num_layers = gather_stage_num_layers(
