@@ -1,22 +1,14 @@
 """Pure parsers for third-party artifacts: text in, records + unparsed-line count out.
 
-Shared pieces live here: ``ParseResult``, the line normaliser every parser runs its input
-through (launcher prefixes, ANSI colour, paste indentation, ISO timestamps on their own
-line), ``detect_kind`` (by content, never by file name), ``ingest.parsers.dispatch.parse_text`` (detect + parse),
-and ``Runner``, which feeds each normalised line to a format's ``LineParser`` chain.
-
-One path per format: every line goes through the normaliser and the chain's ``feed``; there
-is no second, faster copy of a rule. Speed comes from parsing files in parallel processes
-(``ingest.thirdparty.ingest_files``), one file per process.
-
-Each format has its own module with one pattern table (``Rule`` rows: name, regex with named
-groups, table, and per group the column, type and unit scale): a new field is one row.
-Deliberately not here: opening files (ingest.io), writing tables (ingest.thirdparty),
-any analysis of the records.
-
+Shared here: ``ParseResult``, pattern-table rows (``Rule``: name, regex with named groups, table,
+and per group the column, type and unit scale), the line normaliser (launcher prefixes, ANSI
+colour, indentation, ISO timestamps on their own line), ``detect_kind`` (by content, never by
+file name) and ``Runner``, which feeds each normalised line to a format's ``LineParser`` chain.
 Records are plain dicts; ``record["table"]`` names the output table (steps, memory, timers,
-comm_topology, collectives, events, env, kernels, stacks); every record carries ``source`` and ``line``
-(1-based line of the input it came from, the first one for aggregated records).
+comm_topology, collectives, events, env, kernels, stacks); each carries ``source`` and ``line``
+(1-based, the first line for aggregated records). Detect + parse: ``ingest.parsers.dispatch``.
+Deliberately not here: a second, faster copy of any rule (speed comes from one process per
+file, ingest.thirdparty), opening files (ingest.io), writing tables, analysis.
 """
 from __future__ import annotations
 
@@ -31,13 +23,8 @@ MAX_UNPARSED_LINENOS = 1000  # line numbers kept for --strict; the count is alwa
 
 @dataclass(frozen=True, kw_only=True)
 class ParseResult:
-    """What a parser returns.
-
-    records: dicts with a ``table`` key (see module doc); unparsed: number of non-blank input
-    lines no rule recognised; warnings: human-readable notes (truncation, skipped huge lines,
-    unknown fields); kind: the format parsed; unparsed_lines: the first
-    ``MAX_UNPARSED_LINENOS`` 1-based line numbers that were not parsed.
-    """
+    """What a parser returns. unparsed: the number of non-blank lines no rule recognised;
+    unparsed_lines: the first ``MAX_UNPARSED_LINENOS`` of them (1-based); num_lines: lines read."""
 
     records: list[dict]
     unparsed: int
@@ -173,21 +160,17 @@ _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\
 
 
 def is_timestamp_line(body: str) -> bool:
-    """Whether a non-empty normalised line is an ISO timestamp alone (CloudWatch exports put one
-    before each log line; it belongs to the next line)."""
+    """Whether a non-empty normalised line is an ISO timestamp alone (CloudWatch's, for the next line)."""
     return body[0].isdigit() and len(body) <= 35 and _ISO_TS.fullmatch(body) is not None
 
 
 class TextBlocks:
-    """Text streamed as blocks of whole lines: the input's lines are the blocks joined with
-    newlines (a block never ends inside a line). ``ingest.io.iter_text_blocks`` reads files
-    this way, so no Python object per line exists before the parsers' own regex pass.
-    Iterating yields the blocks; ``lines()`` yields the lines."""
+    """Text as blocks of whole lines joined by newlines (``ingest.io.iter_text_blocks``):
+    iterating yields the blocks, ``lines()`` the lines."""
 
     def __init__(self, blocks: Iterable[str]) -> None:
         self.blocks = blocks
-        # set by the reader once the input ends inside a line (no newline after its last line)
-        self.ends_cut = False
+        self.ends_cut = False  # set by the reader when the input ends inside a line (no final newline)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.blocks)
@@ -219,13 +202,9 @@ def normalise_line(raw: str) -> tuple[str, int | None] | None:
 
 
 def iter_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str | None, str | None, int | None]]:
-    """Normalised non-blank lines: ``(lineno, body, timestamp, rank)``.
-
-    body, rank: see ``normalise_line``. timestamp: an ISO timestamp that stood alone on the
-    previous line (CloudWatch exports), else None; such timestamp lines are consumed, not
-    yielded. Long lines (> MAX_LINE_CHARS) are yielded with body None so callers count them
-    unparsed. ``text`` may be a string or any iterable of lines (streaming).
-    """
+    """``(lineno, body, timestamp, rank)`` per normalised non-blank line of a string or iterable
+    of lines. timestamp: an ISO timestamp alone on the line before (consumed, not yielded); a
+    line longer than MAX_LINE_CHARS comes with body None."""
     pending_ts = None
     lines = text.lines() if isinstance(text, TextBlocks) else text.split("\n") if isinstance(text, str) else text
     for lineno, raw in enumerate(lines, start=1):
@@ -296,10 +275,9 @@ class StepRowParser(LineParser):
 
 
 class Runner:
-    """Feeds raw lines through the normaliser to ``parsers`` (first that recognises a line
-    wins) and keeps the counts: unparsed lines (and their first MAX_UNPARSED_LINENOS numbers),
-    lines read, lines too long to read. A parser that raises ValueError, IndexError, KeyError
-    or OverflowError on a line leaves it unparsed with a warning."""
+    """Feeds raw lines through the normaliser to ``parsers`` (first that recognises a line wins)
+    and counts unparsed, read and too-long lines. A parser that raises ValueError, IndexError,
+    KeyError or OverflowError on a line leaves it unparsed with a warning."""
 
     def __init__(self, parsers: list[LineParser], *, kind: str) -> None:
         self.parsers, self.kind = parsers, kind
@@ -361,8 +339,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
             raw(*last)
         last = (lineno, line)
     if last[1] and blocks.ends_cut and last[1].strip():
-        # a file that ends inside a line was cut (a crashed writer, a partial copy): its last
-        # line is counted unparsed and flagged, and none of its numbers are used
+        # a file that ends inside a line was cut (a crashed writer, a partial copy): line not used
         runner.miss(last[0])
         runner.num_lines = last[0]
         parsers[0].warnings.append(f"line {last[0]}: cut (the file ends without a newline); not used")
@@ -398,11 +375,7 @@ HEAD_CHARS = 64 * 1024
 
 
 def detect_kind(text_head: str) -> str | None:
-    """The artifact kind of a text, by its content (first 64 KiB), or None if unknown.
-
-    Kinds with a parser: see ``PARSED_KINDS``; other kinds are recognised so ingest can say
-    what a file is and that it is not parsed yet (chrome_trace).
-    """
+    """The artifact kind of a text by its content (first HEAD_CHARS), or None if unknown."""
     head = "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
     for kind, sig in _SIGNATURES:
         if sig.search(head):

@@ -1,16 +1,11 @@
-"""Chrome traces a user brings: torch.profiler (Kineto) traces, one per rank, and the NCCL
-profiler plugin's / pasted fragments' events -> records, plus the rank's timeline for the
-cross-rank attribution (ingest.attribution).
+"""Chrome traces a user brings -> records, plus the rank's timeline for ingest.attribution.
 
-Pure: events (``ingest.io.open_trace_events``) and the document's head text in, records out.
-A Kineto trace gives one ``traces`` record (rank and world size from ``distributedInfo``, else
-the file name; process groups; whether ProfilerStep marks were there), its ``breakdown`` rows
-(ingest.traces.compute_step_breakdown: the same analysis as a campaign's section 5; without
-ProfilerStep marks the whole trace is one window) and an ``env`` record of the NCCL version it
-names. A trace that is not a Kineto document (NCCL profiler plugin, a pasted fragment) gives
-one ``collectives`` record per event (``b``/``e`` pairs joined), at most MAX_EVENT_RECORDS.
-Deliberately not here: reading the file (ingest.io), matching ranks (ingest.attribution),
-grouping traces into jobs (ingest.jobs).
+A torch.profiler (Kineto) trace gives one ``traces`` record (rank and world size from
+``distributedInfo``, else the file name), its ``breakdown`` rows (ingest.traces; without
+ProfilerStep marks the whole trace is one window) and an ``env`` record of its NCCL version.
+Any other trace (NCCL profiler plugin, a pasted fragment) gives one ``collectives`` record per
+event (``b``/``e`` pairs joined), at most MAX_EVENT_RECORDS. Deliberately not here: reading the
+file (ingest.io), matching ranks (ingest.attribution), grouping traces into jobs (ingest.jobs).
 """
 from __future__ import annotations
 
@@ -34,9 +29,8 @@ _EVENT_ARGS = (("seq_num", "SeqNum"), ("comm_hash", "CommHash"), ("rank", "Rank"
 
 @dataclass(frozen=True, kw_only=True)
 class TraceParse:
-    """``parse_chrome_trace``'s result: result (records, counts, warnings); timeline: the
-    rank's RankTimeline (ingest.traces) for ingest.attribution, None when nothing was analysed;
-    rank: the trace's rank (None: neither distributedInfo nor the file name says)."""
+    """``parse_chrome_trace``'s result. timeline: the rank's RankTimeline (ingest.traces), None when
+    nothing was analysed; rank: None when neither distributedInfo nor the file name says."""
 
     result: ParseResult
     timeline: Any = None
@@ -46,8 +40,10 @@ class TraceParse:
 def parse_trace_header(head: str) -> dict[str, Any]:
     """The header fields of a Kineto document from its first characters: ``schemaVersion``
     (bool: present), ``distributedInfo`` (dict, {} if absent or unreadable), ``trace_id``."""
-    out: dict[str, Any] = {"kineto": '"schemaVersion"' in head.split('"traceEvents"')[0], "distributedInfo": {},
-                           "trace_id": None}
+    before_events = head.split('"traceEvents"')[0]
+    t = re.search(r'"trace_id"\s*:\s*"([^"]{1,128})"', before_events)
+    out: dict[str, Any] = {"kineto": '"schemaVersion"' in before_events, "distributedInfo": {},
+                           "trace_id": t.group(1) if t else None}
     m = _INFO.search(head)
     if m:
         try:
@@ -55,15 +51,12 @@ def parse_trace_header(head: str) -> dict[str, Any]:
             out["distributedInfo"] = info if isinstance(info, dict) else {}
         except ValueError:
             pass
-    t = re.search(r'"trace_id"\s*:\s*"([^"]{1,128})"', head.split('"traceEvents"')[0])
-    out["trace_id"] = t.group(1) if t else None
     return out
 
 
 def pg_signature(info: dict[str, Any]) -> str | None:
-    """The process groups of a distributedInfo as one comparable string (backend, world size,
-    each group's description, size and ranks), None when it names none: every rank of one job
-    writes the same."""
+    """A distributedInfo's process groups as one string every rank of a job writes the same
+    (backend, world size, each group's description and size); None when it names no world size."""
     if not info.get("world_size"):
         return None
     groups = info.get("pg_config") or []
@@ -72,11 +65,10 @@ def pg_signature(info: dict[str, Any]) -> str | None:
 
 
 def parse_chrome_trace(events: Iterable[dict[str, Any]], *, source: str, head: str, read_counts: Any) -> TraceParse:
-    """One Chrome trace -> TraceParse. events: the file's events (streamed, consumed once);
-    head: the first characters of its text (header fields); read_counts: the
-    ``ingest.traces.TraceReadCounts`` the reader fills (events read, items skipped, truncation).
-    Never raises on content."""
-    from ingest.traces import compute_step_breakdown
+    """One Chrome trace -> TraceParse. events: its events (streamed, consumed once); head: the first
+    characters of its text; read_counts: the ``ingest.traces.TraceReadCounts`` the reader fills
+    (events read, items skipped, truncation). Never raises on content."""
+    from ingest.traces import WHOLE_TRACE_WARNING, compute_step_breakdown
 
     header = parse_trace_header(head)
     info = header["distributedInfo"]
@@ -94,14 +86,11 @@ def parse_chrome_trace(events: Iterable[dict[str, Any]], *, source: str, head: s
     breakdown = compute_step_breakdown(stream, run=name, rank=rank if rank is not None else 0, pp_degree=1,
                                        unmarked="whole")
     if header["kineto"]:
-        from ingest.traces import WHOLE_TRACE_WARNING
-
-        whole = WHOLE_TRACE_WARNING in breakdown.warnings
         records.append({"table": "traces", "source": source, "line": None, "record": "trace_meta", "rank": rank,
                         "rank_from": rank_from, "world_size": info.get("world_size"), "backend": info.get("backend"),
                         "pg_signature": pg_signature(info), "trace_id": header["trace_id"],
-                        "timeline": breakdown.timeline, "num_steps": len(breakdown.steps), "whole_trace": whole,
-                        "num_events": read_counts.num_events})
+                        "timeline": breakdown.timeline, "num_steps": len(breakdown.steps),
+                        "whole_trace": WHOLE_TRACE_WARNING in breakdown.warnings, "num_events": read_counts.num_events})
         records += [{"table": "breakdown", "source": source, "line": None, **dataclasses.asdict(r)}
                     for r in breakdown.steps]
         if info.get("nccl_version"):

@@ -2,9 +2,8 @@
 and vLLM's sectioned ``Key   : value`` variant. Multi-line values (the GPU list, cuDNN
 candidates, ``[pip3]``/``[conda]`` packages) attach to the key above them.
 
-Records: ``env`` rows (key, value); well-known keys get stable names (torch_version,
-cuda_build_version, cuda_runtime_version, driver_version, gpu_models, os, python_version,
-cudnn_version, nccl_version), others a slug of the printed key.
+Records: ``env`` rows (key, value); well-known keys get stable names (KEYS), others a slug of
+the printed key.
 """
 from __future__ import annotations
 
@@ -31,11 +30,9 @@ class CollectEnvParser(LineParser):
     _open: dict | None = None  # record whose value continues on the next lines
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        if body.startswith("Collecting environment information") or re.fullmatch(r"=+", body):
-            self._open = None
-            return True
-        if re.fullmatch(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|Environment Variables|"
-                        r"vLLM|Python)(?: Info)?:?", body):
+        if (body.startswith("Collecting environment information") or re.fullmatch(r"=+", body)
+                or re.fullmatch(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|"
+                                r"Environment Variables|vLLM|Python)(?: Info)?:?", body)):
             self._open = None
             return True
         m = _PKG.match(body)
@@ -51,7 +48,7 @@ class CollectEnvParser(LineParser):
             key, value = m.group("key").strip(), m.group("value").strip()
             value = "" if value.startswith("Probably one of the following") else value
             rec = self.env(lineno, KEYS.get(key, slug(key)), value, record="collect_env")
-            self._open = rec if not value or key in ("cuDNN version",) else None
+            self._open = rec if not value or key == "cuDNN version" else None
             return True
         return False
 

@@ -1,19 +1,17 @@
 """DeepSpeed logs: ``[ts] [LEVEL] [file.py:line:func] msg`` lines.
 
-Records: ``steps`` (``step=N, skipped=K, lr=[..]`` progress lines merged with the throughput
-timer of the same step: old ``e/s, SamplesPerSec=..`` and new ``epoch=/micro_step=/global_step=,
-RunningAvgSamplesPerSec=..``; pipeline-engine ``steps: N loss: .. iter time (s): ..``),
-``timers`` (``wall_clock_breakdown`` ``time (ms) | name: v`` lines), ``memory``
-(``see_memory_usage`` label / MA / CPU triplets), ``env`` (config dump ``key ..... value``,
-the launcher ``cmd = ...``). Deliberately not here: the flops-profiler and comms-logger
-tables (remain unparsed; see the closing note of issue 3).
+Records: ``steps`` (``step=N, skipped=K, lr=[..]`` lines merged with the same step's throughput
+line, old ``e/s, SamplesPerSec=..`` or new ``epoch=/micro_step=/global_step=, RunningAvgSamplesPerSec=..``;
+pipeline-engine ``steps: N loss: .. iter time (s): ..``), ``timers`` (``time (ms) | name: v``),
+``memory`` (``see_memory_usage`` label / MA / CPU lines), ``env`` (config dump ``key ..... value``,
+the launcher ``cmd = ...``). The flops-profiler and comms-logger tables: deepspeed_tables.
 """
 from __future__ import annotations
 
 import re
 import sys
 
-from ingest.parsers import ParseResult, StepRowParser, run_parsers, to_gib
+from ingest.parsers import ParseResult, StepRowParser, put_field, run_parsers, to_gib
 from ingest.parsers.failures import FailureScanner
 
 _PREFIX = re.compile(r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\] \[(?P<level>[A-Z]+)\] \[(?P<loc>[\w.]+:\d+):(?P<func>\w+)\] ?(?P<msg>.*)$")
@@ -39,9 +37,8 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
     base = {"table": "timers", "source": source, "line": lineno, "kind": kind,
             "rank": int(m.group("rank")) if m.group("rank") else rank, "step": step}
     out = []
-    for name, v in _TIMER_SEGS.findall(m.group("rest")):  # a copy of the common part: cheaper than a literal
-        rec = base.copy()
-        # the same few names every step: one string each (less memory; sent to the parent once per file)
+    for name, v in _TIMER_SEGS.findall(m.group("rest")):
+        rec = base.copy()  # cheaper than a dict literal; names interned: the same few every step
         rec["name"], rec["time_s"] = sys.intern(name), float(v) * 1e-3
         out.append(rec)
     return out
@@ -50,7 +47,7 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
     _last_step = None
-    _mem_label: tuple[int, str] | None = None
+    _mem_label: str | None = None
     _mem: dict | None = None
     _last_rank = None  # "[Rank r] step=" names the rank; the timer line after it does not
 
@@ -69,23 +66,19 @@ class DeepSpeedParser(StepRowParser):
         return self._message(lineno, p.group("ts"), p.group("func"), p.group("msg").strip(), rank)
 
     def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
-        """The message of a ``[ts] [LEVEL] [file.py:line:func]`` line. (The ``in`` tests are
-        literals each regex needs: most messages are none of these.)"""
+        """The message of a prefixed line (the ``in`` tests: literals each regex needs, a cheap filter)."""
         rm = _RANK.match(msg) if msg[:6] == "[Rank " else None
         if rm:
             rank, msg = int(rm.group(1)), msg[rm.end():]
         if func == "see_memory_usage":
-            self._mem_label = (lineno, msg)
+            self._mem_label = msg
             return True
         m = _STEP.match(msg) if "step=" in msg else None
         if m:
             r = int(m.group("rank")) if m.group("rank") else rank
             row = self._row(r, int(m.group("step")), lineno)
             row.update(time=ts, num_skipped_iterations=int(m.group("skipped")))
-            try:
-                row["lr"] = float(m.group("lr"))
-            except ValueError:
-                pass
+            put_field(row, ("lr", float, 1), m.group("lr"))
             return True
         m = (_NEW_TIMER.match(msg) or _OLD_TIMER.match(msg)) if "SamplesPerSec=" in msg else None
         if m:
@@ -122,9 +115,8 @@ class DeepSpeedParser(StepRowParser):
         """see_memory_usage continuation lines (no prefix)."""
         m = _MA.match(body)
         if m:
-            label = self._mem_label[1] if self._mem_label else None
             self._mem = {"table": "memory", "source": self.source, "line": lineno, "kind": "deepspeed", "rank": rank,
-                         "label": label, "step": self._last_step,
+                         "label": self._mem_label, "step": self._last_step,
                          "mem_allocated_gib": float(m.group("ma")), "mem_max_allocated_gib": float(m.group("mma")),
                          "mem_reserved_gib": float(m.group("ca")), "mem_max_reserved_gib": float(m.group("mca"))}
             self.records.append(self._mem)

@@ -1,27 +1,15 @@
 """The two tables DeepSpeed prints (with ``print``, no log prefix) inside its logs.
 
-Flops profiler (deepspeed/profiling/flops_profiler/profiler.py, ``print_model_profile``):
-a ``DeepSpeed Flops Profiler`` banner, ``Profile Summary at step N:``, a ``Notations:`` block,
-then ``'{:<60}  {:<8}'`` rows ``fwd latency:  80.71 ms`` (values from number_to_string:
-``11.69 M``, ``29.03 GMACs``, ``81.9 TFLOPS``, ``2.39 B`` params), an ``Aggregated Profile``
-and optional ``Detailed Profile`` section, closed by a rule of 78 dashes. -> one
-``flops_profile`` record per summary (step, world_size, dp_degree, mp_degree,
-micro_batch_size, num_params_per_gpu, fwd_macs_per_gpu, fwd_flops_per_gpu,
-fwd/bwd/step/iter latency ``*_latency_s``, achieved ``*_flops_per_s_per_gpu``,
-samples_per_s); the aggregated/detailed module lines are recognised, not recorded.
+Flops profiler (deepspeed/profiling/flops_profiler/profiler.py, ``print_model_profile``): a
+banner, ``Profile Summary at step N:``, ``Notations:``, ``fwd latency:  80.71 ms`` rows
+(number_to_string: ``29.03 GMACs``, ``2.39 B`` params), module sections (recognised, not
+recorded), a closing rule -> one ``flops_profile`` record per summary (FLOPS_FIELDS).
 
-Comms logger (deepspeed/utils/comms_logging.py, ``CommsLogger.log_all``): a header of
-20-wide columns ``Comm. Op  Message Size  Count  Total Latency(ms)  Avg Latency(ms)
-tput_avg (Gbps)  busbw_avg (Gbps)``, an op-name line (``all_reduce``, or with debug
-``all_reduce | [Caller Func: step]``), then one row per message size; optionally the
-``Breakdown with straggler effect`` table. Verbose per-op lines ``comm op: X | time (ms): ..
-| msg size: .. | algbw (Gbps): .. | busbw (Gbps): ..`` (log_dist, with the log prefix) too.
--> ``collectives`` records (``collective``, ``caller``, ``msg_size_bytes`` (from the
-rounded printed size, 1024-based as convert_size prints it), ``num_calls``,
-``total_latency_s``, ``avg_latency_s``, ``algbw_gbps``, ``busbw_gbps``; straggler rows:
-``total_straggler_s``, ``avg_straggler_s``). Bandwidths are as DeepSpeed prints them:
-gigabits per second (calc_bw_log multiplies bytes by 8), unlike nccl-tests' GB/s.
-Deliberately not here: the module tree of the detailed profile.
+Comms logger (deepspeed/utils/comms_logging.py, ``CommsLogger.log_all``): a ``Comm. Op  Message
+Size  Count ...`` header, an op-name line (``all_reduce | [Caller Func: step]`` with debug), one
+row per message size, optionally a straggler table; verbose ``comm op: X | time (ms): ..`` lines
+-> ``collectives``. ``msg_size_bytes``: the rounded printed size (1024-based, convert_size);
+bandwidths: DeepSpeed's gigabits per second (calc_bw_log multiplies bytes by 8).
 """
 from __future__ import annotations
 
@@ -95,10 +83,8 @@ class FlopsProfileParser(LineParser):
         if _CLOSE.match(body):
             self._rec, self._modules = None, False
             return True
-        if _SECTION.match(body):
+        if self._modules or _SECTION.match(body):
             self._modules = True
-            return True
-        if self._modules:
             return True
         m = _STEP.match(body)
         if m:

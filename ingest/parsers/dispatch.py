@@ -1,7 +1,5 @@
-"""Dispatch: detect a text's kind and run that kind's parser (``parse_text``).
-
-Kept apart from the package's protocol (``ingest.parsers``: LineParser, ParseResult, rules) so
-the parsers import the protocol and this module imports the parsers, without an import circle.
+"""Dispatch: detect a text's kind and run that kind's parser (``parse_text``). Kept apart from
+``ingest.parsers`` so the parsers import it and this module imports them without a circle.
 """
 from __future__ import annotations
 

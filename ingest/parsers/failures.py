@@ -3,10 +3,8 @@
 with NumelIn/Out, the ``[PG ID n PG GUID g Rank r]`` form), CUDA OOM messages (torch <=2.0,
 2.1 typo, >=2.2), torchrun agent lines, and Python tracebacks (recognised, not recorded).
 
-Events: table ``events`` with ``event`` (kind), ``rank``, ``time`` (as printed, if any),
-``detail`` and kind-specific columns (seq_num, op_type, timeout_s, ran_for_s, exitcode,
-signal, mem_*_gib...). ``FailureScanner`` is also the fallback of every other parser, so an
-OOM inside a Megatron log is an event too. Deliberately not here: deciding which rank hung.
+Records: ``events`` (``event``, ``rank``, ``time`` as printed, ``detail``, per-kind columns); every
+other parser's chain ends with FailureScanner. Deliberately not here: deciding which rank hung.
 """
 from __future__ import annotations
 
@@ -98,7 +96,7 @@ class FailureScanner(LineParser):
             if body.endswith(" FAILED") and self._script is None:
                 self._script = body[: -len(" FAILED")]
                 return True
-            if body == "Failures:" or body == "<NO_OTHER_FAILURES>":
+            if body in ("Failures:", "<NO_OTHER_FAILURES>"):
                 return True
             if body.startswith("Root Cause"):
                 self._flush_child()
@@ -150,13 +148,12 @@ class FailureScanner(LineParser):
                 msg = g.group("msg")
                 pm = _PG_RANK.match(msg)
                 if pm:
-                    r = int(pm.group("rank"))
                     r2, m2 = match_rules(_WATCHDOG_RULES, pm.group("body"))
                     if r2 is not None:
                         rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
                         rec.pop("record")
-                        rec.update(event=r2.name, rank=r if rank is None else rank, time=time, loc=g.group("loc"),
-                                   pg_id=int(pm.group("pg")) if pm.group("pg") else None,
+                        rec.update(event=r2.name, rank=int(pm.group("rank")) if rank is None else rank, time=time,
+                                   loc=g.group("loc"), pg_id=int(pm.group("pg")) if pm.group("pg") else None,
                                    detail=m2.groupdict().get("detail") or pm.group("body")[:500])
                         wm = _WORK.search(pm.group("body"))
                         if wm:

@@ -1,21 +1,14 @@
 """A printed (unpickled) PyTorch flight-recorder dump: a Python dict literal, not JSON.
 
 ``{"version": "2.5", "pg_config": {...}, "pg_status": {...}, "entries": [{...}, ...]}`` with
-tuples (``("0", "default_pg")``), ``None`` or JSON's ``null``/``true``/``false``, and ``...``
-where a paste elided entries. Read with ``ast`` (``ast.parse`` + ``ast.literal_eval`` per
-value: nothing is executed), after the line normaliser, so launcher prefixes and paste
-indentation do not matter. A truncated dump is cut at its last complete element and the open
-brackets closed, so the entries before the cut are kept (warning ``truncated``).
+tuples, ``None`` or JSON's ``null``/``true``/``false``, and ``...`` where a paste elided entries.
+Read with ``ast`` (nothing is executed) after the line normaliser. A truncated dump is cut after
+its last complete element and the open brackets closed (with a warning).
 
-Records: ``collectives`` (one per entry: ``pg_id``, ``pg`` and ``pg_desc`` from
-``process_group``, ``record_id``, ``collective_seq_id``, ``p2p_seq_id``, ``op_id``,
-``profiling_name``, ``collective`` (the name without ``nccl:``), ``state``,
-``time_created_ns``, ``time_discovered_started_ns``, ``time_discovered_completed_ns``,
-``duration_s``, ``timeout_s``, ``is_p2p``, ``retired``, ``input_sizes``/``output_sizes`` and
-dtypes as text, ``num_frames``, ``top_frame``); ``events`` (``fr_pg_status`` per process
-group with its last enqueued/started/completed sequence ids, ``fr_pg_config`` with its
-ranks). Lines before the dict and after its end are counted unparsed. Deliberately not here:
-deciding which rank hung (ingest.hangs compares dumps of several ranks).
+Records: ``collectives`` (per entry: ENTRY_FIELDS, TEXT_FIELDS as text, ``pg``/``pg_desc``,
+``collective`` (profiling_name without ``nccl:``), ``num_frames``, ``top_frame``), ``events``
+(``fr_pg_status``: a process group's last enqueued/started/completed ids; ``fr_pg_config``: its
+ranks). Lines outside the dict are unparsed. Deliberately not here: blaming a rank (ingest.hangs).
 """
 from __future__ import annotations
 
@@ -30,16 +23,11 @@ _NAMES = {"null": None, "None": None, "true": True, "True": True, "false": False
 _OPEN, _CLOSE = "([{", ")]}"
 MAX_REPAIR_TRIES = 20
 
-# Entry key -> (column, scale); a new field is one row. Values are copied as-is (scaled if numeric).
-ENTRY_FIELDS = {
-    "pg_id": ("pg_id", None), "record_id": ("record_id", None), "collective_seq_id": ("collective_seq_id", None),
-    "p2p_seq_id": ("p2p_seq_id", None), "op_id": ("op_id", None), "profiling_name": ("profiling_name", None),
-    "state": ("state", None), "time_created_ns": ("time_created_ns", None),
-    "time_discovered_started_ns": ("time_discovered_started_ns", None),
-    "time_discovered_completed_ns": ("time_discovered_completed_ns", None),
-    "duration_ms": ("duration_s", 1e-3), "timeout_ms": ("timeout_s", 1e-3), "is_p2p": ("is_p2p", None),
-    "retired": ("retired", None),
-}
+# Entry key -> (column, scale): copied as-is under its own name unless renamed and scaled here.
+_SCALED = {"duration_ms": ("duration_s", 1e-3), "timeout_ms": ("timeout_s", 1e-3)}
+ENTRY_FIELDS = {key: _SCALED.get(key, (key, None)) for key in (
+    "pg_id", "record_id", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name", "state", "time_created_ns",
+    "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms", "timeout_ms", "is_p2p", "retired")}
 TEXT_FIELDS = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
 
 
@@ -104,15 +92,12 @@ def _parse_literal(lines: list[str]) -> tuple[ast.AST | None, int, bool]:
     """(root node, number of lines it spans, truncated?) of the dict literal in ``lines``; a
     truncated one is cut after its last element that parses, the open brackets closed."""
     end_row, cuts = _scan("\n".join(lines))
-    if end_row is not None:
-        try:
-            return _Literals().visit(ast.parse("\n".join(lines[:end_row]), mode="eval")).body, end_row, False
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            pass
-    for row, col, closers in cuts[::-1][:MAX_REPAIR_TRIES]:
+    # a closed dict is tried whole (_scan gives no cuts then), else the cuts from the last
+    tries = [(end_row, len(lines[end_row - 1]), "")] if end_row is not None else cuts[::-1][:MAX_REPAIR_TRIES]
+    for row, col, closers in tries:
         try:
             head = "\n".join(lines[:row - 1] + [lines[row - 1][:col]])
-            return _Literals().visit(ast.parse(head + closers, mode="eval")).body, row, True
+            return _Literals().visit(ast.parse(head + closers, mode="eval")).body, row, end_row is None
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             pass
     return None, 0, False

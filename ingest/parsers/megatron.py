@@ -1,12 +1,10 @@
 """Megatron-LM (and Megatron-DeepSpeed, Megatron-LLM) training logs.
 
-Records: ``steps`` (one per iteration line, all eras: with/without ``[timestamp]``, with/without
-throughput, skipped iterations without loss; memory report lines merge into the step row of
-the same rank and iteration), ``timers`` (``time (ms) | name: v | ...`` lines and the per-rank
-``name ....: (min, max)`` form, attached to the last iteration seen), ``env`` (the argument
-dump ``  name ........ value``, keys prefixed ``megatron.``). Lines it does not know go to
-the DeepSpeed scanner (Megatron-DeepSpeed) and then to the failure scanner.
-Deliberately not here: tokens/s or MFU of our own (report computes those from step times).
+Records: ``steps`` (one per ``[ts] iteration N/ M | key: value | ...`` line, all eras; memory
+report lines merge into the step row of their rank and iteration), ``timers`` (``time (ms) |
+name: v | ...`` and ``name ....: (min, max)`` lines, attached to the last iteration), ``env``
+(the argument dump ``name ........ value`` as ``megatron.<name>``). Other lines go to the
+DeepSpeed scanner, then the failure scanner. Deliberately not here: our own tokens/s or MFU.
 """
 from __future__ import annotations
 
@@ -65,12 +63,10 @@ class MegatronParser(StepRowParser):
         self._unknown: set[str] = set()
 
     def _iteration(self, lineno: int, m: re.Match, ts, rank) -> bool:
-        """An iteration line: ``[ts] iteration N/ M | key: value | ...`` (_ITER's match)."""
         step = int(m.group("step"))
         row = self._step_row(rank, step, lineno)
         row["time"] = m.group("ts") or ts
         row["num_steps_total"] = int(m.group("total"))
-        fields = ITER_FIELDS
         for seg in m.group("rest").split("|"):
             key, sep, value = seg.partition(":")
             if not sep:
@@ -78,7 +74,7 @@ class MegatronParser(StepRowParser):
             key, value = key.strip(), value.strip()
             if not value:
                 continue
-            spec = fields.get(key)
+            spec = ITER_FIELDS.get(key)
             if spec is None:
                 if key.endswith(" loss") or key.endswith("_loss"):
                     spec = (slug(key), to_num, 1)
@@ -122,10 +118,7 @@ class MegatronParser(StepRowParser):
             if m:
                 self.env(lineno, f"megatron.{m.group('key')}", m.group("value").strip(), record="argument")
                 return True
-        for rx in _NOISE:
-            if rx.match(body):
-                return True
-        return False
+        return any(rx.match(body) for rx in _NOISE)
 
 
 def parse_megatron(text, *, source: str) -> ParseResult:

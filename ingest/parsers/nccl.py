@@ -1,15 +1,12 @@
 """NCCL_DEBUG=INFO/WARN output (NCCL 2.10 -> 2.28), plus nccl-tests headers and result rows.
 
-Records: ``env`` (nccl_version, cuda_driver_version, network, bootstrap, NCCL_* settings,
-nccl-tests devices), ``comm_topology`` (comm_init, init_complete, channels, ring, tree, nvls,
-thread_thresholds, p2p_chunksize, topo_node / topo_system from GRAPH dumps, and one
-``transport`` row per distinct edge: comm-less key (host, pid, rank, peer, direction,
+Lines ``host:pid:tid [dev] NCCL INFO msg``, dispatched on the message's first word (_RULES).
+Records: ``env`` (versions, network, NCCL_* settings, nccl-tests devices), ``comm_topology``
+(the rules' rows; one ``transport`` row per distinct edge (host, pid, rank, peer, direction,
 transport) with ``num_channels`` (lines) and ``channels`` (distinct ids, first-seen order)),
-``collectives`` (TUNING selections and COLL calls,
-aggregated per distinct call shape with ``num_calls``; nccl-tests result rows), ``events``
-(WARN lines with file:line, error-unwind lines ``file.cc:N -> code``, Abort COMPLETE).
-Aggregation keeps memory bounded by the number of distinct edges/shapes, not log size.
-Deliberately not here: the RAS client report (kind nccl_ras), topology analysis.
+``collectives`` (TUNING and COLL lines, one per distinct call shape with ``num_calls``, so
+memory is bounded by distinct shapes, not log size; nccl-tests rows), ``events`` (WARN lines,
+``file.cc:N -> code`` unwind lines, Abort COMPLETE). Deliberately not here: RAS reports (nccl_ras).
 """
 from __future__ import annotations
 
@@ -139,6 +136,7 @@ _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+
 
 class NcclParser(LineParser):
     kind = "nccl"
+
     def __init__(self, source: str) -> None:
         super().__init__(source)
         self._edges: dict[tuple, dict] = {}
@@ -156,26 +154,22 @@ class NcclParser(LineParser):
         if idx < 0:
             return self._other(lineno, body)
         head, msg = body[:idx], body[idx + 6:]
-        h = _HEADER.match(head)
+        # search: text glued before the NCCL prefix (a tqdm bar, another line)
+        h = _HEADER.match(head) or _HEADER_SEARCH.search(head)
         if h is None:
-            h = _HEADER_SEARCH.search(head)  # text glued before the NCCL prefix (tqdm bar, another line)
-            if h is None:
-                return False
+            return False
         level, _, msg = msg.partition(" ")
-        hdr = (h.group("host"), h.group("pid"), h.group("dev"))
+        hdr = h.group("host", "pid", "dev")
         if level == "WARN":
             file, _, ln = (h.group("loc") or "").rpartition(":")
             self.event("nccl_warn", lineno, rank, ts or h.groupdict().get("ts"), host=hdr[0], pid=int(hdr[1]),
                        cuda_dev=int(hdr[2]), loc_file=file or None, loc_line=int(ln) if ln else None,
                        detail=msg.strip()[:500])
             return True
-        if level != "INFO" and level != "TRACE":
-            return False
-        return self._msg(lineno, hdr, msg.lstrip(), ts, rank)
+        return level in ("INFO", "TRACE") and self._msg(lineno, hdr, msg.lstrip(), ts, rank)
 
     def _edge(self, lineno: int, hdr: tuple, m: re.Match) -> None:
-        """A ``Channel c : src -> dst via transport`` line: one row per (host, pid, src, dst,
-        direction, transport), counting its lines and its distinct channels."""
+        """A ``Channel c : src -> dst via transport`` line, counted into its edge's row."""
         kind, channel, src, src_id, dst, dst_id, direction, transport = m.group(
             "kind", "channel", "src", "src_id", "dst", "dst_id", "dir", "transport")
         key = (hdr[0], hdr[1], src, src_id, dst, dst_id, direction, transport)
@@ -324,17 +318,11 @@ PROTO_IDS = {"LL": 0, "LL128": 1, "SIMPLE": 2}
 def _transport_kind(transport: str) -> str:
     """'P2P/CUMEM/read' -> 'P2P/CUMEM'; 'NET/IB/0/GDRDMA' -> 'NET/IB'; 'SHM/direct/direct' -> 'SHM'."""
     parts = transport.split("/")
-    head = parts[0].upper()
-    if head in ("P2P", "NET", "COLLNET") and len(parts) > 1:
-        sub = parts[1].split(" ")[0]
-        return f"{parts[0]}/{sub}"
+    if parts[0].upper() in ("P2P", "NET", "COLLNET") and len(parts) > 1:
+        return f"{parts[0]}/{parts[1].split(' ')[0]}"
     return parts[0].split(" ")[0]
 
 
 def parse_nccl(text, *, source: str) -> ParseResult:
-    """Parse NCCL_DEBUG output (see module doc for records). Pure; never raises on content.
-
-    ``text``: a string or an iterable of lines (streamed in chunks; memory is bounded by the
-    number of distinct edges / call shapes, not by the log size).
-    """
+    """Parse NCCL_DEBUG output (a string or an iterable of lines; see module doc). Pure; never raises on content."""
     return run_parsers(text, [NcclParser(source), FailureScanner(source)], kind="nccl")

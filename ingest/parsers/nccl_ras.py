@@ -1,20 +1,15 @@
 """NCCL RAS client output (``ncclras`` / ``echo status | nc localhost 28028``, NCCL >= 2.24).
 
-Sections ``Job summary``, ``Communicators... (0.00s)``, ``Errors``, ``Warnings`` underlined
-with ``=``; fixed-width tables whose column headers span two rows (``Group     Comms ...`` over
-``    #  in group ...``); detail blocks ``#0-0 (fa93daea854b060b) MISMATCH`` (also INCOMPLETE,
-ERROR) or bare ``INCOMPLETE`` / ``DEAD`` headers, followed by message lines and per-rank or
-per-process lines (``Rank 12 -- GPU 4 managed by process 323032 on node 192.0.2.24``,
-``Process 323032 on node 192.0.2.24 managing GPUs 0,1``). Formats from NCCL's
-src/ras/client_support.cc (rasClientRunInit / rasClientRunComms).
+Formats from NCCL's src/ras/client_support.cc (rasClientRunInit / rasClientRunComms): sections
+underlined with ``=``; fixed-width tables whose column headers span two rows; detail blocks
+``#0-0 (fa93daea854b060b) MISMATCH`` or bare ``INCOMPLETE`` / ``DEAD``, then message lines and
+per-rank or per-process lines (``Rank 12 -- GPU 4 managed by process 323032 on node n``).
 
-Records: ``env`` (nccl_version, cuda_runtime_version, cuda_driver_version),
-``comm_topology`` (``ras_job``: the job-summary row; ``ras_comm_group``: one per
-communicator-group row, columns named by both header rows), ``events`` (``ras_<status>``
-per detail block, e.g. ``ras_mismatch``, with ``comm_hash``, ``comm_group`` and the message
-lines in ``detail``; ``ras_rank`` per rank line and ``ras_process`` per process line, with
-``rank``/``gpu``/``pid``/``node`` and the block's ``status``). Deliberately not here: the JSON
-output format (``set format json``; counted unparsed) and deciding which rank is at fault.
+Records: ``env`` (NCCL and CUDA versions), ``comm_topology`` (``ras_job``: the job-summary row;
+``ras_comm_group``: one per communicator-group row, columns from COLUMNS), ``events``
+(``ras_<status>`` per detail block with its message lines in ``detail``; ``ras_rank`` /
+``ras_process`` per rank / process line, with the block's ``status``). Deliberately not here:
+``set format json`` output (counted unparsed), deciding which rank is at fault.
 """
 from __future__ import annotations
 
@@ -55,10 +50,6 @@ _HEADER2 = re.compile(r"(?:\(total\)|#|per process)(?:\s{2,}\S|$)")
 _VALUES = re.compile(r"\d+(?:\s+[\w,\-]+)*$")
 
 
-def _value(text: str):
-    return int(text) if text.isdigit() else text
-
-
 class RasParser(LineParser):
     kind = "nccl_ras"
     _section: str | None = None
@@ -81,7 +72,14 @@ class RasParser(LineParser):
             self._head1 = None
             return True
         if self._cols is not None and _VALUES.match(body):
-            return self._table_row(lineno, body.split())
+            cells = body.split()
+            if len(cells) != len(self._cols):
+                return False
+            row = dict(zip(self._cols, (int(c) if c.isdigit() else c for c in cells)))
+            record = "ras_job" if "num_gpus" in row or "num_nodes" in row else "ras_comm_group"
+            self.records.append({"table": "comm_topology", "source": self.source, "line": lineno, "record": record,
+                                 "kind": self.kind, **row})
+            return True
         if self._block is not None and re.match(r"[\w\[(]", body):  # the block's message lines
             self._block["detail"] = f"{self._block['detail']}; {body}" if self._block["detail"] else body
             return True
@@ -112,15 +110,6 @@ class RasParser(LineParser):
                        comm_hash=self._block["comm_hash"] if self._block else None, section=self._section)
             rec.setdefault("rank", None)
             self.records.append(rec)
-        return True
-
-    def _table_row(self, lineno: int, cells: list[str]) -> bool:
-        if len(cells) != len(self._cols):
-            return False
-        row = dict(zip(self._cols, map(_value, cells)))
-        record = "ras_job" if "num_gpus" in row or "num_nodes" in row else "ras_comm_group"
-        self.records.append({"table": "comm_topology", "source": self.source, "line": lineno, "record": record,
-                             "kind": self.kind, **row})
         return True
 
 

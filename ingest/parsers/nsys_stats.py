@@ -1,20 +1,14 @@
 """``nsys stats`` summaries: text tables, ``--format csv`` output, and the legacy nvprof-style
 ``CUDA API Statistics (nanoseconds)`` tables of nsys <= 2021.
 
-Text: ``Processing [x.sqlite] with [.../reports/nvtx_sum.py]...`` or ``[3/8] Executing
-'nvtx_sum' stats report`` names the report, `` ** NVTX Range Summary (nvtx_sum):`` titles it,
-then a header, a dashed rule and rows whose cells are separated by two or more spaces
-(numbers may carry thousands commas). CSV: the same header and rows as CSV (read with the
-csv module; nsys quotes every cell). Legacy: a ``<What> Statistics (<unit>)`` title, a header
-without units (``Time(%)  Total Time  Calls  Average  Minimum  Maximum  Name``).
+Text: ``Processing [x.sqlite] with [.../nvtx_sum.py]...`` or ``[3/8] Executing 'nvtx_sum' stats
+report`` names the report, `` ** NVTX Range Summary (nvtx_sum):`` titles it, then a header, a
+dashed rule and rows with cells separated by two or more spaces. CSV: the same, every cell
+quoted. Legacy: a ``<What> Statistics (<unit>)`` title and a header without units.
 
-Records: ``kernels`` (``report`` e.g. cuda_gpu_kern_sum / cuda_api_sum / nvtx_sum / osrt_sum,
-``title``, ``name``, ``time_pct``, ``total_s``, ``num_calls``, ``avg_s``, ``med_s``,
-``min_s``, ``max_s``, ``stddev_s``, ``style`` where the report has them; size reports give
-``*_bytes``). Times are converted from the header's unit (ns by default, ``--timeunit``
-changes it). Rows seen without a header of their own table (a paste with a gap) are counted
-unparsed: their columns and report cannot be known. Deliberately not here: trace reports
-(``cuda_gpu_trace``; per-event rows belong to a timeline reader) and analysis of the rows.
+Records: ``kernels`` (``report``, ``title``, a column per header cell (HEADERS); times in seconds
+from the header's unit, sizes in bytes). Rows after a gap, without their header, are read with
+nsys's default columns where they fit (with a warning). Deliberately not here: cuda_gpu_trace.
 """
 from __future__ import annotations
 
@@ -32,7 +26,7 @@ _LEGACY = {"CUDA API": "cuda_api_sum", "CUDA Kernel": "cuda_gpu_kern_sum", "CUDA
            "Operating System Runtime API": "osrt_sum", "NVTX Push-Pop Range": "nvtx_sum", "NVTX Range": "nvtx_sum"}
 
 # Pattern table of header cells (unit stripped): base name -> (column stem, kind).
-# kind "time": seconds from the cell's unit; "size": bytes; "pct", "int", "str".
+# kind "time"/"auto": scaled by the cell's unit (to seconds or bytes); "pct", "int", "str" as printed.
 HEADERS = {
     "time": ("time_pct", "pct"), "time(%)": ("time_pct", "pct"),
     "total time": ("total", "time"), "total": ("total", "auto"),
@@ -136,7 +130,7 @@ class NsysStatsParser(LineParser):
         if self._table_header(cells, csv_form=False):
             return True
         if self._cols is None and len(cells) == len(DEFAULT_COLS):
-            return all(_NUM.fullmatch(c) for c in cells[:-1]) and self._headerless(lineno, cells, rank)
+            return all(_NUM.fullmatch(c) for c in cells[:-1]) and self._row(lineno, cells, rank, headerless=True)
         if self._cols is None or self._csv:
             return False
         if len(cells) > len(self._cols):  # names keep their inner double spaces: split off the numbers only
@@ -170,17 +164,11 @@ class NsysStatsParser(LineParser):
         for col in STANDARD:
             rec.setdefault(col, None)
         self.records.append(rec)
-        return True
-
-    def _headerless(self, lineno: int, cells: list[str], rank) -> bool:
-        """A row after a gap (its table's title and header not in the text): nsys's default
-        summary layout (cuda_api_sum, osrt_sum, cuda_gpu_kern_sum share it), report unknown."""
-        ok = self._row(lineno, cells, rank, headerless=True)
-        if ok and not self._warned:
+        if headerless and not self._warned:  # cuda_api_sum, osrt_sum, cuda_gpu_kern_sum share this layout
             self._warned = True
             self.warnings.append(f"line {lineno}: rows without their table header; read with nsys's default "
                                  "summary columns (Time (%), Total Time (ns), Num Calls, Avg, Med, Min, Max, StdDev, Name), report unknown")
-        return ok
+        return True
 
 
 _NUM = re.compile(r"-?[\d,]+(?:\.\d+)?")

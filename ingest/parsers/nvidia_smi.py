@@ -80,10 +80,9 @@ class SmiQParser(LineParser):
         if " : " in body or body.endswith(" :"):
             key, _, value = body.partition(" :")
             key, value = key.strip(), value.strip()
-            section, gpu = self._section, self._gpu
-            full = ".".join(x for x in ("nvsmi", gpu and f"gpu[{gpu}]", section, key) if x)
+            full = ".".join(x for x in ("nvsmi", self._gpu and f"gpu[{self._gpu}]", self._section, key) if x)
             self.env(lineno, full, value, record="nvsmi")
-            if not section and not gpu and key in _Q_ENV_KEYS and value:
+            if not self._section and not self._gpu and key in _Q_ENV_KEYS and value:
                 self.env(lineno, _Q_ENV_KEYS[key], value, record="nvsmi")
             return True
         if re.fullmatch(r"[A-Z][\w /()\-]*", body):

@@ -1,16 +1,11 @@
 """torch.profiler ``key_averages().table()`` text: lower-resolution evidence of where time went.
 
-Both header generations: old left-aligned (``Self CPU total %``, ``CUDA total``, ``Number of
-Calls``; torch <= 1.7) and modern right-aligned (``Self CPU %``, ``Self CUDA``, ``# of Calls``),
-optional memory / FLOPs / input-shape columns, dashed rule lines, trailing spaces, and the
-``Self CPU time total:`` / ``Self CUDA time total:`` footers.
+Both header generations: old left-aligned (``Self CPU total %``, ``Number of Calls``; torch <= 1.7)
+and modern right-aligned (``Self CPU %``, ``# of Calls``), optional memory / FLOPs / input-shape
+columns, dashed rules, ``Self CPU time total:`` footers; cells split on runs of 2+ spaces.
 
-Records: ``kernels`` (one per row: ``name``, times in seconds ``self_cpu_s``, ``cpu_total_s``,
-``cpu_avg_s``, ``self_cuda_s``, ``cuda_total_s``, ``cuda_avg_s``, percentages ``*_pct``,
-``num_calls``, memory ``*_mem_bytes``, ``total_flops``, ``input_shapes``; ``columns``: the
-printed header cells joined by ``|``, so a reader knows which were present), ``events`` for
-the footers (``duration_s``). Cells are split on runs of two or more spaces, as the profiler
-pads them, so alignment (and the normaliser's stripping of leading blanks) does not matter.
+Records: ``kernels`` (one per row, columns from HEADERS: times in seconds, ``*_pct``, memory in
+bytes; ``columns``: the printed header cells joined by ``|``), ``events`` for the footers.
 Deliberately not here: summing rows (nested ops double count; report decides) or guessing
 columns of a row seen before any header (counted unparsed).
 """
@@ -78,14 +73,12 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
     for cell in cells:
         m = _FLOPS.fullmatch(cell)
         if m:
-            scale = SI[m.group("unit").upper()]
-            out.append(("total_flops", lambda t, s=scale: to_num(t) * s))
+            out.append(("total_flops", lambda t, s=SI[m.group("unit").upper()]: to_num(t) * s))
             continue
         for rx, col, conv in HEADERS:
             h = rx.fullmatch(cell)
             if h:
-                dev = (h.groupdict().get("dev") or "").lower()
-                out.append((col.format(dev=dev), conv))
+                out.append((col.format(dev=(h.groupdict().get("dev") or "").lower()), conv))
                 break
         else:
             out.append((re.sub(r"\W+", "_", cell.strip().lower()).strip("_") or "column", str))

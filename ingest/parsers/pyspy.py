@@ -1,17 +1,13 @@
 """``py-spy dump`` text: where every thread of a (possibly hung) process is.
 
-``Process 1234: python train.py`` / ``Python v3.10.12 (/usr/bin/python3.10)`` headers
-(optional, often cut from pastes), thread headers ``Thread 42 (idle): "MainThread"``,
-``Thread 4076 (idle)`` (no name), ``Thread 0x7F.. (active+gil)``, then frames innermost first:
-``func (file.py:line)``, native ``0xADDR (lib.so)`` / ``symbol (lib.so)``, optionally followed
-by ``Arguments:`` / ``Locals:`` blocks (``--locals``; recognised, not recorded).
+Optional ``Process 1234: python train.py`` / ``Python v3.10.12 (...)`` headers; per thread a
+header ``Thread 42 (idle): "MainThread"`` (name optional, id decimal or hex), then frames
+innermost first (``func (file.py:line)``, native ``0xADDR (lib.so)`` or ``symbol (lib.so)``),
+optionally ``Arguments:`` / ``Locals:`` blocks (``--locals``; recognised, not recorded).
 
-Records: ``stacks`` (one per thread: ``pid`` from the Process header, ``thread_id`` as
-printed, ``thread_name``, ``state`` (idle/active/active+gil), ``top_frame``, ``collective``
-and ``collective_frame``: the innermost frame that looks like a collective (a
-torch.distributed/DeepSpeed call such as all_gather_into_tensor, all_reduce, barrier, or a
-``wait`` inside a distributed module), ``frames``: the frames innermost first, joined by
-`` <- ``, ``num_frames``). Deliberately not here: comparing ranks (ingest.hangs).
+Records: ``stacks`` (one per thread; ``frames`` innermost first joined by `` <- ``; ``collective``,
+``collective_frame``: the innermost that ``is_collective`` accepts). Deliberately not here:
+comparing ranks (ingest.hangs).
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """torchtitan metric lines: ``[titan] ts - root - INFO - step: N  loss: X  [grad_norm: G]
-memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%`` (with/without rank
-prefix, thousands separators, colour codes — stripped by the normaliser; 2024 ``wps:``).
+memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%`` (2024: ``wps:``).
 
 Records: ``steps`` (tokens_per_s_per_gpu: torchtitan's tps is per device; memory is the
 allocator's max reserved), ``events`` (GC pauses, profiler dumps). Deliberately not here:
