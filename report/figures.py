@@ -54,7 +54,7 @@ def _svg(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings():  # layout metrics come from DejaVu Sans; CJK glyphs are drawn by the reader
         warnings.filterwarnings("ignore", message="Glyph .* missing from font")
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None}, dpi=200)  # dpi: rasterized artists
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return buf.getvalue()
 
@@ -94,7 +94,7 @@ def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str], gettex
             plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
         for i, values in enumerate(data, start=1):
             offsets = [(j % 7 - 3) * 0.03 for j in range(len(values))]  # deterministic jitter
-            ax.scatter([i + o for o in offsets], values, s=6, alpha=0.5, color="tab:blue", rasterized=True)
+            ax.scatter([i + o for o in offsets], values, s=6, alpha=0.5, color="tab:blue")
     else:
         ax.text(0.5, 0.5, _(N_("no measured steps")), ha="center", va="center", transform=ax.transAxes)
     ax.set_ylabel(_(N_("step time (s)")))
@@ -159,7 +159,7 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
             for cat, c in r.groupby("category"):
                 lane = (y - 0.3, 0.6) if cat != "hidden_comm" else (y - 0.3, 0.15)
                 ax.broken_barh(list(zip(c["start_s"] * 1e3, (c["end_s"] - c["start_s"]) * 1e3)), lane,
-                               facecolors=CATEGORY_COLORS.get(cat, "black"), rasterized=True)
+                               facecolors=CATEGORY_COLORS.get(cat, "black"))
         step = int(df["step"].iloc[0])
         ax.set_yticks(range(len(ranks)), [_(N_("rank %(rank)s")) % {"rank": k} for k in ranks])
         ax.set_title(_(N_("%(run)s (step %(step)s)")) % {"run": run, "step": step}, fontsize=8, loc="left")

@@ -15,6 +15,7 @@ from core.errors import ConfigError
 from ingest.hangs import diagnose_from_stacks
 from report.view import HangRank, build_hang_ranks
 from runner.matrix import resolve_matrix
+from tests.synthetic_campaign import make_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,7 +106,7 @@ def test_rank_without_a_stack_is_described_by_its_process_state_never_none():
     assert cause == ("rank 1: stopped (state T), no stack (py-spy: Error: Failed to suspend process); "
                      "rank(s) 0 wait in all_reduce")
     assert diagnosis["odd_ranks"] == [1]
-    rows = build_hang_ranks([{"run": "ddp", "status": "hang", "diagnosis": diagnosis}])
+    rows = build_hang_ranks([make_run("ddp", status="hang", diagnosis=diagnosis)])
     assert rows == (HangRank(run="ddp", rank=0, blocked_in="all_reduce", where="step (runner/train.py:88)"),
                     HangRank(run="ddp", rank=1, blocked_in="no stack (Error: Failed to suspend process)",
                              where="process stopped (state T)"))
