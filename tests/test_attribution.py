@@ -1,7 +1,7 @@
 """Section 5 proven on planted causes: real DDP and torch-native PP runs on CPU (gloo, tiny
 preset widened so a layer costs something), each with a known cause of known size, and the
 note must find each in its own category within +-30%, not in the others, with compute within
-+-25% of the clean run and the straggler named. Also the committed H200 planted campaign."""
++-25% of an unplanted run of its layout and the straggler named. Also the committed H200 planted campaign."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 HOST_DELAY_MS = 200.0
 DATA_DELAY_MS = 200.0
+COMPUTE_RUNS = ("clean", "host-delay", "data-delay", "clean-last")
 CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall", "other")
 
 MATRIX = f"""
@@ -59,6 +60,11 @@ strategy = "tp_pp"
 pp_degree = 2
 world_size = 2
 plant = {{ pp_layers = [2, 6] }}
+
+[[runs]]
+name = "clean-last"
+strategy = "ddp"
+world_size = 2
 """
 
 
@@ -90,6 +96,13 @@ def _best_compute_ms(summary: dict, name: str) -> float:
     return float(rows.groupby("rank")["compute_s"].min().mean()) * 1e3
 
 
+def _compute_matches_a_clean_run(summary: dict, name: str) -> bool:
+    """The planted run's compute is within 25% of an unplanted run of its layout: one at each end
+    of the campaign, since a slow spell of the shared 2-core machine can hit either one."""
+    ms = _best_compute_ms(summary, name)
+    return any(ms == pytest.approx(_best_compute_ms(summary, c), rel=0.25) for c in ("clean", "clean-last"))
+
+
 def _run(summary: dict, name: str) -> dict:
     return next(r for r in summary["runs"] if r["run"] == name)
 
@@ -114,7 +127,7 @@ def test_host_delay_is_skew_wait_charged_to_the_planted_rank(summary):
     ms = run["breakdown_traced_ms"]
     for other in ("data_stall", "launch_gaps", "bubble", "imbalance", "transfer"):
         assert ms[other] - clean[other] < 0.30 * HOST_DELAY_MS, other
-    assert _best_compute_ms(summary, "host-delay") == pytest.approx(_best_compute_ms(summary, "clean"), rel=0.25)
+    assert _compute_matches_a_clean_run(summary, "host-delay"), {n: _best_compute_ms(summary, n) for n in COMPUTE_RUNS}
     assert run["straggler"]["rank"] == 1
     assert run["straggler"]["late_ms_median"] == pytest.approx(HOST_DELAY_MS, rel=0.30)
     assert "planted" in summary["note_md"]
@@ -127,7 +140,7 @@ def test_data_delay_is_data_stall_on_every_rank(summary):
     assert check["recovered_ms"] == pytest.approx(DATA_DELAY_MS, rel=0.30)
     for other in ("skew_wait", "launch_gaps", "bubble", "imbalance", "transfer"):
         assert ms[other] - clean[other] < 0.30 * DATA_DELAY_MS, other
-    assert _best_compute_ms(summary, "data-delay") == pytest.approx(_best_compute_ms(summary, "clean"), rel=0.25)
+    assert _compute_matches_a_clean_run(summary, "data-delay"), {n: _best_compute_ms(summary, n) for n in COMPUTE_RUNS}
 
 
 def test_uneven_pipeline_split_is_imbalance_with_the_split_that_fixes_it(summary):

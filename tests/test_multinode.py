@@ -5,7 +5,10 @@ collect`. Plus the pure placement arithmetic and the CLI's refusals."""
 from __future__ import annotations
 
 import json
+import os
+import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,15 +45,14 @@ RUNS = ("ddp", "tp2-pp2")
 
 
 def _free_base_port(count: int = 2) -> int:
-    """A base port with `count` consecutive free ports (run i uses base + i)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65536:
-            continue
+    """A base port with `count` consecutive free ports (run i uses base + i), below Linux's
+    ephemeral range (32768-60999): a port from that range can be taken between this check and
+    the rendezvous by any outgoing connection, e.g. the gloo pairs of the ranks themselves."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - count)
         try:
-            for p in range(base + 1, base + count):
+            for p in range(base, base + count):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
             return base
@@ -72,16 +74,23 @@ def campaign(tmp_path_factory) -> Path:
     endpoint = f"127.0.0.1:{_free_base_port(len(RUNS))}"
     procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "all", "--matrix", str(root / "m.toml"),
                                "--out", str(out), "--nnodes", "2", "--node-rank", str(k), "--rdzv-endpoint", endpoint],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
              for k in (0, 1)]
     outputs = []
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=300)[0])
+            try:
+                outputs.append(p.communicate(timeout=300)[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:  # each node's runner with its torchrun and ranks, then what they printed
+                    if q.poll() is None:
+                        os.killpg(q.pid, signal.SIGKILL)
+                pytest.fail("a node did not finish in 300 s:\n---\n"
+                            + "\n---\n".join(q.communicate()[0][-3000:] for q in procs))
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outputs)
     res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(out), "--format", "md,html"],
                          capture_output=True, text=True, timeout=300)
