@@ -250,7 +250,7 @@ def own_campaign(out: Path, *, node_rank: int | None = None, kill: bool = False)
     try:
         if stale is not None:
             print(f"runner: taking over the lock of a runner that is gone ({stale.describe()})", flush=True)
-        orphans = find_orphans(out, stale=stale)
+        orphans = find_orphans(out, stale=stale, node_rank=node_rank)
         if orphans and not kill:
             raise ToolError(f"{out}: {len(orphans)} process(es) of an earlier runner still write into this campaign "
                             f"({describe_orphans(orphans)}); stop them with: runner all --resume {out} --kill-orphans")

@@ -183,10 +183,12 @@ def _remove_if_same(path: Path, state: LockState) -> None:
         path.unlink(missing_ok=True)
 
 
-def find_orphans(out: Path, *, stale: LockState | None = None) -> list[psutil.Process]:
+def find_orphans(out: Path, *, stale: LockState | None = None, node_rank: int | None = None) -> list[psutil.Process]:
     """Processes other than this one still working in campaign ``out``: the torchrun session a
     dead runner recorded in its lock, and any torchrun or rank whose ``--run-dir`` is under
-    ``out``. Ordered by pid."""
+    ``out`` -- except those another node of the same multi-node campaign launched on this host
+    (their ``RUNNER_NODE_RANK`` differs from ``node_rank``; that node's runner owns them). Ordered
+    by pid."""
     root = out.resolve()
     sid = ((stale.record.get("child") or {}).get("sid") if stale and stale.state == "stale" else None)
     found: dict[int, psutil.Process] = {}
@@ -209,9 +211,19 @@ def find_orphans(out: Path, *, stale: LockState | None = None) -> list[psutil.Pr
         run_dir = Path(cmd[i + 1])
         if not run_dir.is_absolute():
             run_dir = Path(proc.info.get("cwd") or "/") / run_dir
-        if run_dir.resolve().is_relative_to(root):
+        if run_dir.resolve().is_relative_to(root) and not _other_nodes(proc, node_rank):
             found[proc.pid] = proc
     return [found[p] for p in sorted(found)]
+
+
+def _other_nodes(proc: psutil.Process, node_rank: int | None) -> bool:
+    """Whether ``proc`` was launched by the runner of another node (RUNNER_NODE_RANK, set by
+    runner.cli for multi-node campaigns) than ``node_rank``."""
+    try:
+        theirs = proc.environ().get("RUNNER_NODE_RANK")
+    except psutil.Error:
+        return False
+    return theirs is not None and theirs != str(node_rank or 0)
 
 
 def describe_orphans(procs: list[psutil.Process]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -170,3 +171,26 @@ def test_full_disk_names_the_file_keeps_finished_runs_and_records_the_cause(tmp_
     assert not (camp / "run2" / "status.json").exists()
     assert Path(f"{mnt}.tmpfiles").read_text() == ""  # no temp file left behind
     assert not (camp / ".runner.lock").exists()
+
+
+def test_ranks_of_another_node_of_the_same_campaign_are_not_orphans(tmp_path):
+    """Two nodes of one campaign on one host (as the multi-node tests run them): node 1's ranks
+    may start before node 0 checks for orphans; they belong to node 1's runner, not to an
+    earlier runner of node 0."""
+    from runner.owner import find_orphans
+
+    out = tmp_path / "camp"
+    (out / "ddp").mkdir(parents=True)
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)", "runner.train", "--run-dir", str(out / "ddp")]
+    # started through a shell that exits at once: not a child of this process (those are never orphans)
+    res = subprocess.run(["sh", "-c", shlex.join(cmd) + " >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                         env={**os.environ, "RUNNER_NODE_RANK": "1"}, timeout=30)
+    proc = psutil.Process(int(res.stdout))
+    try:
+        deadline = time.monotonic() + 30
+        while "runner.train" not in proc.cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert find_orphans(out, node_rank=0) == []
+        assert [p.pid for p in find_orphans(out, node_rank=1)] == [proc.pid]  # its own node's leftovers still count
+    finally:
+        proc.kill()
