@@ -447,11 +447,12 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
 
 
 # ---------------------------------------------------------------- same layout and engine, other knobs
-def _flat_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested engine knobs as one level: {"zero.overlap_comm": True, ...}."""
     out: dict[str, Any] = {}
     for k, v in (options or {}).items():
         if isinstance(v, Mapping):
-            out.update(_flat_options(v, f"{prefix}{k}."))
+            out.update(flat_options(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -482,10 +483,10 @@ def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seque
     out = []
     for runs in groups.values():
         base = runs[0]
-        base_knobs = {k: v for k, v in _flat_options(base.options or {}).items()
+        base_knobs = {k: v for k, v in flat_options(base.options or {}).items()
                       if k.split(".")[0] not in _NOT_KNOBS}
         for r in runs[1:]:
-            knobs = {k: v for k, v in _flat_options(r.options or {}).items() if k.split(".")[0] not in _NOT_KNOBS}
+            knobs = {k: v for k, v in flat_options(r.options or {}).items() if k.split(".")[0] not in _NOT_KNOBS}
             diff = tuple((k, base_knobs.get(k), knobs.get(k)) for k in sorted(set(knobs) | set(base_knobs))
                          if knobs.get(k) != base_knobs.get(k))
             if not diff:

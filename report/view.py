@@ -34,7 +34,9 @@ from report.parity import (
     ranking_mode, rule_parity, rule_repeat_spread, run_repeat,
 )
 from report import rules
-from report.rules import THRESHOLDS, Finding, build_findings, build_knowledge_map, rule_conditions, rule_engine_knobs
+from report.rules import (
+    THRESHOLDS, Finding, build_findings, build_knowledge_map, flat_options, rule_conditions, rule_engine_knobs,
+)
 from core.formulas import (
     DEFAULT_CONVENTION, ZIPF_EXPONENT, compute_bubble_fraction, compute_flops_per_token, compute_mfu, zipf_entropy_nats,
 )
@@ -455,15 +457,8 @@ def render_options(options: Mapping[str, Any]) -> str:
     """Engine knobs as "key=value, ..." sorted, nested tables flattened ("zero.overlap_comm=True");
     the micro-batch search record is described apart (describe_micro_batch_search), the kernels and
     the repeat index too (section 5's kernel parity table, the repeats table)."""
-    def flat(d: Mapping[str, Any], prefix: str = "") -> list[str]:
-        out = []
-        for k, v in sorted(d.items()):
-            if isinstance(v, Mapping):
-                out += flat(v, f"{prefix}{k}.")
-            else:
-                out.append(f"{prefix}{k}={v}")
-        return out
-    return ", ".join(flat({k: v for k, v in options.items() if k not in ("micro_batch_search", "kernels", "repeat")}))
+    shown = flat_options({k: v for k, v in options.items() if k not in ("micro_batch_search", "kernels", "repeat")})
+    return ", ".join(f"{k}={shown[k]}" for k in sorted(shown, key=lambda k: k.split(".")))
 
 
 def describe_micro_batch_search(options: Mapping[str, Any]) -> str | None:
