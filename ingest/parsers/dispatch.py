@@ -11,20 +11,13 @@ from ingest.parsers import (
     nccl, nccl_ras, nsys_stats, nvidia_smi, profiler_table, pyspy, run_parsers, torchtitan,
 )
 
-PARSERS: dict[str, Callable[..., ParseResult]] = {
-    "nccl": nccl.parse_nccl,
-    "megatron": megatron.parse_megatron,
-    "deepspeed": deepspeed.parse_deepspeed,
-    "torchtitan": torchtitan.parse_torchtitan,
-    "nvidia_smi_topo": nvidia_smi.parse_nvidia_smi_topo,
-    "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q,
-    "collect_env": collect_env.parse_collect_env,
-    "failures": failures.parse_failures,
-    "profiler_table": profiler_table.parse_profiler_table,
-    "nsys_stats": nsys_stats.parse_nsys_stats,
-    "flight_recorder": flight_recorder.parse_flight_recorder,
-    "pyspy": pyspy.parse_pyspy,
-    "nccl_ras": nccl_ras.parse_nccl_ras,
+PARSERS: dict[str, Callable[..., ParseResult]] = {  # kind -> its parser
+    "nccl": nccl.parse_nccl, "megatron": megatron.parse_megatron, "deepspeed": deepspeed.parse_deepspeed,
+    "torchtitan": torchtitan.parse_torchtitan, "nvidia_smi_topo": nvidia_smi.parse_nvidia_smi_topo,
+    "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q, "collect_env": collect_env.parse_collect_env,
+    "failures": failures.parse_failures, "profiler_table": profiler_table.parse_profiler_table,
+    "nsys_stats": nsys_stats.parse_nsys_stats, "flight_recorder": flight_recorder.parse_flight_recorder,
+    "pyspy": pyspy.parse_pyspy, "nccl_ras": nccl_ras.parse_nccl_ras,
 }
 
 
@@ -43,5 +36,4 @@ def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = Non
     return dataclasses.replace(run_parsers(text, [LineParser(source)], kind=kind), warnings=[what])
 
 
-PARSED_KINDS = ("nccl", "megatron", "deepspeed", "torchtitan", "nvidia_smi_topo", "nvidia_smi_q", "chrome_trace",
-                "collect_env", "failures", "profiler_table", "nsys_stats", "flight_recorder", "pyspy", "nccl_ras")
+PARSED_KINDS = (*PARSERS, "chrome_trace")  # chrome traces: ingest.traces reads them as JSON

@@ -46,12 +46,8 @@ MEM_FIELDS = {  # memory (MB) line: key -> column (MB -> GiB)
     "allocated": "mem_allocated_gib", "max allocated": "mem_max_allocated_gib",
     "reserved": "mem_reserved_gib", "max reserved": "mem_max_reserved_gib",
 }
-_NOISE = (
-    re.compile(r"(?:\[.*\] )?datetime: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"),
-    re.compile(r"(?:training|done with setup|Done with setup) \.\.\.$"),
-    re.compile(r"-+ (?:end of )?arguments -+$"),
-    re.compile(r"\(min, max\) time across ranks \(ms\):$"),
-)
+_NOISE = re.compile(r"(?:\[.*\] )?datetime: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$|(?:training|done with setup|Done with setup) \.\.\.$"
+                    r"|-+ (?:end of )?arguments -+$|\(min, max\) time across ranks \(ms\):$")
 
 
 class MegatronParser(StepRowParser):
@@ -118,7 +114,7 @@ class MegatronParser(StepRowParser):
             if m:
                 self.env(lineno, f"megatron.{m.group('key')}", m.group("value").strip(), record="argument")
                 return True
-        return any(rx.match(body) for rx in _NOISE)
+        return _NOISE.match(body) is not None
 
 
 def parse_megatron(text, *, source: str) -> ParseResult:

@@ -50,8 +50,7 @@ class TorchtitanParser(LineParser):
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
                    "time": time}
-            for kv in _KV.finditer(msg):
-                key, value = kv.group("key"), kv.group("value")
+            for key, value in _KV.findall(msg):
                 if key == "memory":
                     mm = _MEMORY.match(value)
                     if mm:
