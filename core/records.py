@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -670,17 +671,50 @@ def campaign_record_from_dict(data: Mapping[str, Any], *,
     return record_from_dict(CampaignRecord, data, where=where)
 
 
+def record_problems(cls: type, data: Any, *, prefix: str = "") -> list[str]:
+    """Strict check of a parsed JSON object against dataclass ``cls``: every missing required
+    field, unknown field, null where the field takes none and value of the wrong JSON type
+    (nested records, list items and object values too), as ``"field: what is wrong"`` texts; []
+    when it is a valid ``cls``. The same walk as the lenient decoders, which drop what this names."""
+    if not isinstance(data, dict):
+        return [f"{prefix.rstrip('.') or 'record'}: expected an object, got {type(data).__name__} {data!r:.40}"]
+    problems: list[str] = []
+    _decode_record(cls, data, where=None, path=prefix, problems=problems)
+    return problems
+
+
 _DROP = object()  # a value of the wrong JSON type: left out
+_INT64 = (-2**63, 2**63)  # Parquet's int64: what a table can hold
+_SCALARS = {int: int, float: (int, float), str: str}  # the common case, answered first
 
 
-def _decode_record(cls: type, data: Mapping[str, Any], *, where: str, path: str, problems: list[str]) -> Any:
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> tuple[tuple[dataclasses.Field, Any, bool, bool], ...]:
+    """Per field of ``cls``: (field, its resolved annotation, required, whether it takes None)."""
     hints = typing.get_type_hints(cls)
+    return tuple((f, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+                  type(None) in typing.get_args(hints[f.name])) for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(hint: Any) -> tuple[Any, tuple]:
+    return typing.get_origin(hint), typing.get_args(hint)
+
+
+def _decode_record(cls: type, data: Mapping[str, Any], *, where: str | None, path: str, problems: list[str]) -> Any:
+    """``where`` None: strict (record_problems) -- missing, unknown and null fields are problems too."""
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
+    fields = _fields(cls)
+    for f, hint, required, optional in fields:
         value = data.get(f.name)
+        if where is None and value is None and (required or f.name in data):
+            if f.name not in data:
+                problems.append(f"{path}{f.name}: missing")
+            elif not optional:
+                problems.append(f"{path}{f.name}: null, expected {f.type}")
         if value is not None:
-            value = _decode_value(hints[f.name], value, where=where, path=f"{path}{f.name}", problems=problems)
-        if value is None or value is _DROP:  # missing, null or dropped: the default, else None
+            value = _decode_value(hint, value, where=where, path=f"{path}{f.name}", problems=problems)
+        if where is not None and (value is None or value is _DROP):  # lenient: the default, else None
             if f.default is not dataclasses.MISSING:
                 value = f.default
             elif f.default_factory is not dataclasses.MISSING:
@@ -688,17 +722,25 @@ def _decode_record(cls: type, data: Mapping[str, Any], *, where: str, path: str,
             else:
                 value = None
         kwargs[f.name] = value
+    if where is None:
+        if len(data) > len(fields) or any(k not in kwargs for k in data):
+            problems.extend(f"{path}{k}: unknown field" for k in data if k not in kwargs)
+        return None
     return cls(**kwargs)
 
 
-def _decode_value(hint: Any, value: Any, *, where: str, path: str, problems: list[str]) -> Any:
+def _decode_value(hint: Any, value: Any, *, where: str | None, path: str, problems: list[str]) -> Any:
     """One JSON value against its field's annotation: the value (records built, lists as tuples)
-    or _DROP with a problem text. JSON's bool is never an int or a number."""
+    or _DROP with a problem text. JSON's bool is never an int or a number; an int must fit int64."""
     def bad(want: str) -> Any:
-        problems.append(f"{where}: {path}: expected {want}, got {type(value).__name__} {value!r:.40}; ignored")
+        got = "an integer beyond int64" if type(value) is int else f"{type(value).__name__} {value!r:.40}"
+        problems.append(f"{path}: expected {want}, got {got}" if where is None else
+                        f"{where}: {path}: expected {want}, got {got}; ignored")
         return _DROP
 
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _SCALARS and not isinstance(value, bool) and isinstance(value, _SCALARS[hint]):
+        return value if hint is not int or _INT64[0] <= value < _INT64[1] else bad("int")
+    origin, args = _shape(hint)
     if origin in (typing.Union, types.UnionType):  # X | None: X
         return _decode_value(next(a for a in args if a is not type(None)), value, where=where, path=path,
                              problems=problems)
@@ -707,7 +749,7 @@ def _decode_value(hint: Any, value: Any, *, where: str, path: str, problems: lis
             return bad("an object")
         return _decode_record(hint, value, where=where, path=f"{path}.", problems=problems)
     if origin is tuple:
-        if not isinstance(value, list):
+        if not isinstance(value, (list, tuple)):
             return bad("a list")
         items = (_decode_value(args[0], v, where=where, path=f"{path}[{i}]", problems=problems)
                  for i, v in enumerate(value))
@@ -725,11 +767,11 @@ def _decode_value(hint: Any, value: Any, *, where: str, path: str, problems: lis
     if hint is bool:
         return value if isinstance(value, bool) else bad("bool")
     if isinstance(value, bool):
-        return bad({int: "int", float: "a number", str: "str"}.get(hint, "another type"))
+        return bad({int: "int", float: "float", str: "str"}.get(hint, "another type"))
     if hint is int:
-        return value if isinstance(value, int) else bad("int")
+        return value if isinstance(value, int) and _INT64[0] <= value < _INT64[1] else bad("int")
     if hint is float:
-        return value if isinstance(value, (int, float)) else bad("a number")
+        return value if isinstance(value, (int, float)) else bad("float")
     if hint is str:
         return value if isinstance(value, str) else bad("str")
     return value  # Any

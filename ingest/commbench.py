@@ -13,11 +13,12 @@ from typing import Any
 
 from core.formulas import COLLECTIVES, compute_bus_factor
 from ingest.parsers import ParseResult
-from core.records import SCHEMA_VERSION, CommBenchRow
+from core.records import SCHEMA_VERSION, CommBenchRow, record_problems
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(CommBenchRow)}
 _NUMERIC = {"nbytes": int, "world_size": int, "num_nodes": int, "num_iters": int, "time_us": float,
             "algbw_gbps": float, "busbw_gbps": float}
+_POSITIVE = ("nbytes", "world_size", "num_nodes", "num_iters", "time_us")
 
 
 def parse_commbench(data: Any, *, source: str) -> ParseResult:
@@ -50,17 +51,16 @@ def parse_commbench(data: Any, *, source: str) -> ParseResult:
 
 
 def _row_problem(row: Any) -> str | None:
+    """The first reason a row is not a CommBenchRow with possible values, or None (other keys, such
+    as the stored table's ``source``, are not looked at)."""
     if not isinstance(row, dict):
         return "not an object"
-    if row.get("op") not in COLLECTIVES:
-        return f"op {row.get('op')!r} is not one of {', '.join(COLLECTIVES)}"
-    for key, kind in _NUMERIC.items():
-        value = row.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            return f"{key}: expected a number, got {value!r:.40}"
-        if value < 0 or (key in ("nbytes", "world_size", "num_nodes", "num_iters", "time_us") and value <= 0):
-            return f"{key}: must be positive, got {value}"
-    for key in ("dtype", "backend", "device"):
-        if not isinstance(row.get(key), str):
-            return f"{key}: expected text, got {row.get(key)!r:.40}"
+    problems = record_problems(CommBenchRow, {k: v for k, v in row.items() if k in _FIELDS})
+    if problems:
+        return problems[0]
+    if row["op"] not in COLLECTIVES:
+        return f"op {row['op']!r} is not one of {', '.join(COLLECTIVES)}"
+    for key in _NUMERIC:
+        if row[key] < 0 or (key in _POSITIVE and row[key] <= 0):
+            return f"{key}: must be positive, got {row[key]}"
     return None

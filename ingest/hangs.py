@@ -10,37 +10,25 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
-# py-spy dump frame: "    func (path/to/file.py:123)"; thread header: 'Thread 42 (idle): "MainThread"'
-_FRAME = re.compile(r"^\s+(?P<func>[^\s(][^(]*?) \((?P<file>[^():]+):(?P<line>\d+)\)\s*$")
-_THREAD = re.compile(r'^Thread (?P<tid>\S+)(?: \((?P<state>[^)]*)\))?(?:: "(?P<name>[^"]*)")?')
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "send",
-    "recv", "isend", "irecv", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "wait",
-    "batch_isend_irecv",
-})
-# Innermost Python frame -> what the rank is blocked in when the collective is issued from C++
+from ingest.parsers import run_parsers
+from ingest.parsers.pyspy import PySpyParser, is_collective
+
 # Frames of libraries (py-spy prints paths relative to sys.path, or absolute for site-packages)
 _LIBRARY_FILE = re.compile(r"(^|/)(site-packages|dist-packages|torch|deepspeed|megatron|multiprocessing|concurrent)/"
                            r"|^<frozen|(^|/)(threading|runpy)\.py$")
+# Innermost Python frame -> what the rank is blocked in when the collective is issued from C++
 IMPLICIT = {"_engine_run_backward": "backward (gradient all-reduce/reduce-scatter hooks)",
             "backward": "backward (gradient all-reduce/reduce-scatter hooks)"}
 
 
 def parse_pyspy_dump(text: str) -> list[dict[str, Any]]:
-    """py-spy ``dump`` text -> threads [{tid, state, name, frames: [{func, file, line}]}],
-    frames innermost first. Tolerates a missing ``Process`` header and unnamed threads."""
-    threads: list[dict[str, Any]] = []
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        m = _THREAD.match(line.strip()) if line.strip().startswith("Thread ") else None
-        if m:
-            threads.append({"tid": m["tid"], "state": m["state"], "name": m["name"], "frames": []})
-            continue
-        f = _FRAME.match(line)
-        if f and threads:
-            threads[-1]["frames"].append({"func": f["func"].strip(), "file": f["file"], "line": int(f["line"])})
-    return threads
+    """py-spy ``dump`` text (read by ingest.parsers.pyspy) -> threads [{tid, state, name, frames:
+    [{func, file, line}]}], Python frames only, innermost first."""
+    parser = PySpyParser("py-spy dump")
+    run_parsers(text, [parser], kind="pyspy")
+    return [{"tid": t["thread_id"], "state": t.get("state"), "name": t.get("thread_name"),
+             "frames": [{"func": f, "file": file, "line": ln} for f, file, ln in frames if ln is not None]}
+            for t, frames in parser.threads]
 
 
 def summarize_stack(threads: list[dict[str, Any]]) -> dict[str, Any]:
@@ -53,7 +41,7 @@ def summarize_stack(threads: list[dict[str, Any]]) -> dict[str, Any]:
     if not main or not main["frames"]:
         return {"blocked_in": None, "frame": None, "user_frame": None}
     frames = main["frames"]
-    hit = next((f for f in frames if f["func"] in COLLECTIVES), None)
+    hit = next((f for f in frames if is_collective(f["func"], f["file"])), None)
     if hit is not None:
         blocked = hit["func"]
     else:

@@ -30,7 +30,8 @@ from ingest.paths import run_name_problem
 from core.atomic import write_bytes_atomic
 from core.records import (
     SCHEMA_VERSION, CampaignRecord, CheckpointRecord, EnvRecord, FixedConfig, LoadedRun, ModelConfig, Plant, RunInfo,
-    RunSpec, RunStatus, StepRow, campaign_record_from_dict, env_record_from_dict, run_spec_from_dict, to_dict,
+    RunSpec, RunStatus, StepRow, campaign_record_from_dict, env_record_from_dict, record_problems, run_spec_from_dict,
+    to_dict,
 )
 
 # RunSpec fields held in the runs table as JSON text (decoded by loaded_run_from_row)
@@ -234,39 +235,9 @@ def _check_version(path: Path, data: dict[str, Any], line: int | None = None) ->
 
 
 def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
-    """Every way ``data`` (a parsed JSON object) fails the schema dataclass ``cls``: missing or
-    unknown fields and values of the wrong JSON type (nested records recursively), as
-    ``"field: what is wrong"`` strings. JSON's NaN/Infinity pass as floats (a diverged loss is data)."""
-    if not isinstance(data, dict):
-        return [f"{prefix.rstrip('.') or 'record'}: expected an object, got {type(data).__name__} {data!r:.40}"]
-    out = []
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for name, f in fields.items():
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if name not in data:
-            if required:
-                out.append(f"{prefix}{name}: missing")
-            continue
-        value, kind = data[name], str(f.type)
-        if value is None:
-            if "None" not in kind:
-                out.append(f"{prefix}{name}: null, expected {kind}")
-            continue
-        nested = {"ModelConfig": ModelConfig, "FixedConfig": FixedConfig, "Plant": Plant}.get(kind.split(" | ")[0])
-        if nested is not None:
-            out.extend(_field_problems(nested, value, f"{prefix}{name}."))
-            continue
-        base = kind.split(" | ")[0]
-        ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63,  # Parquet int64
-              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool)}.get(base, lambda v: isinstance(v, (list, tuple)) if base.startswith(
-                  "tuple") else isinstance(v, dict) if base.startswith("Mapping") else True)
-        if not ok(value):
-            got = "an integer beyond int64" if isinstance(value, int) and not isinstance(value, bool) else \
-                f"{type(value).__name__} {value!r:.40}"
-            out.append(f"{prefix}{name}: expected {base}, got {got}")
-    out.extend(f"{prefix}{k}: unknown field" for k in data if k not in fields)
-    return out
+    """Every way ``data`` (a parsed JSON object) fails the schema dataclass ``cls``
+    (core.records.record_problems). JSON's NaN/Infinity pass as floats (a diverged loss is data)."""
+    return record_problems(cls, data, prefix=prefix)
 
 
 def load_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:

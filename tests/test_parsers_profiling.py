@@ -300,3 +300,29 @@ def test_deepspeed_flops_profiler_and_comms_logger_tables():
                                        "num_calls": 20, "total_latency_s": 40e-3, "total_straggler_s": 10.2e-3,
                                        "avg_latency_s": 2e-3, "avg_straggler_s": 0.51e-3})
     assert r.unparsed_lines == (1, 2)  # the fixture's provenance comment
+
+
+def test_hang_triage_reads_pyspy_through_the_parser():
+    """ingest.hangs reads py-spy dumps with the one py-spy parser: Python frames innermost first,
+    native frames left out; the innermost frame a collective when nothing is (threading's wait)."""
+    from ingest.hangs import parse_pyspy_dump, summarize_stack
+    text = "\n".join([
+        'Thread 0x7F3A2B (active+gil): "MainThread"',
+        "    0x7f3a2b1c (libc.so.6)",
+        "    wait (torch/distributed/distributed_c10d.py:4321)",
+        "    all_reduce (torch/distributed/distributed_c10d.py:2050)",
+        "    train_step (runner/train.py:88)",
+        'Thread 928 (idle): "Thread-1"',
+        "    wait (threading.py:324)",
+    ])
+    main, other = parse_pyspy_dump(text)
+    assert (main["tid"], main["state"], main["name"]) == ("0x7F3A2B", "active+gil", "MainThread")
+    assert [f["func"] for f in main["frames"]] == ["wait", "all_reduce", "train_step"]
+    assert summarize_stack([main, other]) == {
+        "blocked_in": "wait", "frame": "wait (torch/distributed/distributed_c10d.py:4321)",
+        "user_frame": "train_step (runner/train.py:88)"}
+    waiting = summarize_stack([{**other, "name": "MainThread"}])
+    assert waiting["blocked_in"] == "wait" and waiting["frame"] == "wait (threading.py:324)"
+    threads = parse_pyspy_dump(read("38_pyspy_dump_zero3_allgather_hang.txt"))
+    assert [t["tid"] for t in threads][:3] == ["42", "928", "4076"]
+    assert summarize_stack(threads[-1:])["blocked_in"] == "all_gather_coalesced"

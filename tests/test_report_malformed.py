@@ -128,3 +128,20 @@ def test_ingest_unexpected_exception_is_one_line_internal_error(camp, capsys, mo
     assert ingest.cli.main([str(camp)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["ingest: error: internal error KeyError: 'x' (please report)"]
+
+
+def test_strict_and_lenient_checks_are_one_walk():
+    """record_problems (a run's spec/status/info, every step row: a bad one is dropped whole) and
+    the lenient env/campaign decoder (a bad field is dropped alone) name the same problems the
+    same way, nested records, list items and int64 included."""
+    from core.records import EnvRecord, StepRow, record_from_dict, record_problems
+    row = {"schema_version": 1, "run": "a", "rank": 0, "step": 2**63, "loss": True, "extra": 1}
+    problems = record_problems(StepRow, row)
+    assert "step: expected int, got an integer beyond int64" in problems
+    assert "loss: expected float, got bool True" in problems and "extra: unknown field" in problems
+    assert any(p.endswith(": missing") for p in problems)
+    env, lenient = record_from_dict(EnvRecord, {"gpus": [{"index": "0"}, {"index": 1}]}, where="env.json")
+    assert lenient == ["env.json: gpus[0].index: expected int, got str '0'; ignored"]
+    assert [g.index for g in env.gpus] == [None, 1]
+    strict = record_problems(EnvRecord, {"gpus": [{"index": "0"}]})
+    assert "gpus[0].index: expected int, got str '0'" in strict

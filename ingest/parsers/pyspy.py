@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import re
 
-from ingest.hangs import COLLECTIVES
 from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 S = str
 # Names of collectives as torch, DeepSpeed and Megatron spell their entry points.
 _COLLECTIVE_NAME = re.compile(r"all_?gather|all_?reduce|reduce_?scatter|all_?to_?all|broadcast|barrier|"
-                              r"(?:^|_)(?:i?send|i?recv)$|coalesced", re.I)
+                              r"(?:^|_)(?:i?send|i?recv)$|coalesced|^(?:reduce|gather|scatter)$", re.I)
 # A wait/synchronize only counts inside a distributed module (threading.Condition.wait does not).
 _DIST_FILE = re.compile(r"distributed|c10d|deepspeed/comm|nccl|megatron/core/(?:tensor|pipeline)_parallel")
 _WAITS = frozenset({"wait", "synchronize", "_wait", "wait_tensor", "get_future"})
@@ -41,8 +40,6 @@ _LOCAL = re.compile(r"\w+: .*")
 
 def is_collective(func: str, file: str) -> bool:
     """Does this frame look like a collective call (or a wait on one)?"""
-    if func in COLLECTIVES and func not in _WAITS:
-        return True
     if func in _WAITS:
         return bool(_DIST_FILE.search(file))
     return bool(_COLLECTIVE_NAME.search(func))
@@ -54,6 +51,7 @@ class PySpyParser(LineParser):
     _thread: dict | None = None  # the thread being read; its frames (func, file, line), innermost first
     _frames: list[tuple[str, str, int | None]]
     _in_locals = False
+    threads: tuple = ()  # (stacks record, its frames (func, file, line)) per thread, for ingest.hangs
 
     def _flush(self) -> None:
         t = self._thread
@@ -65,6 +63,7 @@ class PySpyParser(LineParser):
                  collective=self._frames[hit][0] if hit is not None else None,
                  collective_frame=text[hit] if hit is not None else None)
         self.records.append(t)
+        self.threads += ((t, self._frames),)
         self._thread = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
