@@ -12,12 +12,13 @@ jobs against each other (unrelated jobs are never compared).
 """
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -121,21 +122,28 @@ FACT_NAMES = ("world_size", "global_batch_size", "seq_length", "num_steps", "ste
 
 
 def _rows(tables: Mapping[str, pd.DataFrame], name: str) -> list[dict[str, Any]]:
+    """A table's rows as dicts, a missing value (NaN, NA, NaT) as None."""
     df = tables.get(name)
     if df is None or df.empty:
         return []
-    return [{k: (None if _na(v) else v) for k, v in r.items()} for r in df.to_dict("records")]
+    values = df.astype(object).where(df.notna(), None)  # Python objects: numbers need no boxing per cell
+    columns = list(values.columns)
+    return [dict(zip(columns, row)) for row in values.to_numpy().tolist()]
 
 
-def _na(v: Any) -> bool:
-    try:
-        return v is None or bool(pd.isna(v))
-    except (TypeError, ValueError):
-        return False
+@functools.lru_cache(maxsize=1 << 12)
+def _file_name(source: Any) -> str:
+    return Path(str(source)).name
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _file_rank(source: Any) -> int | None:
+    m = _RANK_FILE.search(_file_name(source))
+    return int(m.group(1)) if m else None
 
 
 def _cite(r: Mapping[str, Any]) -> str:
-    return f"{Path(str(r['source'])).name}:{int(r['line'])}" if r.get("line") is not None else Path(str(r["source"])).name
+    return f"{_file_name(r['source'])}:{int(r['line'])}" if r.get("line") is not None else _file_name(r["source"])
 
 
 def _int(v: Any) -> int | None:
@@ -149,8 +157,7 @@ def _rank_of(r: Mapping[str, Any]) -> int | None:
     """The record's rank, else the rank in its file name (``stacks_rank3.txt``)."""
     if r.get("rank") is not None:
         return int(r["rank"])
-    m = _RANK_FILE.search(Path(str(r["source"])).name)
-    return int(m.group(1)) if m else None
+    return _file_rank(r["source"])
 
 
 def _run_dir(source: str) -> str:
@@ -206,8 +213,15 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
     ``model`` (``--model`` flags) fills what a job's files do not say, cited as ``--model``."""
     files = _rows(tables, "files")
     by_source: dict[str, list[dict[str, Any]]] = {str(f["source"]): [] for f in files}
+    timers = tables.get("timers")  # the largest table: kept a DataFrame, only the timer means need it
+    timers_by_source = ({str(s): df for s, df in timers.groupby("source", sort=False)}
+                        if timers is not None and not timers.empty else {})
     for name in ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
                  "flops_profile", "traces"):
+        if name == "timers":
+            for source in timers_by_source:
+                by_source.setdefault(source, [])
+            continue
         for r in _rows(tables, name):
             r["table"] = name
             by_source.setdefault(str(r.get("source")), []).append(r)
@@ -263,7 +277,9 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
         if names[name] > 1:
             name = f"{name}#{names[name]}"
         jobs.append(build_job(name=name, sources=members, kinds=[kinds.get(s, "unknown") for s in members], rows=rows,
-                              joined_by=sorted(joined.get(root, set())), not_joined=refused.get(root, []), model=model))
+                              joined_by=sorted(joined.get(root, set())), not_joined=refused.get(root, []), model=model,
+                              file_facts=[facts[s] for s in members],
+                              timers=[timers_by_source[s] for s in members if s in timers_by_source]))
     return jobs
 
 
@@ -271,11 +287,13 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
 
 
 def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dict[str, Any]],
-              joined_by: list[str], not_joined: list[str], model: Mapping[str, Any] | None) -> Job:
-    """One job's facts, failure chain and hang view from its own rows only."""
+              joined_by: list[str], not_joined: list[str], model: Mapping[str, Any] | None,
+              file_facts: Sequence[Mapping[str, Fact]], timers: Sequence[pd.DataFrame] = ()) -> Job:
+    """One job's facts, failure chain and hang view from its own rows only. file_facts: each
+    source's compute_file_facts; timers: its sources' timers rows, a DataFrame per source."""
     facts: dict[str, Fact] = {}
-    for s in sources:
-        for n, f in compute_file_facts(s, [r for r in rows if r.get("source") == s]).items():
+    for per_file in file_facts:
+        for n, f in per_file.items():
             facts.setdefault(n, f)
     for n in ("world_size", "global_batch_size", "seq_length"):
         if n not in facts and model and model.get(n):
@@ -283,7 +301,7 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     steps = [r for r in rows if r["table"] == "steps" and r.get("step_time_s") is not None]
     if steps:
         times = [float(r["step_time_s"]) for r in steps]
-        cite = (f"{Path(str(steps[0]['source'])).name}:{steps[0]['line']}-{steps[-1]['line']}",)
+        cite = (f"{_file_name(steps[0]['source'])}:{steps[0]['line']}-{steps[-1]['line']}",)
         med = statistics.median(times)
         facts["num_steps"] = Fact(name="num_steps", value=len(steps), sources=cite)
         facts["step_time_median_s"] = Fact(name="step_time_median_s", value=med, sources=cite)
@@ -302,8 +320,10 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     ranks = sorted({rk for r in rows if r["table"] in ("events", "stacks", "steps", "comm_topology", "collectives", "traces")
                     and (rk := _rank_of(r)) is not None})
     if ranks:
-        facts["ranks_seen"] = Fact(name="ranks_seen", value=_ranges(ranks),
-                                   sources=tuple(sorted({Path(str(r["source"])).name for r in rows if _rank_of(r) is not None})))
+        ranked = {_file_name(r["source"]) for r in rows if _rank_of(r) is not None}
+        ranked |= {_file_name(t["source"].iat[0]) for t in timers
+                   if _file_rank(t["source"].iat[0]) is not None or t["rank"].notna().any()}
+        facts["ranks_seen"] = Fact(name="ranks_seen", value=_ranges(ranks), sources=tuple(sorted(ranked)))
     env = {}
     for r in rows:
         if r["table"] == "env" and r.get("key"):
@@ -319,7 +339,7 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     if times:
         facts["time_range"] = Fact(name="time_range", value=f"{times[0]['time']} … {times[-1]['time']}" if len(times) > 1
                                    else str(times[0]["time"]), sources=(_cite(times[0]), _cite(times[-1])))
-    facts.update(compute_slow_run_facts(rows, num_nodes=len(hosts) or None))
+    facts.update(compute_slow_run_facts(rows, num_nodes=len(hosts) or None, timers=timers))
     chain = compute_failure_chain(rows)
     first = compute_first_failure(chain)
     hang = compute_hang(rows, world_size=facts["world_size"].value if "world_size" in facts else None)
@@ -360,7 +380,7 @@ def compute_failure_chain(rows: Iterable[Mapping[str, Any]]) -> list[Evidence]:
                                host=r.get("host"), time=str(r["time"]) if r.get("time") else None,
                                detail=" ".join(str(r.get("detail") or "").split())[:240]
                                or (f"exitcode {_int(r['exitcode'])}" if r.get("exitcode") is not None else ""),
-                               source=Path(str(r["source"])).name, line=int(r.get("line") or 0))
+                               source=_file_name(r["source"]), line=int(r.get("line") or 0))
     return sorted(folded.values(), key=lambda e: (EVENT_ORDER[e.event][0], e.time or "", e.source, e.line))
 
 
@@ -494,7 +514,8 @@ def _hang_from_watchdog(rows: list[dict[str, Any]], *, world_size: int | None) -
 STRAGGLER_MIN_EXCESS = 0.05  # a rank's median step time this much above the others' median names it
 
 
-def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None) -> dict[str, Fact]:
+def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None,
+                           timers: Sequence[pd.DataFrame] = ()) -> dict[str, Fact]:
     """Slow-run facts of one job's rows, each cited file:line: per-rank median step time and
     the straggler (ranks with their own step rows), the mean of each timer (Megatron's
     ``time (ms) |`` lines, DeepSpeed's timers), the NCCL transports, and NCCL over sockets
@@ -514,17 +535,25 @@ def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None)
         if rest > 0 and med[slow] / rest - 1 >= STRAGGLER_MIN_EXCESS:
             text += f"; straggler: rank {slow}, {100 * (med[slow] / rest - 1):.0f}% above the others' median"
         out["step_time_by_rank"] = Fact(name="step_time_by_rank", value=text, sources=tuple(cites.values())[:6])
-    timers: dict[str, list[float]] = defaultdict(list)
-    tcite: list[str] = []
-    for r in rows:
-        t = r.get("time_s") if r.get("time_s") is not None else r.get("time_max_s")
-        if r["table"] == "timers" and r.get("name") and t is not None:
-            timers[str(r["name"])].append(float(t) * 1e3)
-            tcite.append(_cite(r))
-    if timers:
-        top = sorted(((statistics.mean(v), k) for k, v in timers.items()), reverse=True)[:6]
+    per_timer: dict[str, list[float]] = defaultdict(list)
+    tcite: dict[str, None] = {}
+    for df in timers:  # each source's timers rows, in file order
+        t = df["time_s"] if "time_s" in df else pd.Series(None, index=df.index, dtype=object)
+        if "time_max_s" in df:
+            t = t.where(t.notna(), df["time_max_s"])
+        name = df["name"] if "name" in df else pd.Series(None, index=df.index, dtype=object)
+        keep = name.notna() & name.astype(str).ne("") & t.notna()
+        for key, ms in zip(name[keep].astype(str).tolist(), (t[keep].astype(float) * 1e3).tolist()):
+            per_timer[key].append(ms)
+        kept = df[keep]
+        for source, line in zip(kept["source"], kept["line"] if "line" in kept else [None] * len(kept)):
+            if len(tcite) == 3:
+                break
+            tcite[_cite({"source": source, "line": None if pd.isna(line) else line})] = None
+    if per_timer:
+        top = sorted(((statistics.mean(v), k) for k, v in per_timer.items()), reverse=True)[:6]
         out["timers_ms"] = Fact(name="timers_ms", value=", ".join(f"{k} {v:.1f} ms" for v, k in top),
-                                sources=tuple(dict.fromkeys(tcite))[:3], how="mean of each timer over the lines")
+                                sources=tuple(tcite), how="mean of each timer over the lines")
     edges = [r for r in rows if r.get("record") == "transport" and r.get("transport")]
     if edges:
         names = sorted({str(r["transport"]) for r in edges})
