@@ -12,7 +12,8 @@ them). Measured in one run, as ``ingest`` does it:
   Throughput = file bytes / wall time (``mb_per_s``: MB/s per core). Target: >= 15 MB/s.
 - a folder of --ranks per-rank logs (each a --mb MB copy of the --folder-corpus corpus)
   through ``ingest_files`` (worker processes, one file each): ``folder.mb_per_s``, against
-  0.8 x min(ranks, CPUs) x that corpus's one-process rate.
+  0.8 x min(ranks, CPUs) x that corpus's one-process rate; and the whole ``ingest FOLDER``
+  (tables, job triage, Parquet written): ``folder.ingest_cli``.
 
 The machine's load average is recorded with each measurement: the CPUs are shared, so a
 number is only as good as the load it was taken under. Beside the folder's number,
@@ -22,7 +23,9 @@ number is only as good as the load it was taken under. Beside the folder's numbe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import io
 import itertools
 import json
 import os
@@ -37,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ingest.cli import main as ingest_main  # noqa: E402
 from ingest.io import iter_text_blocks  # noqa: E402
 from ingest.parsers.dispatch import parse_text  # noqa: E402
 from ingest.thirdparty import ingest_files  # noqa: E402
@@ -247,6 +251,24 @@ def measure_folder(paths: list[Path], repeats: int, *, one_process_mb_per_s: flo
             "loadavg_before": load, "loadavg_after": loadavg()}
 
 
+def measure_ingest_cli(folder: Path, repeats: int) -> dict:
+    """The whole ``ingest FOLDER --out DIR`` in this process (parse in workers, tables, triage of
+    the jobs, Parquet written), best of ``repeats``: what a user waits for."""
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    times = []
+    load = loadavg()
+    for i in range(repeats):
+        out = folder.parent / f"tables{i}"
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            code = ingest_main([str(folder), "--out", str(out)])
+        times.append(time.perf_counter() - t0)
+        if code != 0:
+            raise SystemExit(f"ingest {folder} exited {code}")
+    return {"bytes": size, "seconds_best": round(min(times), 3), "seconds_all": [round(t, 3) for t in times],
+            "mb_per_s": round(size / min(times) / 1e6, 1), "loadavg_before": load, "loadavg_after": loadavg()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=8)
@@ -276,10 +298,14 @@ def main(argv=None) -> int:
         first.unlink()
         folder = measure_folder(paths, args.repeats, one_process_mb_per_s=results[args.folder_corpus]["mb_per_s"])
         folder["corpus"] = args.folder_corpus
+        folder["ingest_cli"] = measure_ingest_cli(ranks, args.repeats)
         print(f"folder of {folder['files']} {args.folder_corpus} rank logs via ingest_files: {folder['mb_per_s']} MB/s with "
               f"{folder['workers']} processes (x{folder['speedup']} one process; target {folder['target_mb_per_s']}; "
               f"a pure-Python loop got x{folder['cpu_scaling']} on as many processes) "
               f"(load {folder['loadavg_before'][0]} -> {folder['loadavg_after'][0]})")
+        cli = folder["ingest_cli"]
+        print(f"`ingest` of that folder (tables, job triage, Parquet): {cli['seconds_best']} s, {cli['mb_per_s']} MB/s "
+              f"(load {cli['loadavg_before'][0]} -> {cli['loadavg_after'][0]})")
     out = {"python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
            "mb_per_corpus": args.mb, "repeats": args.repeats, "loadavg_at_end": loadavg(),
            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
