@@ -14,8 +14,8 @@ from ingest.parsers import run_parsers
 from ingest.parsers.pyspy import PySpyParser, is_collective
 
 # Frames of libraries (py-spy prints paths relative to sys.path, or absolute for site-packages)
-_LIBRARY_FILE = re.compile(r"(^|/)(site-packages|dist-packages|torch|deepspeed|megatron|multiprocessing|concurrent)/"
-                           r"|^<frozen|(^|/)(threading|runpy)\.py$")
+LIBRARY_FILE = re.compile(r"(^|/)(site-packages|dist-packages|torch|deepspeed|megatron|accelerate|multiprocessing|"
+                          r"concurrent)/|^<frozen|(^|/)(threading|runpy)\.py$")
 # Innermost Python frame -> what the rank is blocked in when the collective is issued from C++
 IMPLICIT = {"_engine_run_backward": "backward (gradient all-reduce/reduce-scatter hooks)",
             "backward": "backward (gradient all-reduce/reduce-scatter hooks)"}
@@ -47,9 +47,15 @@ def summarize_stack(threads: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         hit = next((f for f in frames if f["func"] in IMPLICIT), frames[0])
         blocked = IMPLICIT.get(hit["func"], hit["func"])
-    user = next((f for f in frames if not _LIBRARY_FILE.search(f["file"])), None)
-    fmt = lambda f: f"{f['func']} ({f['file']}:{f['line']})" if f else None  # noqa: E731
-    return {"blocked_in": blocked, "frame": fmt(hit), "user_frame": fmt(user)}
+    return {"blocked_in": blocked, "frame": f"{hit['func']} ({hit['file']}:{hit['line']})",
+            "user_frame": user_frame(frames)}
+
+
+def user_frame(frames: list[dict[str, Any]]) -> str | None:
+    """The innermost frame ({func, file, line}, innermost first) outside the libraries
+    (LIBRARY_FILE): the line of the user's code that issued the call, as "func (file:line)"."""
+    f = next((f for f in frames if not LIBRARY_FILE.search(f["file"])), None)
+    return f"{f['func']} ({f['file']}:{f['line']})" if f else None
 
 
 def describe_rank(rank: int | str, s: Mapping[str, Any]) -> str:

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from ingest.hangs import diagnose_from_flight_recorder, diagnose_from_stacks, summarize_flight_recorder
+from ingest.hangs import (diagnose_from_flight_recorder, diagnose_from_stacks, summarize_flight_recorder,
+                          user_frame)
 
 # Event kinds (ingest.parsers.failures / nccl / flight_recorder) -> (causal order, label). The order
 # is the usual chain: a rank's own error first, then the watchdogs that noticed, then the launcher.
@@ -45,8 +46,6 @@ EVENT_ORDER: dict[str, tuple[int, str]] = {
 HANG_EVENTS = frozenset({"nccl_timeout", "watchdog_exception", "fr_dump", "timeout_dump"})
 _RANK_FILE = re.compile(r"rank[_-]?(\d+)", re.I)
 _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)$")
-_LIBRARY = re.compile(r"(^|/)(site-packages|dist-packages|torch|deepspeed|megatron|accelerate|multiprocessing|"
-                      r"concurrent)/|^<frozen|(^|/)(threading|runpy)\.py$")
 _ATTEMPT = re.compile(r"attempt[_-]?(\d+)", re.I)
 
 
@@ -407,11 +406,6 @@ def _frames(text: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def _user_frame(frames: list[dict[str, Any]]) -> str | None:
-    f = next((f for f in frames if not _LIBRARY.search(f["file"])), None)
-    return f"{f['func']} ({f['file']}:{f['line']})" if f else None
-
-
 def compute_hang(rows: list[dict[str, Any]], *, world_size: int | None) -> HangView | None:
     """The missing rank, from py-spy stacks (preferred: they name the Python line), else
     flight-recorder entries, else watchdog lines. None when the job has none of them."""
@@ -427,7 +421,7 @@ def compute_hang(rows: list[dict[str, Any]], *, world_size: int | None) -> HangV
             continue  # the main thread's stack is the one that issued the collective
         frames = _frames(r.get("frames"))
         per[rank] = {"blocked_in": r.get("collective") or (frames[0]["func"] if frames else None),
-                     "frame": r.get("collective_frame") or r.get("top_frame"), "user_frame": _user_frame(frames),
+                     "frame": r.get("collective_frame") or r.get("top_frame"), "user_frame": user_frame(frames),
                      "cite": _cite(r)}
     if by_attempt:
         views = [_hang_from_stacks(per, world_size=world_size) for _, per in sorted(by_attempt.items())]
