@@ -38,8 +38,8 @@ def _same(a, b) -> bool:
 
 def score_file(path: Path, want: dict) -> dict:
     """One file against its expectations -> {file, verdict, missing, contradicted, ...}."""
-    r = ingest_file(path).result
-    recs = r.records
+    f = ingest_file(path)
+    r, recs = f.result, f.records()
     by_table: dict[str, list[dict]] = {}
     for rec in recs:
         by_table.setdefault(rec["table"], []).append(rec)

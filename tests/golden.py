@@ -37,12 +37,14 @@ def golden_path(fixture: Path) -> Path:
     return GOLDEN / (fixture.relative_to(FIXTURES).as_posix().replace("/", "__") + ".json")
 
 
-def outcome(result, *, path: Path) -> dict:
-    """A ParseResult as the golden JSON object (``source`` relative to tests/fixtures), JSON
-    round-tripped so tuples compare as the lists the file holds."""
+def outcome(parsed, *, path: Path) -> dict:
+    """A ParseResult (or an IngestedFile: its packed records) as the golden JSON object (``source``
+    relative to tests/fixtures), JSON round-tripped so tuples compare as the lists the file holds."""
     name = path.relative_to(FIXTURES).as_posix()
+    result = getattr(parsed, "result", parsed)
+    records = parsed.records() if callable(getattr(parsed, "records", None)) else parsed.records
     tables: dict[str, list[dict]] = {}
-    for rec in result.records:
+    for rec in records:
         rec = dict(rec)
         if rec.get("source") == str(path):
             rec["source"] = name
@@ -56,7 +58,7 @@ def outcome(result, *, path: Path) -> dict:
 def ingest_outcome(path: Path) -> dict:
     """What ``ingest`` makes of one fixture file (``ingest.thirdparty.ingest_file``)."""
     from ingest.thirdparty import ingest_file
-    return outcome(ingest_file(path).result, path=path)
+    return outcome(ingest_file(path), path=path)
 
 
 def load_golden(path: Path) -> dict:

@@ -10,16 +10,16 @@ LINES = [
 ]
 
 
-def _steps(result) -> list[int]:
-    return sorted(r["step"] for r in result.records if r["table"] == "steps")
+def _steps(f) -> list[int]:
+    return sorted(r["step"] for r in f.rows("steps"))
 
 
 def test_cut_last_line_is_flagged_and_not_used(tmp_path):
     whole, cut = tmp_path / "whole.log", tmp_path / "cut.log"
     whole.write_text("\n".join(LINES) + "\n")
     cut.write_text("\n".join(LINES))  # no newline after the last line: the writer stopped mid-line
-    full, part = ingest_file(whole).result, ingest_file(cut).result
+    full, part = ingest_file(whole), ingest_file(cut)
     assert _steps(full) == [10, 20]
     assert _steps(part) == [10]
-    assert part.unparsed == full.unparsed + 1
-    assert any("line 2: cut (the file ends without a newline); not used" in w for w in part.warnings)
+    assert part.result.unparsed == full.result.unparsed + 1
+    assert any("line 2: cut (the file ends without a newline); not used" in w for w in part.result.warnings)

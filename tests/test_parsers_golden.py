@@ -43,7 +43,7 @@ def test_the_fixture_set_in_worker_processes_gives_the_goldens_in_input_order():
     order of the paths, each equal to its golden."""
     files = ingest_files(FIXTURES, max_workers=2)
     assert [f.path for f in files] == [str(p) for p in FIXTURES]
-    assert [outcome(f.result, path=p) for f, p in zip(files, FIXTURES)] == [load_golden(p) for p in FIXTURES]
+    assert [outcome(f, path=p) for f, p in zip(files, FIXTURES)] == [load_golden(p) for p in FIXTURES]
 
 
 def test_a_file_gone_before_its_worker_reads_it_is_a_parse_error(tmp_path):

@@ -103,8 +103,8 @@ def test_gzipped_logs_in_a_folder_are_found_and_read_decompressed(tmp_path):
     paths = thirdparty.find_artifacts([str(d)])
     assert [p.name for p in paths] == ["rank0.log.gz", "rank1.log"]
     gz, plain = thirdparty.ingest_files(paths, max_workers=1)
-    assert (gz.result.kind, len(gz.result.records), gz.result.unparsed) == ("megatron", 4, 0)
-    assert [{**r, "source": None} for r in gz.result.records] == [{**r, "source": None} for r in plain.result.records]
+    assert (gz.result.kind, gz.num_records, gz.result.unparsed) == ("megatron", 4, 0)
+    assert [{**r, "source": None} for r in gz.records()] == [{**r, "source": None} for r in plain.records()]
     (d / "rank0.log.gz").write_bytes(gzip.compress(text * 2000)[:-4000])
     with pytest.raises(ParseError, match="rank0.log.gz: truncated gzip stream"):
         thirdparty.ingest_files(paths, max_workers=1)
