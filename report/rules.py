@@ -112,13 +112,17 @@ def rule_memory(rows: Sequence[Mapping[str, Any]], gpu_memory_gib: float | None,
 
 
 def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
-              curves: Mapping[str, Mapping[int, float]] | None = None) -> list[Finding]:
+              curves: Mapping[str, Mapping[int, float]] | None = None, *, from_step: int = 0) -> list[Finding]:
     """Same data, seed and steps should give the same loss at every step whatever the layout.
 
     curves: run -> step -> loss (mean over the ranks reporting it); the spread is the largest
-    max - min across the runs over the steps they all report (worst_step: where); without
-    curves, the final losses'. Evidence: loss_spread_nats, worst_step, final_spread_nats, losses
-    (final, per run)."""
+    max - min across the runs over the steps they all report from ``from_step`` on (the first
+    measured step; worst_step: where); without curves, the final losses'. The warm-up steps are
+    left out as from every measured number, and for a reason of their own: Adam's first updates
+    are m/sqrt(v) = +-1 per element (Kingma & Ba 2015, Algorithm 1, bias-corrected), so kernels
+    that round a tiny gradient differently make whole-size update differences there (bf16 runs of
+    one model differ by up to 0.07 nats at step 1, 0.03 after step 10). Evidence:
+    loss_spread_nats, worst_step, from_step, final_spread_nats, losses (final, per run)."""
     losses = [(r["run"], r["loss_last"]) for r in rows if r.get("loss_last") is not None]
     if len(losses) < 2:
         return []
@@ -127,7 +131,7 @@ def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
     names = [n for n, _ in losses]
     if curves and all(n in curves for n in names):
         common = sorted(set.intersection(*(set(curves[n]) for n in names)))
-        for step in common:
+        for step in (s for s in common if s >= from_step):
             values = [curves[n][step] for n in names]
             gap = max(values) - min(values)
             if worst is None or gap > spread:
@@ -135,8 +139,8 @@ def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
         spread = max(spread, final)
     kind = "loss_agrees" if spread <= t["loss_agreement_nats"] else "loss_disagrees"
     return [Finding(kind=kind, runs=tuple(names), threshold=t["loss_agreement_nats"],
-                    evidence={"loss_spread_nats": spread, "worst_step": worst, "final_spread_nats": final,
-                              "losses": tuple(losses)})]
+                    evidence={"loss_spread_nats": spread, "worst_step": worst, "from_step": from_step,
+                              "final_spread_nats": final, "losses": tuple(losses)})]
 
 
 FAILURE_STATUSES = ("oom", "crash", "hang", "timeout")
@@ -176,6 +180,7 @@ def build_findings(
     thresholds: Mapping[str, float] | None = None,
     ranked: Sequence[bool] | None = None,
     loss_curves: Mapping[str, Mapping[int, float]] | None = None,
+    loss_from_step: int = 0,
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
     NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: the campaign's runs
@@ -183,7 +188,7 @@ def build_findings(
     thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
     agreement (default all; a campaign with data rounds ranks its first round's runs, whose
     data and losses compare like for like). loss_curves: run -> step -> loss (rule_loss compares
-    every common step, not only the last)."""
+    every common step from ``loss_from_step``, the first measured one, not only the last)."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ranked = [True] * len(summary_rows) if ranked is None else list(ranked)
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name == "ok"]
@@ -191,7 +196,7 @@ def build_findings(
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name != "ok"]
     failed_at_step = {s["run"]: s.get("failed_at_step") for s in summary_rows}
     return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows, failed_at_step=failed_at_step)
-            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves)
+            + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves, from_step=loss_from_step)
             + rule_straggler(summary_rows, t))
 
 

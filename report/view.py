@@ -868,7 +868,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
                    if curve is not None else None)
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
-                                    loss_curves=loss_curves, ranked=ranked))
+                                    loss_curves=loss_curves, loss_from_step=fixed.warmup_steps or 0, ranked=ranked))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
     parity = build_parity_rows(trace_tables.kernels if trace_tables is not None else None, runs,
                                timelines={b.run: b.timeline for b in evidence.rows}, thresholds=thresholds)

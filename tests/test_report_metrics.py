@@ -123,3 +123,19 @@ def test_summarize_invariants(times, warmup):
     slower = [[t[0] * 2, t[1], t[2]] for t in times]
     out2 = summarize_runs(_steps(slower, ranks=3), _runs(["a"], 3), warmup_steps=warmup).iloc[0]
     assert out2["step_time_median_s"] >= out["step_time_median_s"]
+
+
+def test_loss_agreement_is_judged_from_the_first_measured_step():
+    """Warm-up steps are out of the loss comparison (Adam's first updates are sign-like, so rounding
+    differences become whole-size update differences there); a gap after them is still found."""
+    from report.rules import THRESHOLDS, rule_loss
+    rows = [{"run": "a", "loss_last": 6.50}, {"run": "b", "loss_last": 6.51}]
+    early = {"a": {1: 9.60, 10: 9.00, 20: 6.50}, "b": {1: 9.67, 10: 9.02, 20: 6.51}}  # 0.07 at step 1 only
+    (f,) = rule_loss(rows, THRESHOLDS, early, from_step=10)
+    assert f.kind == "loss_agrees" and f.evidence["worst_step"] == 10 and f.evidence["from_step"] == 10
+    assert abs(f.evidence["loss_spread_nats"] - 0.02) < 1e-9
+    (g,) = rule_loss(rows, THRESHOLDS, early, from_step=0)
+    assert g.kind == "loss_disagrees" and g.evidence["worst_step"] == 1
+    late = {"a": {1: 9.60, 10: 9.00, 20: 6.50}, "b": {1: 9.60, 10: 9.20, 20: 6.51}}  # 0.2 after the warm-up
+    (h,) = rule_loss(rows, THRESHOLDS, late, from_step=10)
+    assert h.kind == "loss_disagrees" and h.evidence["worst_step"] == 10
