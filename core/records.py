@@ -733,7 +733,7 @@ def _decode_value(hint: Any, value: Any, *, where: str | None, path: str, proble
     """One JSON value against its field's annotation: the value (records built, lists as tuples)
     or _DROP with a problem text. JSON's bool is never an int or a number; an int must fit int64."""
     def bad(want: str) -> Any:
-        got = "an integer beyond int64" if type(value) is int else f"{type(value).__name__} {value!r:.40}"
+        got = "an integer beyond int64" if type(value) is int and want == "int" else f"{type(value).__name__} {value!r:.40}"
         problems.append(f"{path}: expected {want}, got {got}" if where is None else
                         f"{where}: {path}: expected {want}, got {got}; ignored")
         return _DROP

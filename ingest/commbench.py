@@ -19,6 +19,7 @@ _FIELDS = {f.name: f.type for f in dataclasses.fields(CommBenchRow)}
 _NUMERIC = {"nbytes": int, "world_size": int, "num_nodes": int, "num_iters": int, "time_us": float,
             "algbw_gbps": float, "busbw_gbps": float}
 _POSITIVE = ("nbytes", "world_size", "num_nodes", "num_iters", "time_us")
+_CHECKED = ("op", *_NUMERIC, "dtype", "backend", "device")
 
 
 def parse_commbench(data: Any, *, source: str) -> ParseResult:
@@ -55,7 +56,10 @@ def _row_problem(row: Any) -> str | None:
     as the stored table's ``source``, are not looked at)."""
     if not isinstance(row, dict):
         return "not an object"
-    problems = record_problems(CommBenchRow, {k: v for k, v in row.items() if k in _FIELDS})
+    # what a row must hold to be read (a whole-number float is an int, as JSON writers may print it)
+    checked = {k: int(v) if _NUMERIC.get(k) is int and isinstance(v, float) and v.is_integer() else v
+               for k, v in row.items() if k in _CHECKED}
+    problems = record_problems(CommBenchRow, checked)
     if problems:
         return problems[0]
     if row["op"] not in COLLECTIVES:

@@ -321,7 +321,7 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     if ranks:
         ranked = {_file_name(r["source"]) for r in rows if _rank_of(r) is not None}
         ranked |= {_file_name(t["source"].iat[0]) for t in timers
-                   if _file_rank(t["source"].iat[0]) is not None or t["rank"].notna().any()}
+                   if _file_rank(t["source"].iat[0]) is not None or "rank" in t and t["rank"].notna().any()}
         facts["ranks_seen"] = Fact(name="ranks_seen", value=_ranges(ranks), sources=tuple(sorted(ranked)))
     env = {}
     for r in rows:

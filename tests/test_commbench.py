@@ -109,3 +109,14 @@ def test_multinode_command_uses_c10d(tmp_path):
 def test_bad_ops_is_exit_2(capsys, tmp_path):
     assert runner_main(["commbench", "--device", "cpu", "--ops", "all_reduce,bogus", "--out", str(tmp_path)]) == 2
     assert "--ops bogus: choose from" in capsys.readouterr().err
+
+
+def test_parser_reads_whole_number_floats_and_ignores_extra_fields():
+    """Rows other tools wrote: 1048576.0 for an int, a text schema_version, a device_name of
+    another type: read as before; a wrong type where a number belongs still names the field."""
+    row = {"op": "all_reduce", "nbytes": 1048576.0, "world_size": 2, "num_nodes": 1, "dtype": "float32",
+           "num_iters": 5.0, "time_us": 10.0, "algbw_gbps": 104.8576, "busbw_gbps": 104.8576, "backend": "nccl",
+           "device": "cuda", "schema_version": "1", "device_name": 7}
+    res = parse_commbench({"kind": "commbench", "rows": [row, {**row, "op": 5}]}, source="x.json")
+    assert len(res.records) == 1 and res.records[0]["nbytes"] == 1048576 and res.unparsed == 1
+    assert any("row 1: op: expected str, got int 5" in w for w in res.warnings)

@@ -115,12 +115,13 @@ def test_rule_table_gate_rejects_exactly_what_no_rule_matches():
     from ingest.parsers.failures import _LINE_RULES
     table = (rule("a", r"step (?P<n>\d+)$", "steps", Col("n", "step", int)), rule("b", r"(?P<k>NCCL_\w+)=", None))
     flagged = (Rule("c", re.compile(r"loss (?P<v>[\d.]+)", re.I), "steps"),) + table
-    lines = ["step 12", "step x", "NCCL_ALGO=ring", "LOSS 1.5", "", "Traceback (most recent call last):",
+    backref = (rule("d", r"(a)(b)x", None), rule("e", r"(?P<q>\w)(\w)\2", None))  # numbering would shift if joined
+    lines = ["step 12", "step x", "NCCL_ALGO=ring", "LOSS 1.5", "", "kzz", "Traceback (most recent call last):",
              '  File "x.py", line 3, in f', "frame #3: foo", "failed (exitcode: 1) local_rank: 0 (pid: 7) of binary: t"]
-    for rules in (table, flagged, _LINE_RULES):
+    for rules in (table, flagged, backref, list(table), _LINE_RULES):
         for line in lines:
             one_by_one = next(((r, m) for r in rules for m in [r.regex.match(line)] if m), (None, None))
             got = match_rules(rules, line)
             assert (got[0], got[1] and got[1].group(0)) == (one_by_one[0], one_by_one[1] and one_by_one[1].group(0))
     assert match_rules(flagged, "LOSS 1.5")[0].name == "c"
-    assert match_rules(table, "step x") == (None, None)
+    assert match_rules(table, "step x") == (None, None) and match_rules(backref, "kzz")[0].name == "e"

@@ -101,17 +101,18 @@ def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None
     return rec
 
 
-_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+_NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
+_UNJOINABLE = re.compile(r"\(\?P=|\\[1-9]|\(\?\(|^\(\?[a-zA-Z]+\)")  # backreferences, conditionals, global flags
 _GATES: dict[int, tuple] = {}  # id(table) -> (the table, kept so its id is not reused; its gate or None)
 
 
 def match_rules(rules: tuple[Rule, ...], text: str) -> tuple[Rule, re.Match] | tuple[None, None]:
     """The first rule of a table whose regex matches ``text``. A line none matches is rejected by one
     alternation of the table's regexes (groups made plain), built from the table on first use."""
-    gate = _GATES.get(id(rules))
+    gate = _GATES.get(id(rules)) if type(rules) is tuple else (rules, None)
     if gate is None:
+        plain = all(r.regex.flags == re.UNICODE and not _UNJOINABLE.search(r.regex.pattern) for r in rules)
         joined = "|".join("(?:" + _NAMED_GROUP.sub("(?:", r.regex.pattern) + ")" for r in rules)
-        plain = all(r.regex.flags == re.UNICODE for r in rules) and "(?P=" not in joined and "\\1" not in joined
         gate = _GATES[id(rules)] = (rules, re.compile(joined) if plain else None)
     if gate[1] is not None and gate[1].match(text) is None:
         return None, None
