@@ -113,7 +113,7 @@ class DeepSpeedParser(StepRowParser):
 
     def _bare(self, lineno: int, body: str, ts, rank) -> bool:
         """see_memory_usage continuation lines (no prefix)."""
-        m = _MA.match(body)
+        m = _MA.match(body) if body[:3] == "MA " else None
         if m:
             self._mem = {"table": "memory", "source": self.source, "line": lineno, "kind": "deepspeed", "rank": rank,
                          "label": self._mem_label, "step": self._last_step,
@@ -121,7 +121,7 @@ class DeepSpeedParser(StepRowParser):
                          "mem_reserved_gib": float(m.group("ca")), "mem_max_reserved_gib": float(m.group("mca"))}
             self.records.append(self._mem)
             return True
-        m = _CPU.match(body)
+        m = _CPU.match(body) if body[:4] == "CPU " else None
         if m:
             if self._mem is not None:
                 self._mem.update(cpu_mem_used_gib=float(m.group("used")), cpu_mem_pct=float(m.group("pct")))

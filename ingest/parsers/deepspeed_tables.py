@@ -72,7 +72,7 @@ class FlopsProfileParser(LineParser):
     _modules = False  # inside the aggregated/detailed part: every line is the profiler's
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        if _BANNER.match(body):
+        if body[:1] == "-" and _BANNER.match(body):
             self._rec = {"table": "flops_profile", "source": self.source, "line": lineno, "record": "ds_flops_profile",
                          "kind": self.kind, "rank": rank, "step": None}
             self.records.append(self._rec)
@@ -110,7 +110,7 @@ class CommsLogParser(LineParser):
     _op: tuple[str, str | None] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        m = _VERBOSE.search(body)
+        m = _VERBOSE.search(body) if "comm op: " in body else None
         if m:
             r = re.search(r"\[Rank (\d+)\] comm op:", body)
             rank = int(r.group(1)) if r else rank
