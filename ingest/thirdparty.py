@@ -380,7 +380,8 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     from core.errors import ConfigError
     from ingest.io import build_campaign
 
-    train = [f for f in files if any(_has_timing(r) for r in f.rows("steps"))]
+    timed = {f.path: [r for r in f.rows("steps") if _has_timing(r)] for f in files}  # each file's rows read once
+    train = [f for f in files if timed[f.path]]
     if not train:
         return None
     shape: dict = {}
@@ -394,7 +395,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     shape.update(model or {})
     if not shape.get("vocab_size") and shape.get("padded_vocab_size"):
         shape["vocab_size"] = shape["padded_vocab_size"]  # Megatron's dump: the embedding table's size
-    steps_all = [r for f in train for r in f.rows("steps") if _has_timing(r)]
+    steps_all = [r for f in train for r in timed[f.path]]
     gbs = shape.get("global_batch_size") or next((r.get("global_batch_size") for r in steps_all if r.get("global_batch_size")), None)
     if gbs:
         shape["global_batch_size"] = gbs
@@ -430,7 +431,7 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     runs, step_rows = [], []
     for f in train:
         run = Path(f.path).stem
-        rows, derived = derive_step_times([r for r in f.rows("steps") if _has_timing(r)],
+        rows, derived = derive_step_times(timed[f.path],
                                           global_batch_size=shape["global_batch_size"],
                                           seq_length=shape["seq_length"], world_size=world)
         if derived:
