@@ -3,7 +3,7 @@
 Shared here: ``ParseResult``, pattern-table rows (``Rule``: name, regex with named groups, table,
 and per group the column, type and unit scale), the line normaliser (launcher prefixes, ANSI
 colour, indentation, ISO timestamps on their own line), ``detect_kind`` (by content, never by
-file name) and ``Runner``, which feeds each normalised line to a format's ``LineParser`` chain.
+file name) and ``run_parsers``, which feeds each normalised line to a format's ``LineParser`` chain.
 Records are plain dicts; ``record["table"]`` names the output table (steps, memory, timers,
 comm_topology, collectives, events, env, kernels, stacks); each carries ``source`` and ``line``
 (1-based, the first line for aggregated records). Detect + parse: ``ingest.parsers.dispatch``.
@@ -173,67 +173,62 @@ _PREFIX_START = frozenset(" \t[(")
 _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
 
 
-def is_timestamp_line(body: str) -> bool:
-    """Whether a non-empty normalised line is an ISO timestamp alone (CloudWatch's, for the next line)."""
-    return body[0].isdigit() and len(body) <= 35 and _ISO_TS.fullmatch(body) is not None
-
-
 class TextBlocks:
-    """Text as blocks of whole lines joined by newlines (``ingest.io.iter_text_blocks``):
-    iterating yields the blocks, ``lines()`` the lines."""
+    """Text as blocks of whole lines joined by newlines (``ingest.io.iter_text_blocks``; a string
+    is one block, an iterable of lines a block per line). ``iter_lines`` sets ``num_lines`` (the
+    last non-blank line's number) and ``cut_line`` (the number of a last line the input ends
+    inside, not used)."""
 
     def __init__(self, blocks: Iterable[str]) -> None:
         self.blocks = blocks
-        self.ends_cut = False  # set by the reader when the input ends inside a line (no final newline)
+        self.ends_cut = False  # set by the reader before its last block when the input ends inside a line
+        self.num_lines = 0
+        self.cut_line: int | None = None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.blocks)
 
-    def lines(self) -> Iterator[str]:
-        for block in self.blocks:
-            yield from block.split("\n")
-
-
-def normalise_line(raw: str) -> tuple[str, int | None] | None:
-    """One raw line (at most MAX_LINE_CHARS long, no newline) as ``(body, rank)``, None when
-    nothing is left: ANSI colour codes, launcher prefixes (rank taken from ``[rankN]:`` /
-    ``[defaultN]:`` / ``[job,N]<stdout>:``), leading indentation and trailing whitespace removed."""
-    if "\x1b" in raw:
-        raw = _ANSI.sub("", raw)
-    line = raw.rstrip()
-    if not line:
-        return None
-    rank = None
-    if line[0] in _PREFIX_START or "/" in line[:40]:
-        m = _PREFIX.match(line)
-        if m and m.end():
-            r = m.group("r1") or m.group("r2") or m.group("r3")
-            rank = int(r) if r else None
-            line = line[m.end():]
-            if not line:
-                return None
-    return line, rank
-
 
 def iter_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str | None, str | None, int | None]]:
-    """``(lineno, body, timestamp, rank)`` per normalised non-blank line of a string or iterable
-    of lines. timestamp: an ISO timestamp alone on the line before (consumed, not yielded); a
-    line longer than MAX_LINE_CHARS comes with body None."""
-    pending_ts = None
-    lines = text.lines() if isinstance(text, TextBlocks) else text.split("\n") if isinstance(text, str) else text
-    for lineno, raw in enumerate(lines, start=1):
-        if len(raw) > MAX_LINE_CHARS:
-            yield lineno, None, None, None
-            continue
-        normal = normalise_line(raw)
-        if normal is None:
-            continue
-        line, rank = normal
-        if is_timestamp_line(line):
-            pending_ts = line
-            continue
-        yield lineno, line, pending_ts, rank
-        pending_ts = None
+    """``(lineno, body, timestamp, rank)`` per non-blank line of a string, a ``TextBlocks`` or an
+    iterable of lines, normalised: ANSI colour codes, launcher prefixes (rank taken from
+    ``[rankN]:`` / ``[defaultN]:`` / ``[job,N]<stdout>:``), indentation and trailing whitespace
+    removed. timestamp: an ISO timestamp alone on the line before (consumed, not yielded, as
+    CloudWatch prints them); a line longer than MAX_LINE_CHARS comes with body None, unread."""
+    blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
+    pending_ts, lineno, last, prefix, iso, ansi = None, 0, 0, _PREFIX.match, _ISO_TS.fullmatch, _ANSI.sub
+    for block in blocks:
+        lines = block.split("\n")
+        if blocks.ends_cut and lines[-1].strip():  # the reader's last block, cut inside its last line
+            blocks.cut_line = lineno + len(lines)
+            lines.pop()
+        for raw in lines:
+            lineno += 1
+            if len(raw) > MAX_LINE_CHARS:
+                last = lineno
+                yield lineno, None, None, None
+                continue
+            if "\x1b" in raw:
+                raw = ansi("", raw)
+            line = raw.rstrip()
+            if not line:
+                continue
+            rank = None
+            if line[0] in _PREFIX_START or "/" in line[:40]:
+                m = prefix(line)
+                if m and m.end():
+                    r = m.group("r1") or m.group("r2") or m.group("r3")
+                    rank = int(r) if r else None
+                    line = line[m.end():]
+                    if not line:
+                        continue
+            last = lineno
+            if line[0].isdigit() and len(line) <= 35 and iso(line) is not None:
+                pending_ts = line
+                continue
+            yield lineno, line, pending_ts, rank
+            pending_ts = None
+    blocks.num_lines = blocks.cut_line or last
 
 
 class LineParser:
@@ -288,78 +283,45 @@ class StepRowParser(LineParser):
         self._steps = {}
 
 
-class Runner:
-    """Feeds raw lines through the normaliser to ``parsers`` (first that recognises a line wins)
-    and counts unparsed, read and too-long lines. A parser that raises ValueError, IndexError,
-    KeyError or OverflowError on a line leaves it unparsed with a warning."""
-
-    def __init__(self, parsers: list[LineParser], *, kind: str) -> None:
-        self.parsers, self.kind = parsers, kind
-        self.feeds = [p.feed for p in parsers]
-        self.unparsed, self.linenos, self.num_lines, self.huge = 0, [], 0, 0
-        self.pending_ts: str | None = None
-
-    def miss(self, lineno: int) -> None:
-        self.unparsed += 1
-        if len(self.linenos) < MAX_UNPARSED_LINENOS:
-            self.linenos.append(lineno)
-
-    def raw(self, lineno: int, raw: str) -> None:
-        """One raw line (without its newline), numbered ``lineno`` (1-based)."""
-        if len(raw) > MAX_LINE_CHARS:
-            self.huge += 1
-            self.num_lines = lineno
-            self.miss(lineno)
-            return
-        normal = normalise_line(raw)
-        if normal is None:
-            return
-        line, rank = normal
-        self.num_lines = lineno
-        if is_timestamp_line(line):
-            self.pending_ts = line
-            return
-        ts, self.pending_ts = self.pending_ts, None
-        for feed in self.feeds:
-            try:
-                if feed(lineno, line, ts, rank):
-                    return
-            except (ValueError, IndexError, KeyError, OverflowError) as e:
-                self.parsers[0].warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
-                break
-        self.miss(lineno)
-
-    def result(self) -> ParseResult:
-        records, warnings = [], []
-        for p in self.parsers:
-            p.finish()
-            records.extend(p.records)
-            warnings.extend(p.warnings)
-        if self.huge:
-            warnings.append(f"{self.huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
-        return ParseResult(records=records, unparsed=self.unparsed, warnings=warnings, kind=self.kind,
-                           unparsed_lines=tuple(self.linenos), num_lines=self.num_lines)
-
-
 def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
-    """Feed every line of ``text`` (a string, a ``TextBlocks`` or an iterable of lines) to
-    ``parsers`` through the normaliser; the result of the chain."""
-    runner = Runner(parsers, kind=kind)
-    raw = runner.raw
+    """Feed every normalised line of ``text`` (``iter_lines``) to ``parsers``, first that
+    recognises it wins; count the unparsed lines. A parser that raises ValueError, IndexError,
+    KeyError or OverflowError on a line leaves it unparsed with a warning."""
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
-    last = (0, "")
-    for lineno, line in enumerate(blocks.lines(), start=1):
-        if last[1]:
-            raw(*last)
-        last = (lineno, line)
-    if last[1] and blocks.ends_cut and last[1].strip():
-        # a file that ends inside a line was cut (a crashed writer, a partial copy): line not used
-        runner.miss(last[0])
-        runner.num_lines = last[0]
-        parsers[0].warnings.append(f"line {last[0]}: cut (the file ends without a newline); not used")
-    elif last[1]:
-        raw(*last)
-    return runner.result()
+    feeds, warnings = [p.feed for p in parsers], parsers[0].warnings
+    unparsed, linenos, huge = 0, [], 0
+    for lineno, body, ts, rank in iter_lines(blocks):
+        if body is None:
+            huge += 1
+        else:
+            try:
+                for feed in feeds:
+                    if feed(lineno, body, ts, rank):
+                        break
+                else:
+                    feed = None
+            except (ValueError, IndexError, KeyError, OverflowError) as e:
+                warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
+                feed = None
+            if feed is not None:
+                continue
+        unparsed += 1
+        if len(linenos) < MAX_UNPARSED_LINENOS:
+            linenos.append(lineno)
+    if blocks.cut_line:  # a file that ends inside a line was cut (a crashed writer, a partial copy)
+        unparsed += 1
+        if len(linenos) < MAX_UNPARSED_LINENOS:
+            linenos.append(blocks.cut_line)
+        warnings.append(f"line {blocks.cut_line}: cut (the file ends without a newline); not used")
+    records, warnings = [], []
+    for p in parsers:
+        p.finish()
+        records.extend(p.records)
+        warnings.extend(p.warnings)
+    if huge:
+        warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+    return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
+                       unparsed_lines=tuple(linenos), num_lines=blocks.num_lines)
 
 
 # ---------------------------------------------------------------- detection
