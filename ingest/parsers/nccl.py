@@ -200,7 +200,7 @@ class NcclParser(LineParser):
         rules = _RULES.get(word)
         if rules is None:
             if word.endswith(":") and " Bytes -> Algo " in stripped or stripped[:1].isdigit() and " Bytes -> " in stripped:
-                rules = _RULES["tuning"]
+                return self._tuning(lineno, stripped)
             elif word.endswith(":") and " opCount " in stripped:
                 return self._coll(lineno, stripped, hdr)
             elif " -> " in stripped and ".c" in word:
@@ -230,11 +230,6 @@ class NcclParser(LineParser):
                 if rec["table"] == "events":
                     rec["event"] = rec.pop("record")
                     rec.update(rank=rec.get("rank", rank), time=ts, detail=rec.get("detail") or stripped[:500])
-                if r.name == "tuning":
-                    return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo"], rec["proto"]), rec)
-                if r.name == "tuning_named":
-                    rec["algo"], rec["proto"] = ALGO_IDS.get(rec["algo_name"]), PROTO_IDS.get(rec["proto_name"])
-                    return self._agg(("tuning", rec.get("func"), rec["size_b"], rec["algo_name"], rec["proto_name"]), rec)
                 if rec["table"] == "env":
                     k = (rec["key"], rec["value"])
                     if k in self._seen_env:
@@ -246,6 +241,25 @@ class NcclParser(LineParser):
                 self.records.append(rec)
                 return True
         return False
+
+    def _tuning(self, lineno: int, msg: str) -> bool:
+        """A TUNING line, counted into its (function, size, algorithm, protocol) row: built on first sight."""
+        for r in _RULES["tuning"]:
+            m = r.regex.match(msg)
+            if m:
+                break
+        else:
+            return False
+        f, b, a, p = m.group("func", "bytes", "algo", "proto")
+        key = (r.name, f, int(b), *((a, p) if r.name == "tuning_named" else (int(a), int(p))))
+        have = self._colls.get(key)
+        if have is not None:
+            have["num_calls"] += 1
+            return True
+        rec = apply_rule(r, m, source=self.source, lineno=lineno)
+        if r.name == "tuning_named":
+            rec["algo"], rec["proto"] = ALGO_IDS.get(rec["algo_name"]), PROTO_IDS.get(rec["proto_name"])
+        return self._agg(key, rec)
 
     def _agg(self, key: tuple, rec: dict) -> bool:
         have = self._colls.get(key)
