@@ -125,3 +125,30 @@ def test_rule_table_gate_rejects_exactly_what_no_rule_matches():
             assert (got[0], got[1] and got[1].group(0)) == (one_by_one[0], one_by_one[1] and one_by_one[1].group(0))
     assert match_rules(flagged, "LOSS 1.5")[0].name == "c"
     assert match_rules(table, "step x") == (None, None) and match_rules(backref, "kzz")[0].name == "e"
+
+
+def test_chain_gate_reads_as_feeding_every_line(monkeypatch):
+    """A chain whose parsers all have gates leaves unread the lines no gate passes while no parser
+    is inside a block; the result must be what feeding every line gives: every fixture, and the
+    fixtures' lines shuffled together (blocks cut, noise inside tables and tracebacks)."""
+    import random
+
+    from ingest.parsers import LineParser, deepspeed, deepspeed_tables, failures
+    gated = [deepspeed.DeepSpeedParser, deepspeed_tables.FlopsProfileParser, deepspeed_tables.CommsLogParser,
+             failures.FailureScanner]
+    assert all(cls.gate for cls in gated)
+    texts = {p.name: p.read_text(encoding="utf-8") for p in sorted(FIXTURES.parent.rglob("*.txt"))}
+    rng = random.Random(7)
+    pool = [line for name, text in texts.items() if any(k in name for k in ("deepspeed", "torchrun", "oom", "watchdog", "traceback"))
+            for line in text.splitlines()]
+    assert len(pool) > 150
+    texts.update({f"shuffled{i}": "\n".join(rng.sample(pool, len(pool))) for i in range(20)})
+    kinds = {name: ("deepspeed" if i % 2 else "failures") if name.startswith("shuffled") else None
+             for i, name in enumerate(texts)}
+
+    def parse_all():
+        return {name: parse_text(text, source="s", kind=kinds[name]) for name, text in texts.items()}
+    with_gates = parse_all()
+    for cls in gated:
+        monkeypatch.setattr(cls, "gate", LineParser.gate)
+    assert parse_all() == with_gates

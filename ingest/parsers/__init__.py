@@ -13,6 +13,7 @@ file, ingest.thirdparty), opening files (ingest.io), writing tables, analysis.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -106,14 +107,21 @@ _UNJOINABLE = re.compile(r"\(\?P=|\\[1-9]|\(\?\(|^\(\?[a-zA-Z]+\)")  # backrefer
 _GATES: dict[int, tuple] = {}  # id(table) -> (the table, kept so its id is not reused; its gate or None)
 
 
+def join_regexes(regexes: Iterable[re.Pattern]) -> re.Pattern | None:
+    """One alternation matching where any of ``regexes`` matches (groups made plain); None when one
+    cannot be joined (flags, backreferences, conditionals)."""
+    regexes = list(regexes)
+    if not all(rx.flags == re.UNICODE and not _UNJOINABLE.search(rx.pattern) for rx in regexes):
+        return None
+    return re.compile("|".join("(?:" + _NAMED_GROUP.sub("(?:", rx.pattern) + ")" for rx in regexes))
+
+
 def match_rules(rules: tuple[Rule, ...], text: str) -> tuple[Rule, re.Match] | tuple[None, None]:
     """The first rule of a table whose regex matches ``text``. A line none matches is rejected by one
-    alternation of the table's regexes (groups made plain), built from the table on first use."""
+    alternation of the table's regexes (join_regexes), built from the table on first use."""
     gate = _GATES.get(id(rules)) if type(rules) is tuple else (rules, None)
     if gate is None:
-        plain = all(r.regex.flags == re.UNICODE and not _UNJOINABLE.search(r.regex.pattern) for r in rules)
-        joined = "|".join("(?:" + _NAMED_GROUP.sub("(?:", r.regex.pattern) + ")" for r in rules)
-        gate = _GATES[id(rules)] = (rules, re.compile(joined) if plain else None)
+        gate = _GATES[id(rules)] = (rules, join_regexes(r.regex for r in rules))
     if gate[1] is not None and gate[1].match(text) is None:
         return None, None
     for r in rules:
@@ -236,6 +244,10 @@ class LineParser:
     it was recognised; ``finish`` flushes state. Records go to ``self.records``."""
 
     kind = ""
+    # gate: every line this parser takes while not ``busy`` matches one of these regexes at its start
+    # or holds one of these strings (None: any line may be its); busy: inside a block of lines
+    gate: tuple[re.Pattern | str, ...] | None = None
+    busy = False
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -283,6 +295,9 @@ class StepRowParser(LineParser):
         self._steps = {}
 
 
+_BUSY = operator.attrgetter("busy")
+
+
 def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
     """Feed every normalised line of ``text`` (``iter_lines``) to ``parsers``, first that
     recognises it wins; count the unparsed lines. A parser that raises ValueError, IndexError,
@@ -290,10 +305,17 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
     feeds, warnings = [p.feed for p in parsers], parsers[0].warnings
     unparsed, linenos, huge = 0, [], 0
+    # the chain's gate: a line no parser's gate passes goes unread unless a parser is inside a block
+    gates = None if any(p.gate is None for p in parsers) else [g for p in parsers for g in p.gate]
+    starts = gates and join_regexes(g for g in gates if not isinstance(g, str))
+    holds = re.compile("|".join(re.escape(g) for g in gates if isinstance(g, str)) or "(?!)").search if starts else None
+    stateful, fed = [p for p in parsers if type(p).busy is not LineParser.busy], False
     for lineno, body, ts, rank in iter_lines(blocks):
+        feed = None
         if body is None:
             huge += 1
-        else:
+        elif holds is None or starts.match(body) or holds(body) or fed and any(map(_BUSY, stateful)):
+            fed = True  # a parser may be inside a block from now on (only a feed changes that)
             try:
                 for feed in feeds:
                     if feed(lineno, body, ts, rank):
@@ -303,11 +325,12 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
             except (ValueError, IndexError, KeyError, OverflowError) as e:
                 warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
                 feed = None
-            if feed is not None:
-                continue
-        unparsed += 1
-        if len(linenos) < MAX_UNPARSED_LINENOS:
-            linenos.append(lineno)
+        else:
+            fed = False
+        if feed is None:
+            unparsed += 1
+            if len(linenos) < MAX_UNPARSED_LINENOS:
+                linenos.append(lineno)
     if blocks.cut_line:  # a file that ends inside a line was cut (a crashed writer, a partial copy)
         unparsed += 1
         if len(linenos) < MAX_UNPARSED_LINENOS:

@@ -46,6 +46,7 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
 
 class DeepSpeedParser(StepRowParser):
     kind = "deepspeed"
+    gate = (_PREFIX, _MA, _CPU)
     _last_step = None
     _mem_label: str | None = None
     _mem: dict | None = None

@@ -62,12 +62,15 @@ _COMMS_OP = re.compile(r"(?P<op>[A-Za-z_][\w.]*)(?: \| \[Caller Func: (?P<caller
 _NUM = r"(-?[\d.]+(?:[eE][+-]?\d+)?)"
 _COMMS_ROW = re.compile(rf"(?P<size>[\d.]+ ?[KMGTP]?B)\s+(?P<count>\d+)\s+{_NUM}\s+{_NUM}\s+{_NUM}\s+{_NUM}$")
 _STRAGGLER = re.compile(r"_{10,}$|Breakdown with straggler effect$|-{10,}$")
+_VERBOSE_TEXT = "comm op: "
 _VERBOSE = re.compile(r"comm op: (?P<op>.+?) \| time \(ms\): (?P<t>[\d.]+) \| msg size: (?P<size>[\d.]+ ?[KMGTP]?B) \| "
                       r"algbw \(Gbps\): (?P<alg>[\d.]+) \| busbw \(Gbps\): (?P<bus>[\d.]+)")
 
 
 class FlopsProfileParser(LineParser):
     kind = "deepspeed"
+    gate = (_BANNER,)
+    busy = property(lambda self: self._rec is not None)
     _rec: dict | None = None
     _modules = False  # inside the aggregated/detailed part: every line is the profiler's
 
@@ -106,11 +109,13 @@ class FlopsProfileParser(LineParser):
 
 class CommsLogParser(LineParser):
     kind = "deepspeed"
+    gate = (_VERBOSE_TEXT, _COMMS_HEADER)
+    busy = property(lambda self: self._table is not None)
     _table: str | None = None  # "summary" | "straggler" while inside a table
     _op: tuple[str, str | None] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        m = _VERBOSE.search(body) if "comm op: " in body else None
+        m = _VERBOSE.search(body) if _VERBOSE_TEXT in body else None
         if m:
             r = re.search(r"\[Rank (\d+)\] comm op:", body)
             rank = int(r.group(1)) if r else rank

@@ -33,7 +33,8 @@ _WATCHDOG_RULES = (
     rule("timeout_dump", r"(?P<detail>.*(?:[Tt]imeout|[Dd]ump).*)", "events"),
 )
 
-# Pattern table: whole-line rules.
+# Pattern table: whole-line rules; the two after any "[...] " prefix are found by a literal each needs.
+_EXITED, _CLOSING = "failed (exitcode: ", "Sending process "
 _LINE_RULES = (
     rule("traceback", r"Traceback \(most recent call last\):$", None),
     rule("traceback_frame", r'File "[^"]*", line \d+(?:, in .*)?$', None),
@@ -41,14 +42,15 @@ _LINE_RULES = (
     rule("cpp_frame", r"frame #\d+: ", None),
     rule("exception_raised", r"Exception raised from \S+ at ", None),
     rule("rule_line", r"(?:={20,}|-{20,})$", None),
-    rule("agent_failed", r"(?:.*\] )?(?:ERROR:[\w.]+:)?failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
+    rule("agent_failed", r"(?:.*\] )?(?:ERROR:[\w.]+:)?" + re.escape(_EXITED) + r"(?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
          r"\(pid: (?P<pid>\d+)\) of binary: (?P<detail>.*)", "events",
          Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", int)),
-    rule("closing_signal", r"(?:.*\] )?Sending process (?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
+    rule("closing_signal", r"(?:.*\] )?" + _CLOSING + r"(?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
          Col("pid", "pid", int)),
     rule("nccl_env", r"(?P<key>NCCL_\w+): (?P<value>\S.*)$", "env", Col("key", "key", str), Col("value", "value", str)),
 )
 
+_CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal")
 _OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?[KMGT]?i?B)")
 _OOM_FIELDS = (
     (re.compile(r"\(GPU (?P<v>\d+);"), "gpu", int),
@@ -74,6 +76,8 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
+    gate = (_CHILD_FAILED, _OOM_TEXT, _EXITED, _CLOSING, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    busy = property(lambda self: self._in_block or self._after_frame)
     _child: dict | None = None  # the failure entry being filled
     _in_block = False
     _root = False
@@ -88,7 +92,7 @@ class FailureScanner(LineParser):
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         after_frame, self._after_frame = self._after_frame, False
         # --- torchrun ChildFailedError block
-        if "ChildFailedError" in body:
+        if _CHILD_FAILED in body:
             self._flush_child()
             self._in_block, self._root = True, False
             return True
@@ -130,7 +134,7 @@ class FailureScanner(LineParser):
             self._flush_child()
             self._in_block = False
         # --- OOM
-        if "CUDA out of memory" in body:
+        if _OOM_TEXT in body:
             m = _OOM.search(body)
             if m:
                 cols = {"mem_tried_gib": to_gib(m.group("tried")), "detail": body[:500]}

@@ -143,6 +143,7 @@ class NcclParser(LineParser):
         self._edge_channels: dict[tuple, dict[str, None]] = {}  # distinct channels per edge, first-seen order
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
+        self._heads: dict[str, tuple] = {}
 
     def _header(self, rec: dict, h: tuple) -> dict:
         rec["host"], rec["pid"] = h[0], int(h[1])
@@ -154,12 +155,10 @@ class NcclParser(LineParser):
         if idx < 0:
             return self._other(lineno, body)
         head, msg = body[:idx], body[idx + 6:]
-        # search: text glued before the NCCL prefix (a tqdm bar, another line)
-        h = _HEADER.match(head) or _HEADER_SEARCH.search(head)
+        h, hdr = self._heads.get(head) or self._head(head)
         if h is None:
             return False
         level, _, msg = msg.partition(" ")
-        hdr = h.group("host", "pid", "dev")
         if level == "WARN":
             file, _, ln = (h.group("loc") or "").rpartition(":")
             self.event("nccl_warn", lineno, rank, ts or h.groupdict().get("ts"), host=hdr[0], pid=int(hdr[1]),
@@ -167,6 +166,15 @@ class NcclParser(LineParser):
                        detail=msg.strip()[:500])
             return True
         return level in ("INFO", "TRACE") and self._msg(lineno, hdr, msg.lstrip(), ts, rank)
+
+    def _head(self, head: str) -> tuple[re.Match | None, tuple | None]:
+        """``host:pid:tid [dev]`` read once per distinct text (a process prints the same on every line).
+        search: text glued before the NCCL prefix (a tqdm bar, another line)."""
+        h = _HEADER.match(head) or _HEADER_SEARCH.search(head)
+        if len(self._heads) >= 4096:  # timestamped heads differ on every line
+            self._heads.clear()
+        self._heads[head] = out = (h, h and h.group("host", "pid", "dev"))
+        return out
 
     def _edge(self, lineno: int, hdr: tuple, m: re.Match) -> None:
         """A ``Channel c : src -> dst via transport`` line, counted into its edge's row."""
