@@ -79,14 +79,12 @@ def to_int(text: str) -> int:
 def put_field(row: dict, spec: tuple, value: str | None) -> None:
     """``row[column] = type(value) * scale`` for a (column, type, scale) pattern-table entry;
     a value that is absent (None) or does not convert is left out."""
-    if value is None:
-        return
-    column, typ, scale = spec
-    try:
-        v = typ(value)
-    except (ValueError, TypeError):
-        return
-    row[column] = v * scale if scale != 1 else v
+    if value is not None:
+        try:
+            v = spec[1](value)
+        except (ValueError, TypeError):
+            return
+        row[spec[0]] = v if spec[2] == 1 else v * spec[2]
 
 
 def apply_rule(r: Rule, m: re.Match, *, source: str, lineno: int) -> dict | None:
@@ -169,10 +167,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 # Launcher prefixes, possibly stacked ("[80746] [rank0]:"); rank captured where it is a rank.
 _PREFIX = re.compile(
     r"(?:\s+"
-    r"|\[rank(?P<r1>\d+)\]:"
-    r"|\[default(?P<r2>\d+)\]:"
-    r"|\[\d+,(?P<r3>\d+)\]<std(?:out|err)>:"
-    r"|\[\d+\] "
+    r"|\[(?:rank(?P<r1>\d+)\]:"
+    r"|default(?P<r2>\d+)\]:"
+    r"|\d+(?:,(?P<r3>\d+)\]<std(?:out|err)>:"
+    r"|\] ))"
     r"|[\w.\-]+/\d+ \[\d+\]:"
     r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\) "
     r")+"

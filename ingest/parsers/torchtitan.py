@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, put_field, run_parsers, to_int, to_num
+from ingest.parsers import LineParser, ParseResult, put_field, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -18,18 +18,18 @@ _MEMORY = re.compile(r"(?P<gib>[\d.]+)GiB\((?P<pct>[\d.]+)%\)")
 
 
 def to_pct(text: str) -> float:
-    """'34.29%' -> 34.29 (thousands separators dropped as to_num does)."""
-    return to_num(text.rstrip("%"))
+    """'34.29%' -> 34.29."""
+    return float(text.rstrip("%"))
 
 
-# Pattern table: key -> (column, type, unit scale).
+# Pattern table: key -> (column, type, unit scale); values are read with thousands separators dropped.
 STEP_FIELDS = {
-    "step": ("step", to_int, 1),
-    "loss": ("loss", to_num, 1),
-    "grad_norm": ("grad_norm", to_num, 1),
-    "tps": ("tokens_per_s_per_gpu", to_num, 1),
-    "wps": ("tokens_per_s_per_gpu", to_num, 1),
-    "tflops": ("framework_tflops_per_gpu", to_num, 1),
+    "step": ("step", int, 1),
+    "loss": ("loss", float, 1),
+    "grad_norm": ("grad_norm", float, 1),
+    "tps": ("tokens_per_s_per_gpu", float, 1),
+    "wps": ("tokens_per_s_per_gpu", float, 1),
+    "tflops": ("framework_tflops_per_gpu", float, 1),
     "mfu": ("framework_mfu", to_pct, 0.01),
 }
 _EVENTS = (
@@ -50,16 +50,15 @@ class TorchtitanParser(LineParser):
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
                    "time": time}
-            for key, value in _KV.findall(msg):
-                if key == "memory":
+            for key, value in _KV.findall(msg.replace(",", "")):
+                spec = STEP_FIELDS.get(key)
+                if spec is not None:
+                    put_field(row, spec, value)
+                elif key == "memory":
                     mm = _MEMORY.match(value)
                     if mm:
                         row["mem_max_reserved_gib"] = float(mm.group("gib"))
                         row["mem_max_reserved_pct"] = float(mm.group("pct"))
-                    continue
-                spec = STEP_FIELDS.get(key)
-                if spec is not None:
-                    put_field(row, spec, value)
             if "step" not in row:
                 return False
             row.setdefault("loss", None)
