@@ -12,7 +12,9 @@ metric computation (report).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,18 +65,33 @@ class PackedTable:
 
 def pack_records(records: list[dict]) -> dict[str, PackedTable]:
     """Records (each with its ``table``) -> {table: PackedTable}, tables in first-appearance order."""
+    enabled = gc.isenabled()
+    gc.disable()  # packing makes no reference cycles: a collection here would only walk every record again
+    try:
+        return _pack(records)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pack(records: list[dict]) -> dict[str, PackedTable]:
     by_table: dict[str, list[dict]] = {}
     for r in records:
         by_table.setdefault(r["table"], []).append(r)
     out = {}
     for table, recs in by_table.items():
-        order: dict[str, None] = {}
-        for r in recs:
-            if len(r) > len(order) or not r.keys() <= order.keys():
-                order.update(dict.fromkeys(r))
-        del order["table"]
-        out[table] = PackedTable(columns={k: [r.get(k, MISSING) for r in recs] for k in order}, num_rows=len(recs),
-                                 first_keys=len(recs[0]) - 1)
+        keys = tuple(recs[0])
+        if all(map(keys.__eq__, map(tuple, recs))):  # one key layout (the usual case): read at C speed
+            columns = {k: list(map(operator.itemgetter(k), recs)) for k in keys}
+        else:
+            order: dict[str, None] = {}
+            for r in recs:
+                if len(r) > len(order) or not r.keys() <= order.keys():
+                    order.update(dict.fromkeys(r))
+            missing = [MISSING] * len(order)  # records read whole, one after another: their values lie together
+            columns = dict(zip(order, map(list, zip(*[tuple(map(r.get, order, missing)) for r in recs]))))
+        del columns["table"]
+        out[table] = PackedTable(columns=columns, num_rows=len(recs), first_keys=len(recs[0]) - 1)
     return out
 
 

@@ -119,3 +119,34 @@ def test_cli_jobs(tmp_path, capsys):
         assert pd.read_parquet(table).equals(pd.read_parquet(tmp_path / "out2" / table.name)), table.name
     assert main([str(logs), "--jobs", "0"]) == 2
     assert "--jobs: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_packed_tables_are_the_records_as_dataframes():
+    """build_tables over packed records gives, table by table, what pd.DataFrame makes of the records
+    as dicts (keys in first-appearance order, a missing key NaN, ``run`` after each record's own keys
+    unless it has one): tables of one key layout and of several, random layouts and values."""
+    import random
+
+    import pandas as pd
+
+    from ingest.parsers import ParseResult
+    from ingest.thirdparty import _ingested, build_tables
+    rng = random.Random(3)
+    keys = ["source", "line", "kind", "rank", "step", "name", "time_s", "loss", "detail"]  # parsers set no run
+    values = [None, 0, 7, 2.5, float("nan"), "x", "", True, 10**20]
+    for trial in range(200):
+        files = []
+        for i in range(rng.randint(1, 3)):
+            layouts = [rng.sample(keys, rng.randint(1, 6)) for _ in range(rng.randint(1, 3))]
+            records = [{"table": rng.choice(["steps", "timers"]), **{k: rng.choice(values) for k in rng.choice(layouts)}}
+                       for _ in range(rng.randint(1, 40))]
+            files.append((f"/d/rank{i}.log", records))
+        tables = build_tables([_ingested(path, ParseResult(records=recs, unparsed=0, warnings=[], kind="x"))
+                               for path, recs in files])
+        for table in ("steps", "timers"):
+            rows = [{**{k: v for k, v in r.items() if k != "table"}, **({} if "run" in r else {"run": f"rank{i}"})}
+                    for i, (_, recs) in enumerate(files) for r in recs if r["table"] == table]
+            if rows:
+                pd.testing.assert_frame_equal(tables[table], pd.DataFrame(rows), check_exact=True)
+            else:
+                assert table not in tables
