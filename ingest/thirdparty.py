@@ -11,6 +11,7 @@ metric computation (report).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -65,16 +66,6 @@ class PackedTable:
 
 def pack_records(records: list[dict]) -> dict[str, PackedTable]:
     """Records (each with its ``table``) -> {table: PackedTable}, tables in first-appearance order."""
-    enabled = gc.isenabled()
-    gc.disable()  # packing makes no reference cycles: a collection here would only walk every record again
-    try:
-        return _pack(records)
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _pack(records: list[dict]) -> dict[str, PackedTable]:
     by_table: dict[str, list[dict]] = {}
     for r in records:
         by_table.setdefault(r["table"], []).append(r)
@@ -149,6 +140,20 @@ def find_artifacts(paths: list[str]) -> list[Path]:
     return out
 
 
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Parsing and packing make no reference cycles (test_parsers_freed_without_the_cycle_collector):
+    the cycle collector, run meanwhile, would only walk every record again and again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_no_cycle_collection()
 def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
     """Detect the kind of one file and parse it in this process, streaming its text in blocks
     of whole lines (memory bounded by the records, not the file). Raises ParseError for an

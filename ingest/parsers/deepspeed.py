@@ -36,12 +36,8 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
         return []
     base = {"table": "timers", "source": source, "line": lineno, "kind": kind,
             "rank": int(m.group("rank")) if m.group("rank") else rank, "step": step}
-    out = []
-    for name, v in _TIMER_SEGS.findall(m.group("rest")):
-        rec = base.copy()  # cheaper than a dict literal; names interned: the same few every step
-        rec["name"], rec["time_s"] = sys.intern(name), float(v) * 1e-3
-        out.append(rec)
-    return out
+    # names interned: the same few every step
+    return [dict(base, name=sys.intern(name), time_s=float(v) * 1e-3) for name, v in _TIMER_SEGS.findall(m.group("rest"))]
 
 
 class DeepSpeedParser(StepRowParser):
