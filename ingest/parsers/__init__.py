@@ -13,7 +13,6 @@ file, ingest.thirdparty), opening files (ingest.io), writing tables, analysis.
 from __future__ import annotations
 
 import functools
-import operator
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -180,10 +179,8 @@ _ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\
 
 
 class TextBlocks:
-    """Text as blocks of whole lines joined by newlines (``ingest.io.iter_text_blocks``; a string
-    is one block, an iterable of lines a block per line). ``iter_lines`` sets ``num_lines`` (the
-    last non-blank line's number) and ``cut_line`` (the number of a last line the input ends
-    inside, not used)."""
+    """Blocks of whole lines joined by newlines (``ingest.io.iter_text_blocks``). iter_lines sets
+    num_lines (the last non-blank line's number) and cut_line (a last line the input ends inside)."""
 
     def __init__(self, blocks: Iterable[str]) -> None:
         self.blocks = blocks
@@ -220,7 +217,7 @@ def iter_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str | None, str
             if not line:
                 continue
             rank = None
-            if line[0] in _PREFIX_START or "/" in line[:40]:
+            if line[0] in _PREFIX_START or line.find("/", 0, 40) >= 0:
                 m = prefix(line)
                 if m and m.end():
                     r = m.group("r1") or m.group("r2") or m.group("r3")
@@ -242,10 +239,8 @@ class LineParser:
     it was recognised; ``finish`` flushes state. Records go to ``self.records``."""
 
     kind = ""
-    # gate: every line this parser takes while not ``busy`` matches one of these regexes at its start
-    # or holds one of these strings (None: any line may be its); busy: inside a block of lines
-    gate: tuple[re.Pattern | str, ...] | None = None
-    busy = False
+    gate: tuple[re.Pattern | str, ...] | None = None  # a line it takes when not busy matches one at its start
+    busy = False  # (a regex) or holds one (a str); None: any line. busy: inside a block of lines
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -293,9 +288,6 @@ class StepRowParser(LineParser):
         self._steps = {}
 
 
-_BUSY = operator.attrgetter("busy")
-
-
 def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
     """Feed every normalised line of ``text`` (``iter_lines``) to ``parsers``, first that
     recognises it wins; count the unparsed lines. A parser that raises ValueError, IndexError,
@@ -312,7 +304,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         feed = None
         if body is None:
             huge += 1
-        elif holds is None or starts.match(body) or holds(body) or fed and any(map(_BUSY, stateful)):
+        elif holds is None or starts.match(body) or holds(body) or fed and any(p.busy for p in stateful):
             fed = True  # a parser may be inside a block from now on (only a feed changes that)
             try:
                 for feed in feeds:

@@ -36,8 +36,8 @@ def timer_records(body: str, *, source: str, lineno: int, step, rank, kind: str)
         return []
     base = {"table": "timers", "source": source, "line": lineno, "kind": kind,
             "rank": int(m.group("rank")) if m.group("rank") else rank, "step": step}
-    # names interned: the same few every step
-    return [dict(base, name=sys.intern(name), time_s=float(v) * 1e-3) for name, v in _TIMER_SEGS.findall(m.group("rest"))]
+    return [dict(base, name=sys.intern(name), time_s=float(v) * 1e-3)  # names interned: the same few every step
+            for name, v in _TIMER_SEGS.findall(m.group("rest"))]
 
 
 class DeepSpeedParser(StepRowParser):

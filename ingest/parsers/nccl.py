@@ -168,8 +168,7 @@ class NcclParser(LineParser):
         return level in ("INFO", "TRACE") and self._msg(lineno, hdr, msg.lstrip(), ts, rank)
 
     def _head(self, head: str) -> tuple[re.Match | None, tuple | None]:
-        """``host:pid:tid [dev]`` read once per distinct text (a process prints the same on every line).
-        search: text glued before the NCCL prefix (a tqdm bar, another line)."""
+        """``host:pid:tid [dev]``, read once per distinct text; search: text glued before it (a tqdm bar)."""
         h = _HEADER.match(head) or _HEADER_SEARCH.search(head)
         if len(self._heads) >= 4096:  # timestamped heads differ on every line
             self._heads.clear()

@@ -17,11 +17,6 @@ _KV = re.compile(r"(?P<key>[a-z_]+):\s+(?P<value>\S+)")
 _MEMORY = re.compile(r"(?P<gib>[\d.]+)GiB\((?P<pct>[\d.]+)%\)")
 
 
-def to_pct(text: str) -> float:
-    """'34.29%' -> 34.29."""
-    return float(text.rstrip("%"))
-
-
 # Pattern table: key -> (column, type, unit scale); values are read with thousands separators dropped.
 STEP_FIELDS = {
     "step": ("step", int, 1),
@@ -30,7 +25,7 @@ STEP_FIELDS = {
     "tps": ("tokens_per_s_per_gpu", float, 1),
     "wps": ("tokens_per_s_per_gpu", float, 1),
     "tflops": ("framework_tflops_per_gpu", float, 1),
-    "mfu": ("framework_mfu", to_pct, 0.01),
+    "mfu": ("framework_mfu", lambda text: float(text.rstrip("%")), 0.01),  # '34.29%' -> 0.3429
 }
 _EVENTS = (
     ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
