@@ -23,3 +23,18 @@ def test_cut_last_line_is_flagged_and_not_used(tmp_path):
     assert _steps(part) == [10]
     assert part.result.unparsed == full.result.unparsed + 1
     assert any("line 2: cut (the file ends without a newline); not used" in w for w in part.result.warnings)
+
+
+def test_flight_recorder_dump_without_final_newline_is_read_whole(tmp_path):
+    """A printed flight-recorder dump is one Python literal: its reader repairs a truncated dump
+    itself, so a missing final newline costs it no line."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "fixtures" / "real" / "36_flight_recorder_dump_unpickled_v2.5.txt").read_text()
+    whole, bare = tmp_path / "whole.txt", tmp_path / "bare.txt"
+    whole.write_text(text.rstrip("\n") + "\n")
+    bare.write_text(text.rstrip("\n"))
+    full, part = ingest_file(whole), ingest_file(bare)
+    def unsourced(f):
+        return [{k: v for k, v in r.items() if k != "source"} for r in f.records()]
+    assert part.result == full.result and unsourced(part) == unsourced(full) and len(full.records()) == 3

@@ -192,17 +192,19 @@ class TextBlocks:
         return iter(self.blocks)
 
 
-def iter_lines(text: str | Iterable[str]) -> Iterator[tuple[int, str | None, str | None, int | None]]:
+def iter_lines(text: str | Iterable[str], *, cut: bool = False
+               ) -> Iterator[tuple[int, str | None, str | None, int | None]]:
     """``(lineno, body, timestamp, rank)`` per non-blank line of a string, a ``TextBlocks`` or an
     iterable of lines, normalised: ANSI colour codes, launcher prefixes (rank taken from
     ``[rankN]:`` / ``[defaultN]:`` / ``[job,N]<stdout>:``), indentation and trailing whitespace
     removed. timestamp: an ISO timestamp alone on the line before (consumed, not yielded, as
-    CloudWatch prints them); a line longer than MAX_LINE_CHARS comes with body None, unread."""
+    CloudWatch prints them); a line longer than MAX_LINE_CHARS comes with body None, unread. cut:
+    a last line the input ends inside (``TextBlocks.ends_cut``) is withheld, its number in cut_line."""
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
     pending_ts, lineno, last, prefix, iso, ansi = None, 0, 0, _PREFIX.match, _ISO_TS.fullmatch, _ANSI.sub
     for block in blocks:
         lines = block.split("\n")
-        if blocks.ends_cut and lines[-1].strip():  # the reader's last block, cut inside its last line
+        if cut and blocks.ends_cut and lines[-1].strip():  # cut: withhold a last line the input ends inside
             blocks.cut_line = lineno + len(lines)
             lines.pop()
         for raw in lines:
@@ -300,7 +302,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     starts = gates and join_regexes(g for g in gates if not isinstance(g, str))
     holds = re.compile("|".join(re.escape(g) for g in gates if isinstance(g, str)) or "(?!)").search if starts else None
     stateful, fed = [p for p in parsers if type(p).busy is not LineParser.busy], False
-    for lineno, body, ts, rank in iter_lines(blocks):
+    for lineno, body, ts, rank in iter_lines(blocks, cut=True):
         feed = None
         if body is None:
             huge += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, put_field, run_parsers
+from ingest.parsers import LineParser, ParseResult, put_field, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _LINE = re.compile(r"(?:\[titan\] )?(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")
@@ -17,15 +17,15 @@ _KV = re.compile(r"(?P<key>[a-z_]+):\s+(?P<value>\S+)")
 _MEMORY = re.compile(r"(?P<gib>[\d.]+)GiB\((?P<pct>[\d.]+)%\)")
 
 
-# Pattern table: key -> (column, type, unit scale); values are read with thousands separators dropped.
+# Pattern table: key -> (column, type, unit scale).
 STEP_FIELDS = {
-    "step": ("step", int, 1),
-    "loss": ("loss", float, 1),
-    "grad_norm": ("grad_norm", float, 1),
-    "tps": ("tokens_per_s_per_gpu", float, 1),
-    "wps": ("tokens_per_s_per_gpu", float, 1),
-    "tflops": ("framework_tflops_per_gpu", float, 1),
-    "mfu": ("framework_mfu", lambda text: float(text.rstrip("%")), 0.01),  # '34.29%' -> 0.3429
+    "step": ("step", to_int, 1),
+    "loss": ("loss", to_num, 1),
+    "grad_norm": ("grad_norm", to_num, 1),
+    "tps": ("tokens_per_s_per_gpu", to_num, 1),
+    "wps": ("tokens_per_s_per_gpu", to_num, 1),
+    "tflops": ("framework_tflops_per_gpu", to_num, 1),
+    "mfu": ("framework_mfu", lambda text: to_num(text.rstrip("%")), 0.01),  # '34.29%' -> 0.3429
 }
 _EVENTS = (
     ("gc", re.compile(r"\[GC\] Pe(?:r)?forming periodical GC collection\. (?P<s>[\d.]+) seconds")),
@@ -45,7 +45,7 @@ class TorchtitanParser(LineParser):
         if msg.startswith("step:"):
             row = {"table": "steps", "source": self.source, "line": lineno, "kind": "torchtitan", "rank": rank,
                    "time": time}
-            for key, value in _KV.findall(msg.replace(",", "")):
+            for key, value in _KV.findall(msg):
                 spec = STEP_FIELDS.get(key)
                 if spec is not None:
                     put_field(row, spec, value)
