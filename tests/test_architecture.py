@@ -123,3 +123,12 @@ def test_no_import_cycles():
 def test_cycle_finder_finds_a_planted_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_parsers_stay_one_small_path():
+    """The parser package: one parsing path per format in Python, at most 2,500 lines, no compiled
+    scanners (issue 18)."""
+    files = list((REPO / "ingest" / "parsers").rglob("*"))
+    assert not [f for f in files if f.suffix in (".pyx", ".pxd", ".c", ".so")]
+    lines = sum(len(f.read_text().splitlines()) for f in files if f.suffix == ".py")
+    assert lines <= 2500, lines
