@@ -71,10 +71,11 @@ def pack_records(records: list[dict]) -> dict[str, PackedTable]:
         by_table.setdefault(r["table"], []).append(r)
     out = {}
     for table, recs in by_table.items():
-        keys = tuple(recs[0])
-        if all(map(keys.__eq__, map(tuple, recs))):  # one key layout (the usual case): read at C speed
-            columns = {k: list(map(operator.itemgetter(k), recs)) for k in keys}
-        else:
+        try:  # one key set (the usual case), read at C speed: equal sizes, each record has the first one's keys
+            columns = {k: list(map(operator.itemgetter(k), recs)) for k in recs[0]} if len(set(map(len, recs))) == 1 else None
+        except KeyError:
+            columns = None
+        if columns is None:
             order: dict[str, None] = {}
             for r in recs:
                 if len(r) > len(order) or not r.keys() <= order.keys():
