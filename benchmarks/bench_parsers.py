@@ -8,7 +8,9 @@ lines of a 16-rank data-parallel run, generated in the documented formats: no fi
 them). Measured in one run, as ``ingest`` does it:
 
 - per corpus, one process: the file streamed in blocks of whole lines
-  (ingest.io.iter_text_blocks) through the parser's per-line path, best of --repeats.
+  (ingest.io.iter_text_blocks) through the parser's per-line path, best of --repeats rounds
+  (a round parses every corpus once, then the folder below once: the VM's speed drifts over
+  minutes, so every best is drawn from samples spread over the whole run).
   Throughput = file bytes / wall time (``mb_per_s``: MB/s per core). Target: >= 15 MB/s.
 - a folder of --ranks per-rank logs (each a --mb MB copy of the --folder-corpus corpus)
   through ``ingest_files`` (worker processes, one file each, records packed and sent back):
@@ -198,19 +200,19 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def measure(path: Path, kind: str, repeats: int) -> dict:
-    """One process, best of ``repeats`` (the machine is shared: the best run is the parser's cost)."""
-    size = path.stat().st_size
-    times = []
-    load = loadavg()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = parse_text(iter_text_blocks(path), source="bench", kind=kind)
-        times.append(time.perf_counter() - t0)
-    dt = min(times)
+def time_parse(path: Path, kind: str) -> tuple[float, tuple[int, int]]:
+    """One parse of ``path`` in this process: (seconds, (records, unparsed lines))."""
+    t0 = time.perf_counter()
+    result = parse_text(iter_text_blocks(path), source="bench", kind=kind)
+    return time.perf_counter() - t0, (len(result.records), result.unparsed)
+
+
+def corpus_result(path: Path, kind: str, times: list[float], counts: tuple[int, int]) -> dict:
+    """A corpus's entry: best of its rounds (the machine is shared: the best run is the parser's cost)."""
+    size, dt = path.stat().st_size, min(times)
     return {"kind": kind, "bytes": size, "seconds_best": round(dt, 3), "seconds_all": [round(t, 3) for t in times],
-            "mb_per_s": round(size / dt / 1e6, 1), "records": len(result.records), "unparsed": result.unparsed,
-            "loadavg_before": load, "loadavg_after": loadavg()}
+            "mb_per_s": round(size / dt / 1e6, 1), "records": counts[0], "unparsed": counts[1],
+            "target_mb_per_s": TARGET_MB_PER_S, "meets_target": size / dt / 1e6 >= TARGET_MB_PER_S}
 
 
 def _spin(n: int) -> float:
@@ -233,25 +235,23 @@ def cpu_scaling(workers: int, *, n: int = 10_000_000) -> float:
     return round(2 * workers * one / (time.perf_counter() - t0), 2)
 
 
-def measure_folder(paths: list[Path], repeats: int, *, one_process_mb_per_s: float) -> dict:
-    """``ingest_files`` on a folder of per-rank logs (default workers: min(files, CPUs)), best of ``repeats``."""
+def time_folder(paths: list[Path]) -> float:
+    """``ingest_files`` on a folder of per-rank logs (default workers: min(files, CPUs)), seconds."""
+    t0 = time.perf_counter()
+    ingest_files(paths)
+    return time.perf_counter() - t0
+
+
+def folder_result(paths: list[Path], times: list[float], *, one_process_mb_per_s: float, scaling: float) -> dict:
     size = sum(p.stat().st_size for p in paths)
-    times = []
     workers = min(len(paths), os.cpu_count() or 1)
-    scaling = cpu_scaling(workers)
-    load = loadavg()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ingest_files(paths)
-        times.append(time.perf_counter() - t0)
     rate = size / min(times) / 1e6
     target = FOLDER_EFFICIENCY * workers * TARGET_MB_PER_S
     return {"files": len(paths), "bytes": size, "workers": workers, "seconds_best": round(min(times), 3),
             "seconds_all": [round(t, 3) for t in times], "mb_per_s": round(rate, 1),
             "one_process_mb_per_s": one_process_mb_per_s, "speedup": round(rate / one_process_mb_per_s, 2),
             "efficiency_vs_one_process": round(rate / (workers * one_process_mb_per_s), 2),
-            "target_mb_per_s": round(target, 1), "meets_target": rate >= target, "cpu_scaling": scaling,
-            "loadavg_before": load, "loadavg_after": loadavg()}
+            "target_mb_per_s": round(target, 1), "meets_target": rate >= target, "cpu_scaling": scaling}
 
 
 def measure_ingest_cli(folder: Path, repeats: int) -> dict:
@@ -280,32 +280,41 @@ def main(argv=None) -> int:
     ap.add_argument("--folder-corpus", default="megatron_run", choices=sorted(CORPORA))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "parsers.json"))
     args = ap.parse_args(argv)
-    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (kind, names, _) in CORPORA.items():
-            path = write_corpus(name, names, int(args.mb * 1e6), Path(tmp))
-            r = measure(path, kind, args.repeats)
-            r["target_mb_per_s"] = TARGET_MB_PER_S
-            r["meets_target"] = r["mb_per_s"] >= TARGET_MB_PER_S
-            results[name] = r
-            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {TARGET_MB_PER_S}) records={r['records']} "
-                  f"unparsed={r['unparsed']} (load {r['loadavg_before'][0]} -> {r['loadavg_after'][0]})")
-            path.unlink()
+        paths = {name: write_corpus(name, names, int(args.mb * 1e6), Path(tmp)) for name, (_, names, _) in CORPORA.items()}
         kind, names, _ = CORPORA[args.folder_corpus]
         ranks = Path(tmp) / "ranks"
         ranks.mkdir()
         first = write_corpus(args.folder_corpus, names, int(args.mb * 1e6), ranks)
-        paths = [ranks / f"rank{r}.log" for r in range(args.ranks)]
-        for p in paths:
+        rank_paths = [ranks / f"rank{r}.log" for r in range(args.ranks)]
+        for p in rank_paths:
             os.link(first, p)  # the same bytes per rank: each is parsed on its own
         first.unlink()
-        folder = measure_folder(paths, args.repeats, one_process_mb_per_s=results[args.folder_corpus]["mb_per_s"])
+        # Rounds: every corpus once, then the folder, --repeats times. The VM's per-core speed drifts
+        # over minutes, so each number's best is taken from samples spread over the whole run.
+        scaling = cpu_scaling(min(len(rank_paths), os.cpu_count() or 1))
+        load = loadavg()
+        times: dict[str, list[float]] = {name: [] for name in CORPORA}
+        parsed, folder_times = {}, []
+        for _ in range(args.repeats):
+            for name, (kind, _, _) in CORPORA.items():
+                dt, parsed[name] = time_parse(paths[name], kind)
+                times[name].append(dt)
+            folder_times.append(time_folder(rank_paths))
+        results = {name: corpus_result(paths[name], kind, times[name], parsed[name])
+                   for name, (kind, _, _) in CORPORA.items()}
+        for name, r in results.items():
+            print(f"{name:22s} {r['mb_per_s']:7.1f} MB/s (target {TARGET_MB_PER_S}) records={r['records']} "
+                  f"unparsed={r['unparsed']}")
+        folder = folder_result(rank_paths, folder_times, one_process_mb_per_s=results[args.folder_corpus]["mb_per_s"],
+                               scaling=scaling)
         folder["corpus"] = args.folder_corpus
+        folder["loadavg_before_rounds"], folder["loadavg_after_rounds"] = load, loadavg()
         folder["ingest_cli"] = measure_ingest_cli(ranks, args.repeats)
         print(f"folder of {folder['files']} {args.folder_corpus} rank logs via ingest_files: {folder['mb_per_s']} MB/s with "
               f"{folder['workers']} processes (x{folder['speedup']} one process; target {folder['target_mb_per_s']}; "
               f"a pure-Python loop got x{folder['cpu_scaling']} on as many processes) "
-              f"(load {folder['loadavg_before'][0]} -> {folder['loadavg_after'][0]})")
+              f"(load {folder['loadavg_before_rounds'][0]} -> {folder['loadavg_after_rounds'][0]})")
         cli = folder["ingest_cli"]
         print(f"`ingest` of that folder (tables, job triage, Parquet): {cli['seconds_best']} s, {cli['mb_per_s']} MB/s "
               f"(load {cli['loadavg_before'][0]} -> {cli['loadavg_after'][0]})")
