@@ -241,8 +241,9 @@ class LineParser:
     it was recognised; ``finish`` flushes state. Records go to ``self.records``."""
 
     kind = ""
-    gate: tuple[re.Pattern | str, ...] | None = None  # a line it takes when not busy matches one at its start
-    busy = False  # (a regex) or holds one (a str); None: any line. busy: inside a block of lines
+    # gate: a line it takes while not busy starts with one of these regexes or holds one of these strings
+    gate: tuple[re.Pattern | str, ...] | None = None  # None: any line may be its
+    busy = False  # inside a block of lines its gate does not describe
 
     def __init__(self, source: str) -> None:
         self.source = source

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, rule, run_parsers
+from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -251,11 +251,8 @@ class NcclParser(LineParser):
 
     def _tuning(self, lineno: int, msg: str) -> bool:
         """A TUNING line, counted into its (function, size, algorithm, protocol) row: built on first sight."""
-        for r in _RULES["tuning"]:
-            m = r.regex.match(msg)
-            if m:
-                break
-        else:
+        r, m = match_rules(_RULES["tuning"], msg)
+        if r is None:
             return False
         f, b, a, p = m.group("func", "bytes", "algo", "proto")
         key = (r.name, f, int(b), *((a, p) if r.name == "tuning_named" else (int(a), int(p))))
