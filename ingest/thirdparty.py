@@ -1,11 +1,11 @@
 """Third-party artifacts -> normalized Parquet tables (``ingest FILE|DIR ... [--out DIR] [--strict]``).
 
-Each file's kind is detected by content (``ingest.parsers.detect_kind``), its lines streamed
-through the matching pure parser (a folder's files in parallel worker processes, one file per
+Each file's lines are streamed through every pure parser whose grammar claims them
+(``ingest.parsers.dispatch``; a folder's files in parallel worker processes, one file per
 process), and the records gathered into tables: ``steps``,
 ``memory``, ``timers``, ``comm_topology``, ``collectives``, ``events``, ``env``, ``kernels``
 (profiler tables, nsys stats), ``stacks`` (py-spy), ``flops_profile`` (DeepSpeed), plus
-``files`` (one row per input: kind, records, unparsed lines, warnings). Every table's
+``files`` (one row per input: kind, kinds, records, unparsed lines, warnings). Every table's
 Parquet metadata carries ``schema_version``. Deliberately not here: file reading (ingest.io),
 metric computation (report).
 """
@@ -29,7 +29,7 @@ from core.errors import NoDataError, ParseError
 from ingest.io import iter_text_blocks, read_text_head
 from core.atomic import write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, ParseResult, detect_kind
-from ingest.parsers.dispatch import PARSED_KINDS, parse_text
+from ingest.parsers.dispatch import PARSED_KINDS, WHOLE_TEXT_KINDS, parse_text
 from ingest.topology import summarize_nccl_topology
 from core.records import SCHEMA_VERSION
 
@@ -156,9 +156,10 @@ def _no_cycle_collection():
 
 @_no_cycle_collection()
 def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
-    """Detect the kind of one file and parse it in this process, streaming its text in blocks
-    of whole lines (memory bounded by the records, not the file). Raises ParseError for an
-    unreadable file."""
+    """Parse one file in this process, streaming its text in blocks of whole lines (memory bounded
+    by the records, not the file): a whole-text format its head names (a trace, a flight-recorder
+    dump, an ``nvidia-smi -q`` report) whole, any other file line by line through every parser.
+    Raises ParseError for an unreadable file."""
     head = read_text_head(path, HEAD_CHARS)
     kind = detect_kind(head)
     source = str(path)
@@ -171,7 +172,8 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
         parsed = parse_chrome_trace(open_trace_events(path, counts=counts, lean=True), source=source, head=head,
                                     read_counts=counts)
         return _ingested(source, parsed.result, timeline=parsed.timeline, trace_rank=parsed.rank)
-    return _ingested(source, parse_text(iter_text_blocks(path), source=source, kind=kind or "unknown"))
+    return _ingested(source, parse_text(iter_text_blocks(path), source=source,
+                                        kind=kind if kind in WHOLE_TEXT_KINDS else "routed"))
 
 
 def compute_trace_attribution(files: list[IngestedFile], jobs: list) -> dict[str, pd.DataFrame]:
@@ -238,7 +240,7 @@ def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:
             parts.setdefault(table, []).append((Path(f.path).stem, packed))
     tables = {name: _table(p) for name, p in parts.items() if p}
     tables[FILES_TABLE] = pd.DataFrame([{
-        "source": f.path, "kind": f.result.kind, "num_records": f.num_records, "num_lines": f.result.num_lines,
+        "source": f.path, "kind": f.result.kind, "kinds": ",".join(f.result.kinds), "num_records": f.num_records, "num_lines": f.result.num_lines,
         "num_unparsed_lines": f.result.unparsed, "warnings": json.dumps(f.result.warnings),
         "unparsed_lines": json.dumps(list(f.result.unparsed_lines)),
     } for f in files])

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from ingest.parsers import detect_kind
 from ingest.parsers.dispatch import parse_text
 from ingest.parsers.deepspeed import parse_deepspeed
 from ingest.parsers.flight_recorder import parse_flight_recorder
@@ -124,7 +123,7 @@ def test_nsys_legacy_nvprof_api_statistics():
          "title": "CUDA API Statistics", "time_pct": 24.7, "total_s": 0.064331526, "num_calls": 1, "avg_s": 0.064331526,
          "min_s": 0.064331526, "max_s": 0.064331526, "med_s": None, "stddev_s": None, "name": "cuCtxDestroy_v2"},
     ]]
-    assert r.unparsed_lines == (1, 2, 5, 15)  # shell prompt, WARNING, app output, exported path
+    assert r.unparsed_lines == (1, 5, 15)  # shell prompt, app output, exported path (nsys's WARNING is its own)
 
 
 # Constructed, not captured (no real paste found): `nsys stats --format csv` output. Column names
@@ -135,9 +134,8 @@ NSYS_CSV = (FIXTURES / "nsys_stats_csv_constructed.txt")
 
 def test_nsys_stats_csv_format():
     text = NSYS_CSV.read_text(encoding="utf-8")
-    assert detect_kind(text) == "nsys_stats"
     r = parse_text(text, source="c")
-    assert r.kind == "nsys_stats" and r.unparsed == 0
+    assert r.kind == "nsys_stats" and r.kinds == ("nsys_stats",) and r.unparsed == 0
     rows = [(x["report"], x["name"], x["num_calls"], round(x["total_s"], 9), x["med_s"]) for x in r.records]
     assert rows == [
         ("cuda_gpu_kern_sum", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_tn", 1200, 1.5,

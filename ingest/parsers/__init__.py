@@ -32,6 +32,7 @@ class ParseResult:
     kind: str
     unparsed_lines: tuple[int, ...] = ()
     num_lines: int = 0
+    kinds: tuple[str, ...] = ()  # every kind whose parser recognised lines, most lines first
 
 
 # ---------------------------------------------------------------- pattern tables
@@ -163,19 +164,69 @@ RULE_LINE = rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None)  # dashes under a ta
 # ---------------------------------------------------------------- line normaliser
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
-# Launcher prefixes, possibly stacked ("[80746] [rank0]:"); rank captured where it is a rank.
+_TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+# Launcher and logger prefixes as they stack ("0: [80746] [rank0]:"). Fields: r, a rank (repeated
+# groups keep their last match: the innermost prefix's rank wins), t1/t2, a timestamp. Left for the
+# parsers that read them: DeepSpeed's "[ts] [LEVEL] [file.py:N:fn]" header, Python logging's
+# "ts - name - LEVEL - " (torchtitan), glog "I0323 hh:mm:ss.us tid file:N]" and "[E file.cpp:N]" (failures).
 _PREFIX = re.compile(
     r"(?:\s+"
-    r"|\[(?:rank(?P<r1>\d+)\]:"
-    r"|default(?P<r2>\d+)\]:"
-    r"|\d+(?:,(?P<r3>\d+)\]<std(?:out|err)>:"
-    r"|\] ))"
-    r"|[\w.\-]+/\d+ \[\d+\]:"
-    r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\) "
+    r"|(?:\[(?:rank|default|\d+,)|(?=\d{1,5}: ))(?P<r>\d+)"  # [rankN]: [defaultN]: [job,N]<stdout>: Slurm "N: "
+    r"(?:\]:|\]<std(?:out|err)>:|: (?=.*[A-Za-z]))"  # (Slurm: a row of numbers only is no log line)
+    r"|\[\d+\] "
+    rf"|\[(?P<t1>{_TS})\] (?!\[[A-Z]+\] \[)"
+    rf"|(?P<t2>{_TS})\s(?!\s*-\s)"
+    r"|[\w.\-]+/\d+ \[\d+\]:"  # TorchX "trainer/0 [0]:"
+    r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\) "  # Ray
     r")+"
 )
-_PREFIX_START = frozenset(" \t[(")
-_ISO_TS = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+_PREFIX_START = frozenset(" \t[(0123456789")
+_ISO_TS = re.compile(_TS)
+# Editor or viewer line numbers ("  12 | ", "12: ", cat -n's "    12\t"), stripped only from a text
+# whose first lines are all numbered consecutively (a Slurm label repeats; an editor's number counts).
+_EDITOR = re.compile(r"[ \t]*(\d{1,7})(?:[ \t]*[|\u2502\u2192](?: |$)|:(?: |$)|\t|$)")
+_EDITOR_SAMPLE = 40
+# Terminal widths a pasted log is hard-wrapped at; a block whose longest line has one of these lengths
+# has its lines of exactly that length joined with the next line unless that one starts a record.
+WRAP_WIDTHS = frozenset((80, 100, 110, 116, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256))
+_RECORD_START = re.compile(
+    r"\s*(?:Traceback \(|File \"|[EWIF]\d{4} \d\d:|\[[EWIF]\d* |\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std|\[?"
+    + _TS + r"|[\w.\-]+:\d+:\d+ \[\d+\] |\(\w+ pid=\d+|\d{1,5}: )")
+
+
+def _shape(text: str) -> str:
+    """A line's start as character classes ('host-a:17' -> 'aaaa-a:00'), to compare record heads."""
+    return "".join("0" if c.isdigit() else "a" if c.isalpha() else c for c in text[:8])
+
+
+def _starts_record(head: str, nxt: str) -> bool:
+    """Whether ``nxt``, the line after one of exactly the wrap width that began with ``head``, is a
+    record by itself: blank, headed like ``head``, an indented line after an indented one, or a
+    launcher prefix, timestamp, NCCL/glog header or traceback start."""
+    stripped = nxt.lstrip()
+    if not stripped or _shape(head) == _shape(nxt):
+        return True
+    if len(stripped) < len(nxt) and head[:1] in " \t":
+        return True
+    return _RECORD_START.match(nxt) is not None
+
+
+def _editor_numbered(lines: list[str]) -> bool:
+    """Whether the first lines of a text all carry consecutive editor line numbers (at least 3)."""
+    first, count = None, 0
+    for i, raw in enumerate(lines[:_EDITOR_SAMPLE]):
+        if not raw.strip():
+            continue
+        m = _EDITOR.match(raw)
+        if m is None:
+            return False
+        n = int(m.group(1)) - i
+        if first is None:
+            first = n
+        if n != first or n + i < 1:
+            return False
+        count += 1
+    return count >= 3
 
 
 class TextBlocks:
@@ -192,48 +243,105 @@ class TextBlocks:
         return iter(self.blocks)
 
 
-def iter_lines(text: str | Iterable[str], *, cut: bool = False
-               ) -> Iterator[tuple[int, str | None, str | None, int | None]]:
-    """``(lineno, body, timestamp, rank)`` per non-blank line of a string, a ``TextBlocks`` or an
-    iterable of lines, normalised: ANSI colour codes, launcher prefixes (rank taken from
-    ``[rankN]:`` / ``[defaultN]:`` / ``[job,N]<stdout>:``), indentation and trailing whitespace
-    removed. timestamp: an ISO timestamp alone on the line before (consumed, not yielded, as
-    CloudWatch prints them); a line longer than MAX_LINE_CHARS comes with body None, unread. cut:
-    a last line the input ends inside (``TextBlocks.ends_cut``) is withheld, its number in cut_line."""
-    blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
-    pending_ts, lineno, last, prefix, iso, ansi = None, 0, 0, _PREFIX.match, _ISO_TS.fullmatch, _ANSI.sub
+def _clean(raw: str) -> str:
+    """ANSI colour codes out; of a line redrawn with ``\\r`` (a progress bar, CRLF), the last text."""
+    if "\x1b" in raw:
+        raw = _ANSI.sub("", raw)
+    if "\r" in raw:
+        raw = raw.rstrip("\r")
+        raw = raw[raw.rfind("\r") + 1:]
+    return raw
+
+
+def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) -> Iterator[tuple[int, str]]:
+    """``(first lineno, line)`` with hard-wrapped lines rejoined: a line of exactly ``width``
+    characters takes the next one unless that one starts a record (``_starts_record``). ``held``
+    ([first lineno, text or None, its width]) carries a line across blocks; ``spans``: first lineno
+    -> last lineno of each joined line."""
+    for raw in lines:
+        if held[1] is not None:
+            if not _starts_record(held[1], raw):
+                held[1] += raw
+                spans[held[0]] = lineno
+                lineno += 1
+                if len(raw) != held[2]:
+                    yield held[0], held[1]
+                    held[1] = None
+                continue
+            yield held[0], held[1]
+            held[1] = None
+        if len(raw) == width:
+            held[0], held[1], held[2] = lineno, raw, width
+        else:
+            yield lineno, raw
+        lineno += 1
+
+
+def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iterable[tuple[int, str]]]:
+    """Per block, its ``(lineno, line)`` pairs: cleaned (``_clean``), editor numbers stripped,
+    hard wraps rejoined (``_joined``); a cut last line withheld (``iter_lines``)."""
+    lineno, numbered, held = 0, None, [0, None, 0]
     for block in blocks:
         lines = block.split("\n")
         if cut and blocks.ends_cut and lines[-1].strip():  # cut: withhold a last line the input ends inside
             blocks.cut_line = lineno + len(lines)
             lines.pop()
-        for raw in lines:
-            lineno += 1
+        if "\x1b" in block or "\r" in block:
+            lines = [_clean(raw) for raw in lines]
+        if numbered is None:
+            numbered = _editor_numbered(lines)
+        if numbered:
+            lines = [raw[m.end():] if (m := _EDITOR.match(raw)) else raw for raw in lines]
+        width = max(map(len, lines)) if len(lines) > 2 else 0
+        if width in WRAP_WIDTHS or held[1] is not None:
+            yield _joined(lines, lineno + 1, width if width in WRAP_WIDTHS else 0, held, spans)
+        else:
+            yield enumerate(lines, lineno + 1)
+        lineno += len(lines)
+    if held[1] is not None:  # the input ends with a line of exactly the wrap width
+        yield ((held[0], held[1]),)
+
+
+def iter_lines(text: str | Iterable[str], *, cut: bool = False
+               ) -> Iterator[tuple[int, str | None, str | None, int | None]]:
+    """``(lineno, body, timestamp, rank)`` per non-blank line of a string, a ``TextBlocks`` or an
+    iterable of lines, normalised: ANSI colour codes, the text a ``\\r`` redraw overwrote, editor
+    line numbers (a text numbered consecutively from its first line), launcher and logger prefixes
+    in any stack (``_PREFIX``: rank from ``[rankN]:`` / ``[defaultN]:`` / ``[job,N]<stdout>:`` /
+    Slurm ``N: `` / TorchX ``role/i [N]:``, the innermost one winning; timestamp from a leading ISO
+    or bracketed ISO one), indentation and trailing whitespace removed; lines hard-wrapped at a
+    terminal width (``WRAP_WIDTHS``) rejoined, lineno the first's. timestamp also: an ISO timestamp
+    alone on the line before (consumed, not yielded, as CloudWatch prints them). A line longer than
+    MAX_LINE_CHARS comes with body None, unread. cut: a last line the input ends inside
+    (``TextBlocks.ends_cut``) is withheld, its number in cut_line."""
+    blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
+    pending_ts, last, prefix, iso, starts, spans = None, 0, _PREFIX.match, _ISO_TS.fullmatch, _PREFIX_START, {}
+    for numbered_lines in _physical_lines(blocks, cut, spans):
+        for n, raw in numbered_lines:
             if len(raw) > MAX_LINE_CHARS:
-                last = lineno
-                yield lineno, None, None, None
+                last = n
+                yield n, None, None, None
                 continue
-            if "\x1b" in raw:
-                raw = ansi("", raw)
             line = raw.rstrip()
             if not line:
                 continue
-            rank = None
-            if line[0] in _PREFIX_START or line.find("/", 0, 40) >= 0:
+            rank = ts = None
+            if line[0] in starts or line.find("/", 0, 40) >= 0:
                 m = prefix(line)
-                if m and m.end():
-                    r = m.group("r1") or m.group("r2") or m.group("r3")
-                    rank = int(r) if r else None
+                if m:
+                    if m.lastindex:
+                        r = m.group("r")
+                        rank, ts = int(r) if r else None, m.group("t1") or m.group("t2")
                     line = line[m.end():]
                     if not line:
                         continue
-            last = lineno
+            last = n
             if line[0].isdigit() and len(line) <= 35 and iso(line) is not None:
                 pending_ts = line
                 continue
-            yield lineno, line, pending_ts, rank
+            yield n, line, ts or pending_ts, rank
             pending_ts = None
-    blocks.num_lines = blocks.cut_line or last
+    blocks.num_lines = blocks.cut_line or spans.get(last, last)
 
 
 class LineParser:
@@ -291,36 +399,76 @@ class StepRowParser(LineParser):
         self._steps = {}
 
 
-def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str) -> ParseResult:
-    """Feed every normalised line of ``text`` (``iter_lines``) to ``parsers``, first that
-    recognises it wins; count the unparsed lines. A parser that raises ValueError, IndexError,
-    KeyError or OverflowError on a line leaves it unparsed with a warning."""
+def _claim(gate: tuple | None) -> Callable[[str], object] | None:
+    """A parser's gate as one test of a line: its regexes matched at the start (one alternation),
+    its literals searched anywhere. None: the parser is offered every line."""
+    if gate is None:
+        return None
+    starts = join_regexes(g for g in gate if not isinstance(g, str))
+    lits = [g for g in gate if isinstance(g, str)]
+    holds = re.compile("|".join(re.escape(g) for g in lits)).search if lits else None
+    if starts is None:
+        return holds or (lambda body: False)
+    if holds is None:
+        return starts.match
+    return lambda body: starts.match(body) or holds(body)
+
+
+# Too many unclaimed lines to leave to the unparsed count alone: a warning names them (no silent loss).
+UNCLAIMED_WARN_FRACTION = 0.5
+UNCLAIMED_WARN_MIN_LINES = 5
+
+
+def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str | None = None) -> ParseResult:
+    """Route every normalised line of ``text`` (``iter_lines``) to the parsers that claim it: first
+    to those inside a block (``busy``), then, in chain order, to each parser whose ``gate`` passes
+    (a parser without a gate is offered every line); the first that recognises it wins. Count the
+    unparsed lines. A parser that raises ValueError, IndexError, KeyError or OverflowError on a line
+    leaves it unparsed with a warning. kinds: the kinds whose parsers recognised lines and made
+    records (when none made any: that recognised lines), most lines first; kind: ``kind`` when given, else the first of ``KIND_PRIORITY`` among kinds ("unknown"
+    when no line was recognised)."""
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
-    feeds, warnings = [p.feed for p in parsers], parsers[0].warnings
-    unparsed, linenos, huge = 0, [], 0
+    feeds, claims, warnings = [p.feed for p in parsers], [_claim(p.gate) for p in parsers], parsers[0].warnings
+    order = list(zip(range(len(parsers)), claims, feeds))
+    hits = [0] * len(parsers)
+    unparsed, linenos, huge, num_bodies = 0, [], 0, 0
     # the chain's gate: a line no parser's gate passes goes unread unless a parser is inside a block
     gates = None if any(p.gate is None for p in parsers) else [g for p in parsers for g in p.gate]
     starts = gates and join_regexes(g for g in gates if not isinstance(g, str))
     holds = re.compile("|".join(re.escape(g) for g in gates if isinstance(g, str)) or "(?!)").search if starts else None
-    stateful, fed = [p for p in parsers if type(p).busy is not LineParser.busy], False
+    stateful = [(i, p, feeds[i]) for i, p in enumerate(parsers) if type(p).busy is not LineParser.busy]
+    fed = False  # a feed happened since no parser was last seen busy
     for lineno, body, ts, rank in iter_lines(blocks, cut=True):
-        feed = None
+        got = -1
         if body is None:
             huge += 1
-        elif holds is None or starts.match(body) or holds(body) or fed and any(p.busy for p in stateful):
-            fed = True  # a parser may be inside a block from now on (only a feed changes that)
+        else:
+            num_bodies += 1
             try:
-                for feed in feeds:
-                    if feed(lineno, body, ts, rank):
-                        break
-                else:
-                    feed = None
+                tried = None
+                if fed and stateful:
+                    for i, p, feed in stateful:
+                        if p.busy:
+                            if feed(lineno, body, ts, rank):
+                                got = i
+                                break
+                            tried = (tried or set()) | {i}
+                    else:
+                        if tried is None:
+                            fed = False
+                if got < 0 and (holds is None or starts.match(body) or holds(body)):
+                    for i, claim, feed in order:
+                        if (claim is None or claim(body)) and (tried is None or i not in tried):
+                            fed = True
+                            if feed(lineno, body, ts, rank):
+                                got = i
+                                break
             except (ValueError, IndexError, KeyError, OverflowError) as e:
                 warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
-                feed = None
+                got = -1
+        if got >= 0:
+            hits[got] += 1
         else:
-            fed = False
-        if feed is None:
             unparsed += 1
             if len(linenos) < MAX_UNPARSED_LINENOS:
                 linenos.append(lineno)
@@ -336,38 +484,46 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         warnings.extend(p.warnings)
     if huge:
         warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+    by_kind: dict[str, int] = {}  # kinds whose parsers made records (else: that recognised lines)
+    with_records = any(p.records for p, n in zip(parsers, hits) if n)
+    for p, n in zip(parsers, hits):
+        if n and (p.records or not with_records):
+            by_kind[p.kind or "unknown"] = by_kind.get(p.kind or "unknown", 0) + n
+    kinds = tuple(sorted(by_kind, key=lambda k: -by_kind[k]))
+    claimed = sum(hits)
+    if kind is None:
+        kind = next((k for k in KIND_PRIORITY if k in by_kind), kinds[0] if kinds else "unknown")
+        if not claimed and num_bodies:
+            warnings.append(f"unknown kind: none of {num_bodies} lines is in a format the parsers know")
+    if claimed and unparsed >= UNCLAIMED_WARN_MIN_LINES and unparsed > UNCLAIMED_WARN_FRACTION * (claimed + unparsed):
+        warnings.append(f"{unparsed} of {claimed + unparsed} lines not recognised by any parser "
+                        f"(first at line {linenos[0]}); see the unparsed line numbers")
     return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
-                       unparsed_lines=tuple(linenos), num_lines=blocks.num_lines)
+                       unparsed_lines=tuple(linenos), num_lines=blocks.num_lines, kinds=kinds)
+
+
+# A file's kind (its primary kind, for naming a run): the first of these its lines hold. Training
+# logs first (they carry the steps), then tables and reports, then the lines found inside others.
+KIND_PRIORITY = ("megatron", "torchtitan", "deepspeed", "nccl_ras", "nsys_stats", "profiler_table", "pyspy",
+                 "flight_recorder", "nccl", "nvidia_smi_topo", "nvidia_smi_q", "collect_env", "failures")
 
 
 # ---------------------------------------------------------------- detection
 
-# (kind, signature regex searched in the normalised head); first hit wins, most specific first.
+# Whole-text formats, found by their signature in the normalised head (every other kind is a
+# property of lines: ingest.parsers.dispatch routes each line to the parsers that claim it).
 _SIGNATURES: tuple[tuple[str, re.Pattern], ...] = tuple((k, re.compile(p, re.M)) for k, p in (
-    ("nccl_ras", r"^Communicators\.\.\.|^Job summary$"),
     ("chrome_trace", r'"ph":\s*"[A-Za-z]"'),
     ("flight_recorder", r"[\"']pg_config[\"']\s*:|[\"']entries[\"']\s*:\s*\["),
-    ("pyspy", r"^Thread \d+ \((?:idle|active)"),
-    ("profiler_table", r"Self CPU(?: total)? %|# of Calls|Number of Calls"),
-    ("nsys_stats", r"^Processing \[.*\] with \[|^ ?\*\* .*\(\w+\):$|^CUDA API Statistics|nsys-rep|\.qdrep"
-                   r"|^\[\d+/\d+\] Executing '\w+' stats report|^\"?Time \(%\)\"?,\"?Total Time"),
-    ("torchtitan", r"\[titan\] |- root - INFO - step:\s"),
-    ("megatron", r"^(?:\[[\d\- :]+\] )?iteration\s+\d+/\s*\d+ \||\(after \d+ iterations\) memory \(MB\)"
-                 r"|^-+ arguments -+$|^> building \w+ datasets"),
-    ("deepspeed", r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[(?:INFO|WARNING|ERROR|DEBUG)\] \[\w+\.py:\d+:\w+\]"),
-    ("nccl", r" NCCL (?:INFO|WARN) |^NCCL version \d|^# nThread \d+ nGpus"),
-    ("nvidia_smi_topo", r"^GPU0\s.*(?:CPU Affinity|GPU1)|^GPU\d+\s+(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)\s"
-                        r"|^NIC\d+: |nvidia-smi topo -m"),
-    ("nvidia_smi_q", r"=+NVSMI LOG=+|^Driver Version\s+: \d"),
-    ("collect_env", r"^Collecting environment information|^PyTorch version\s*: |^Is CUDA available\s*: "),
-    ("failures", r"ChildFailedError|Watchdog caught collective|ProcessGroupNCCL\.cpp:\d+|CUDA out of memory"),
+    ("nvidia_smi_q", r"=+NVSMI LOG=+"),
 ))
 
 HEAD_CHARS = 64 * 1024
 
 
 def detect_kind(text_head: str) -> str | None:
-    """The artifact kind of a text by its content (first HEAD_CHARS), or None if unknown."""
+    """The whole-text format of a text by its content (first HEAD_CHARS): chrome_trace,
+    flight_recorder or nvidia_smi_q; None for a text read line by line."""
     head = "\n".join(body for _, body, _, _ in iter_lines(text_head[:HEAD_CHARS]) if body)
     for kind, sig in _SIGNATURES:
         if sig.search(head):

@@ -22,17 +22,28 @@ KEYS = {  # pattern table: printed key -> env key
     "Clang version": "clang_version",
 }
 _KV = re.compile(r"(?P<key>[A-Za-z][\w .()/\-]*?)\s*: ?(?P<value>.*)$")
+_SECTION = re.compile(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|"
+                      r"Environment Variables|vLLM|Python)(?: Info)?:?$")  # vLLM's sectioned variant
 _PKG = re.compile(r"\[(?P<mgr>pip3?|conda)\] (?P<pkg>.+)$")
 
 
 class CollectEnvParser(LineParser):
     kind = "collect_env"
+    # its banner, a key of its own (KEYS) or a package line opens a block; other keys only inside one
+    gate = ("Collecting environment information", _SECTION, re.compile("=+$"), re.compile("(?:" + "|".join(map(re.escape, KEYS)) + r")\s*:"), _PKG)
+    busy = property(lambda self: self._active)
     _open: dict | None = None  # record whose value continues on the next lines
+    _active = False
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        ok = self._read(lineno, body)
+        if not ok or body[0] != "=":  # a rule line alone opens nothing (vLLM's banners are rule, title, rule)
+            self._active = ok
+        return ok
+
+    def _read(self, lineno: int, body: str) -> bool:
         if (body.startswith("Collecting environment information") or re.fullmatch(r"=+", body)
-                or re.fullmatch(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|"
-                                r"Environment Variables|vLLM|Python)(?: Info)?:?", body)):
+                or _SECTION.fullmatch(body)):
             self._open = None
             return True
         m = _PKG.match(body)
@@ -46,6 +57,8 @@ class CollectEnvParser(LineParser):
         m = _KV.match(body)
         if m:
             key, value = m.group("key").strip(), m.group("value").strip()
+            if key not in KEYS and not value and not self._active:
+                return False  # 'Traceback (most recent call last):' is not an environment key
             value = "" if value.startswith("Probably one of the following") else value
             rec = self.env(lineno, KEYS.get(key, slug(key)), value, record="collect_env")
             self._open = rec if not value or key == "cuDNN version" else None

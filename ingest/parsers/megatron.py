@@ -52,6 +52,7 @@ _NOISE = re.compile(r"(?:\[.*\] )?datetime: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$|(?:t
 
 class MegatronParser(StepRowParser):
     kind = "megatron"
+    gate = ("iteration", "time (ms)", "memory (MB)", " ..", "datetime: ", " arguments ", "(min, max)", " ...")
 
     def __init__(self, source: str) -> None:
         super().__init__(source)

@@ -15,7 +15,7 @@ import re
 from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
 from ingest.parsers.failures import FailureScanner
 
-_HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
+_HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 
 _EDGE = re.compile(
@@ -134,8 +134,14 @@ _TEST_ROW = rule(  # an nccl-tests result row: out-of-place then in-place time a
 _TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
 
 
+# nccl-tests' own header lines (src/common.cu): the first of them opens its '#' block
+_TEST_START = re.compile(r"# ?(?:nThread |Collective test |Using devices|\s*Rank\s+\d+ Group )")
+
+
 class NcclParser(LineParser):
     kind = "nccl"
+    gate = (" NCCL ", re.compile("NCCL version |#"), _TEST_ROW.regex)
+    _tests = False  # inside nccl-tests output: every '#' line is its header or comment
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -302,13 +308,16 @@ class NcclParser(LineParser):
 
     def _other(self, lineno: int, body: str) -> bool:
         """Lines without the NCCL prefix: a bare version banner, nccl-tests header and rows."""
-        if body.startswith("NCCL version "):
+        if body.startswith("NCCL version ") and " compiled with " not in body:  # (the RAS client's banner)
             v = body.split()[2]
             if ("nccl_version", v) not in self._seen_env:
                 self._seen_env.add(("nccl_version", v))
                 self.env(lineno, "nccl_version", v, record="nccl_version")
             return True
         if body[0] == "#":
+            if not self._tests and _TEST_START.match(body) is None:
+                return False
+            self._tests = True
             m = _TEST_RANK.match(body)
             if m:
                 self.env(lineno, f"gpu.rank{m.group('rank')}", f"{m.group('name')} [{m.group('bus')}] on {m.group('host')} "

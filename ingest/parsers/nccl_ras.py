@@ -52,6 +52,9 @@ _VALUES = re.compile(r"\d+(?:\s+[\w,\-]+)*$")
 
 class RasParser(LineParser):
     kind = "nccl_ras"
+    # underlines, bare statuses and a block's message lines are its only inside a report (busy)
+    gate = (*(r.regex for r in _LINES if r.name not in ("underline", "bare_block", "no_data")), _HEADER1)
+    busy = property(lambda self: self._section is not None or self._block is not None)
     _section: str | None = None
     _head1: list[str] | None = None
     _cols: list[str] | None = None

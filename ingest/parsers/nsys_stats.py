@@ -46,9 +46,12 @@ _LINES = (
     rule("title", r"\*\* (?P<title>.*) \((?P<report>\w+)\):$", "title"),
     rule("legacy_title", r"(?P<title>(?P<what>[\w /-]+?) Statistics) \((?P<unit>[^)]*)\)$", "legacy"),
     RULE_LINE,
-    rule("notice", r"NOTICE: |(?:It is assumed|Consider using|Generating|Exporting|Processing|Saving|Creating|"
-         r"Collecting|Exported|Saved report|Generating SQLite) ", None),
-    rule("progress", r"(?:\[\d+/\d+\] )?\[=*\d+%\]", None),
+    # nsys's own progress messages (profile, export, stats)
+    rule("notice", r"NOTICE: |It is assumed file was previously exported|Consider using --force-export"
+         r"|(?:Collecting data|Processing events|Creating final output files)\.\.\.$|Saving temporary \".*\.qdstrm\""
+         r"|Saved report file to|Exporting \d+ events: |Exported successfully to|Generating .*\.\.\.$"
+         r"|WARNING: .* will be profiled\.$|Generated:$", None),
+    rule("progress", r"(?:\[\d+/\d+\] )?(?:Processing )?\[=*\d+%\]", None),
     rule("no_data", r"SKIPPED: .* does not contain", None),
 )
 
@@ -86,8 +89,16 @@ DEFAULT_COLS = _header(["Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", 
                         "StdDev (ns)", "Name"], unit=None)
 
 
+# what opens an nsys table anywhere in a file: a report banner or title, a header (text or CSV:
+# its 'Time (%)' cell), or a row of the default summary layout (numbers, then the name)
+_OPENS = (*(r.regex for r in _LINES if r.name in ("processing", "executing", "title", "legacy_title", "notice", "progress")),
+          re.compile(r'"?Time ?\(%\)"?(?:,|\s{2,})'), re.compile(r"-?[\d.,]+\s{2,}[\d,]+\s{2,}[\d,]+\s{2,}[\d.,]+\s{2,}"))
+
+
 class NsysStatsParser(LineParser):
     kind = "nsys_stats"
+    gate = _OPENS
+    busy = property(lambda self: self._cols is not None or self._report is not None)
     _report: str | None = None
     _title: str | None = None
     _unit: str | None = None
@@ -104,7 +115,7 @@ class NsysStatsParser(LineParser):
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)
-        if r is not None:
+        if r is not None and (r.name != "rule_line" or self._report is not None or self._cols is not None):  # dashes: only under a report
             rec = apply_rule(r, m, source=self.source, lineno=lineno)
             if rec is not None:  # context lines: remember, no record
                 g = m.groupdict()

@@ -22,6 +22,7 @@ _LEGEND = re.compile(r"(?:Legend:|NIC Legend:|X\s+= Self|(?:SYS|NODE|PHB|PXB|PIX
 
 class TopoParser(LineParser):
     kind = "nvidia_smi_topo"
+    gate = (re.compile(r"(?:GPU|NIC)\d+\s|mlx\d_\w+\s|NIC\d+: "), _LEGEND, "nvidia-smi topo -m")
     _cols: list[str] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
@@ -58,6 +59,10 @@ _Q_ENV_KEYS = {"Driver Version": "driver_version", "Attached GPUs": "num_gpus"}
 
 class SmiQParser(LineParser):
     kind = "nvidia_smi_q"
+    # its banner, a GPU section or a 'Key    : value' line (the key padded to a column) opens a block
+    gate = (re.compile(r"=+NVSMI LOG=+$|GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d$|[A-Z][\w /()\-.]*?\s{2,}: "),)
+    busy = property(lambda self: self._active)
+    _active = False
     _gpu: str | None = None  # the GPU section (bus id) and the section inside it the lines are in
     _section: str | None = None
     _section_indent = -1
@@ -67,6 +72,10 @@ class SmiQParser(LineParser):
         self._indents = indents or {}  # lineno -> leading spaces (the normaliser strips them)
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        self._active = self._read(lineno, body)
+        return self._active
+
+    def _read(self, lineno: int, body: str) -> bool:
         indent = self._indents.get(lineno, 0)
         if self._section and indent <= self._section_indent:
             self._section = None

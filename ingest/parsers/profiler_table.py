@@ -87,6 +87,8 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
 
 class ProfilerTableParser(LineParser):
     kind = "profiler_table"
+    gate = (re.compile(r"Name\s{2,}\S"), *(r.regex for r in _LINES))  # rows: only under a header (busy)
+    busy = property(lambda self: self._cols is not None)
     _cols: list[tuple[str, Callable]] | None = None
     _header = ""
 
@@ -123,7 +125,7 @@ class ProfilerTableParser(LineParser):
                 rec[col] = None  # '--' (no FLOPs), blank or mangled cell
         for col in STANDARD + tuple(c for c, _ in self._cols):
             rec.setdefault(col, None)
-        if not numbers or not rec.get("name"):
+        if 2 * numbers < sum(conv is not str for _, conv in self._cols) or not rec.get("name"):
             return False
         self.records.append(rec)
         return True

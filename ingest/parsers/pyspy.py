@@ -47,6 +47,8 @@ def is_collective(func: str, file: str) -> bool:
 
 class PySpyParser(LineParser):
     kind = "pyspy"
+    gate = tuple(r.regex for r in _LINES if r.name in ("process", "python", "thread"))  # frames: only in a thread
+    busy = property(lambda self: self._thread is not None or self._in_locals)
     _pid = None
     _thread: dict | None = None  # the thread being read; its frames (func, file, line), innermost first
     _frames: list[tuple[str, str, int | None]]

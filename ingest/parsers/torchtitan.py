@@ -36,6 +36,7 @@ _EVENTS = (
 
 class TorchtitanParser(LineParser):
     kind = "torchtitan"
+    gate = (re.compile(_LINE.pattern.split("(?P<msg>")[0]),)  # '[titan] ts - logger - LEVEL - '
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         m = _LINE.match(body)  # [titan] ts - logger - LEVEL - msg
