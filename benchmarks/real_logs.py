@@ -1,13 +1,16 @@
-"""Scorecard of ingest on real pasted logs: every file of /work/shared/fixtures/real/ (or
-../shared/fixtures/real) and tests/fixtures/real/ is ingested and compared with the facts a
-reader takes from it (benchmarks/real_logs_expected.toml, written from reading the files).
+"""Scorecard of ingest on real logs: the pasted fixtures (/work/shared/fixtures/real/ or
+../shared/fixtures/real, tests/fixtures/real/, facts in benchmarks/real_logs_expected.toml) and the
+corpus of real public artifacts (tests/corpus/<group>/*.txt, facts in tests/corpus/<group>/facts.toml),
+each compared with the facts a reader takes from it (written from reading the file, not from the
+tool's output).
 
-Per file: right (every expected fact is in the tables and nothing is lost), partial (the kind is
-right and nothing contradicts the file, but some expected fact is missing or more lines are
-unparsed than the file's noise explains), wrong (another kind, a number that contradicts the
-file, or no records and no warning: silent loss). Writes benchmarks/results/real_logs.json.
+Per file: right (every expected fact is in the tables, every kind it holds is found and no other,
+and nothing is lost), partial (a kind it holds is found and nothing contradicts the file, but some
+expected fact or kind is missing, another kind is claimed, or more lines are unparsed than the
+file's noise explains), wrong (none of its kinds found, or a number that contradicts the file),
+silent (no records and no warning: the file read as nothing). Writes benchmarks/results/real_logs.json.
 
-    python benchmarks/real_logs.py [--out benchmarks/results/real_logs.json]
+    python benchmarks/real_logs.py [--corpus DIR ...] [--out benchmarks/results/real_logs.json]
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from ingest.thirdparty import ingest_file  # noqa: E402
 
 EXPECTED = ROOT / "benchmarks" / "real_logs_expected.toml"
 FOLDERS = (ROOT.parent / "shared" / "fixtures" / "real", Path("/work/shared/fixtures/real"), ROOT / "tests" / "fixtures" / "real")
+CORPUS = ROOT / "tests" / "corpus"
+VERDICTS = ("right", "partial", "wrong", "silent")
 
 
 def _same(a, b) -> bool:
@@ -44,7 +49,15 @@ def score_file(path: Path, want: dict) -> dict:
     for rec in recs:
         by_table.setdefault(rec["table"], []).append(rec)
     missing, contradicted = [], []
-    if r.kind != want["kind"]:
+    found = set(r.kinds) | {r.kind}
+    if "kinds" in want:  # every kind the file holds, and no other
+        wanted = set(want["kinds"])
+        if not wanted & found:
+            contradicted.append(f"kinds {sorted(set(r.kinds) or {r.kind})}, expected {sorted(wanted)}")
+        else:
+            missing += [f"kind {k}" for k in sorted(wanted - found)]
+            missing += [f"kind {k} claimed" for k in r.kinds if k not in wanted]
+    elif want["kind"] not in found:
         contradicted.append(f"kind {r.kind}, expected {want['kind']}")
     for table, n in want.get("min_records", {}).items():
         if len(by_table.get(table, [])) < n:
@@ -89,35 +102,56 @@ def score_file(path: Path, want: dict) -> dict:
     if r.unparsed > want.get("max_unparsed", 0):
         missing.append(f"{r.unparsed} unparsed lines, expected at most {want.get('max_unparsed', 0)}")
     silent = not recs and not r.warnings
-    verdict = "wrong" if contradicted or silent else "partial" if missing else "right"
-    return {"file": path.name, "verdict": verdict, "kind": r.kind, "num_records": len(recs), "unparsed": r.unparsed,
-            "missing": missing, "contradicted": contradicted + (["no records and no warning"] if silent else [])}
+    verdict = "wrong" if contradicted else "silent" if silent else "partial" if missing else "right"
+    return {"file": path.name, "verdict": verdict, "kind": r.kind, "kinds": list(r.kinds), "num_records": len(recs),
+            "unparsed": r.unparsed, "missing": missing,
+            "contradicted": contradicted + (["no records and no warning"] if silent else [])}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_logs.json"))
-    args = parser.parse_args(argv)
+def load_cases(corpora: list[Path] | None = None) -> list[tuple[str, Path, dict | None]]:
+    """(group, file, its facts or None) for the pasted fixtures and every corpus folder (default:
+    each folder of tests/corpus holding a facts.toml)."""
     expected = tomllib.loads(EXPECTED.read_text())
     files: dict[str, Path] = {}
     for folder in FOLDERS:
         if folder.is_dir():
             for p in sorted(folder.glob("*.txt")):
                 files.setdefault(p.name, p)
+    cases = [("fixtures", path, expected.get(name)) for name, path in sorted(files.items())]
+    for folder in corpora if corpora is not None else sorted(p.parent for p in CORPUS.glob("*/facts.toml")):
+        facts = tomllib.loads((folder / "facts.toml").read_text()) if (folder / "facts.toml").is_file() else {}
+        cases += [(folder.name, p, facts.get(p.name)) for p in sorted(folder.glob("*.txt"))]
+    return cases
+
+
+def grade(cases: list[tuple[str, Path, dict | None]]) -> dict:
+    """Every case graded (score_file) -> {num_files, right, partial, wrong, silent, groups, files}."""
     rows = []
-    for name, path in sorted(files.items()):
-        if name not in expected:
-            rows.append({"file": name, "verdict": "wrong", "contradicted": ["no expectations written"], "missing": []})
-            continue
-        rows.append(score_file(path, expected[name]))
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("right", "partial", "wrong")}
-    result = {"num_files": len(rows), **counts, "files": rows}
+    for group, path, want in cases:
+        row = (score_file(path, want) if want is not None else
+               {"file": path.name, "verdict": "wrong", "contradicted": ["no facts written"], "missing": []})
+        rows.append({"group": group, **row})
+    count = lambda rs: {v: sum(r["verdict"] == v for r in rs) for v in VERDICTS}  # noqa: E731
+    groups = {g: {"num_files": sum(r["group"] == g for r in rows), **count([r for r in rows if r["group"] == g])}
+              for g in dict.fromkeys(r["group"] for r in rows)}
+    return {"num_files": len(rows), **count(rows), "groups": groups, "files": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", action="append", type=Path, metavar="DIR",
+                        help="grade only this corpus folder (with the fixtures); repeatable")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_logs.json"))
+    args = parser.parse_args(argv)
+    result = grade(load_cases(args.corpus))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    for r in rows:
+    for r in result["files"]:
         why = "; ".join(r["contradicted"] + r["missing"])
-        print(f"{r['verdict']:8} {r['file']}" + (f"  ({why})" if why else ""))
-    print(f"{counts['right']} right, {counts['partial']} partial, {counts['wrong']} wrong of {len(rows)}")
+        print(f"{r['verdict']:8} {r['group']}/{r['file']}" + (f"  ({why})" if why else ""))
+    for g, c in result["groups"].items():
+        print(f"{g}: " + ", ".join(f"{c[v]} {v}" for v in VERDICTS) + f" of {c['num_files']}")
+    print(", ".join(f"{result[v]} {v}" for v in VERDICTS) + f" of {result['num_files']}")
     return 0
 
 
