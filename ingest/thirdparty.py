@@ -303,7 +303,9 @@ def write_thirdparty_tables(tables: dict[str, pd.DataFrame], out_dir: str | os.P
 
 def summary_line(f: IngestedFile) -> str:
     r = f.result
-    return f"{f.path}: {r.kind}, {f.num_records} records, {r.unparsed} unparsed lines" + (
+    also = [k for k in r.kinds if k != r.kind]
+    return f"{f.path}: {r.kind}" + (f" (with {', '.join(also)})" if also else "") + (
+        f", {f.num_records} records, {r.unparsed} unparsed lines") + (
         f", {len(r.warnings)} warnings" if r.warnings else "")
 
 

@@ -21,7 +21,7 @@ EXPECTED = {
     "08_nccl_cumem_read_cloudwatch_ts_lines.txt": ("nccl", 5, 0),
     "10_nccl_topo_graph_dump_h100.txt": ("nccl", 16, 0),
     "11_nccl_topo_v100_indented_paste.txt": ("nccl", 11, 0),
-    "12_nccl_tests_h20_cumem_ib_2node.txt": ("nccl", 19, 2),  # two "[trimmed]"
+    "12_nccl_tests_h20_cumem_ib_2node.txt": ("nccl", 20, 2),  # two "[trimmed]"
     "14_nccl_socket_error_unwind_abort_watchdog.txt": ("nccl", 14, 0),
     "15_nccl_ras_client_mismatch_2.26.txt": ("nccl_ras", 9, 0),
     "17_megatron_2022_bert_timers_memory.txt": ("megatron", 30, 6),  # dataset chatter + "[trimmed]"

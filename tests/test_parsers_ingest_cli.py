@@ -31,7 +31,7 @@ def test_folder_of_logs_to_tables(tmp_path, capsys):
     assert main([str(d), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert f"{d / 'artifact_19.log'}: megatron, 4 records, 0 unparsed lines" in out
-    assert f"{d / 'artifact_12.log'}: nccl, 19 records, 2 unparsed lines" in out
+    assert f"{d / 'artifact_12.log'}: nccl, 20 records, 2 unparsed lines" in out
     assert f"{d / 'artifact_36.log'}: flight_recorder, 3 records, 0 unparsed lines, 1 warnings" in out
     assert "warning: 1 entry elided ('...') in the dump" in out
     names = sorted(p.name for p in (tmp_path / "out").iterdir())

@@ -71,12 +71,15 @@ _CHILD_KV = re.compile(r"(?P<key>time|host|rank|exitcode|error_file|traceback)\s
 # ChildFailedError entry values read into two columns: key -> (pattern, its groups' int columns)
 _CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank", "local_rank")),
                 "exitcode": (re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?"), ("exitcode", "pid"))}
+# torchrun's failure report (torch/distributed/elastic/multiprocessing/errors), read when an excerpt
+# starts inside it: its section heads, an entry head "[N]:", the keys only it prints
+_CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: ")
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _OOM_TEXT, _EXITED, _CLOSING, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    gate = (_CHILD_FAILED, _CHILD_OPENS, _OOM_TEXT, _EXITED, _CLOSING, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
     busy = property(lambda self: self._in_block or self._after_frame)
     _child: dict | None = None  # the failure entry being filled
     _in_block = False
@@ -96,6 +99,11 @@ class FailureScanner(LineParser):
             self._flush_child()
             self._in_block, self._root = True, False
             return True
+        if not self._in_block and _CHILD_OPENS.match(body):
+            self._in_block, self._root = True, False
+            if _CHILD_KV.match(body):  # an entry whose "[N]:" head the excerpt lost
+                self._child = {"table": "events", "source": self.source, "line": lineno, "event": "child_failed",
+                               "rank": None, "time": None, "root_cause": False, "script": self._script, "detail": None}
         if self._in_block:
             if body.endswith(" FAILED") and self._script is None:
                 self._script = body[: -len(" FAILED")]

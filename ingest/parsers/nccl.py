@@ -16,6 +16,8 @@ from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules
 from ingest.parsers.failures import FailureScanner
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
+# a head the poster (or a log collector) stripped: nothing, or only the WARN location left
+_BARE = re.compile(r"(?P<host>)(?P<pid>)(?P<tid>)(?P<dev>)(?P<loc>[\w./\-]+:\d+)?$")
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 
 _EDGE = re.compile(
@@ -126,21 +128,24 @@ _COLL = re.compile(
     r"op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])?"
 )
 _TEST_ROW = rule(  # an nccl-tests result row: out-of-place then in-place time and bandwidths
-    "nccl_tests", r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+(?P<t>[\d.]+)\s+"
+    "nccl_tests", r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?:(?P<root>-?\d+)\s+)?(?P<t>[\d.]+)\s+"
     r"(?P<alg>[\d.]+)\s+(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$",
     "collectives", Col("size", "size_b", I), Col("count", "count", I), Col("type", "dtype", S), Col("redop", "redop", S),
     Col("root", "root", I), Col("t", "time_us", F), Col("alg", "alg_bw_gbps", F), Col("bus", "bus_bw_gbps", F),
     Col("t2", "time_in_place_us", F), Col("alg2", "alg_bw_in_place_gbps", F), Col("bus2", "bus_bw_in_place_gbps", F))
-_TEST_RANK = re.compile(r"#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on (?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
+_TEST_RANK = re.compile(r"Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
 
 
-# nccl-tests' own header lines (src/common.cu): the first of them opens its '#' block
-_TEST_START = re.compile(r"# ?(?:nThread |Collective test |Using devices|\s*Rank\s+\d+ Group )")
+# nccl-tests' own header lines (src/common.cu, each printed after '#', which a markdown paste loses):
+# the first opens its block, in which every '#' line is its header or a comment
+_TEST_START = re.compile(r"(?:nThread |Collective test |Using devices|Rank\s+\d+ (?:Group\s+\d+ )?Pid )")
+_TEST_TEXT = re.compile(r"(?:out-of-place|size\s+count\s+type|\(B\)\s+\(elements\)|Out of bounds values|Avg bus bandwidth"
+                        r"|Blocking Enabled)")
 
 
 class NcclParser(LineParser):
     kind = "nccl"
-    gate = (" NCCL ", re.compile("NCCL version |#"), _TEST_ROW.regex)
+    gate = (" NCCL ", re.compile("NCCL version |NCCL (?:INFO|WARN) |#"), _TEST_ROW.regex, _TEST_START, _TEST_TEXT)
     _tests = False  # inside nccl-tests output: every '#' line is its header or comment
 
     def __init__(self, source: str) -> None:
@@ -150,35 +155,40 @@ class NcclParser(LineParser):
         self._colls: dict[tuple, dict] = {}
         self._seen_env: set[tuple] = set()
         self._heads: dict[str, tuple] = {}
+        self._test_ranks: dict[int, int] = {}  # nccl-tests rank -> the line listing it
 
     def _header(self, rec: dict, h: tuple) -> dict:
-        rec["host"], rec["pid"] = h[0], int(h[1])
-        rec.setdefault("cuda_dev", int(h[2]))
+        rec["host"], rec["pid"] = h[0], h[1]
+        rec.setdefault("cuda_dev", h[2])
         return rec
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         idx = body.find(" NCCL ")
         if idx < 0:
-            return self._other(lineno, body)
-        head, msg = body[:idx], body[idx + 6:]
+            if not body.startswith(("NCCL INFO ", "NCCL WARN ")):
+                return self._other(lineno, body)
+            idx = -1  # the head stripped
+        head, msg = body[:max(idx, 0)], body[idx + 6:]
         h, hdr = self._heads.get(head) or self._head(head)
         if h is None:
             return False
         level, _, msg = msg.partition(" ")
         if level == "WARN":
             file, _, ln = (h.group("loc") or "").rpartition(":")
-            self.event("nccl_warn", lineno, rank, ts or h.groupdict().get("ts"), host=hdr[0], pid=int(hdr[1]),
-                       cuda_dev=int(hdr[2]), loc_file=file or None, loc_line=int(ln) if ln else None,
+            self.event("nccl_warn", lineno, rank, ts or h.groupdict().get("ts"), host=hdr[0], pid=hdr[1],
+                       cuda_dev=hdr[2], loc_file=file or None, loc_line=int(ln) if ln else None,
                        detail=msg.strip()[:500])
             return True
         return level in ("INFO", "TRACE") and self._msg(lineno, hdr, msg.lstrip(), ts, rank)
 
     def _head(self, head: str) -> tuple[re.Match | None, tuple | None]:
         """``host:pid:tid [dev]``, read once per distinct text; search: text glued before it (a tqdm bar)."""
-        h = _HEADER.match(head) or _HEADER_SEARCH.search(head)
+        h = _HEADER.match(head) or _HEADER_SEARCH.search(head) or _BARE.match(head)
         if len(self._heads) >= 4096:  # timestamped heads differ on every line
             self._heads.clear()
-        self._heads[head] = out = (h, h and h.group("host", "pid", "dev"))
+        hdr = h and h.group("host", "pid", "dev")
+        self._heads[head] = out = (h, hdr and (hdr[0] or None, int(hdr[1]) if hdr[1] else None,
+                                               int(hdr[2]) if hdr[2] else None))
         return out
 
     def _edge(self, lineno: int, hdr: tuple, m: re.Match) -> None:
@@ -193,7 +203,7 @@ class NcclParser(LineParser):
             return
         self._edges[key] = {
             "table": "comm_topology", "source": self.source, "line": lineno, "record": "transport",
-            "host": hdr[0], "pid": int(hdr[1]), "cuda_dev": int(hdr[2]), "rank": int(src),
+            "host": hdr[0], "pid": hdr[1], "cuda_dev": hdr[2], "rank": int(src),
             "peer": int(dst) if dst else None, "rank_id": src_id or None, "peer_id": dst_id or None,
             "direction": direction or None, "transport": transport,
             "transport_kind": _transport_kind(transport), "via_collnet": kind == "CollNet",
@@ -291,7 +301,7 @@ class NcclParser(LineParser):
             have["num_calls"] += 1
             return True
         rec = {"table": "collectives", "source": self.source, "line": lineno, "record": "coll", "host": hdr[0],
-               "pid": int(hdr[1]), "cuda_dev": int(hdr[2]), "comm": g["comm"], "func": g["func"],
+               "pid": hdr[1], "cuda_dev": hdr[2], "comm": g["comm"], "func": g["func"],
                "count": int(g["count"]), "datatype": int(g["dt"]), "redop": int(g["redop"]), "root": int(g["root"]),
                "num_ranks": int(g["nranks"]) if g["nranks"] else None, "first_op_count": int(g["op"], 16)}
         return self._agg(key, rec)
@@ -314,12 +324,14 @@ class NcclParser(LineParser):
                 self._seen_env.add(("nccl_version", v))
                 self.env(lineno, "nccl_version", v, record="nccl_version")
             return True
-        if body[0] == "#":
-            if not self._tests and _TEST_START.match(body) is None:
+        text = body[1:].lstrip() if body[0] == "#" else body
+        if text is not body or _TEST_START.match(text) or self._tests and _TEST_TEXT.match(text):
+            if not self._tests and _TEST_START.match(text) is None:
                 return False
             self._tests = True
-            m = _TEST_RANK.match(body)
+            m = _TEST_RANK.match(text)
             if m:
+                self._test_ranks[int(m.group("rank"))] = lineno
                 self.env(lineno, f"gpu.rank{m.group('rank')}", f"{m.group('name')} [{m.group('bus')}] on {m.group('host')} "
                          f"device {m.group('dev')}", record="nccl_tests_device")
             return True  # nccl-tests comments and table headers
@@ -329,6 +341,9 @@ class NcclParser(LineParser):
         return m is not None
 
     def finish(self) -> None:
+        if self._test_ranks:  # nccl-tests lists every rank of the job under "Using devices"
+            self.env(min(self._test_ranks.values()), "world_size", len(self._test_ranks), record="nccl_tests_ranks")
+            self._test_ranks = {}
         for key, e in self._edges.items():
             e["channels"] = ",".join(self._edge_channels[key])
         self.records.extend(self._edges.values())

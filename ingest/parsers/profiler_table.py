@@ -87,7 +87,8 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
 
 class ProfilerTableParser(LineParser):
     kind = "profiler_table"
-    gate = (re.compile(r"Name\s{2,}\S"), *(r.regex for r in _LINES))  # rows: only under a header (busy)
+    # its header, its footer, or the rule of dashed cells above the header; rows: only under a header (busy)
+    gate = (re.compile(r"Name\s{2,}\S|-{3,}(?:\s+-{3,})+$"), *(r.regex for r in _LINES if r is not RULE_LINE))
     busy = property(lambda self: self._cols is not None)
     _cols: list[tuple[str, Callable]] | None = None
     _header = ""
