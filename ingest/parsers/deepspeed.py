@@ -67,8 +67,9 @@ class DeepSpeedParser(StepRowParser):
         rm = _RANK.match(msg) if msg[:6] == "[Rank " else None
         if rm:
             rank, msg = int(rm.group(1)), msg[rm.end():]
-        if func == "see_memory_usage":
-            self._mem_label = msg
+        if func == "see_memory_usage":  # the label, then (bare, or with the prefix since ~0.10) MA and CPU lines
+            if not self._bare(lineno, msg, ts, rank):
+                self._mem_label = msg
             return True
         m = _STEP.match(msg) if "step=" in msg else None
         if m:
