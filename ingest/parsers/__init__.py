@@ -172,12 +172,12 @@ _TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _PREFIX = re.compile(
     r"(?:\s+"
     r"|(?:\[(?:rank|default|\d+,)|(?=\d{1,5}: ))(?P<r>\d+)"  # [rankN]: [defaultN]: [job,N]<stdout>: Slurm "N: "
-    r"(?:\]:|\]<std(?:out|err)>:|: (?=.*[A-Za-z]))"  # (Slurm: a row of numbers only is no log line)
+    r"(?:\]:|\]<std(?:out|err)>:|:(?: (?![\d\s.,:;+\-eE%]*$)|$))"  # (Slurm: a row of numbers only is no log line)
     r"|\[\d+\] "
-    rf"|\[(?P<t1>{_TS})\] (?!\[[A-Z]+\] \[)"
+    rf"|\[(?P<t1>{_TS})\](?: (?!\[[A-Z]+\] \[)|$)"
     rf"|(?P<t2>{_TS})\s(?!\s*-\s)"
     r"|[\w.\-]+/\d+ \[\d+\]:"  # TorchX "trainer/0 [0]:"
-    r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\) "  # Ray
+    r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\)(?: |$)"  # Ray
     r")+"
 )
 _PREFIX_START = frozenset(" \t[(0123456789")
@@ -504,7 +504,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
 
 # A file's kind (its primary kind, for naming a run): the first of these its lines hold. Training
 # logs first (they carry the steps), then tables and reports, then the lines found inside others.
-KIND_PRIORITY = ("megatron", "torchtitan", "deepspeed", "nccl_ras", "nsys_stats", "profiler_table", "pyspy",
+KIND_PRIORITY = ("megatron", "torchtitan", "deepspeed", "nanogpt", "hf_trainer", "nccl_ras", "nsys_stats", "profiler_table", "pyspy",
                  "flight_recorder", "nccl", "nvidia_smi_topo", "nvidia_smi_q", "collect_env", "failures")
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from ingest.parsers import (
     HEAD_CHARS, LineParser, ParseResult, collect_env, deepspeed, deepspeed_tables, detect_kind, failures,
-    flight_recorder, megatron, nccl, nccl_ras, nsys_stats, nvidia_smi, profiler_table, pyspy, run_parsers, torchtitan,
+    flight_recorder, hf_trainer, megatron, nanogpt, nccl, nccl_ras, nsys_stats, nvidia_smi, profiler_table, pyspy, run_parsers, torchtitan,
 )
 
 PARSERS: dict[str, Callable[..., ParseResult]] = {  # kind -> the parser of that kind alone (kind=...)
@@ -24,7 +24,8 @@ PARSERS: dict[str, Callable[..., ParseResult]] = {  # kind -> the parser of that
     "nvidia_smi_q": nvidia_smi.parse_nvidia_smi_q, "collect_env": collect_env.parse_collect_env,
     "failures": failures.parse_failures, "profiler_table": profiler_table.parse_profiler_table,
     "nsys_stats": nsys_stats.parse_nsys_stats, "flight_recorder": flight_recorder.parse_flight_recorder,
-    "pyspy": pyspy.parse_pyspy, "nccl_ras": nccl_ras.parse_nccl_ras,
+    "pyspy": pyspy.parse_pyspy, "nccl_ras": nccl_ras.parse_nccl_ras, "nanogpt": nanogpt.parse_nanogpt,
+    "hf_trainer": hf_trainer.parse_hf_trainer,
 }
 WHOLE_TEXT_KINDS = ("flight_recorder", "nvidia_smi_q")  # parse_text reads these whole when the head says so
 
@@ -33,6 +34,7 @@ WHOLE_TEXT_KINDS = ("flight_recorder", "nvidia_smi_q")  # parse_text reads these
 CHAIN: tuple[type[LineParser], ...] = (
     nccl.NcclParser, nccl_ras.RasParser, megatron.MegatronParser, deepspeed.DeepSpeedParser,
     deepspeed_tables.FlopsProfileParser, deepspeed_tables.CommsLogParser, torchtitan.TorchtitanParser,
+    nanogpt.NanoGptParser, hf_trainer.HfTrainerParser,
     pyspy.PySpyParser, collect_env.CollectEnvParser, profiler_table.ProfilerTableParser,
     nsys_stats.NsysStatsParser, nvidia_smi.TopoParser, nvidia_smi.SmiQParser, failures.FailureScanner,
 )
