@@ -172,7 +172,7 @@ _TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _PREFIX = re.compile(
     r"(?:\s+"
     r"|(?:\[(?:rank|default|\d+,)|(?=\d{1,5}: ))(?P<r>\d+)"  # [rankN]: [defaultN]: [job,N]<stdout>: Slurm "N: "
-    r"(?:\]:|\]<std(?:out|err)>:|:(?: (?![\d\s.,:;+\-eE%]*$)|$))"  # (Slurm: a row of numbers only is no log line)
+    r"(?:\]:|\]<std(?:out|err)>:|:(?: (?!(?:\s*[-+]?\d[\d.,:]*(?:[eE][-+]?\d+)?%?)+\s*$)|$))"  # (Slurm: a row of numbers only is no log line)
     r"|\[\d+\] "
     rf"|\[(?P<t1>{_TS})\](?: (?!\[[A-Z]+\] \[)|$)"
     rf"|(?P<t2>{_TS})\s(?!\s*-\s)"

@@ -79,7 +79,7 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _CHILD_OPENS, _OOM_TEXT, _EXITED, _CLOSING, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _EXITED, _CLOSING, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
     busy = property(lambda self: self._in_block or self._after_frame)
     _child: dict | None = None  # the failure entry being filled
     _in_block = False
@@ -152,41 +152,48 @@ class FailureScanner(LineParser):
                         cols[col] = typ(fm.group("v"))
                 self.event("cuda_oom", lineno, rank, ts, **cols)
                 return True
+        # --- a C++ exception's message as std::terminate prints it: "  what():  [PG 1 Rank 7] ..."
+        if body.startswith("what():"):
+            return self._pg_message(lineno, body[7:].lstrip(), ts, rank, None)
         # --- glog / ProcessGroupNCCL lines
         if "] " in body:
             g = _GLOG.match(body)
             if g:
                 time = " ".join(x for x in (g.group("date"), g.group("time")) if x) or ts
                 msg = g.group("msg")
-                pm = _PG_RANK.match(msg)
-                if pm:
-                    r2, m2 = match_rules(_WATCHDOG_RULES, pm.group("body"))
-                    if r2 is not None:
-                        rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
-                        rec.pop("record")
-                        rec.update(event=r2.name, rank=int(pm.group("rank")) if rank is None else rank, time=time,
-                                   loc=g.group("loc"), pg_id=int(pm.group("pg")) if pm.group("pg") else None,
-                                   detail=m2.groupdict().get("detail") or pm.group("body")[:500])
-                        wm = _WORK.search(pm.group("body"))
-                        if wm:
-                            for k, _, v in (item.partition("=") for item in wm.group("work").split(", ")):
-                                if k in _WORK_KEYS:
-                                    put_field(rec, _WORK_KEYS[k], v)
-                            if wm.group("ran"):
-                                rec["ran_for_s"] = int(wm.group("ran")) / 1000
-                        if rec["event"] == "watchdog_terminated" and "seq_num" in rec:
-                            rec["event"] = "nccl_timeout"
-                        self.records.append(rec)
-                        return True
-                if self._line_rules(lineno, msg, time, rank):
+                if self._pg_message(lineno, msg, time, rank, g.group("loc")) or self._line_rules(lineno, msg, time, rank):
                     return True
-                if g.group("sev") in "EF":
-                    self.event("error", lineno, rank, time, loc=g.group("loc"), detail=msg[:500])
+                if g.group("sev") in "EFW":  # an error, or a warning (c10d's socket and store warnings)
+                    self.event("error" if g.group("sev") != "W" else "warning", lineno, rank, time, loc=g.group("loc"),
+                               detail=msg[:500])
                     return True
                 return False
         if self._line_rules(lineno, body, ts, rank):
             return True
         return after_frame  # the source line Python prints under each traceback frame
+
+    def _pg_message(self, lineno: int, msg: str, time, rank, loc: str | None) -> bool:
+        """A ProcessGroupNCCL message ``[PG p Rank r] <watchdog rule>`` -> its event (WorkNCCL fields read)."""
+        pm = _PG_RANK.match(msg)
+        r2, m2 = match_rules(_WATCHDOG_RULES, pm.group("body")) if pm else (None, None)
+        if r2 is None:
+            return False
+        rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
+        rec.pop("record")
+        rec.update(event=r2.name, rank=int(pm.group("rank")) if rank is None else rank, time=time,
+                   loc=loc, pg_id=int(pm.group("pg")) if pm.group("pg") else None,
+                   detail=m2.groupdict().get("detail") or pm.group("body")[:500])
+        wm = _WORK.search(pm.group("body"))
+        if wm:
+            for k, _, v in (item.partition("=") for item in wm.group("work").split(", ")):
+                if k in _WORK_KEYS:
+                    put_field(rec, _WORK_KEYS[k], v)
+            if wm.group("ran"):
+                rec["ran_for_s"] = int(wm.group("ran")) / 1000
+        if rec["event"] == "watchdog_terminated" and "seq_num" in rec:
+            rec["event"] = "nccl_timeout"
+        self.records.append(rec)
+        return True
 
     def _line_rules(self, lineno: int, body: str, ts, rank) -> bool:
         r2, m2 = match_rules(_LINE_RULES, body)
