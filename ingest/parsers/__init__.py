@@ -169,10 +169,12 @@ _TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 # groups keep their last match: the innermost prefix's rank wins), t1/t2, a timestamp. Left for the
 # parsers that read them: DeepSpeed's "[ts] [LEVEL] [file.py:N:fn]" header, Python logging's
 # "ts - name - LEVEL - " (torchtitan), glog "I0323 hh:mm:ss.us tid file:N]" and "[E file.cpp:N]" (failures).
+_NUM = r"[-+]?\d[\d.,:]*(?:[eE][-+]?\d+)?%?"
+_NUMS = rf"\s*{_NUM}(?:\s+{_NUM})*\s*"  # a row of numbers only (blank-separated: no backtracking)
 _PREFIX = re.compile(
     r"(?:\s+"
-    r"|(?:\[(?:rank|default|\d+,)|(?=\d{1,5}: ))(?P<r>\d+)"  # [rankN]: [defaultN]: [job,N]<stdout>: Slurm "N: "
-    r"(?:\]:|\]<std(?:out|err)>:|:(?: (?!(?:\s*[-+]?\d[\d.,:]*(?:[eE][-+]?\d+)?%?)+\s*$)|$))"  # (Slurm: a row of numbers only is no log line)
+    r"|(?:\[(?:rank|default|\d+,)|(?=\d{1,5}:(?: |$)))(?P<r>\d+)"  # [rankN]: [defaultN]: [job,N]<stdout>: Slurm "N: "
+    rf"(?:\]:|\]<std(?:out|err)>:|:(?: (?!{_NUMS}$)|$))"  # (Slurm: a row of numbers only is no log line)
     r"|\[\d+\] "
     rf"|\[(?P<t1>{_TS})\](?: (?!\[[A-Z]+\] \[)|$)"
     rf"|(?P<t2>{_TS})\s(?!\s*-\s)"
@@ -206,7 +208,7 @@ def _starts_record(head: str, nxt: str) -> bool:
     stripped = nxt.lstrip()
     if not stripped or _shape(head) == _shape(nxt):
         return True
-    if len(stripped) < len(nxt) and head[:1] in " \t":
+    if len(stripped) < len(nxt) - 1 and head[:1] in " \t":  # one blank: a cut at a word boundary
         return True
     return _RECORD_START.match(nxt) is not None
 
@@ -352,6 +354,9 @@ class LineParser:
     # gate: a line it takes while not busy starts with one of these regexes or holds one of these strings
     gate: tuple[re.Pattern | str, ...] | None = None  # None: any line may be its
     busy = False  # inside a block of lines its gate does not describe
+    # fallback(lineno, body, ts, rank) -> bool: offered a line its gate passed that no parser of the
+    # chain recognised (a logger's own format around messages other parsers read), or None
+    fallback: Callable[[int, str, str | None, int | None], bool] | None = None
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -422,7 +427,8 @@ UNCLAIMED_WARN_MIN_LINES = 5
 def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: str | None = None) -> ParseResult:
     """Route every normalised line of ``text`` (``iter_lines``) to the parsers that claim it: first
     to those inside a block (``busy``), then, in chain order, to each parser whose ``gate`` passes
-    (a parser without a gate is offered every line); the first that recognises it wins. Count the
+    (a parser without a gate is offered every line); the first that recognises it wins; a line none
+    recognises goes to the ``fallback`` of each parser whose gate passed it. Count the
     unparsed lines. A parser that raises ValueError, IndexError, KeyError or OverflowError on a line
     leaves it unparsed with a warning. kinds: the kinds whose parsers recognised lines and made
     records (when none made any: that recognised lines), most lines first; kind: ``kind`` when given, else the first of ``KIND_PRIORITY`` among kinds ("unknown"
@@ -430,6 +436,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
     feeds, claims, warnings = [p.feed for p in parsers], [_claim(p.gate) for p in parsers], parsers[0].warnings
     order = list(zip(range(len(parsers)), claims, feeds))
+    fallbacks = [(i, claims[i], p.fallback) for i, p in enumerate(parsers) if p.fallback is not None]
     hits = [0] * len(parsers)
     unparsed, linenos, huge, num_bodies = 0, [], 0, 0
     # the chain's gate: a line no parser's gate passes goes unread unless a parser is inside a block
@@ -461,6 +468,11 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                         if (claim is None or claim(body)) and (tried is None or i not in tried):
                             fed = True
                             if feed(lineno, body, ts, rank):
+                                got = i
+                                break
+                    else:
+                        for i, claim, fallback in fallbacks:
+                            if (claim is None or claim(body)) and fallback(lineno, body, ts, rank):
                                 got = i
                                 break
             except (ValueError, IndexError, KeyError, OverflowError) as e:

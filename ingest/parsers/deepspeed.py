@@ -20,6 +20,7 @@ _STEP = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?step=(?P<step>\d+), skipped=(?P
 _OLD_TIMER = re.compile(r"(?P<epoch>\d+)/(?P<step>\d+), SamplesPerSec=(?P<sps>[\d.]+)(?:, MemAllocated=(?P<ma>[\d.]+\w*B), MaxMemAllocated=(?P<mma>[\d.]+\w*B))?")
 _NEW_TIMER = re.compile(r"epoch=(?P<epoch>\d+)/micro_step=(?P<micro>\d+)/global_step=(?P<step>\d+), RunningAvgSamplesPerSec=(?P<avg>[\d.]+), "
                         r"CurrSamplesPerSec=(?P<sps>[\d.]+)(?:, MemAllocated=(?P<ma>[\d.]+\w*B), MaxMemAllocated=(?P<mma>[\d.]+\w*B))?")
+_OVERFLOW = re.compile(r"OVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: (?P<scale>[\d.]+)")
 _PIPE = re.compile(r"steps: (?P<step>\d+) loss: (?P<loss>[\d.eE+\-]+|nan) iter time \(s\): (?P<t>[\d.]+) samples/sec: (?P<sps>[\d.]+)")
 _MA = re.compile(r"MA (?P<ma>[\d.]+) GB\s+Max_MA (?P<mma>[\d.]+) GB\s+CA (?P<ca>[\d.]+) GB\s+Max_CA (?P<mca>[\d.]+) GB")
 _CPU = re.compile(r"CPU Virtual Memory:\s+used = (?P<used>[\d.]+) GB, percent = (?P<pct>[\d.]+)%")
@@ -61,6 +62,22 @@ class DeepSpeedParser(StepRowParser):
         if p is None:
             return self._bare(lineno, body, ts, rank)
         return self._message(lineno, p.group("ts"), p.group("func"), p.group("msg").strip(), rank)
+
+    def fallback(self, lineno: int, body: str, ts, rank) -> bool:
+        """Any other line of DeepSpeed's logger: a warning or error is an event (the loss scaler's
+        overflow with its scales); an info line is its chatter, read and kept in no table."""
+        p = _PREFIX.match(body) if body[:1] == "[" else None
+        if p is None:
+            return False
+        level, msg = p.group("level"), p.group("msg").strip()
+        m = _OVERFLOW.search(msg)
+        if m:
+            self.event("loss_scale_overflow", lineno, rank, p.group("ts"), loc=p.group("loc"),
+                       loss_scale=float(m.group("scale")), detail=msg[:500])
+        elif level in ("WARNING", "ERROR", "CRITICAL"):
+            self.event("warning" if level == "WARNING" else "error", lineno, rank, p.group("ts"), loc=p.group("loc"),
+                       detail=msg[:500])
+        return True
 
     def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
         """The message of a prefixed line (the ``in`` tests: literals each regex needs, a cheap filter)."""

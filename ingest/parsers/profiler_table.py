@@ -85,10 +85,49 @@ def _header_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
     return out if len(out) >= 2 else None
 
 
+# A row whose header the excerpt lost, read by torch's column order (torch/autograd/profiler_util.py
+# _build_table: Name, the CPU block, the device block, memory pairs, # of Calls, FLOPs) and each
+# cell's unit: (cell shape, columns it may fill, in order).
+_SHAPES = (("pct", re.compile(r"-?[\d.,]+%")), ("time", re.compile(r"-?[\d.,]+(?:ns|us|ms|s)")),
+           ("mem", re.compile(r"-?[\d.,]+ ?[KMG]?b", re.I)), ("int", re.compile(r"[\d,]+")))
+_POSITIONAL = (("pct", "self_cpu_pct", to_pct), ("time", "self_cpu_s", to_seconds), ("pct", "cpu_total_pct", to_pct),
+               ("time", "cpu_total_s", to_seconds), ("time", "cpu_avg_s", to_seconds))
+_DEVICE = (("time", "self_cuda_s", to_seconds), ("pct", "self_cuda_pct", to_pct), ("time", "cuda_total_s", to_seconds),
+           ("time", "cuda_avg_s", to_seconds))
+_MEMS = ("cpu_mem_bytes", "self_cpu_mem_bytes", "cuda_mem_bytes", "self_cuda_mem_bytes")
+
+
+def _shape(cell: str) -> str | None:
+    return next((name for name, rx in _SHAPES if rx.fullmatch(cell)), None)
+
+
+def positional_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
+    """The columns of a header-less row (cells: name first) by torch's order and the cells' units,
+    or None when the cells do not follow it. A last cell after # of Calls (FLOPs, unit unknown
+    without the header) is kept as text."""
+    shapes = [_shape(c) for c in cells[1:]]
+    if [s for s, _, _ in _POSITIONAL] != shapes[:5]:
+        return None
+    out, i = [("name", str)] + [(col, conv) for _, col, conv in _POSITIONAL], 5
+    if [s for s, _, _ in _DEVICE] == shapes[i:i + 4]:
+        out += [(col, conv) for _, col, conv in _DEVICE]
+        i += 4
+    mems = 0
+    while i < len(shapes) and shapes[i] == "mem" and mems < len(_MEMS):
+        out.append((_MEMS[mems], to_bytes))
+        mems, i = mems + 1, i + 1
+    if i < len(shapes) and shapes[i] == "int":
+        out.append(("num_calls", lambda t: int(t.replace(",", ""))))
+        i += 1
+    out += [("total_flops_as_printed", str)] * (len(shapes) - i == 1)
+    return out if len(out) == len(cells) else None
+
+
 class ProfilerTableParser(LineParser):
     kind = "profiler_table"
     # its header, its footer, or the rule of dashed cells above the header; rows: only under a header (busy)
-    gate = (re.compile(r"Name\s{2,}\S|-{3,}(?:\s+-{3,})+$"), *(r.regex for r in _LINES if r is not RULE_LINE))
+    gate = (re.compile(r"Name\s{2,}\S|-{3,}(?:\s+-{3,})+$"), *(r.regex for r in _LINES if r is not RULE_LINE),
+            "%  ")  # a row without its header: a percentage cell
     busy = property(lambda self: self._cols is not None)
     _cols: list[tuple[str, Callable]] | None = None
     _header = ""
@@ -107,7 +146,14 @@ class ProfilerTableParser(LineParser):
         if cols is not None:
             self._cols, self._header = cols, "|".join(cells)
             return True
-        if self._cols is None or len(cells) < 2:
+        if self._cols is None:
+            cols = positional_columns(cells)
+            if cols is None:
+                return False
+            self._cols, self._header = cols, "(no header: columns by torch's order and units)"
+            self.warnings.append(f"line {lineno}: profiler rows without their header: columns read by torch's order "
+                                 "and the cells' units")
+        if len(cells) < 2:
             return False
         extra = len(cells) - len(self._cols)
         if extra > 0:  # a name with double spaces inside

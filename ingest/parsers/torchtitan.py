@@ -69,6 +69,17 @@ class TorchtitanParser(LineParser):
                 return True
         return False
 
+    def fallback(self, lineno: int, body: str, ts, rank) -> bool:
+        """Another line of torchtitan's logger (tagged ``[titan]``): a warning or error is an event;
+        its setup chatter is read and kept in no table."""
+        m = _LINE.match(body) if body.startswith("[titan]") else None
+        if m is None:
+            return False
+        if m.group("level") in ("WARNING", "ERROR", "CRITICAL"):
+            self.event("warning" if m.group("level") == "WARNING" else "error", lineno, rank, m.group("ts"),
+                       detail=m.group("msg")[:500])
+        return True
+
 
 def parse_torchtitan(text, *, source: str) -> ParseResult:
     """Parse a torchtitan log (see module doc). Pure; never raises on content."""
