@@ -30,6 +30,7 @@ from ingest.hangs import (diagnose_from_flight_recorder, diagnose_from_stacks, s
 EVENT_ORDER: dict[str, tuple[int, str]] = {
     "cuda_oom": (0, "CUDA out of memory"),
     "nccl_warn": (1, "NCCL WARN"),
+    "nccl_error": (1, "NCCL error raised in torch"),
     "error_unwind": (2, "NCCL error unwind"),
     "abort_complete": (3, "NCCL communicator aborted"),
     "nccl_timeout": (4, "collective timeout (NCCL watchdog)"),

@@ -103,7 +103,14 @@ _HOST_CATS = frozenset({"cpu_op", "user_annotation"})
 _STEP_PREFIX = "ProfilerStep#"
 _EVENT_KEYS = frozenset({"ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "id", "bp", "s"})
 NS_PER_US = 1000
-_MAX_US = 1e15  # |ts|, dur bound (31 years): differences stay inside int64 nanoseconds
+# An event more than this far from the trace's median start (or lasting longer) is an outlier: a
+# trace covers seconds to hours, and a stray clock value (a zero ts in an epoch-clock trace, a
+# garbage number) would otherwise stretch the windows and overflow int64 nanoseconds. Absolute
+# values are not bounded: Kineto wrote Unix-epoch microseconds (~1.7e15) in every ts until it
+# moved to ts relative to ``baseTimeNanoseconds``.
+OUTLIER_SPAN_US = 2 * 86_400e6  # two days
+EPOCH_MIN_US = 946_684_800e6  # 2000-01-01T00:00Z: a median ts (plus base) past it is Unix-epoch time
+_INF = float("inf")
 
 
 # --- streaming reader ---------------------------------------------------------------------------
@@ -370,7 +377,7 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
     ids = c.names.ids
     tids: dict[Any, int] = {}
     host_cats, launch_cats, gpu_cats = _HOST_CATS, _LAUNCH_CATS, _GPU_CATS
-    lo, hi = -_MAX_US, _MAX_US
+    lo, hi = -_INF, _INF  # finite numbers only (NaN fails both comparisons); outliers: _drop_outliers
     for ev in events:
         if ev.get("ph") != "X":
             continue
@@ -418,6 +425,53 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
             c.num_ignored += 1
     return c
+
+
+def _drop_outliers(c: _Collected) -> str | None:
+    """Remove, in place, the events whose start lies more than OUTLIER_SPAN_US from the median
+    start of all kept events (host ops, launches, GPU events, ProfilerStep ranges) or that last
+    longer than OUTLIER_SPAN_US. Returns a warning counting and naming them, None when none."""
+    host_ts, launch_ts, gpu_ts = (np.frombuffer(a, np.float64) for a in (c.h_ts, c.l_ts, c.g_ts))
+    step_ts = np.array([s for _, s, _, _ in c.steps], np.float64)
+    every = np.concatenate([host_ts, launch_ts, gpu_ts, step_ts])
+    if every.size == 0:
+        return None
+    median = float(np.median(every))
+
+    def bad(ts: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
+        out = np.abs(ts - median) > OUTLIER_SPAN_US
+        return out | (dur > OUTLIER_SPAN_US) if dur is not None else out
+
+    h_bad = bad(host_ts, np.frombuffer(c.h_dur, np.float64))
+    l_bad = bad(launch_ts)
+    g_bad = bad(gpu_ts, np.frombuffer(c.g_dur, np.float64))
+    s_bad = [abs(s - median) > OUTLIER_SPAN_US or e - s > OUTLIER_SPAN_US for _, s, e, _ in c.steps]
+    num = int(h_bad.sum() + l_bad.sum() + g_bad.sum()) + sum(s_bad)
+    if not num:
+        return None
+    names = c.names.names
+    examples = ([f"{names[i]!r} at ts={host_ts[j]:.17g} us" for j, i in
+                 zip(np.flatnonzero(h_bad)[:3].tolist(), np.frombuffer(c.h_name, np.int64)[h_bad][:3].tolist())]
+                + [f"ProfilerStep#{k} at ts={s:.17g} us" for (k, s, _, _), b in zip(c.steps, s_bad) if b][:3]
+                + [f"{names[i]!r} at ts={gpu_ts[j]:.17g} us" for j, i in
+                   zip(np.flatnonzero(g_bad)[:3].tolist(), np.frombuffer(c.g_name, np.int64)[g_bad][:3].tolist())]
+                + [f"a CUDA launch at ts={t:.17g} us" for t in launch_ts[l_bad][:3].tolist()])
+
+    def keep(arr: array, mask: np.ndarray) -> array:
+        out = array(arr.typecode)
+        out.frombytes(np.frombuffer(arr, arr.typecode)[~mask].tobytes() if arr.typecode != "b"
+                      else np.frombuffer(arr, np.int8)[~mask].tobytes())
+        return out
+
+    c.h_ts, c.h_dur, c.h_tid, c.h_name, c.h_annot = (keep(a, h_bad) for a in (c.h_ts, c.h_dur, c.h_tid, c.h_name,
+                                                                              c.h_annot))
+    c.l_ts, c.l_corr = keep(c.l_ts, l_bad), keep(c.l_corr, l_bad)
+    new_index = np.cumsum(~g_bad) - 1
+    c.comm_args = {int(new_index[i]): a for i, a in c.comm_args.items() if not g_bad[i]}
+    c.g_ts, c.g_dur, c.g_corr, c.g_name = (keep(a, g_bad) for a in (c.g_ts, c.g_dur, c.g_corr, c.g_name))
+    c.steps = [st for st, b in zip(c.steps, s_bad) if not b]
+    return (f"{num} event(s) more than {OUTLIER_SPAN_US / 86_400e6:g} days from the trace's median time "
+            f"({median:.17g} us) or longer than that were left out as clock outliers: {'; '.join(examples[:5])}")
 
 
 _DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1,

@@ -34,7 +34,7 @@ _WATCHDOG_RULES = (
 )
 
 # Pattern table: whole-line rules; the two after any "[...] " prefix are found by a literal each needs.
-_EXITED, _CLOSING = "failed (exitcode: ", "Sending process "
+_EXITED, _CLOSING, _NCCL_ERROR = "failed (exitcode: ", "Sending process ", "NCCL error"
 _LINE_RULES = (
     rule("traceback", r"Traceback \(most recent call last\):$", None),
     rule("traceback_frame", r'File "[^"]*", line \d+(?:, in .*)?$', None),
@@ -42,15 +42,20 @@ _LINE_RULES = (
     rule("cpp_frame", r"frame #\d+: ", None),
     rule("exception_raised", r"Exception raised from \S+ at ", None),
     rule("rule_line", r"(?:={20,}|-{20,})$", None),
-    rule("agent_failed", r"(?:.*\] )?(?:ERROR:[\w.]+:)?" + re.escape(_EXITED) + r"(?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
+    rule("agent_failed", r"(?:.*\]\s?)?(?:ERROR:[\w.]+:)?" + re.escape(_EXITED) + r"(?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
          r"\(pid: (?P<pid>\d+)\) of binary: (?P<detail>.*)", "events",
          Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", int)),
-    rule("closing_signal", r"(?:.*\] )?" + _CLOSING + r"(?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
+    rule("closing_signal", r"(?:.*\]\s?)?" + _CLOSING + r"(?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
          Col("pid", "pid", int)),
     rule("nccl_env", r"(?P<key>NCCL_\w+): (?P<value>\S.*)$", "env", Col("key", "key", str), Col("value", "value", str)),
+    # an NCCL error as torch raises it (c10d NCCLUtils: "NCCL error in: file:line, msg, NCCL version v"),
+    # alone or as a work's async exception; then NCCL's own result name and its "Last error:" line
+    rule("nccl_error", r".*?" + _NCCL_ERROR + r"(?: in: (?P<loc>\S+?))?[:,] (?P<detail>.*?)(?:, NCCL version (?P<v>\S+))?$",
+         "events", Col("loc", "loc", str)),
+    rule("nccl_result", r"nccl[A-Z]\w*(?:Error|Usage|Argument): .*$|Last error:$", None),
 )
 
-_CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal")
+_CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal", "nccl_error")
 _OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?[KMGT]?i?B)")
 _OOM_FIELDS = (
     (re.compile(r"\(GPU (?P<v>\d+);"), "gpu", int),
@@ -79,7 +84,7 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _EXITED, _CLOSING, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
     busy = property(lambda self: self._in_block or self._after_frame)
     _child: dict | None = None  # the failure entry being filled
     _in_block = False
@@ -205,6 +210,8 @@ class FailureScanner(LineParser):
                 if rec["table"] == "events":
                     rec["event"] = rec.pop("record")
                     rec.update(rank=rank, time=ts, detail=m2.group("detail"))
+                    if m2.groupdict().get("v"):  # the NCCL version torch names with the error
+                        self.env(lineno, "nccl_version", m2.group("v"), record="nccl_error")
                 self.records.append(rec)
             return True
         return False

@@ -51,6 +51,11 @@ _RULES = {
         rule("abort_complete", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cdev>\d+)"
              r"(?: busId (?P<bus>[0-9a-fA-F]+))? - (?P<detail>(?:Abort|Destroy) COMPLETE)", "events",
              Col("comm", "comm", S), Col("rank", "rank", I), Col("cdev", "cuda_dev", I), Col("detail", "detail", S)),
+        rule("init_start", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cdev>\d+)"
+             r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-fA-F]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
+             r" - Init START", "comm_topology",
+             Col("comm", "comm", S), Col("rank", "rank", I), Col("nranks", "num_ranks", I), Col("cdev", "cuda_dev", I),
+             Col("nvml", "nvml_dev", I), Col("bus", "bus_id", S), Col("commid", "comm_id", S)),
         rule("comm_other", r"comm 0x[0-9a-f]+ .*", None),
     ),
     "Channel": (rule("ring", r"Channel (?P<channel>\d+)/(?P<num>\d+) :(?P<ring>(?:\s+\d+)+)$", "comm_topology",
@@ -78,7 +83,7 @@ _RULES = {
     "Ring": (rule("graph_ring", r"Ring \d+ : -?\d+ -> \d+ -> -?\d+$", None),),
     "Tree": (rule("graph_tree", r"Tree \d+ : -?\d+ -> \d+ -> -?\d+/-?\d+/-?\d+$", None),),
     "graph_channel": (rule("graph_channel", r"\d+ :(?: [A-Z]+/[\w\-]+)+$", None),),
-    "Init": (rule("init_timings", r"Init timings - \w+: rank (?P<rank>\d+) nranks (?P<nranks>\d+) total (?P<t>[\d.]+)\b",
+    "Init": (rule("init_timings", r"Init timings(?: - \w+)?: rank (?P<rank>\d+) nranks (?P<nranks>\d+) total (?P<t>[\d.]+)\b",
                   "comm_topology", Col("rank", "rank", I), Col("nranks", "num_ranks", I), Col("t", "init_time_s", F)),),
     "CC": (rule("cc_mode", r"CC (?:On|Off), workFifoBytes \d+$", None),),
     "topo_path": (rule("topo_path", r"[A-Z]+/[\w\-]+ :(?:[A-Z]+/[\w\-]+ \([^)]*\) ?)+$", None),),
@@ -341,8 +346,8 @@ class NcclParser(LineParser):
         return m is not None
 
     def finish(self) -> None:
-        if self._test_ranks:  # nccl-tests lists every rank of the job under "Using devices"
-            self.env(min(self._test_ranks.values()), "world_size", len(self._test_ranks), record="nccl_tests_ranks")
+        if self._test_ranks:  # nccl-tests lists every rank of the job, 0 to n-1, under "Using devices"
+            self.env(min(self._test_ranks.values()), "world_size", max(self._test_ranks) + 1, record="nccl_tests_ranks")
             self._test_ranks = {}
         for key, e in self._edges.items():
             e["channels"] = ",".join(self._edge_channels[key])
