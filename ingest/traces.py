@@ -459,8 +459,7 @@ def _drop_outliers(c: _Collected) -> str | None:
 
     def keep(arr: array, mask: np.ndarray) -> array:
         out = array(arr.typecode)
-        out.frombytes(np.frombuffer(arr, arr.typecode)[~mask].tobytes() if arr.typecode != "b"
-                      else np.frombuffer(arr, np.int8)[~mask].tobytes())
+        out.frombytes(np.frombuffer(arr, arr.typecode)[~mask].tobytes())
         return out
 
     c.h_ts, c.h_dur, c.h_tid, c.h_name, c.h_annot = (keep(a, h_bad) for a in (c.h_ts, c.h_dur, c.h_tid, c.h_name,
@@ -712,6 +711,125 @@ def _profiler_steps(c: _Collected) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     rows = sorted(seen.items(), key=lambda kv: kv[1][0])
     return (np.array([k for k, _ in rows], _I64), np.array([v[0] for _, v in rows]),
             np.array([v[1] for _, v in rows]), tid)
+
+
+# --- steps of a trace without ProfilerStep marks ------------------------------------------------
+
+MAX_SPLIT_CANDIDATES = 64  # repeating names tried per thread / kernel sequence, fewest occurrences first
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Split:
+    """Steps found in an unmarked trace: method ("annotation" or "kernels"), the repeating
+    name, and the step ranges (host us, sorted, disjoint) with the thread they were read on."""
+
+    method: str
+    name: str
+    step_s: np.ndarray
+    step_e: np.ndarray
+    tid: int | None
+
+
+def _period(seq: np.ndarray, occ: np.ndarray) -> int | None:
+    """Length of the repeating segment when ``seq`` (name ids) repeats with a period that starts
+    at each position in ``occ`` (>= 2 positions), else None. Repeating: at least half of the
+    complete segments (occurrence to next occurrence) are the same sequence, and the last,
+    possibly cut, segment agrees with it over their common length."""
+    segs = [seq[a:b].tobytes() for a, b in zip(occ[:-1].tolist(), occ[1:].tolist())]
+    modal = max(set(segs), key=segs.count)
+    if 2 * segs.count(modal) < len(segs):
+        return None
+    last = seq[int(occ[-1]):].tobytes()
+    n = min(len(last), len(modal))
+    return len(modal) // seq.itemsize if last[:n] == modal[:n] else None
+
+
+def _periodic_starts(seq: np.ndarray, candidates: list[int]) -> tuple[int, np.ndarray, int] | None:
+    """The first candidate name id (in the order given) whose occurrences cut ``seq`` into a
+    repeating segment: (name id, start positions of the periods, period length). The periods
+    start at the trace's first element when the elements before the first occurrence are the
+    tail of a period (the trace starts where an iteration starts), else at the occurrences."""
+    for name in candidates[:MAX_SPLIT_CANDIDATES]:
+        occ = np.flatnonzero(seq == name)
+        if occ.size < 2:
+            continue
+        period = _period(seq, occ)
+        if period is None:
+            continue
+        lead = int(occ[0])
+        if 0 < lead < period and seq[:lead].tobytes() == seq[int(occ[0]) + period - lead:int(occ[0]) + period].tobytes():
+            occ = occ - lead
+        return name, occ, period
+    return None
+
+
+def _order_candidates(seq: np.ndarray, first_pos: dict[int, int] | None = None) -> list[int]:
+    """Name ids of ``seq`` occurring at least twice, fewest occurrences first (a once-per-step
+    name before a per-layer one), then by first position."""
+    ids, first, counts = np.unique(seq, return_index=True, return_counts=True)
+    keep = counts >= 2
+    order = np.lexsort((first[keep], counts[keep]))
+    return ids[keep][order].tolist()
+
+
+def _split_by_annotation(c: _Collected) -> _Split | None:
+    """Steps from a host range that repeats at the top level of a thread (threads with the most
+    host ops first): user annotations (``record_function``) before cpu_op names. Step i runs from
+    period start i to period start i+1; the last to the end of its period's last top-level op."""
+    h_ts, h_dur = np.frombuffer(c.h_ts, np.float64), np.frombuffer(c.h_dur, np.float64)
+    h_tid, h_name = np.frombuffer(c.h_tid, np.int64), np.frombuffer(c.h_name, np.int64)
+    h_annot = np.frombuffer(c.h_annot, np.int8).astype(bool)
+    if h_ts.size == 0:
+        return None
+    for tid in np.argsort(-np.bincount(h_tid), kind="stable").tolist():
+        idx = np.flatnonzero(h_tid == tid)
+        if idx.size < 2:
+            break
+        end = h_ts[idx] + h_dur[idx]
+        idx = idx[np.lexsort((-end, h_ts[idx]))]
+        s, e = h_ts[idx], h_ts[idx] + h_dur[idx]
+        reach = np.maximum.accumulate(e)
+        top = np.ones(idx.size, bool)
+        top[1:] = s[1:] >= reach[:-1]
+        idx, s, e = idx[top], s[top], e[top]
+        seq = h_name[idx]
+        annot = np.unique(seq[h_annot[idx]])
+        cands = _order_candidates(seq)
+        cands = [n for n in cands if n in set(annot.tolist())] + [n for n in cands if n not in set(annot.tolist())]
+        found = _periodic_starts(seq, cands)
+        if found is None:
+            continue
+        name, starts, period = found
+        stop = min(int(starts[-1]) + period, seq.size)
+        step_s = s[starts]
+        step_e = np.append(step_s[1:], e[int(starts[-1]):stop].max())
+        return _Split(method="annotation", name=c.names.names[name], step_s=step_s, step_e=step_e, tid=int(tid))
+    return None
+
+
+def _split_by_kernels(c: _Collected) -> _Split | None:
+    """Steps from the repeating pattern of the GPU events in launch order: the period starts at a
+    recurring kernel (fewest occurrences first); step i runs from the launch of period i's first
+    event to the launch of period i+1's, the last one past its last launch."""
+    g_corr, g_name = np.frombuffer(c.g_corr, np.int64), np.frombuffer(c.g_name, np.int64)
+    l_ts, l_corr = np.frombuffer(c.l_ts, np.float64), np.frombuffer(c.l_corr, np.int64)
+    if g_corr.size < 2 or l_corr.size == 0:
+        return None
+    order = np.argsort(l_corr, kind="stable")
+    lc, lt = l_corr[order], l_ts[order]
+    pos = np.clip(np.searchsorted(lc, g_corr), 0, lc.size - 1)
+    matched = lc[pos] == g_corr
+    launch, seq = lt[pos][matched], g_name[matched]
+    by_launch = np.argsort(launch, kind="stable")
+    launch, seq = launch[by_launch], seq[by_launch]
+    found = _periodic_starts(seq, _order_candidates(seq))
+    if found is None:
+        return None
+    name, starts, period = found
+    step_s = launch[starts]
+    last = launch[min(int(starts[-1]) + period, seq.size) - 1]
+    step_e = np.append(step_s[1:], last + 1.0)  # a launch is a point: keep the last inside
+    return _Split(method="kernels", name=c.names.names[name], step_s=step_s, step_e=step_e, tid=None)
 
 
 def _classify(names: list[str], table: tuple[tuple[str, re.Pattern[str]], ...]) -> list[str]:

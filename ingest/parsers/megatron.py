@@ -1,9 +1,11 @@
-"""Megatron-LM (and Megatron-DeepSpeed, Megatron-LLM) training logs.
+"""Megatron-LM (and Megatron-DeepSpeed, Megatron-LLM, NeMo) training logs.
 
 Records: ``steps`` (one per ``[ts] iteration N/ M | key: value | ...`` line, all eras; memory
 report lines merge into the step row of their rank and iteration), ``timers`` (``time (ms) |
 name: v | ...`` and ``name ....: (min, max)`` lines, attached to the last iteration), ``env``
-(the argument dump ``name ........ value`` as ``megatron.<name>``). Other lines go to the
+(the argument dump ``name ........ value`` as ``megatron.<name>``); NeMo's ``Training epoch E,
+iteration N/M | key: v | ...`` and NeMo Automodel's ``ts | INFO | logger | step=N loss=X lr=..``
+(``key=value`` rows) are step rows too. Other lines go to the
 DeepSpeed scanner, then the failure scanner. Deliberately not here: our own tokens/s or MFU.
 """
 from __future__ import annotations
@@ -14,7 +16,11 @@ from ingest.parsers import ParseResult, StepRowParser, put_field, run_parsers, s
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
-_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
+_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?(?:Training epoch \d+, )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
+# NeMo Automodel's rows: "ts | LEVEL | logger | epoch=0 step=1070 loss=2.5004 lr=2.6e-05 grad_norm=0.12 .."
+_KV_ROW = re.compile(r"(?:.* \| )?(?:epoch=\d+ )?step=(?P<step>\d+)(?P<rest>(?: \w+=\S+)+)$")
+_KV_FIELDS = {"loss": ("loss", to_num, 1), "lr": ("lr", to_num, 1), "grad_norm": ("grad_norm", to_num, 1),
+              "tps": ("tokens_per_s", to_num, 1), "step_time": ("step_time_s", to_num, 1), "epoch": ("epoch", to_num, 1)}
 _MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
 _MINMAX = re.compile(r"(?P<name>[\w\-/ ]+?) \.{2,}: \((?P<min>[\d.]+), (?P<max>[\d.]+)\)$")
@@ -40,6 +46,14 @@ ITER_FIELDS: dict[str, tuple[str, type | object, float]] = {
     "tokens per GPU (tokens/s/GPU)": ("tokens_per_s_per_gpu", to_num, 1),
     "tokens/s/GPU": ("tokens_per_s_per_gpu", to_num, 1),
     "seq_len": ("seq_length", to_int, 1),
+    # NeMo 2 (Lightning + Megatron strategy): "Training epoch 0, iteration 120/149 | lr: .. | ..."
+    "reduced_train_loss": ("loss", to_num, 1),
+    "train_step_timing in s": ("step_time_s", to_num, 1),
+    "consumed_samples": ("consumed_samples", lambda t: int(to_num(t)), 1),
+    "global_batch_size": ("global_batch_size", lambda t: int(to_num(t)), 1),
+    "lr": ("lr", to_num, 1),
+    "val_loss": ("val_loss", to_num, 1),
+    "global_step": ("global_step", lambda t: int(to_num(t)), 1),
     "actual seqlen": ("seq_length", to_int, 1),
 }
 MEM_FIELDS = {  # memory (MB) line: key -> column (MB -> GiB)
@@ -52,7 +66,7 @@ _NOISE = re.compile(r"(?:\[.*\] )?datetime: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$|(?:t
 
 class MegatronParser(StepRowParser):
     kind = "megatron"
-    gate = ("iteration", "time (ms)", "memory (MB)", " ..", "datetime: ", " arguments ", "(min, max)", " ...")
+    gate = ("iteration", "time (ms)", "memory (MB)", " ..", "datetime: ", " arguments ", "(min, max)", " ...", "step=")
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -90,6 +104,15 @@ class MegatronParser(StepRowParser):
             m = _ITER.match(body)
             if m:
                 return self._iteration(lineno, m, ts, rank)
+        if "step=" in body and "loss=" in body:
+            m = _KV_ROW.match(body)
+            if m:
+                row = self._step_row(rank, int(m.group("step")), lineno)
+                for key, _, value in (kv.partition("=") for kv in m.group("rest").split()):
+                    put_field(row, _KV_FIELDS.get(key) or (slug(key), to_num, 1), value)
+                row.setdefault("loss", None)
+                self._last_step = int(m.group("step"))
+                return True
         if body.startswith("time (ms)") or body.startswith("rank=") and "time (ms)" in body:
             self.records.extend(timer_records(body, source=self.source, lineno=lineno, step=self._last_step,
                                               rank=rank, kind="megatron"))
