@@ -623,6 +623,10 @@ class TraceBreakdown:
     warnings: tuple[str, ...] = ()
     # the rank's interval sets and collectives, for the cross-rank pass (ingest.attribution)
     rank_timeline: RankTimeline | None = None
+    # how the steps were found: "marks" (ProfilerStep#k), "annotation" / "kernels" (a repeating
+    # host range / GPU kernel pattern, step_split_name), "window" (one step); None: no steps
+    step_split: str | None = None
+    step_split_name: str | None = None
 
 
 # collective kind from an NCCL kernel or gloo range name (runner commbench's op names)
@@ -667,12 +671,19 @@ class RankTimeline:
     coll_nbytes: np.ndarray
     coll_start: np.ndarray
     coll_end: np.ndarray
+    # the trace time (us) of ns 0; its Unix-epoch time when the trace's clock is epoch time
+    # (absolute ts, or ts relative to a known baseTimeNanoseconds), else None; how the steps
+    # were found (TraceBreakdown.step_split)
+    base_us: float = 0.0
+    epoch_origin_us: float | None = None
+    step_split: str | None = None
 
 
 def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, compute: np.ndarray,
                    exposed_set: tuple[np.ndarray, np.ndarray], pipeline_set: tuple[np.ndarray, np.ndarray],
                    data_set: tuple[np.ndarray, np.ndarray], covered: tuple[np.ndarray, np.ndarray],
-                   coll: tuple[np.ndarray, list[str], list[str], np.ndarray, np.ndarray, np.ndarray]) -> RankTimeline:
+                   coll: tuple[np.ndarray, list[str], list[str], np.ndarray, np.ndarray, np.ndarray],
+                   base_us: float) -> RankTimeline:
     """covered: everything that is not a gap (busy device / running host op, data, pipeline
     waits); gaps = windows minus covered."""
     windows = _union(lo, hi)
@@ -690,7 +701,7 @@ def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.n
                         pipeline_wait=pipeline_wait, data_stall=data_stall, gaps=gaps, rest=rest,
                         exposed_set=exposed_set, gap_set=gap_set, coll_step=c_step[order],
                         coll_group=tuple(c_group[i] for i in order), coll_kind=tuple(c_kind[i] for i in order),
-                        coll_nbytes=c_bytes[order], coll_start=c_start[order], coll_end=c_end[order])
+                        coll_nbytes=c_bytes[order], coll_start=c_start[order], coll_end=c_end[order], base_us=base_us)
 
 
 def _ns(us: np.ndarray, base: float) -> np.ndarray:
@@ -763,7 +774,7 @@ def _periodic_starts(seq: np.ndarray, candidates: list[int]) -> tuple[int, np.nd
     return None
 
 
-def _order_candidates(seq: np.ndarray, first_pos: dict[int, int] | None = None) -> list[int]:
+def _order_candidates(seq: np.ndarray) -> list[int]:
     """Name ids of ``seq`` occurring at least twice, fewest occurrences first (a once-per-step
     name before a per-layer one), then by first position."""
     ids, first, counts = np.unique(seq, return_index=True, return_counts=True)
@@ -928,7 +939,8 @@ def _median_index(durations: np.ndarray) -> int:
 
 
 def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: int, pp_degree: int,
-                           max_spans: int = 2000, unmarked: str = "skip") -> TraceBreakdown:
+                           max_spans: int = 2000, unmarked: str = "skip",
+                           base_time_ns: int | None = None) -> TraceBreakdown:
     """Where each profiled step's time went on one rank: GPU timeline if the trace has GPU
     events, else the CPU timeline of the training thread.
 
@@ -967,43 +979,107 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     training thread runs an op; idle = time the training thread runs no op.
 
     unmarked: what to do with a trace without ProfilerStep#k ranges (a user's own trace,
-    profiled without a schedule): "skip" (no steps, a warning) or "whole" (the whole trace is
+    profiled without a schedule): "skip" (no steps, a warning), "whole" (the whole trace is
     one window, step 0: from its first host op or launch to its last, on the thread with the
-    most host ops; said in a warning).
+    most host ops; said in a warning) or "split": steps 0..n-1 cut where (a) a host range
+    repeats at the top level of a thread (a ``record_function`` annotation such as
+    "train_step" or "Optimizer.step#AdamW.step", else a cpu_op name) with the same sequence of
+    top-level ops between its occurrences, else (b) where the GPU events, in launch order,
+    repeat with a kernel that recurs, else (c) one window as "whole". The method used is
+    ``TraceBreakdown.step_split`` and said in a warning; with a GPU timeline the last period is
+    dropped as a last ProfilerStep is.
+
+    Timestamps: any finite ts is accepted (Kineto's relative microseconds, or the absolute
+    Unix-epoch microseconds, ~1.7e15, older Kineto wrote); every time is taken relative to the
+    trace's own first event. Events more than OUTLIER_SPAN_US from the median ts, or longer,
+    are left out and named in a warning. base_time_ns: the document's ``baseTimeNanoseconds``
+    (ts are relative to it) when known; with it, or with epoch ts, the rank timeline records
+    its epoch origin (``RankTimeline.epoch_origin_us``).
 
     Never raises on content: steps without events and malformed events become warnings.
-    Returns TraceBreakdown (times in seconds).
+    Raises ValueError for pp_degree < 1 or an unknown ``unmarked``. Returns TraceBreakdown
+    (times in seconds).
     """
     if pp_degree < 1:
         raise ValueError(f"pp_degree must be >= 1, got {pp_degree}")
+    if unmarked not in UNMARKED_CHOICES:
+        raise ValueError(f"unmarked must be one of {UNMARKED_CHOICES}, got {unmarked!r}")
     c = _collect(events)
     warnings: list[str] = []
     if c.num_ignored:
         warnings.append(f"{c.num_ignored} complete events without usable ts/dur/name/args were ignored")
+    outliers = _drop_outliers(c)
+    if outliers:
+        warnings.append(outliers)
+    result = _breakdown(c, run=run, rank=rank, pp_degree=pp_degree, max_spans=max_spans, unmarked=unmarked,
+                        warnings=warnings)
+    return _with_clock(result, c, base_time_ns=base_time_ns)
+
+
+UNMARKED_CHOICES = ("skip", "whole", "split")
+WHOLE_TRACE_WARNING = ("no ProfilerStep marks: the whole trace is analysed as one window (step 0), from its first "
+                       "host op or launch to its last")
+WINDOW_WARNING = ("no ProfilerStep marks, no repeating annotation and no repeating kernel pattern: the whole trace "
+                  "is analysed as one window (step 0), from its first host op or launch to its last")
+
+
+def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans: int, unmarked: str,
+               warnings: list[str]) -> TraceBreakdown:
     step_k, step_s, step_e, tid = _profiler_steps(c)
-    if step_k.size == 0 and unmarked == "whole" and (len(c.h_ts) or len(c.l_ts)):
+    if step_k.size:
+        if len(c.g_ts):
+            result = _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
+                                    max_spans=max_spans, warnings=warnings)
+        else:
+            result = _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
+                                    max_spans=max_spans, warnings=warnings)
+        return dataclasses.replace(result, step_split="marks")
+    if unmarked == "split":
+        split = _split_by_annotation(c) or (_split_by_kernels(c) if len(c.g_ts) else None)
+        if split is not None:
+            n = split.step_s.size
+            period_ms = float(np.median(np.diff(split.step_s))) / 1e3 if n > 1 else float("nan")
+            what = "annotation" if split.method == "annotation" else "kernel"
+            said = (f"no ProfilerStep marks: steps split by the repeating {what} {split.name!r} "
+                    f"({n} periods, one every {period_ms:.3g} ms"
+                    + (", the last one not analysed as with marks)" if len(c.g_ts) else ")"))
+            own: list[str] = []
+            step_k = np.arange(n, dtype=_I64)
+            if len(c.g_ts):
+                result = _gpu_breakdown(c, step_k, split.step_s, split.step_e, run=run, rank=rank,
+                                        pp_degree=pp_degree, max_spans=max_spans, warnings=own)
+            else:
+                result = _cpu_breakdown(c, step_k, split.step_s, split.step_e, split.tid, run=run, rank=rank,
+                                        pp_degree=pp_degree, max_spans=max_spans, warnings=own)
+            own = [w.replace("ProfilerStep(s)", "step(s)").replace("ProfilerStep", "step") for w in own]
+            return dataclasses.replace(result, warnings=tuple(warnings + [said] + own), step_split=split.method,
+                                       step_split_name=split.name)
+    if unmarked in ("whole", "split") and (len(c.h_ts) or len(c.l_ts)):
         result = _whole_trace_breakdown(c, run=run, rank=rank, pp_degree=pp_degree, max_spans=max_spans,
-                                        warnings=warnings)
+                                        warnings=warnings,
+                                        said=WINDOW_WARNING if unmarked == "split" else WHOLE_TRACE_WARNING)
         if result is not None:
-            return result
-    if step_k.size == 0:
-        warnings.append("no ProfilerStep#<k> range in the trace: cannot split it into steps "
-                        "(profile with torch.profiler's schedule and call prof.step())")
-        return TraceBreakdown(steps=(), kernels=(), spans=(), timeline=None, warnings=tuple(warnings))
-    if len(c.g_ts):
-        return _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
-                              max_spans=max_spans, warnings=warnings)
-    return _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
-                          max_spans=max_spans, warnings=warnings)
+            return dataclasses.replace(result, step_split="window")
+    warnings.append("no ProfilerStep#<k> range in the trace: cannot split it into steps "
+                    "(profile with torch.profiler's schedule and call prof.step())")
+    return TraceBreakdown(steps=(), kernels=(), spans=(), timeline=None, warnings=tuple(warnings))
 
 
-WHOLE_TRACE_WARNING = ("no ProfilerStep#<k> range in the trace: the whole trace is analysed as one window "
-                       "(step 0), from its first host op or launch to its last")
+def _with_clock(result: TraceBreakdown, c: _Collected, *, base_time_ns: int | None) -> TraceBreakdown:
+    """Say on the rank timeline whether its clock is Unix-epoch time (shared by every rank whose
+    host clock is synchronised) and where its zero lies."""
+    tl = result.rank_timeline
+    if tl is None:
+        return result
+    offset_us = base_time_ns / NS_PER_US if base_time_ns else 0.0
+    epoch = tl.base_us + offset_us >= EPOCH_MIN_US
+    return dataclasses.replace(result, rank_timeline=dataclasses.replace(
+        tl, epoch_origin_us=tl.base_us + offset_us if epoch else None, step_split=result.step_split))
 
 
 def _whole_trace_breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans: int,
-                           warnings: list[str]) -> TraceBreakdown | None:
-    """compute_step_breakdown's unmarked="whole": one synthetic ProfilerStep#0 over the whole
+                           warnings: list[str], said: str = WHOLE_TRACE_WARNING) -> TraceBreakdown | None:
+    """compute_step_breakdown's one-window reading: one synthetic step 0 over the whole
     trace (every launch and host op inside it), then the same GPU or CPU breakdown."""
     h_ts, h_dur = np.frombuffer(c.h_ts, np.float64), np.frombuffer(c.h_dur, np.float64)
     l_ts = np.frombuffer(c.l_ts, np.float64)
@@ -1023,7 +1099,7 @@ def _whole_trace_breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int
         result = _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
                                 max_spans=max_spans, warnings=own)
     own = [w for w in own if not w.startswith("only one ProfilerStep")]
-    return dataclasses.replace(result, warnings=tuple(warnings + [WHOLE_TRACE_WARNING] + own))
+    return dataclasses.replace(result, warnings=tuple(warnings + [said] + own))
 
 
 def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e: np.ndarray, *,
@@ -1161,7 +1237,7 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     rank_tl = _rank_timeline(
         timeline="gpu", steps=step_k[used], lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
         pipeline_set=p2p_wait, data_set=idle_set_data, covered=_union_of(A, D),
-        coll=(step_k[used][used_pos], groups, kinds, nbytes, start[coll_mask], end[coll_mask]))
+        coll=(step_k[used][used_pos], groups, kinds, nbytes, start[coll_mask], end[coll_mask]), base_us=base)
     classes = _classify(names, KERNEL_CLASS_PATTERNS)
     kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=name,
                            dur_ns=end - start, num_steps=len(rows))
@@ -1242,7 +1318,7 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
         timeline="cpu", steps=step_k, lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
         pipeline_set=bubble_set, data_set=D, covered=_union_of(B, comm, D, F),
         coll=(step_k[ci[ok]], ["gloo"] * len(cnames), [collective_kind(n) for n in cnames],
-              np.full(len(cnames), np.nan), cs[ok], ce[ok]))
+              np.full(len(cnames), np.nan), cs[ok], ce[ok]), base_us=base)
     # kernel summary: every host op of the training thread with its self time (its duration less
     # its direct children's), so nothing is counted twice (aten::linear -> aten::addmm), classed by
     # its outermost ancestor of a specific class (_host_self_times): the aten::lerp_ of a foreach

@@ -21,7 +21,7 @@ _BARE = re.compile(r"(?P<host>)(?P<pid>)(?P<tid>)(?P<dev>)(?P<loc>[\w./\-]+:\d+)
 _HEADER_SEARCH = re.compile(r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
 
 _EDGE = re.compile(
-    r"(?P<kind>Channel|CollNet) (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)(?:\[(?P<src_id>[0-9a-fA-F]+)\])?"
+    r"(?P<kind>Channel|CollNet|Ring) (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)(?:\[(?P<src_id>[0-9a-fA-F]+)\])?"
     r"(?: -> (?P<dst>\d+)(?:\[(?P<dst_id>[0-9a-fA-F]+)\])?)?(?: \[(?P<dir>send|receive)\])? via (?P<transport>.+)$"
 )
 
@@ -31,13 +31,27 @@ _RULES = {
     "NCCL": (rule("nccl_version", r"NCCL version (?P<value>\S+)", "env", Col("value", "value", S), key="nccl_version"),),
     "cudaDriverVersion": (rule("cuda_driver_version", r"cudaDriverVersion (?P<value>\d+)", "env", Col("value", "value", S),
                                key="cuda_driver_version"),),
-    "Bootstrap": (rule("bootstrap", r"Bootstrap : Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_bootstrap"),),
+    "Bootstrap": (rule("bootstrap", r"Bootstrap ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_bootstrap"),
+                  rule("bootstrap_timings", r"Bootstrap timings total (?P<t>[\d.]+) ", "comm_topology",
+                       Col("t", "bootstrap_time_s", F))),
+    "Setting": (rule("affinity", r"Setting affinity for GPU (?P<gpu>\d+) to (?P<mask>\S+)$", "comm_topology",
+                     Col("gpu", "affinity_gpu", I), Col("mask", "cpu_affinity", S)),),
+    "CUDA": (rule("nic_distance", r"CUDA Dev (?P<dev>\d+)\[\w+\], (?P<what>[\w ]+?) NIC distance : +(?P<d>\S+)$",
+                  "comm_topology", Col("dev", "nic_distance_dev", I), Col("what", "nic_kind", S), Col("d", "nic_distance", S)),),
+    "NET": (rule("net_interface", r"NET : Using interface (?P<value>.+)", "env", Col("value", "value", S),
+                 key="nccl_net_interface"),),
+    "rank": (rule("rank_nranks", r"rank (?P<rank>\d+) nranks (?P<nranks>\d+)$", "comm_topology",  # NCCL <= 2.3
+                  Col("rank", "rank", I), Col("nranks", "num_ranks", I)),),
+    "DMA-BUF": (rule("dmabuf", r"DMA-BUF is available on GPU device (?P<dev>\d+)$", "comm_topology",
+                     Col("dev", "dmabuf_gpu", I), dmabuf=True),),
+    "Plugin": (rule("plugin_path", r"Plugin Path : (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin_path"),),
     "Using": (rule("network", r"Using network (?P<value>.+)", "env", Col("value", "value", S), key="nccl_network"),
               rule("nccl_using", r"Using .*", None)),
     "NET/Plugin": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
-    "NET/IB": (rule("net_ib", r"NET/IB ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),
+    "NET/IB": (rule("net_ib", r"NET/IB ?: (?:Using |\[\d+\] )(?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),
                rule("net_ib_none", r"NET/IB ?: No device found\.?$", None)),
-    "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),),
+    "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),
+                   rule("net_socket_found", r"NET/Socket ?: \d+ interfaces? found$", None)),
     "comm": (
         rule("comm_init", r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
              r"localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)(?: MNNVL (?P<mnnvl>\d+))?", "comm_topology",
@@ -120,13 +134,15 @@ _RULES = {
                rule("tuning", r"(?:(?P<func>[A-Za-z]+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+) "
                     r"(?:time|channels) (?P<t>[\d.]+)", "collectives", Col("func", "func", S), Col("bytes", "size_b", I),
                     Col("algo", "algo", I), Col("proto", "proto", I)),),
-    "unwind": (rule("error_unwind", r"(?P<file>[\w./\-]+\.(?:cc|cpp|h|c)):(?P<ln>\d+) -> (?P<code>\d+)(?: \((?P<detail>.*)\))?$",
+    "unwind": (rule("error_unwind", r"(?P<file>[\w./\-]+\.(?:cc|cpp|h|c)):(?P<ln>\d+) -> (?P<code>\d+)(?: \((?P<detail>.*)\))?"
+                    r"(?: \[Async thread\])?$",
                     "events", Col("file", "loc_file", S), Col("ln", "loc_line", I), Col("code", "nccl_result", I)),),
-    "env": (rule("nccl_setting", r"(?P<key>NCCL_\w+) set by environment to (?P<value>.*)", "env",
+    "env": (rule("nccl_setting", r"(?P<key>NCCL_\w+) set (?:by environment )?to (?P<value>.*)", "env",
                  Col("key", "key", S), Col("value", "value", S)),),
 }
 # First words that share another's rules: a glued colon, a CPU node or a path under it.
-_RULES.update({"NET/Plugin:": _RULES["NET/Plugin"], "PROFILER/Plugin:": _RULES["ENV/Plugin:"],
+_RULES.update({"NET/Plugin:": _RULES["NET/Plugin"], "Bootstrap:": _RULES["Bootstrap"], "NET/IB:": _RULES["NET/IB"],
+               "NET/Socket:": _RULES["NET/Socket"], "PROFILER/Plugin:": _RULES["ENV/Plugin:"],
                "TUNER/Plugin:": _RULES["ENV/Plugin:"], "CPU/": _RULES["CPU/"] + _RULES["topo_path"]})
 _COLL = re.compile(
     r"(?P<func>[A-Za-z]+): opCount (?P<op>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) datatype (?P<dt>\d+) "
@@ -216,7 +232,7 @@ class NcclParser(LineParser):
         self._edge_channels[key] = {channel: None}
 
     def _msg(self, lineno: int, hdr: tuple, stripped: str, ts, rank) -> bool:
-        if stripped.startswith("Channel ") or stripped.startswith("CollNet "):
+        if stripped.startswith(("Channel ", "CollNet ", "Ring ")):  # (NCCL <= 2.5 printed "Ring 00 : a -> b via")
             m = _EDGE.match(stripped)
             if m:
                 self._edge(lineno, hdr, m)
@@ -233,7 +249,7 @@ class NcclParser(LineParser):
                 return self._coll(lineno, stripped, hdr)
             elif " -> " in stripped and ".c" in word:
                 rules = _RULES["unwind"]
-            elif " set by environment to " in stripped:
+            elif " set by environment to " in stripped or word.startswith("NCCL_") and " set to " in stripped:
                 rules = _RULES["env"]
             elif word.startswith("CPU/"):
                 rules = _RULES["CPU/"]
