@@ -768,7 +768,8 @@ def _periodic_starts(seq: np.ndarray, candidates: list[int]) -> tuple[int, np.nd
         if period is None:
             continue
         lead = int(occ[0])
-        if 0 < lead < period and seq[:lead].tobytes() == seq[int(occ[0]) + period - lead:int(occ[0]) + period].tobytes():
+        tail = seq[int(occ[0]) + period - lead:int(occ[0]) + period]
+        if 0 < lead < period and np.array_equal(np.sort(seq[:lead]), np.sort(tail)):  # the same ops, any order
             occ = occ - lead
         return name, occ, period
     return None
@@ -784,37 +785,38 @@ def _order_candidates(seq: np.ndarray) -> list[int]:
 
 
 def _split_by_annotation(c: _Collected) -> _Split | None:
-    """Steps from a host range that repeats at the top level of a thread (threads with the most
-    host ops first): user annotations (``record_function``) before cpu_op names. Step i runs from
-    period start i to period start i+1; the last to the end of its period's last top-level op."""
+    """Steps from a host range that repeats at the top level of a thread: user annotations
+    (``record_function``) on any thread first (threads with the most host ops first), then
+    cpu_op names. Step i runs from period start i to period start i+1; the last one to the end
+    of its period's last top-level op."""
     h_ts, h_dur = np.frombuffer(c.h_ts, np.float64), np.frombuffer(c.h_dur, np.float64)
     h_tid, h_name = np.frombuffer(c.h_tid, np.int64), np.frombuffer(c.h_name, np.int64)
     h_annot = np.frombuffer(c.h_annot, np.int8).astype(bool)
     if h_ts.size == 0:
         return None
+    threads = []
     for tid in np.argsort(-np.bincount(h_tid), kind="stable").tolist():
         idx = np.flatnonzero(h_tid == tid)
         if idx.size < 2:
             break
         end = h_ts[idx] + h_dur[idx]
         idx = idx[np.lexsort((-end, h_ts[idx]))]
-        s, e = h_ts[idx], h_ts[idx] + h_dur[idx]
-        reach = np.maximum.accumulate(e)
+        reach = np.maximum.accumulate(h_ts[idx] + h_dur[idx])
         top = np.ones(idx.size, bool)
-        top[1:] = s[1:] >= reach[:-1]
-        idx, s, e = idx[top], s[top], e[top]
-        seq = h_name[idx]
-        annot = np.unique(seq[h_annot[idx]])
-        cands = _order_candidates(seq)
-        cands = [n for n in cands if n in set(annot.tolist())] + [n for n in cands if n not in set(annot.tolist())]
-        found = _periodic_starts(seq, cands)
-        if found is None:
-            continue
-        name, starts, period = found
-        stop = min(int(starts[-1]) + period, seq.size)
-        step_s = s[starts]
-        step_e = np.append(step_s[1:], e[int(starts[-1]):stop].max())
-        return _Split(method="annotation", name=c.names.names[name], step_s=step_s, step_e=step_e, tid=int(tid))
+        top[1:] = h_ts[idx][1:] >= reach[:-1]
+        threads.append((tid, idx[top]))
+    for annotations in (True, False):
+        for tid, idx in threads:
+            seq = h_name[idx]
+            annot = set(seq[h_annot[idx]].tolist())
+            found = _periodic_starts(seq, [n for n in _order_candidates(seq) if (n in annot) == annotations])
+            if found is None:
+                continue
+            name, starts, period = found
+            s, e = h_ts[idx], h_ts[idx] + h_dur[idx]
+            step_s = s[starts]
+            step_e = np.append(step_s[1:], e[int(starts[-1]):min(int(starts[-1]) + period, seq.size)].max())
+            return _Split(method="annotation", name=c.names.names[name], step_s=step_s, step_e=step_e, tid=int(tid))
     return None
 
 
@@ -830,6 +832,10 @@ def _split_by_kernels(c: _Collected) -> _Split | None:
     lc, lt = l_corr[order], l_ts[order]
     pos = np.clip(np.searchsorted(lc, g_corr), 0, lc.size - 1)
     matched = lc[pos] == g_corr
+    # collectives and copies left out of the pattern: their launch order among the compute
+    # kernels follows the gradient buckets' readiness and the data loader, which vary by step
+    loose = np.array([bool(COMM_KERNEL_RE.match(n) or MEMORY_KERNEL_RE.match(n)) for n in c.names.names] or [False])
+    matched &= ~loose[g_name]
     launch, seq = lt[pos][matched], g_name[matched]
     by_launch = np.argsort(launch, kind="stable")
     launch, seq = launch[by_launch], seq[by_launch]

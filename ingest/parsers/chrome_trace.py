@@ -2,7 +2,8 @@
 
 A torch.profiler (Kineto) trace gives one ``traces`` record (rank and world size from
 ``distributedInfo``, else the file name), its ``breakdown`` rows (ingest.traces; without
-ProfilerStep marks the whole trace is one window) and an ``env`` record of its NCCL version.
+ProfilerStep marks: steps split by a repeating annotation or kernel pattern, else the whole trace
+as one window; the record says which) and an ``env`` record of its NCCL version.
 Any other trace (NCCL profiler plugin, a pasted fragment) gives one ``collectives`` record per
 event (``b``/``e`` pairs joined), at most MAX_EVENT_RECORDS. Deliberately not here: reading the
 file (ingest.io), matching ranks (ingest.attribution), grouping traces into jobs (ingest.jobs).
@@ -39,11 +40,15 @@ class TraceParse:
 
 def parse_trace_header(head: str) -> dict[str, Any]:
     """The header fields of a Kineto document from its first characters: ``schemaVersion``
-    (bool: present), ``distributedInfo`` (dict, {} if absent or unreadable), ``trace_id``."""
+    (bool: present), ``distributedInfo`` (dict, {} if absent or unreadable), ``trace_id``,
+    ``baseTimeNanoseconds`` (int, the epoch ns its ts count from; None when the header lacks it:
+    older Kineto wrote absolute epoch microseconds in every ts instead)."""
     before_events = head.split('"traceEvents"')[0]
     t = re.search(r'"trace_id"\s*:\s*"([^"]{1,128})"', before_events)
+    b = re.search(r'"baseTimeNanoseconds"\s*:\s*(\d{1,20})\b', before_events)
     out: dict[str, Any] = {"kineto": '"schemaVersion"' in before_events, "distributedInfo": {},
-                           "trace_id": t.group(1) if t else None}
+                           "trace_id": t.group(1) if t else None,
+                           "baseTimeNanoseconds": int(b.group(1)) if b else None}
     m = _INFO.search(head)
     if m:
         try:
@@ -68,7 +73,7 @@ def parse_chrome_trace(events: Iterable[dict[str, Any]], *, source: str, head: s
     """One Chrome trace -> TraceParse. events: its events (streamed, consumed once); head: the first
     characters of its text; read_counts: the ``ingest.traces.TraceReadCounts`` the reader fills
     (events read, items skipped, truncation). Never raises on content."""
-    from ingest.traces import WHOLE_TRACE_WARNING, compute_step_breakdown
+    from ingest.traces import compute_step_breakdown
 
     header = parse_trace_header(head)
     info = header["distributedInfo"]
@@ -84,13 +89,17 @@ def parse_chrome_trace(events: Iterable[dict[str, Any]], *, source: str, head: s
     stream = events if header["kineto"] else _keep_events(events, loose, source=source)
     # consumes every event (so a non-Kineto trace's events are all recorded)
     breakdown = compute_step_breakdown(stream, run=name, rank=rank if rank is not None else 0, pp_degree=1,
-                                       unmarked="whole")
+                                       unmarked="split", base_time_ns=header["baseTimeNanoseconds"])
     if header["kineto"]:
         records.append({"table": "traces", "source": source, "line": None, "record": "trace_meta", "rank": rank,
                         "rank_from": rank_from, "world_size": info.get("world_size"), "backend": info.get("backend"),
                         "pg_signature": pg_signature(info), "trace_id": header["trace_id"],
                         "timeline": breakdown.timeline, "num_steps": len(breakdown.steps),
-                        "whole_trace": WHOLE_TRACE_WARNING in breakdown.warnings, "num_events": read_counts.num_events})
+                        "whole_trace": breakdown.step_split == "window", "step_split": breakdown.step_split,
+                        "step_split_name": breakdown.step_split_name,
+                        "epoch_clock": breakdown.rank_timeline is not None
+                        and breakdown.rank_timeline.epoch_origin_us is not None,
+                        "num_events": read_counts.num_events})
         records += [{"table": "breakdown", "source": source, "line": None, **dataclasses.asdict(r)}
                     for r in breakdown.steps]
         if info.get("nccl_version"):
