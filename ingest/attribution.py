@@ -11,7 +11,10 @@ Method (DESIGN.md "slow-run triage, per rank on the critical path"):
   A collective ends at about the same moment on every rank, so the rank whose kernel (or gloo
   range) is shortest arrived last and waited for nobody: its duration is the **transfer**
   time, and every other rank's extra duration is time spent waiting for it. This needs no
-  clock alignment between ranks or hosts.
+  clock alignment between ranks or hosts. Steps found without ProfilerStep marks (numbered
+  from each trace's start) are aligned across ranks by their start time when every rank's
+  trace is on the Unix-epoch clock (one clock, as far as the hosts' clocks agree), else
+  matched by their order in each trace; a warning says which.
 * On each rank the exposed part of those waits (not under compute) is **skew_wait**; the rest
   of the exposed collective time is **transfer**.
 * The late rank is charged: per step, the rank the others waited for most is that step's late
@@ -34,6 +37,7 @@ beyond seconds, and any rescaling to unprofiled steps (report.evidence).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -75,6 +79,40 @@ def _match(timelines: Mapping[int, RankTimeline]) -> dict[tuple, dict[int, int]]
     return keys
 
 
+def _align_unmarked_steps(timelines: Mapping[int, RankTimeline]) -> tuple[dict[int, RankTimeline], list[str]]:
+    """Renumber the steps of ranks whose trace had no ProfilerStep marks so that one step
+    number means one iteration on every rank: by start time on the shared epoch clock (the
+    step of the rank that started first whose start is nearest, within half its median
+    period), else left in trace order. Returns the timelines and what was done, as warnings."""
+    out = dict(timelines)
+    unmarked = [r for r, tl in timelines.items() if tl.step_split not in (None, "marks") and tl.steps.size]
+    if len(timelines) < 2 or not unmarked:
+        return out, []
+    if any(tl.epoch_origin_us is None for tl in timelines.values()):
+        return out, [f"rank(s) {', '.join(map(str, sorted(unmarked)))} have no ProfilerStep marks and the traces do "
+                     "not share the Unix-epoch clock: steps are matched across ranks by their order in each trace"]
+
+    def starts_us(tl: RankTimeline) -> np.ndarray:
+        return tl.epoch_origin_us + tl.lo / 1e3
+
+    ref = min(unmarked, key=lambda r: (float(starts_us(timelines[r])[0]), r))
+    ref_starts = starts_us(timelines[ref])
+    half_period = float(np.median(np.diff(ref_starts))) / 2 if ref_starts.size > 1 else float("inf")
+    shifted = []
+    for r in unmarked:
+        tl = timelines[r]
+        first = float(starts_us(tl)[0])
+        k = int(np.argmin(np.abs(ref_starts - first)))
+        shift = int(timelines[ref].steps[k]) - int(tl.steps[0])
+        if shift and abs(ref_starts[k] - first) <= half_period:
+            out[r] = dataclasses.replace(tl, steps=tl.steps + shift, coll_step=tl.coll_step + shift)
+            shifted.append(f"rank {r} by {shift:+d}")
+    said = ("the ranks' traces share the Unix-epoch clock (as far as their hosts' clocks agree): the steps of "
+            f"rank(s) {', '.join(map(str, sorted(unmarked)))}, found without ProfilerStep marks, are aligned by "
+            "start time")
+    return out, [said + (f" (renumbered: {', '.join(shifted)})" if shifted else "")]
+
+
 def _gap_sizes(tl: RankTimeline, i: int) -> np.ndarray:
     """Durations (ns) of the device-idle gaps inside step i's window."""
     lo, hi = int(tl.lo[i]), int(tl.hi[i])
@@ -93,7 +131,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     """
     if pp_degree < 1 or num_microbatches < 1:
         raise ValueError(f"pp_degree and num_microbatches must be >= 1, got {pp_degree}, {num_microbatches}")
-    warnings: list[str] = []
+    timelines, warnings = _align_unmarked_steps(timelines)
     ranks = sorted(timelines)
     # 1. match collectives, waits per instance
     waits = {r: np.zeros(timelines[r].coll_step.size, _I64) for r in ranks}

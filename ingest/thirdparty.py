@@ -181,7 +181,9 @@ def compute_trace_attribution(files: list[IngestedFile], jobs: list) -> dict[str
     (run = the job's name), as the tables ``attribution`` (AttributionRow) and
     ``trace_collectives`` (CollectiveRow); plus ``trace_warnings`` (run, warning). {} when no
     job has a trace with analysed steps. Two traces of one rank in a job: the first is used,
-    the other named in a warning."""
+    the other named in a warning. A trace without ProfilerStep marks whose steps were split by a
+    repeating annotation or kernel pattern has that said in ``trace_warnings`` too."""
+    from ingest.traces import STEP_SPLIT_PREFIX
     from ingest.attribution import compute_attribution
     from core.records import AttributionRow, CollectiveRow
 
@@ -198,6 +200,9 @@ def compute_trace_attribution(files: list[IngestedFile], jobs: list) -> dict[str
                 warns.append({"run": job.name, "warning": f"{Path(src).name}: a second trace of rank {rank}; not used"})
                 continue
             timelines[rank] = f.timeline
+            # how an unmarked trace was cut into steps is part of what the note must say
+            warns += [{"run": job.name, "warning": f"{Path(src).name}: {w}"} for w in f.result.warnings
+                      if w.startswith(STEP_SPLIT_PREFIX)]
         if not timelines:
             continue
         att = compute_attribution(timelines, run=job.name, pp_degree=1, num_microbatches=1)

@@ -1023,6 +1023,7 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
 
 
 UNMARKED_CHOICES = ("skip", "whole", "split")
+STEP_SPLIT_PREFIX = "no ProfilerStep marks: steps split by"
 WHOLE_TRACE_WARNING = ("no ProfilerStep marks: the whole trace is analysed as one window (step 0), from its first "
                        "host op or launch to its last")
 WINDOW_WARNING = ("no ProfilerStep marks, no repeating annotation and no repeating kernel pattern: the whole trace "
@@ -1046,7 +1047,7 @@ def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans:
             n = split.step_s.size
             period_ms = float(np.median(np.diff(split.step_s))) / 1e3 if n > 1 else float("nan")
             what = "annotation" if split.method == "annotation" else "kernel"
-            said = (f"no ProfilerStep marks: steps split by the repeating {what} {split.name!r} "
+            said = (f"{STEP_SPLIT_PREFIX} the repeating {what} {split.name!r} "
                     f"({n} periods, one every {period_ms:.3g} ms"
                     + (", the last one not analysed as with marks)" if len(c.g_ts) else ")"))
             own: list[str] = []

@@ -48,7 +48,7 @@ EXPECTED = {
     "53_torchrun_childfailed_sigkill_py311_carets.txt": ("failures", 1, 0),
     "54_watchdog_2022_legacy_no_numel.txt": ("failures", 5, 0),
     "56_watchdog_2025_lineno_and_rank_prefix.txt": ("failures", 4, 0),
-    "58_watchdog_fr_dump_trigger_torchx_glog_prefix.txt": ("failures", 2, 1),  # "Profiler start dump"
+    "58_watchdog_fr_dump_trigger_torchx_glog_prefix.txt": ("failures", 2, 0),  # "Profiler start dump": a glog info line
     "60_oom_msg_torch2.0_style_then_app_output.txt": ("failures", 1, 1),  # app output
     "62_oom_msg_torch2.2plus_expandable_segments.txt": ("failures", 1, 0),
     "64_nccl_2.28_h200_nvlink_tuning_names_graph.txt": ("nccl", 59, 1),  # "[trimmed]" (the torch warning: an event)

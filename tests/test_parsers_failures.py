@@ -57,7 +57,7 @@ def test_fr_dump_trigger_torchx_prefix():
     assert [pick(e, "event", "rank", "pg_id", "time") for e in ev] == [("fr_dump", 0, 0, "0927 12:07:22.643702")]
     env = [x for x in r.records if x["table"] == "env"]
     assert [(x["key"], x["value"]) for x in env] == [("NCCL_PROFILER_PLUGIN", "/data/users/user/src/scripts/plugin/libnccl_profiler_plugin.so")]
-    assert r.unparsed_lines == (3,)
+    assert r.unparsed_lines == ()  # the plugin's glog info line is read (no failure in it)
 
 
 def test_oom_torch20_style():

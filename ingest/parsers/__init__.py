@@ -445,6 +445,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     holds = re.compile("|".join(re.escape(g) for g in gates if isinstance(g, str)) or "(?!)").search if starts else None
     stateful = [(i, p, feeds[i]) for i, p in enumerate(parsers) if type(p).busy is not LineParser.busy]
     fed = False  # a feed happened since no parser was last seen busy
+    got, body, last_read = -1, None, None
     for lineno, body, ts, rank in iter_lines(blocks, cut=True):
         got = -1
         if body is None:
@@ -480,10 +481,14 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                 got = -1
         if got >= 0:
             hits[got] += 1
+            last_read = body
         else:
             unparsed += 1
             if len(linenos) < MAX_UNPARSED_LINENOS:
                 linenos.append(lineno)
+    # a last line that starts as the line read before it but is not read: cut by whoever copied the file
+    last_unparsed = linenos[-1] if (linenos and got < 0 and body and last_read and not blocks.cut_line
+                                    and _head_shape(body) == _head_shape(last_read)) else None
     if blocks.cut_line:  # a file that ends inside a line was cut (a crashed writer, a partial copy)
         unparsed += 1
         if len(linenos) < MAX_UNPARSED_LINENOS:
@@ -507,11 +512,19 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         kind = next((k for k in KIND_PRIORITY if k in by_kind), kinds[0] if kinds else "unknown")
         if not claimed and num_bodies:
             warnings.append(f"unknown kind: none of {num_bodies} lines is in a format the parsers know")
+    if last_unparsed is not None and last_unparsed == blocks.num_lines:
+        warnings.append(f"line {last_unparsed}: the last line starts as the lines before it but is not read: "
+                        "the file may be cut there")
     if claimed and unparsed >= UNCLAIMED_WARN_MIN_LINES and unparsed > UNCLAIMED_WARN_FRACTION * (claimed + unparsed):
         warnings.append(f"{unparsed} of {claimed + unparsed} lines not recognised by any parser "
                         f"(first at line {linenos[0]}); see the unparsed line numbers")
     return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
                        unparsed_lines=tuple(linenos), num_lines=blocks.num_lines, kinds=kinds)
+
+
+def _head_shape(body: str) -> str:
+    """A line's first 16 characters as character classes ('host-a:17' -> 'aaaa-a:00')."""
+    return "".join("0" if c.isdigit() else "a" if c.isalpha() else c for c in body[:16])
 
 
 # A file's kind (its primary kind, for naming a run): the first of these its lines hold. Training

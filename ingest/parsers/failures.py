@@ -47,7 +47,9 @@ _LINE_RULES = (
          Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", int)),
     rule("closing_signal", r"(?:.*\]\s?)?" + _CLOSING + r"(?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
          Col("pid", "pid", int)),
-    rule("nccl_env", r"(?P<key>NCCL_\w+): (?P<value>\S.*)$", "env", Col("key", "key", str), Col("value", "value", str)),
+    # NCCL_* settings, and the options ProcessGroupNCCL prints one per line under "initialized with following options:"
+    rule("nccl_env", r"(?P<key>NCCL_\w+|TORCH_NCCL_\w+|TIMEOUT\(ms\)|USE_HIGH_PRIORITY_STREAM): (?P<value>\S.*)$", "env",
+         Col("key", "key", str), Col("value", "value", str)),
     # an NCCL error as torch raises it (c10d NCCLUtils: "NCCL error in: file:line, msg, NCCL version v"),
     # alone or as a work's async exception; then NCCL's own result name and its "Last error:" line
     rule("nccl_error", r".*?" + _NCCL_ERROR + r"(?: in: (?P<loc>\S+?))?[:,] (?P<detail>.*?)(?:, NCCL version (?P<v>\S+))?$",
@@ -79,6 +81,7 @@ _CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank
 # torchrun's failure report (torch/distributed/elastic/multiprocessing/errors), read when an excerpt
 # starts inside it: its section heads, an entry head "[N]:", the keys only it prints
 _CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: ")
+_PG_KEYS = {"size": "pg_size", "NCCL version": "nccl_version", "global rank": "pg_global_rank"}
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 
@@ -168,6 +171,10 @@ class FailureScanner(LineParser):
                 msg = g.group("msg")
                 if self._pg_message(lineno, msg, time, rank, g.group("loc")) or self._line_rules(lineno, msg, time, rank):
                     return True
+                if g.group("loc").startswith("ProcessGroupNCCL.cpp") and self._pg_options(lineno, msg):
+                    return True
+                if g.group("sev") == "I":
+                    return True  # an info line of torch's C++ log (or a plugin's): read, no failure in it
                 if g.group("sev") in "EFW":  # an error, or a warning (c10d's socket and store warnings)
                     self.event("error" if g.group("sev") != "W" else "warning", lineno, rank, time, loc=g.group("loc"),
                                detail=msg[:500])
@@ -176,6 +183,24 @@ class FailureScanner(LineParser):
         if self._line_rules(lineno, body, ts, rank):
             return True
         return after_frame  # the source line Python prints under each traceback frame
+
+    def _pg_options(self, lineno: int, msg: str) -> bool:
+        """ProcessGroupNCCL's "initialization options: size: 8, ..., TIMEOUT(ms): .." and "environments:
+        NCCL version: 2.21.5, .." lines -> env rows (the default group's size is the world size)."""
+        pm = _PG_RANK.match(msg)
+        body = pm.group("body") if pm else msg
+        head, sep, pairs = body.partition("options: ") if "options: " in body else body.partition("environments: ")
+        if not sep or not head.startswith("ProcessGroupNCCL"):
+            return False
+        for key, _, value in (item.partition(": ") for item in pairs.split(", ")):
+            key, value = key.strip(), value.strip()
+            if not value:
+                continue
+            name = _PG_KEYS.get(key, key)
+            self.env(lineno, name, value, record="pg_options")
+            if name == "pg_size" and pm is not None and pm.group("pg") in (None, "0"):
+                self.env(lineno, "world_size", value, record="pg_options")
+        return True
 
     def _pg_message(self, lineno: int, msg: str, time, rank, loc: str | None) -> bool:
         """A ProcessGroupNCCL message ``[PG p Rank r] <watchdog rule>`` -> its event (WorkNCCL fields read)."""
