@@ -143,13 +143,14 @@ def read_scaled(text: str, pattern: re.Pattern, scale: Callable[[str], float]) -
     return to_num(m.group(1)) * scale(m.group(2))
 
 
-_SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B)\s*", re.I)
+_SIZE = re.compile(r"\s*([\d.,]+)\s*([KMGT]?i?B|bytes?)\s*", re.I)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # memory figures repeat from step to step
 def to_gib(text: str) -> float:
-    """'649.97 MiB' / '1.01 GiB' / '0.26GB' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed print them)."""
-    return read_scaled(text, _SIZE, lambda unit: BINARY[unit.upper()[:-1].rstrip("I")] / 2**30)
+    """'649.97 MiB' / '1.01 GiB' / '0.26GB' / '0 bytes' -> GiB (GB taken as GiB, as PyTorch/DeepSpeed
+    print them)."""
+    return read_scaled(text, _SIZE, lambda unit: BINARY[unit.upper()[:-1].rstrip("I").replace("BYTE", "")] / 2**30)
 
 
 def slug(text: str) -> str:
@@ -157,7 +158,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", text.lower()).strip("_")
 
 
-CELLS = re.compile(r"\s{2,}")  # the cell separator of tables printed with aligned columns
+CELLS = re.compile(r"\s{2,}|\t")  # the cell separator of tables printed with aligned columns (or tabs)
 RULE_LINE = rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None)  # dashes under a table header
 
 
@@ -210,7 +211,8 @@ def _starts_record(head: str, nxt: str) -> bool:
         return True
     if len(stripped) < len(nxt) - 1 and head[:1] in " \t":  # one blank: a cut at a word boundary
         return True
-    return _RECORD_START.match(nxt) is not None
+    m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own
+    return bool(m and m.end() and not m.group(0).isspace()) or _RECORD_START.match(nxt) is not None
 
 
 def _editor_numbered(lines: list[str]) -> bool:

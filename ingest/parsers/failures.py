@@ -59,6 +59,14 @@ _LINE_RULES = (
 
 _CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal", "nccl_error")
 _OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?[KMGT]?i?B)")
+# c10/cuda/CUDACachingAllocator.cpp, when a memory fraction is set: "Allocation on device 0 would exceed
+# allowed memory. (out of memory)" then "Currently allocated : X", "Requested : Y", "Device limit : Z", ...
+_OOM_LIMIT = "would exceed allowed memory"
+_OOM_LIMIT_RX = re.compile(r"Allocation on device (?P<gpu>\d+) would exceed allowed memory")
+_OOM_LIMIT_FIELD = re.compile(r"(?P<key>Currently allocated|Requested|Device limit|Free \(according to CUDA\))\s*: "
+                              r"(?P<v>[\d.,]+ ?(?:[KMGT]?i?B|bytes?))$")
+_OOM_LIMIT_COLS = {"Currently allocated": ("mem_allocated_gib", to_gib, 1), "Requested": ("mem_tried_gib", to_gib, 1),
+                   "Device limit": ("mem_total_gib", to_gib, 1), "Free (according to CUDA)": ("mem_free_gib", to_gib, 1)}
 _OOM_FIELDS = (
     (re.compile(r"\(GPU (?P<v>\d+);"), "gpu", int),
     (re.compile(r"GPU (?P<v>\d+) has a total capac"), "gpu", int),
@@ -87,8 +95,9 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
-    busy = property(lambda self: self._in_block or self._after_frame)
+    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    busy = property(lambda self: self._in_block or self._after_frame or self._oom is not None)
+    _oom: dict | None = None  # an allocator-limit OOM whose figures follow it
     _child: dict | None = None  # the failure entry being filled
     _in_block = False
     _root = False
@@ -150,6 +159,18 @@ class FailureScanner(LineParser):
             self._flush_child()
             self._in_block = False
         # --- OOM
+        # --- the allocator's limit (a memory fraction set): the message, then its figures one per line
+        if self._oom is not None:
+            m = _OOM_LIMIT_FIELD.match(body)
+            if m:
+                put_field(self._oom, _OOM_LIMIT_COLS[m.group("key")], m.group("v"))
+                return True
+            self._oom = None
+        if _OOM_LIMIT in body:
+            m = _OOM_LIMIT_RX.search(body)
+            if m:
+                self._oom = self.event("cuda_oom", lineno, rank, ts, gpu=int(m.group("gpu")), detail=body[:500])
+                return True
         if _OOM_TEXT in body:
             m = _OOM.search(body)
             if m:
