@@ -237,3 +237,26 @@ def test_gpu_trace_without_host_ops_is_split_by_its_kernel_pattern(rank):
         assert b.step_time_s == pytest.approx(a.step_time_s, abs=2e-6)
         assert b.compute_s == pytest.approx(a.compute_s, abs=2e-6)
         assert b.exposed_comm_s == pytest.approx(a.exposed_comm_s, abs=2e-6)
+
+
+def test_unmarked_ranks_on_the_epoch_clock_are_aligned_by_start_time():
+    """Rank 1's trace starts one iteration later than rank 0's: on the shared epoch clock its
+    first split step is rank 0's second, so the collectives of that iteration are matched."""
+    from ingest.attribution import compute_attribution
+    from ingest.traces import compute_step_breakdown
+
+    timelines = {}
+    for r in (0, 1):
+        events = _to_epoch(_no_marks(json.loads(gzip.decompress((DDP / f"profile_rank{r}.json.gz").read_bytes()))))
+        events = events["traceEvents"]
+        if r == 1:
+            data = sorted(e["ts"] for e in events if e.get("name") == "data" and e.get("cat") == "user_annotation")
+            events = [e for e in events if not isinstance(e.get("ts"), (int, float)) or e["ts"] >= data[1] - 1]
+        timelines[r] = compute_step_breakdown(iter(events), run="r", rank=r, pp_degree=1,
+                                              unmarked="split").rank_timeline
+    assert timelines[1].steps.tolist() == [0]
+    att = compute_attribution(timelines, run="r", pp_degree=1, num_microbatches=1)
+    assert "share the Unix-epoch clock" in att.warnings[0] and "rank 1 by +1" in att.warnings[0]
+    assert sorted((a.rank, a.step) for a in att.rows) == [(0, 0), (0, 1), (1, 1)]
+    assert att.collectives and {c.step for c in att.collectives} == {1}
+    assert all(c.num_ranks == 2 for c in att.collectives)
