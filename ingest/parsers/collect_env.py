@@ -24,13 +24,19 @@ KEYS = {  # pattern table: printed key -> env key
 _KV = re.compile(r"(?P<key>[A-Za-z][\w .()/\-]*?)\s*: ?(?P<value>.*)$")
 _SECTION = re.compile(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|"
                       r"Environment Variables|vLLM|Python)(?: Info)?:?$")  # vLLM's sectioned variant
+# `accelerate env`: "- `Accelerate` version: 0.27.2", "- PyTorch version (GPU?): 2.2.0 (True)", its
+# default config nested one level deeper ("- distributed_type: DEEPSPEED")
+_ACCELERATE = re.compile(r"- (?P<key>[^:]+): ?(?P<value>.*)$")
+ACCELERATE_KEYS = {"`Accelerate` version": "accelerate_version", "PyTorch version (GPU?)": "torch_version",
+                   "Python version": "python_version", "Numpy version": "numpy_version", "Platform": "python_platform",
+                   "GPU type": "gpu_models", "System RAM": "host_memory"}
 _PKG = re.compile(r"\[(?P<mgr>pip3?|conda)\] (?P<pkg>.+)$")
 
 
 class CollectEnvParser(LineParser):
     kind = "collect_env"
     # its banner, a key of its own (KEYS) or a package line opens a block; other keys only inside one
-    gate = ("Collecting environment information", _SECTION, re.compile("=+$"), re.compile("(?:" + "|".join(map(re.escape, KEYS)) + r")\s*:"), _PKG)
+    gate = ("Collecting environment information", "- `Accelerate` version:", _SECTION, re.compile("=+$"), re.compile("(?:" + "|".join(map(re.escape, KEYS)) + r")\s*:"), _PKG)
     busy = property(lambda self: self._active)
     _open: dict | None = None  # record whose value continues on the next lines
     _active = False
@@ -46,6 +52,17 @@ class CollectEnvParser(LineParser):
                 or _SECTION.fullmatch(body)):
             self._open = None
             return True
+        if body.startswith("- ") and (self._active or body.startswith("- `Accelerate` version:")):
+            m = _ACCELERATE.match(body)
+            if m:
+                key, value = m.group("key").strip(), m.group("value").strip()
+                if key == "PyTorch version (GPU?)":
+                    value = value.split(" (")[0]
+                nested = key not in ACCELERATE_KEYS and self._open is not None and self._open["key"].startswith("accelerate")
+                name = ACCELERATE_KEYS.get(key) or ("accelerate." + slug(key) if nested or "config" in key else slug(key))
+                rec = self.env(lineno, name, value, record="accelerate_env")
+                self._open = rec if name.startswith("accelerate") else None
+                return True
         m = _PKG.match(body)
         if m:
             name, _, ver = m.group("pkg").partition("==")
