@@ -44,8 +44,8 @@ EXPECTED = {
     "47_collect_env_2020_torch1.7.txt": ("collect_env", 13, 0),
     "48_collect_env_2025_torch2.7_8xh100.txt": ("collect_env", 17, 0),
     "50_collect_env_vllm_sectioned_2025.txt": ("collect_env", 16, 1),  # "warnings.warn("
-    "51_torchrun_childfailed_multi_failures_sigabrt.txt": ("failures", 3, 0),
-    "53_torchrun_childfailed_sigkill_py311_carets.txt": ("failures", 1, 0),
+    "51_torchrun_childfailed_multi_failures_sigabrt.txt": ("failures", 4, 0),  # + the traceback
+    "53_torchrun_childfailed_sigkill_py311_carets.txt": ("failures", 2, 0),  # + the traceback
     "54_watchdog_2022_legacy_no_numel.txt": ("failures", 5, 0),
     "56_watchdog_2025_lineno_and_rank_prefix.txt": ("failures", 4, 0),
     "58_watchdog_fr_dump_trigger_torchx_glog_prefix.txt": ("failures", 2, 0),  # "Profiler start dump": a glog info line

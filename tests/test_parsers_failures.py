@@ -21,6 +21,11 @@ def pick(rec, *keys):
 
 def test_childfailed_multi_failures_and_root_cause_truncated():
     r, ev = events("51_torchrun_childfailed_multi_failures_sigabrt.txt")
+    (tb,) = [e for e in ev if e["event"] == "traceback"]  # the excerpt starts inside the launcher's traceback
+    assert pick(tb, "exception", "num_frames", "frame_user") == (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError", 2, None)
+    assert tb["frame_framework"].endswith("torch/distributed/launcher/api.py:246 (launch_agent)")
+    ev = [e for e in ev if e["event"] != "traceback"]
     assert [pick(e, "event", "rank", "local_rank", "exitcode", "pid", "signal", "root_cause", "script") for e in ev] == [
         ("child_failed", 1, 1, -6, 2385923, "SIGABRT", False, "tools/train.py"),
         ("child_failed", 2, 2, -6, 2385924, "SIGABRT", False, "tools/train.py"),
@@ -30,7 +35,10 @@ def test_childfailed_multi_failures_and_root_cause_truncated():
 
 
 def test_childfailed_sigkill_py311_carets():
-    r, (e,) = events("53_torchrun_childfailed_sigkill_py311_carets.txt")
+    r, ev = events("53_torchrun_childfailed_sigkill_py311_carets.txt")
+    tb, e = ev  # the launcher's traceback (the excerpt starts inside it), then the failure entry
+    assert pick(tb, "event", "exception", "num_frames") == (
+        "traceback", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError", 4)
     assert pick(e, "rank", "exitcode", "signal", "root_cause", "detail") == \
         (0, -9, "SIGKILL", True, "Signal 9 (SIGKILL) received by PID 14750")
     assert r.unparsed == 0
@@ -90,4 +98,26 @@ def test_pg_guid_generation_and_agent_lines_with_rank_prefix():
     ev = [x for x in r.records if x["table"] == "events"]
     assert [pick(e, "event", "rank") for e in ev] == [("nccl_timeout", 1), ("closing_signal", None), ("agent_failed", None), ("cuda_oom", 0)]
     assert pick(ev[0], "pg_id", "seq_num", "op_type", "numel_out", "timeout_s") == (0, 7, "_ALLGATHER_BASE", 32, 60.0)
+    assert r.unparsed == 0
+
+
+def test_tracebacks_of_interleaved_ranks_are_records_with_their_exceptions():
+    """Two ranks' tracebacks (launcher prefixes) interleaved line by line: one record each, with the
+    exception, the innermost frame of the user's code and of the framework; frames and source lines read."""
+    rank0 = ['Traceback (most recent call last):', '  File "/home/user/train.py", line 40, in <module>', '    main()',
+             '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper',
+             '    return func(*args, **kwargs)', 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB']
+    rank1 = ['Traceback (most recent call last):', '  File "/home/user/train.py", line 33, in step',
+             '    loss.backward()', 'RuntimeError: boom']
+    lines = []
+    for i in range(max(len(rank0), len(rank1))):
+        lines += [f"[rank0]: {rank0[i]}"] if i < len(rank0) else []
+        lines += [f"[rank1]: {rank1[i]}"] if i < len(rank1) else []
+    r = parse_failures("\n".join(lines) + "\n", source="t")
+    tbs = sorted((e for e in r.records if e.get("event") == "traceback"), key=lambda e: e["rank"])
+    assert [pick(e, "rank", "exception", "detail", "num_frames", "frame_user") for e in tbs] == [
+        (0, "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", 2, "/home/user/train.py:40 (<module>)"),
+        (1, "RuntimeError", "boom", 1, "/home/user/train.py:33 (step)")]
+    assert tbs[0]["frame_framework"].endswith("torch/distributed/c10d_logger.py:81 (wrapper)")
+    assert [e["event"] for e in r.records if e.get("event") == "cuda_oom"] == ["cuda_oom"]  # the line is also the OOM
     assert r.unparsed == 0

@@ -37,7 +37,9 @@ _WATCHDOG_RULES = (
 _EXITED, _CLOSING, _NCCL_ERROR = "failed (exitcode: ", "Sending process ", "NCCL error"
 _LINE_RULES = (
     rule("traceback", r"Traceback \(most recent call last\):$", None),
-    rule("traceback_frame", r'File "[^"]*", line \d+(?:, in .*)?$', None),
+    rule("traceback_frame", r'File "(?P<file>[^"]*)", line (?P<ln>\d+)(?:, in (?P<func>.*))?$', None),
+    rule("chained", r"(?:The above exception was the direct cause of the following exception|During handling of the "
+         r"above exception, another exception occurred):$", None),
     rule("traceback_carets", r"[\^~ ]*\^[\^~ ]*$", None),
     rule("cpp_frame", r"frame #\d+: ", None),
     rule("exception_raised", r"Exception raised from \S+ at ", None),
@@ -90,19 +92,36 @@ _CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank
 # starts inside it: its section heads, an entry head "[N]:", the keys only it prints
 _CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: ")
 _PG_KEYS = {"size": "pg_size", "NCCL version": "nccl_version", "global rank": "pg_global_rank"}
+# A Python traceback (traceback.py's format): inside it, frames, their source lines and carets; it
+# ends at the exception line "module.Class: message"; a frame's file says whose code it is
+_TB_INSIDE = re.compile(r'File "|[\^~ ]*\^[\^~ ]*$|\.\.\.$|\[Previous line repeated')
+_EXCEPTION = re.compile(r"(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(?P<msg>.*))?$")
+_FRAMEWORK = re.compile(r"/torch/|/deepspeed/|/megatron/|/transformers/|/accelerate/|nccl")
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|^<frozen|/torch/|/deepspeed/|/megatron/")
+
+
+def _user_frame(frame: tuple) -> bool:
+    return _LIBRARY.search(frame[0]) is None
+
+
 _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 
 class FailureScanner(LineParser):
     kind = "failures"
     gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
-    busy = property(lambda self: self._in_block or self._after_frame or self._oom is not None)
+    busy = property(lambda self: self._in_block or bool(self._after_frame) or self._oom is not None or bool(self._tbs))
     _oom: dict | None = None  # an allocator-limit OOM whose figures follow it
+    _tbs: dict  # rank -> the Python traceback being read (its frames so far)
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._tbs, self._after_frame = {}, set()
     _child: dict | None = None  # the failure entry being filled
     _in_block = False
     _root = False
     _script: str | None = None
-    _after_frame = False
+    _after_frame: set  # the ranks whose last line was a traceback frame: their source line comes next
 
     def _flush_child(self) -> None:
         if self._child is not None:
@@ -110,7 +129,31 @@ class FailureScanner(LineParser):
             self._child = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        after_frame, self._after_frame = self._after_frame, False
+        after_frame = rank in self._after_frame  # (ranks' tracebacks interleave)
+        self._after_frame.discard(rank)
+        if rank in self._tbs and not after_frame and not _TB_INSIDE.match(body):
+            closed = self._close_traceback(rank, body)  # the exception line ends the traceback
+            if self._feed(lineno, body, ts, rank, after_frame):
+                return True
+            return closed
+        return self._feed(lineno, body, ts, rank, after_frame)
+
+    def _close_traceback(self, rank, body: str) -> bool:
+        """Close ``rank``'s traceback on ``body``; True when body is its exception line."""
+        tb = self._tbs.pop(rank)
+        frames = tb.pop("_frames")
+        m = _EXCEPTION.match(body)
+        if m:
+            tb.update(exception=m.group("cls"), detail=(m.group("msg") or "")[:500])
+        tb["num_frames"] = len(frames)
+        for col, keep in (("frame_innermost", lambda f: True), ("frame_user", _user_frame),
+                          ("frame_framework", lambda f: _FRAMEWORK.search(f[0]) is not None)):
+            f = next((f for f in reversed(frames) if keep(f)), None)
+            tb[col] = f"{f[0]}:{f[1]} ({f[2]})" if f else None
+        self.records.append(tb)
+        return m is not None
+
+    def _feed(self, lineno: int, body: str, ts, rank, after_frame: bool) -> bool:
         # --- torchrun ChildFailedError block
         if _CHILD_FAILED in body:
             self._flush_child()
@@ -249,8 +292,14 @@ class FailureScanner(LineParser):
     def _line_rules(self, lineno: int, body: str, ts, rank) -> bool:
         r2, m2 = match_rules(_LINE_RULES, body)
         if r2 is not None:
+            if r2.name == "traceback" or r2.name == "traceback_frame" and rank not in self._tbs:  # (an excerpt
+                if rank in self._tbs:                                                               # may start inside one)
+                    self._close_traceback(rank, "")
+                self._tbs[rank] = {"table": "events", "source": self.source, "line": lineno, "event": "traceback",
+                                   "rank": rank, "time": ts, "exception": None, "detail": None, "_frames": []}
             if r2.name == "traceback_frame":
-                self._after_frame = True
+                self._after_frame.add(rank)
+                self._tbs[rank]["_frames"].append((m2.group("file"), int(m2.group("ln")), m2.group("func")))
             rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
             if rec is not None:
                 if rec["table"] == "events":
@@ -264,6 +313,8 @@ class FailureScanner(LineParser):
 
     def finish(self) -> None:
         self._flush_child()
+        for rank in list(self._tbs):  # a traceback the text ends inside: its frames, no exception
+            self._close_traceback(rank, "")
 
 
 def parse_failures(text, *, source: str) -> ParseResult:
