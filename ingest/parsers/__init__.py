@@ -233,6 +233,16 @@ def _editor_numbered(lines: list[str]) -> bool:
     return count >= 3
 
 
+_QUOTE = re.compile(r"> ?")
+
+
+def _quoted(lines: list[str]) -> bool:
+    """Whether a text is pasted as a quote: its first non-blank lines (at least 3 of the first 40)
+    all start with '>' (Markdown / e-mail quoting; a lone '>' is a quoted blank line)."""
+    heads = [raw.lstrip(" ")[:1] for raw in lines[:_EDITOR_SAMPLE] if raw.strip()]
+    return len(heads) >= 3 and all(h == ">" for h in heads)
+
+
 class TextBlocks:
     """Blocks of whole lines joined by newlines (``ingest.io.iter_text_blocks``). iter_lines sets
     num_lines (the last non-blank line's number) and cut_line (a last line the input ends inside)."""
@@ -282,9 +292,9 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
 
 
 def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iterable[tuple[int, str]]]:
-    """Per block, its ``(lineno, line)`` pairs: cleaned (``_clean``), editor numbers stripped,
+    """Per block, its ``(lineno, line)`` pairs: cleaned (``_clean``), editor numbers and quote marks stripped,
     hard wraps rejoined (``_joined``); a cut last line withheld (``iter_lines``)."""
-    lineno, numbered, held = 0, None, [0, None, 0]
+    lineno, numbered, quoted, held = 0, None, None, [0, None, 0]
     for block in blocks:
         lines = block.split("\n")
         if cut and blocks.ends_cut and lines[-1].strip():  # cut: withhold a last line the input ends inside
@@ -296,6 +306,10 @@ def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iter
             numbered = _editor_numbered(lines)
         if numbered:
             lines = [raw[m.end():] if (m := _EDITOR.match(raw)) else raw for raw in lines]
+        if quoted is None:
+            quoted = _quoted(lines)
+        if quoted:
+            lines = [raw.lstrip(" ")[1:].removeprefix(" ") if raw.lstrip(" ")[:1] == ">" else raw for raw in lines]
         width = max(map(len, lines)) if len(lines) > 2 else 0
         if width in WRAP_WIDTHS or held[1] is not None:
             yield _joined(lines, lineno + 1, width if width in WRAP_WIDTHS else 0, held, spans)
@@ -310,7 +324,8 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
                ) -> Iterator[tuple[int, str | None, str | None, int | None]]:
     """``(lineno, body, timestamp, rank)`` per non-blank line of a string, a ``TextBlocks`` or an
     iterable of lines, normalised: ANSI colour codes, the text a ``\\r`` redraw overwrote, editor
-    line numbers (a text numbered consecutively from its first line), launcher and logger prefixes
+    line numbers (a text numbered consecutively from its first line), quote marks (a text pasted as a
+    '>' quote), launcher and logger prefixes
     in any stack (``_PREFIX``: rank from ``[rankN]:`` / ``[defaultN]:`` / ``[job,N]<stdout>:`` /
     Slurm ``N: `` / TorchX ``role/i [N]:``, the innermost one winning; timestamp from a leading ISO
     or bracketed ISO one), indentation and trailing whitespace removed; lines hard-wrapped at a
