@@ -121,3 +121,18 @@ def test_tracebacks_of_interleaved_ranks_are_records_with_their_exceptions():
     assert tbs[0]["frame_framework"].endswith("torch/distributed/c10d_logger.py:81 (wrapper)")
     assert [e["event"] for e in r.records if e.get("event") == "cuda_oom"] == ["cuda_oom"]  # the line is also the OOM
     assert r.unparsed == 0
+
+
+def test_flight_recorder_analyzer_report_names_the_missing_rank():
+    """torchfrtrace -v output (tests/corpus/failures/014): the collective not every rank joined, with its
+    group, op, missing and expected ranks and stack; the Groups table as groups; progress lines read."""
+    from ingest.parsers.dispatch import parse_text
+    path = Path(__file__).parent / "corpus" / "failures" / "014_fr_trace_analyzer_verbose_tables.txt"
+    r = parse_text(path.read_text(encoding="utf-8"), source="fr")
+    (ev,) = [x for x in r.records if x["table"] == "events"]
+    assert pick(ev, "event", "seq_num", "entry", "group", "collective", "missing_ranks", "num_ranks", "state", "detail") == (
+        "fr_not_all_joined", 3, 2, "0:default_pg", "nccl:all_reduce", "{1}", 2, "scheduled",
+        "<module> at /home/user/test/c.py:66")
+    (group,) = [x for x in r.records if x.get("record") == "fr_group"]
+    assert pick(group, "comm_group", "desc", "num_ranks_per_comm") == ("09000494312501845833", "default_pg", 2)
+    assert r.kinds == ("flight_recorder",) and r.unparsed_lines == (1,)  # the torchfrtrace command line

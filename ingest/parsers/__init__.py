@@ -202,12 +202,17 @@ def _shape(text: str) -> str:
     return "".join("0" if c.isdigit() else "a" if c.isalpha() else c for c in text[:8])
 
 
+def _unprefixed(line: str) -> str:
+    m = _PREFIX.match(line)
+    return line[m.end():] if m else line
+
+
 def _starts_record(head: str, nxt: str) -> bool:
     """Whether ``nxt``, the line after one of exactly the wrap width that began with ``head``, is a
     record by itself: blank, headed like ``head``, an indented line after an indented one, or a
     launcher prefix, timestamp, NCCL/glog header or traceback start."""
     stripped = nxt.lstrip()
-    if not stripped or _shape(head) == _shape(nxt):
+    if not stripped or _shape(_unprefixed(head)) == _shape(_unprefixed(nxt)):
         return True
     if len(stripped) < len(nxt) - 1 and head[:1] in " \t":  # one blank: a cut at a word boundary
         return True
@@ -311,6 +316,8 @@ def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iter
         if quoted:
             lines = [raw.lstrip(" ")[1:].removeprefix(" ") if raw.lstrip(" ")[:1] == ">" else raw for raw in lines]
         width = max(map(len, lines)) if len(lines) > 2 else 0
+        if width in WRAP_WIDTHS and sum(len(line) == width for line in lines) < 2:
+            width = 0  # one line of a terminal's width is a coincidence; a wrapped paste has several
         if width in WRAP_WIDTHS or held[1] is not None:
             yield _joined(lines, lineno + 1, width if width in WRAP_WIDTHS else 0, held, spans)
         else:

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from ingest.parsers import (
     HEAD_CHARS, LineParser, ParseResult, collect_env, deepspeed, deepspeed_tables, detect_kind, failures,
-    flight_recorder, hf_trainer, megatron, nanogpt, nccl, nccl_ras, nsys_stats, nvidia_smi, profiler_table, pyspy, run_parsers, torchtitan,
+    flight_recorder, fr_analyzer, hf_trainer, megatron, nanogpt, nccl, nccl_ras, nsys_stats, nvidia_smi, profiler_table, pyspy, run_parsers, torchtitan,
 )
 
 PARSERS: dict[str, Callable[..., ParseResult]] = {  # kind -> the parser of that kind alone (kind=...)
@@ -36,7 +36,8 @@ CHAIN: tuple[type[LineParser], ...] = (
     deepspeed_tables.FlopsProfileParser, deepspeed_tables.CommsLogParser, torchtitan.TorchtitanParser,
     nanogpt.NanoGptParser, hf_trainer.HfTrainerParser,
     pyspy.PySpyParser, collect_env.CollectEnvParser, profiler_table.ProfilerTableParser,
-    nsys_stats.NsysStatsParser, nvidia_smi.TopoParser, nvidia_smi.SmiQParser, failures.FailureScanner,
+    nsys_stats.NsysStatsParser, nvidia_smi.TopoParser, nvidia_smi.SmiQParser, fr_analyzer.FrAnalyzerParser,
+    failures.FailureScanner,
 )
 
 

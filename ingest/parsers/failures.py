@@ -122,6 +122,7 @@ class FailureScanner(LineParser):
     _root = False
     _script: str | None = None
     _after_frame: set  # the ranks whose last line was a traceback frame: their source line comes next
+    _frame_lineno = -1
 
     def _flush_child(self) -> None:
         if self._child is not None:
@@ -129,14 +130,25 @@ class FailureScanner(LineParser):
             self._child = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
-        after_frame = rank in self._after_frame  # (ranks' tracebacks interleave)
-        self._after_frame.discard(rank)
-        if rank in self._tbs and not after_frame and not _TB_INSIDE.match(body):
-            closed = self._close_traceback(rank, body)  # the exception line ends the traceback
+        # the source line under a frame: of this rank's last frame (ranks' tracebacks interleave), or
+        # right after a frame when this rank has no traceback open (a prefix on some lines only)
+        key = self._tb_key(rank)
+        after_frame = key in self._after_frame or key not in self._tbs and self._frame_lineno == lineno - 1
+        self._after_frame.discard(key)
+        if key in self._tbs and not after_frame and not _TB_INSIDE.match(body):
+            closed = self._close_traceback(key, body)  # the exception line ends the traceback
             if self._feed(lineno, body, ts, rank, after_frame):
                 return True
             return closed
         return self._feed(lineno, body, ts, rank, after_frame)
+
+    def _tb_key(self, rank):
+        """The traceback a line of ``rank`` continues: its rank's; a line without a rank, or a rank
+        with none open while the only open one has no rank, continues the only one open."""
+        if rank in self._tbs or len(self._tbs) != 1:
+            return rank
+        (only,) = self._tbs
+        return only if rank is None or only is None else rank
 
     def _close_traceback(self, rank, body: str) -> bool:
         """Close ``rank``'s traceback on ``body``; True when body is its exception line."""
@@ -292,14 +304,17 @@ class FailureScanner(LineParser):
     def _line_rules(self, lineno: int, body: str, ts, rank) -> bool:
         r2, m2 = match_rules(_LINE_RULES, body)
         if r2 is not None:
-            if r2.name == "traceback" or r2.name == "traceback_frame" and rank not in self._tbs:  # (an excerpt
-                if rank in self._tbs:                                                               # may start inside one)
+            key = self._tb_key(rank) if r2.name == "traceback_frame" else rank
+            if r2.name == "traceback" or r2.name == "traceback_frame" and key not in self._tbs:  # (an excerpt
+                if rank in self._tbs:                                                             # may start inside one)
                     self._close_traceback(rank, "")
-                self._tbs[rank] = {"table": "events", "source": self.source, "line": lineno, "event": "traceback",
+                key = rank
+                self._tbs[key] = {"table": "events", "source": self.source, "line": lineno, "event": "traceback",
                                    "rank": rank, "time": ts, "exception": None, "detail": None, "_frames": []}
             if r2.name == "traceback_frame":
-                self._after_frame.add(rank)
-                self._tbs[rank]["_frames"].append((m2.group("file"), int(m2.group("ln")), m2.group("func")))
+                self._after_frame.add(key)
+                self._frame_lineno = lineno
+                self._tbs[key]["_frames"].append((m2.group("file"), int(m2.group("ln")), m2.group("func")))
             rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
             if rec is not None:
                 if rec["table"] == "events":
