@@ -203,8 +203,9 @@ def _shape(text: str) -> str:
 
 
 def _unprefixed(line: str) -> str:
+    """``line`` without a launcher or logger prefix (indentation alone is kept: it is the line's shape)."""
     m = _PREFIX.match(line)
-    return line[m.end():] if m else line
+    return line[m.end():] if m and not m.group(0).isspace() else line
 
 
 def _starts_record(head: str, nxt: str) -> bool:
@@ -316,8 +317,6 @@ def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iter
         if quoted:
             lines = [raw.lstrip(" ")[1:].removeprefix(" ") if raw.lstrip(" ")[:1] == ">" else raw for raw in lines]
         width = max(map(len, lines)) if len(lines) > 2 else 0
-        if width in WRAP_WIDTHS and sum(len(line) == width for line in lines) < 2:
-            width = 0  # one line of a terminal's width is a coincidence; a wrapped paste has several
         if width in WRAP_WIDTHS or held[1] is not None:
             yield _joined(lines, lineno + 1, width if width in WRAP_WIDTHS else 0, held, spans)
         else:
