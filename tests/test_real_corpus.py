@@ -51,3 +51,8 @@ def test_the_pasted_fixtures_read_right_or_partial_never_wrong(graded):
     fixtures = [r for r in graded["files"] if r["group"] == "fixtures"]
     assert len(fixtures) >= 38
     assert not [r["file"] for r in fixtures if r["verdict"] in ("wrong", "silent")]
+
+
+def test_no_file_reads_as_nothing(graded):
+    """No silent loss: every real file gives records or a warning saying what was not read."""
+    assert not [f"{r['group']}/{r['file']}" for r in graded["files"] if r["verdict"] == "silent"]

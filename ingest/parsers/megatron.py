@@ -21,6 +21,13 @@ _ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?(?:Training epoch \d+, )?iterat
 _KV_ROW = re.compile(r"(?:.* \| )?(?:epoch=\d+ )?step=(?P<step>\d+)(?P<rest>(?: \w+=\S+)+)$")
 _KV_FIELDS = {"loss": ("loss", to_num, 1), "lr": ("lr", to_num, 1), "grad_norm": ("grad_norm", to_num, 1),
               "tps": ("tokens_per_s", to_num, 1), "step_time": ("step_time_s", to_num, 1), "epoch": ("epoch", to_num, 1)}
+# NeMo 1.x (Lightning's progress bar, its metrics after the rate): "Epoch 0: 3%|..| 9000/301500
+# [1:42:42<55:37:46, 41.36s/it, loss=3.1, v_num=0-56, reduced_train_loss=3.09, global_step=9e+3, ...]"
+_PTL_BAR = re.compile(r"Epoch (?P<epoch>\d+):.*?\| *(?P<n>\d+)/(?P<total>\d+) \[(?P<rest>[^\]]*)\]$")
+_PTL_RATE = re.compile(r"(?P<v>[\d.]+)(?P<unit>s/it|it/s)$")
+_PTL_FIELDS = {"reduced_train_loss": ("loss", to_num, 1), "loss": ("loss_smoothed", to_num, 1),
+               "train_step_timing in s": ("step_time_s", to_num, 1), "consumed_samples": ("consumed_samples", to_num, 1),
+               "val_loss": ("val_loss", to_num, 1), "lr": ("lr", to_num, 1)}
 _MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
 _MINMAX = re.compile(r"(?P<name>[\w\-/ ]+?) \.{2,}: \((?P<min>[\d.]+), (?P<max>[\d.]+)\)$")
@@ -66,7 +73,8 @@ _NOISE = re.compile(r"(?:\[.*\] )?datetime: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$|(?:t
 
 class MegatronParser(StepRowParser):
     kind = "megatron"
-    gate = ("iteration", "time (ms)", "memory (MB)", " ..", "datetime: ", " arguments ", "(min, max)", " ...", "step=")
+    gate = ("iteration", "time (ms)", "memory (MB)", " ..", "datetime: ", " arguments ", "(min, max)", " ...", "step=",
+            "reduced_train_loss=", "train_step_timing in s=")
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -99,11 +107,34 @@ class MegatronParser(StepRowParser):
         self._last_step = step
         return True
 
+    def _ptl_bar(self, lineno: int, m: re.Match, rank) -> bool:
+        """A NeMo 1.x progress bar: the step (global_step, else the bar's count), its metrics; the
+        step time from train_step_timing, else from the bar's (smoothed) rate."""
+        items = [x.strip() for x in m.group("rest").split(", ")]
+        pairs = dict(x.split("=", 1) for x in items if "=" in x)
+        step = int(to_num(pairs["global_step"])) if "global_step" in pairs else int(m.group("n"))
+        row = self._step_row(rank, step, lineno)
+        row.update(epoch=int(m.group("epoch")), num_steps_total=int(m.group("total")))
+        for key, value in pairs.items():
+            if key in _PTL_FIELDS:
+                put_field(row, _PTL_FIELDS[key], value)
+        rate = next((r for r in map(_PTL_RATE.match, items) if r), None)
+        if "step_time_s" not in row and rate:
+            v = float(rate.group("v"))
+            row["step_time_s"] = v if rate.group("unit") == "s/it" else (1 / v if v else None)
+        row.setdefault("loss", None)
+        self._last_step = step
+        return True
+
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if "iteration" in body:
             m = _ITER.match(body)
             if m:
                 return self._iteration(lineno, m, ts, rank)
+        if "reduced_train_loss=" in body or "train_step_timing in s=" in body:
+            m = _PTL_BAR.search(body)
+            if m:
+                return self._ptl_bar(lineno, m, rank)
         if "step=" in body and "loss=" in body:
             m = _KV_ROW.match(body)
             if m:

@@ -81,6 +81,8 @@ _RULES = {
                   Col("comm", "comm", S), Col("head", "nvls_head_rank", I), Col("nheads", "nvls_num_heads", I),
                   Col("buff", "nvls_buff_size_b", I), Col("mem", "nvls_mem_size_b", I), Col("per", "nvls_per_rank_size_b", I),
                   Col("tot", "nvls_total_size_b", I)),
+             rule("nvls_head", r"NVLS Head +(?P<head>\d+): +(?P<ranks>[\d ]+)$", "comm_topology",
+                  Col("head", "nvls_head", I), Col("ranks", "nvls_head_ranks", lambda t: " ".join(t.split()))),
              rule("nvls_other", r"NVLS .*", None)),
     "threadThresholds": (rule("thread_thresholds", r"threadThresholds (?P<t>.+)", "comm_topology", Col("t", "thread_thresholds", S)),),
     "P2P": (rule("p2p_chunksize", r"P2P Chunksize set to (?P<n>\d+)", "comm_topology", Col("n", "p2p_chunk_size_b", I)),
