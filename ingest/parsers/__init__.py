@@ -181,9 +181,10 @@ _PREFIX = re.compile(
     rf"|(?P<t2>{_TS})\s(?!\s*-\s)"
     r"|[\w.\-]+/\d+ \[\d+\]:"  # TorchX "trainer/0 [0]:"
     r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\)(?: |$)"  # Ray
+    r"|`{3}[\w+\-]*$|`{1,3}(?=\S)"  # Markdown residue of a paste: a code fence, a stray backtick
     r")+"
 )
-_PREFIX_START = frozenset(" \t[(0123456789")
+_PREFIX_START = frozenset(" \t[(0123456789`")
 _ISO_TS = re.compile(_TS)
 # Editor or viewer line numbers ("  12 | ", "12: ", cat -n's "    12\t"), stripped only from a text
 # whose first lines are all numbered consecutively (a Slurm label repeats; an editor's number counts).
