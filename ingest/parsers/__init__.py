@@ -378,8 +378,9 @@ class LineParser:
     # gate: a line it takes while not busy starts with one of these regexes or holds one of these strings
     gate: tuple[re.Pattern | str, ...] | None = None  # None: any line may be its
     busy = False  # inside a block of lines its gate does not describe
-    # fallback(lineno, body, ts, rank) -> bool: offered a line its gate passed that no parser of the
-    # chain recognised (a logger's own format around messages other parsers read), or None
+    # fallback(lineno, body, ts, rank) -> bool: offered every line no parser of the chain recognised (a
+    # logger's own format around messages other parsers read; a message whose prefix was stripped),
+    # gate or not: it must reject a line cheaply; or None
     fallback: Callable[[int, str, str | None, int | None], bool] | None = None
 
     def __init__(self, source: str) -> None:
@@ -452,7 +453,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     """Route every normalised line of ``text`` (``iter_lines``) to the parsers that claim it: first
     to those inside a block (``busy``), then, in chain order, to each parser whose ``gate`` passes
     (a parser without a gate is offered every line); the first that recognises it wins; a line none
-    recognises goes to the ``fallback`` of each parser whose gate passed it. Count the
+    recognises goes to each parser's ``fallback``. Count the
     unparsed lines. A parser that raises ValueError, IndexError, KeyError or OverflowError on a line
     leaves it unparsed with a warning. kinds: the kinds whose parsers recognised lines and made
     records (when none made any: that recognised lines), most lines first; kind: ``kind`` when given, else the first of ``KIND_PRIORITY`` among kinds ("unknown"
@@ -460,7 +461,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
     feeds, claims, warnings = [p.feed for p in parsers], [_claim(p.gate) for p in parsers], parsers[0].warnings
     order = list(zip(range(len(parsers)), claims, feeds))
-    fallbacks = [(i, claims[i], p.fallback) for i, p in enumerate(parsers) if p.fallback is not None]
+    fallbacks = [(i, p.fallback) for i, p in enumerate(parsers) if p.fallback is not None]
     hits = [0] * len(parsers)
     unparsed, linenos, huge, num_bodies = 0, [], 0, 0
     # the chain's gate: a line no parser's gate passes goes unread unless a parser is inside a block
@@ -495,11 +496,11 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                             if feed(lineno, body, ts, rank):
                                 got = i
                                 break
-                    else:
-                        for i, claim, fallback in fallbacks:
-                            if (claim is None or claim(body)) and fallback(lineno, body, ts, rank):
-                                got = i
-                                break
+                if got < 0:
+                    for i, fallback in fallbacks:
+                        if fallback(lineno, body, ts, rank):
+                            got = i
+                            break
             except (ValueError, IndexError, KeyError, OverflowError) as e:
                 warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
                 got = -1

@@ -159,6 +159,16 @@ _TEST_ROW = rule(  # an nccl-tests result row: out-of-place then in-place time a
 _TEST_RANK = re.compile(r"Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
 
 
+# NCCL's topology dump (graph/topo.cc ncclTopoPrint) pasted without its "host:pid:tid [dev] NCCL INFO" heads
+_TOPO_BARE = re.compile(r"=== System : maxBw |\+ [A-Z]+\[[\d.]+\] - [A-Z]+/|CPU/[\w\-]+ \(\d+/\d+/\d+\)$")
+_NO_HEAD = (None, None, None)
+# first words of NCCL messages no other tool starts a line with (read without a head once NCCL is seen)
+_BARE_WORDS = frozenset(("Bootstrap", "Bootstrap:", "cudaDriverVersion", "NET/Plugin", "NET/Plugin:", "NET/IB", "NET/IB:",
+                         "NET/Socket", "NET/Socket:", "comm", "Channel", "Trees", "NVLS", "threadThresholds", "P2P",
+                         "Connected", "RAS", "MNNVL", "TOPO/NET", "ncclTopoPopulateNics", "ncclTopoGetCpuAffinity:",
+                         "ncclP2pSchedule:", "DMA-BUF", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG"))
+
+
 # nccl-tests' own header lines (src/common.cu, each printed after '#', which a markdown paste loses):
 # the first opens its block, in which every '#' line is its header or a comment
 _TEST_START = re.compile(r"(?:nThread |Collective test |Using devices|Rank\s+\d+ (?:Group\s+\d+ )?Pid )")
@@ -168,7 +178,8 @@ _TEST_TEXT = re.compile(r"(?:out-of-place|size\s+count\s+type|\(B\)\s+\(elements
 
 class NcclParser(LineParser):
     kind = "nccl"
-    gate = (" NCCL ", re.compile("NCCL version |NCCL (?:INFO|WARN) |#"), _TEST_ROW.regex, _TEST_START, _TEST_TEXT)
+    gate = (" NCCL ", re.compile("NCCL version |NCCL (?:INFO|WARN) |#"), _TEST_ROW.regex, _TEST_START, _TEST_TEXT, _TOPO_BARE)
+    _context = False  # an NCCL line or banner seen: a message whose head was stripped may follow
     _tests = False  # inside nccl-tests output: every '#' line is its header or comment
 
     def __init__(self, source: str) -> None:
@@ -195,6 +206,7 @@ class NcclParser(LineParser):
         h, hdr = self._heads.get(head) or self._head(head)
         if h is None:
             return False
+        self._context = True
         level, _, msg = msg.partition(" ")
         if level == "WARN":
             file, _, ln = (h.group("loc") or "").rpartition(":")
@@ -339,9 +351,20 @@ class NcclParser(LineParser):
             "num_p2p_channels_per_peer": int(per_peer.group(1)) if per_peer else None}, hdr))
         return True
 
+    def fallback(self, lineno: int, body: str, ts, rank) -> bool:
+        """A message whose head the poster stripped (``Bootstrap: Using ...``), once NCCL lines are seen."""
+        if not self._context or body.split(" ", 1)[0] not in _BARE_WORDS:
+            return False
+        return self._msg(lineno, _NO_HEAD, body, ts, rank)
+
     def _other(self, lineno: int, body: str) -> bool:
-        """Lines without the NCCL prefix: a bare version banner, nccl-tests header and rows."""
+        """Lines without the NCCL prefix: a bare version banner, nccl-tests header and rows, a topology
+        dump whose heads were stripped."""
+        if _TOPO_BARE.match(body):
+            self._context = True
+            return self._msg(lineno, _NO_HEAD, body, None, None)
         if body.startswith("NCCL version ") and " compiled with " not in body:  # (the RAS client's banner)
+            self._context = True
             v = body.split()[2]
             if ("nccl_version", v) not in self._seen_env:
                 self._seen_env.add(("nccl_version", v))
