@@ -96,8 +96,9 @@ def test_pg_guid_generation_and_agent_lines_with_rank_prefix():
     ])
     r = parse_failures(text, source="s")
     ev = [x for x in r.records if x["table"] == "events"]
-    assert [pick(e, "event", "rank") for e in ev] == [("nccl_timeout", 1), ("closing_signal", None), ("agent_failed", None), ("cuda_oom", 0)]
-    assert pick(ev[0], "pg_id", "seq_num", "op_type", "numel_out", "timeout_s") == (0, 7, "_ALLGATHER_BASE", 32, 60.0)
+    assert [pick(e, "event", "rank") for e in ev] == [("watchdog_terminated", 1), ("nccl_timeout", 1), ("closing_signal", None),
+                                                       ("agent_failed", None), ("cuda_oom", 0)]  # the thread died of the timeout
+    assert pick(ev[1], "pg_id", "seq_num", "op_type", "numel_out", "timeout_s") == (0, 7, "_ALLGATHER_BASE", 32, 60.0)
     assert r.unparsed == 0
 
 

@@ -296,7 +296,9 @@ class FailureScanner(LineParser):
                     put_field(rec, _WORK_KEYS[k], v)
             if wm.group("ran"):
                 rec["ran_for_s"] = int(wm.group("ran")) / 1000
-        if rec["event"] == "watchdog_terminated" and "seq_num" in rec:
+        if rec["event"] == "watchdog_terminated" and "seq_num" in rec and "timeout" in rec["detail"]:
+            # the thread died of a collective's timeout: the line states both, the timeout with its work
+            self.records.append(dict(rec, event="watchdog_terminated"))
             rec["event"] = "nccl_timeout"
         self.records.append(rec)
         return True
