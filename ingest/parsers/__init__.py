@@ -434,14 +434,24 @@ def _claim(gate: tuple | None) -> Callable[[str], object] | None:
     its literals searched anywhere. None: the parser is offered every line."""
     if gate is None:
         return None
-    starts = join_regexes(g for g in gate if not isinstance(g, str))
+    cached = _CLAIMS.get(id(gate))
+    if cached is not None and cached[0] is gate:
+        return cached[1]
+    regexes = [g for g in gate if not isinstance(g, str)]
+    starts = join_regexes(regexes) if regexes else None  # (an empty alternation would match every line)
     lits = [g for g in gate if isinstance(g, str)]
     holds = re.compile("|".join(re.escape(g) for g in lits)).search if lits else None
-    if starts is None:
-        return holds or (lambda body: False)
-    if holds is None:
-        return starts.match
-    return lambda body: starts.match(body) or holds(body)
+    if starts is None and regexes:  # a regex that cannot be joined: each tried in turn
+        matches = [g.match for g in regexes]
+        start = lambda body: any(m(body) for m in matches)  # noqa: E731
+    else:
+        start = starts.match if starts is not None else None
+    claim = (lambda body: start(body) or holds(body)) if start and holds else start or holds or (lambda body: False)
+    _CLAIMS[id(gate)] = (gate, claim)
+    return claim
+
+
+_CLAIMS: dict[int, tuple] = {}  # id(gate) -> (the gate, kept so its id is not reused; its claim)
 
 
 # Too many unclaimed lines to leave to the unparsed count alone: a warning names them (no silent loss).
@@ -468,8 +478,8 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     gates = None if any(p.gate is None for p in parsers) else [g for p in parsers for g in p.gate]
     starts = gates and join_regexes(g for g in gates if not isinstance(g, str))
     holds = re.compile("|".join(re.escape(g) for g in gates if isinstance(g, str)) or "(?!)").search if starts else None
-    stateful = [(i, p, feeds[i]) for i, p in enumerate(parsers) if type(p).busy is not LineParser.busy]
-    fed = False  # a feed happened since no parser was last seen busy
+    stateful = [type(p).busy is not LineParser.busy for p in parsers]
+    watch: dict[int, LineParser] = {}  # the stateful parsers fed since they were last seen outside a block
     got, body, last_read = -1, None, None
     for lineno, body, ts, rank in iter_lines(blocks, cut=True):
         got = -1
@@ -479,25 +489,27 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
             num_bodies += 1
             try:
                 tried = None
-                if fed and stateful:
-                    for i, p, feed in stateful:
-                        if p.busy:
-                            if feed(lineno, body, ts, rank):
+                if watch:  # a parser only enters a block when fed: only those fed since need asking
+                    for i in sorted(watch):
+                        if watch[i].busy:
+                            if feeds[i](lineno, body, ts, rank):
                                 got = i
                                 break
                             tried = (tried or set()) | {i}
-                    else:
-                        if tried is None:
-                            fed = False
+                        else:
+                            del watch[i]
                 if got < 0 and (holds is None or starts.match(body) or holds(body)):
                     for i, claim, feed in order:
                         if (claim is None or claim(body)) and (tried is None or i not in tried):
-                            fed = True
+                            if stateful[i]:
+                                watch[i] = parsers[i]
                             if feed(lineno, body, ts, rank):
                                 got = i
                                 break
                 if got < 0:
                     for i, fallback in fallbacks:
+                        if stateful[i]:
+                            watch[i] = parsers[i]
                         if fallback(lineno, body, ts, rank):
                             got = i
                             break
