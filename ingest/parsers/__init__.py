@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import string
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -198,9 +199,12 @@ _RECORD_START = re.compile(
     + _TS + r"|[\w.\-]+:\d+:\d+ \[\d+\] |\(\w+ pid=\d+|\d{1,5}: )")
 
 
-def _shape(text: str) -> str:
+_CLASSES = str.maketrans("0123456789" + string.ascii_letters, "0" * 10 + "a" * 52)
+
+
+def _shape(text: str, width: int = 8) -> str:
     """A line's start as character classes ('host-a:17' -> 'aaaa-a:00'), to compare record heads."""
-    return "".join("0" if c.isdigit() else "a" if c.isalpha() else c for c in text[:8])
+    return text[:width].translate(_CLASSES)
 
 
 def _unprefixed(line: str) -> str:
@@ -378,10 +382,11 @@ class LineParser:
     # gate: a line it takes while not busy starts with one of these regexes or holds one of these strings
     gate: tuple[re.Pattern | str, ...] | None = None  # None: any line may be its
     busy = False  # inside a block of lines its gate does not describe
-    # fallback(lineno, body, ts, rank) -> bool: offered every line no parser of the chain recognised (a
-    # logger's own format around messages other parsers read; a message whose prefix was stripped),
-    # gate or not: it must reject a line cheaply; or None
+    # fallback(lineno, body, ts, rank) -> bool: offered a line no parser of the chain recognised that
+    # passed this parser's gate or its fallback_gate (a logger's own format around messages other
+    # parsers read; a message whose prefix was stripped); or None
     fallback: Callable[[int, str, str | None, int | None], bool] | None = None
+    fallback_gate: tuple[re.Pattern | str, ...] = ()
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -454,6 +459,29 @@ def _claim(gate: tuple | None) -> Callable[[str], object] | None:
 _CLAIMS: dict[int, tuple] = {}  # id(gate) -> (the gate, kept so its id is not reused; its claim)
 
 
+def _memo(test: Callable[[str], object], size: int = 4096) -> Callable[[str], bool]:
+    """``test`` with its answers kept for the last distinct ``size`` texts (cleared when full)."""
+    seen: dict[str, bool] = {}
+
+    def memo(text: str) -> bool:
+        hit = seen.get(text)
+        if hit is None:
+            if len(seen) >= size:
+                seen.clear()
+            hit = seen[text] = bool(test(text))
+        return hit
+    return memo
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_gate(classes: tuple[type, ...]) -> Callable[[str], object] | None:
+    """Whether any parser of a chain (its classes) may take a line: the union of their gates and
+    fallback gates; None when one has no gate (every line may be its)."""
+    if any(cls.gate is None for cls in classes):
+        return None
+    return _claim(tuple(g for cls in classes for g in (*cls.gate, *cls.fallback_gate)))
+
+
 # Too many unclaimed lines to leave to the unparsed count alone: a warning names them (no silent loss).
 UNCLAIMED_WARN_FRACTION = 0.5
 UNCLAIMED_WARN_MIN_LINES = 5
@@ -475,14 +503,14 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     hits = [0] * len(parsers)
     unparsed, linenos, huge, num_bodies = 0, [], 0, 0
     # the chain's gate: a line no parser's gate passes goes unread unless a parser is inside a block
-    gates = None if any(p.gate is None for p in parsers) else [g for p in parsers for g in p.gate]
-    starts = gates and join_regexes(g for g in gates if not isinstance(g, str))
-    holds = re.compile("|".join(re.escape(g) for g in gates if isinstance(g, str)) or "(?!)").search if starts else None
+    gate = _chain_gate(tuple(type(p) for p in parsers))
+    if gate is not None:  # a pure test of the text, and logs repeat their lines (noise above all): memoised
+        gate = _memo(gate)
     stateful = [type(p).busy is not LineParser.busy for p in parsers]
     watch: dict[int, LineParser] = {}  # the stateful parsers fed since they were last seen outside a block
-    got, body, last_read = -1, None, None
+    got, body, last_read, noise = 0, None, None, 0.0
     for lineno, body, ts, rank in iter_lines(blocks, cut=True):
-        got = -1
+        noise, got = noise * 0.875 + (got < 0), -1  # ~ unread lines among the last 8
         if body is None:
             huge += 1
         else:
@@ -498,7 +526,9 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                             tried = (tried or set()) | {i}
                         else:
                             del watch[i]
-                if got < 0 and (holds is None or starts.match(body) or holds(body)):
+                # the chain's gate (any parser's gate passes) first where lines nobody reads are
+                # frequent (noise), else straight to the parsers' own gates: the same lines reach them
+                if got < 0 and (noise < 0.5 or gate is None or gate(body)):
                     for i, claim, feed in order:
                         if (claim is None or claim(body)) and (tried is None or i not in tried):
                             if stateful[i]:
@@ -506,13 +536,14 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                             if feed(lineno, body, ts, rank):
                                 got = i
                                 break
-                if got < 0:
-                    for i, fallback in fallbacks:
-                        if stateful[i]:
-                            watch[i] = parsers[i]
-                        if fallback(lineno, body, ts, rank):
-                            got = i
-                            break
+                    else:  # no parser recognised it: the fallbacks (offered only lines the chain's gate passed)
+                        if noise >= 0.5 or gate is None or gate(body):
+                            for i, fallback in fallbacks:
+                                if stateful[i]:
+                                    watch[i] = parsers[i]
+                                if fallback(lineno, body, ts, rank):
+                                    got = i
+                                    break
             except (ValueError, IndexError, KeyError, OverflowError) as e:
                 warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
                 got = -1
@@ -561,7 +592,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
 
 def _head_shape(body: str) -> str:
     """A line's first 16 characters as character classes ('host-a:17' -> 'aaaa-a:00')."""
-    return "".join("0" if c.isdigit() else "a" if c.isalpha() else c for c in body[:16])
+    return _shape(body, 16)
 
 
 # A file's kind (its primary kind, for naming a run): the first of these its lines hold. Training

@@ -180,6 +180,7 @@ class NcclParser(LineParser):
     kind = "nccl"
     gate = (" NCCL ", re.compile("NCCL version |NCCL (?:INFO|WARN) |#"), _TEST_ROW.regex, _TEST_START, _TEST_TEXT, _TOPO_BARE)
     _context = False  # an NCCL line or banner seen: a message whose head was stripped may follow
+    fallback_gate = (re.compile("(?:" + "|".join(map(re.escape, sorted(_BARE_WORDS, key=len, reverse=True))) + ") "),)
     _tests = False  # inside nccl-tests output: every '#' line is its header or comment
 
     def __init__(self, source: str) -> None:
