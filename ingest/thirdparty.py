@@ -4,7 +4,7 @@ Each file's lines are streamed through every pure parser whose grammar claims th
 (``ingest.parsers.dispatch``; a folder's files in parallel worker processes, one file per
 process), and the records gathered into tables: ``steps``,
 ``memory``, ``timers``, ``comm_topology``, ``collectives``, ``events``, ``env``, ``kernels``
-(profiler tables, nsys stats), ``stacks`` (py-spy), ``flops_profile`` (DeepSpeed), plus
+(profiler tables, nsys stats), ``stacks`` (py-spy), ``flops_profile`` and ``autotuning`` (DeepSpeed), plus
 ``files`` (one row per input: kind, kinds, records, unparsed lines, warnings). Every table's
 Parquet metadata carries ``schema_version``. Deliberately not here: file reading (ingest.io),
 metric computation (report).
@@ -34,7 +34,7 @@ from ingest.topology import summarize_nccl_topology
 from core.records import SCHEMA_VERSION
 
 TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
-          "flops_profile")
+          "flops_profile", "autotuning")
 FILES_TABLE = "files"
 MAX_STRICT_LINES = 20  # file:line entries listed per file by --strict
 

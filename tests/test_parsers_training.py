@@ -148,3 +148,43 @@ def test_torchtitan_grad_norm_colour_no_prefix_and_wps():
     a, b = table(parse_torchtitan(text, source="t"), "steps")
     assert pick(a, "step", "loss", "grad_norm", "tokens_per_s_per_gpu", "framework_tflops_per_gpu") == (1, 9.5, 3.25, 12345.0, 100.5)
     assert pick(b, "step", "tokens_per_s_per_gpu", "framework_mfu") == (2, 1000.0, 0.01)
+
+
+CORPUS = Path(__file__).parent / "corpus" / "training"
+
+
+def test_deepspeed_autotuning_summary_tables():
+    """The autotuner's pipe tables (tests/corpus/training/052: fast and full mode) -> one row per
+    tuning space, and the closing line -> its duration and experiment count."""
+    from ingest.parsers.dispatch import parse_text
+    r = parse_text((CORPUS / "052_deepspeed_autotuning_fast_and_full_mode_tables.txt").read_text(encoding="utf-8"),
+                   source="t")
+    rows = [pick(x, "tuning_space", "num_experiments", "best_metric_val", "best_exp_name") for x in table(r, "autotuning")]
+    assert rows[:2] == [("z0", 1, 0.0, "z0_gas1_tmbspg1"), ("z1", 6, 177.843, "z1_gas1_tmbspg11")]
+    assert rows[-1] == ("global", 24, 193.577, "z1_rbs5.0e+07_abs1.0e+09_gas1_tmbspg11") and len(rows) == 11
+    done = [pick(x, "num_experiments", "duration_s") for x in table(r, "events") if x["event"] == "autotuning_done"]
+    assert done == [(12, pytest.approx(39 * 60 + 25.253998)), (24, pytest.approx(3600 + 2 * 60 + 32.759424))]
+    assert r.kinds == ("deepspeed",) and r.unparsed_lines == (10,)  # "[trimmed]"
+
+
+def test_nanogpt_family_and_hf_trainer_lines():
+    """nanoGPT iter lines (ms -> s, its -100% warm-up mfu not a number), nanochat step rows,
+    llama2.c pipe rows and Hugging Face Trainer dicts, each as step rows of its own kind."""
+    from ingest.parsers.dispatch import parse_text
+    text = "\n".join([
+        "iter 100: loss 4.2345, time 120.53ms, mfu -100.00%",
+        "iter 110: loss 4.1000, time 121.00ms, mfu 30.12%",
+        "step 00004/21400 (0.02%) | loss: 8.893647 | lrm: 1.00 | dt: 989.44ms | tok/sec: 529,882 | mfu: 74.13 | total time: 0.00m",
+        "490 | loss 5.7543 | lr 4.900000e-05 | 8060.78ms | mfu 0.21%",
+        "  4%|▎ | 1294/36234 [11:25<5:08:51,  1.89it/s]{'loss': 1.0692, 'grad_norm': nan, 'learning_rate': 0.00029, 'epoch': 0.53}",
+    ]) + "\n"
+    r = parse_text(text, source="t")
+    steps = [pick(x, "kind", "step", "loss", "step_time_s", "framework_mfu") for x in table(r, "steps")]
+    assert steps[:4] == [("nanogpt", 100, 4.2345, pytest.approx(0.12053), None),
+                         ("nanogpt", 110, 4.1, pytest.approx(0.121), pytest.approx(0.3012)),
+                         ("nanogpt", 4, 8.893647, pytest.approx(0.98944), pytest.approx(0.7413)),
+                         ("nanogpt", 490, 5.7543, pytest.approx(8.06078), pytest.approx(0.0021))]
+    (hf,) = [x for x in table(r, "steps") if x["kind"] == "hf_trainer"]
+    assert pick(hf, "step", "step_is_index", "loss", "lr", "epoch") == (1, True, 1.0692, 0.00029, 0.53)
+    assert hf["grad_norm"] != hf["grad_norm"]  # nan, as printed
+    assert r.unparsed == 0 and set(r.kinds) == {"nanogpt", "hf_trainer"}

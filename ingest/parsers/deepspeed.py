@@ -146,6 +146,7 @@ class DeepSpeedParser(StepRowParser):
 
 def parse_deepspeed(text, *, source: str) -> ParseResult:
     """Parse a DeepSpeed log (see module doc). Pure; never raises on content."""
-    from ingest.parsers.deepspeed_tables import CommsLogParser, FlopsProfileParser
-    chain = [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), FailureScanner(source)]
+    from ingest.parsers.deepspeed_tables import AutotuningParser, CommsLogParser, FlopsProfileParser
+    chain = [DeepSpeedParser(source), FlopsProfileParser(source), CommsLogParser(source), AutotuningParser(source),
+             FailureScanner(source)]
     return run_parsers(text, chain, kind="deepspeed")

@@ -1,4 +1,4 @@
-"""The two tables DeepSpeed prints (with ``print``, no log prefix) inside its logs.
+"""The tables DeepSpeed prints (with ``print``, no log prefix) inside its logs.
 
 Flops profiler (deepspeed/profiling/flops_profiler/profiler.py, ``print_model_profile``): a
 banner, ``Profile Summary at step N:``, ``Notations:``, ``fwd latency:  80.71 ms`` rows
@@ -10,6 +10,10 @@ Size  Count ...`` header, an op-name line (``all_reduce | [Caller Func: step]`` 
 row per message size, optionally a straggler table; verbose ``comm op: X | time (ms): ..`` lines
 -> ``collectives``. ``msg_size_bytes``: the rounded printed size (1024-based, convert_size);
 bandwidths: DeepSpeed's gigabits per second (calc_bw_log multiplies bytes by 8).
+
+Autotuner (deepspeed/autotuning/autotuner.py): the per-tuning-space summary -> ``autotuning``
+rows (tuning_space, num_experiments, best_metric_val, best_exp_name) and an ``autotuning_done``
+event (its duration and experiment count).
 """
 from __future__ import annotations
 
@@ -159,3 +163,46 @@ class CommsLogParser(LineParser):
                 "rank": rank, "collective": op, "caller": caller, "msg_size_bytes": size_bytes, "num_calls": count,
                 **extra}
 
+
+
+# The autotuner's summary (deepspeed/autotuning/autotuner.py, print_tuning_results: tabulate's
+# "pipe" table, keys as headers), then "Tuning completed in 0:39:25.25. Total number of experiments: 12."
+_TUNING_HEADER = re.compile(r"\|\s*tuning_space\s*\|")
+_TUNING_DONE = re.compile(r"Tuning completed in (?P<h>\d+):(?P<m>\d+):(?P<s>[\d.]+)\. Total number of experiments: (?P<n>\d+)\.")
+_ALIGN_ROW = re.compile(r"\|(?:\s*:?-+:?\s*\|)+$")
+TUNING_FIELDS = {"tuning_space": str, "num_experiments": int, "best_metric_val": float, "best_exp_name": str}
+
+
+class AutotuningParser(LineParser):
+    kind = "deepspeed"
+    gate = (_TUNING_HEADER, _TUNING_DONE)
+    busy = property(lambda self: self._cols is not None)
+    _cols: list[str] | None = None
+
+    def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        m = _TUNING_DONE.match(body)
+        if m:
+            self._cols = None
+            self.event("autotuning_done", lineno, rank, ts, num_experiments=int(m.group("n")),
+                       duration_s=int(m.group("h")) * 3600 + int(m.group("m")) * 60 + float(m.group("s")))
+            return True
+        if _TUNING_HEADER.match(body):
+            self._cols = [c.strip() for c in body.strip("|").split("|")]
+            return True
+        if self._cols is None or not body.startswith("|"):
+            self._cols = None
+            return False
+        if _ALIGN_ROW.match(body):
+            return True
+        cells = [c.strip() for c in body.strip("|").split("|")]
+        if len(cells) != len(self._cols):
+            self._cols = None
+            return False
+        rec = {"table": "autotuning", "source": self.source, "line": lineno, "kind": self.kind, "rank": rank}
+        for col, cell in zip(self._cols, cells):
+            try:
+                rec[col] = TUNING_FIELDS.get(col, str)(cell)
+            except ValueError:
+                rec[col] = cell
+        self.records.append(rec)
+        return True

@@ -36,6 +36,7 @@ WHOLE_TEXT_KINDS = ("flight_recorder", "nvidia_smi_q")  # parse_text reads these
 CHAIN: tuple[type[LineParser], ...] = (
     torchtitan.TorchtitanParser, nccl.NcclParser, nccl_ras.RasParser, megatron.MegatronParser,
     deepspeed.DeepSpeedParser, deepspeed_tables.FlopsProfileParser, deepspeed_tables.CommsLogParser,
+    deepspeed_tables.AutotuningParser,
     nanogpt.NanoGptParser, hf_trainer.HfTrainerParser,
     pyspy.PySpyParser, collect_env.CollectEnvParser, profiler_table.ProfilerTableParser,
     nsys_stats.NsysStatsParser, nvidia_smi.TopoParser, nvidia_smi.SmiQParser, fr_analyzer.FrAnalyzerParser,

@@ -50,7 +50,11 @@ _LINES = (
     rule("notice", r"NOTICE: |It is assumed file was previously exported|Consider using --force-export"
          r"|(?:Collecting data|Processing events|Creating final output files)\.\.\.$|Saving temporary \".*\.qdstrm\""
          r"|Saved report file to|Exporting \d+ events: |Exported successfully to|Generating .*\.\.\.$"
-         r"|WARNING: .* will be profiled\.$|Generated:$", None),
+         r"|WARNING: .* will be profiled\.$|Generated:$"
+         # 2019-era importer and exporter messages
+         r"|Importing the qdstrm file using |Importing\.\.\.$|Importing \[=*\d+%\]$|Saving report to file |Report file saved\.$"
+         r"|Please discard the qdstrm file|Please use the qdrep file instead\.$|Removed .*\.qdstrm as it was successfully"
+         r"|Exporting the qdrep file to SQLite|Exporting \d+ events:$|0% +10 +20 .*100%$|\|(?:----\|)+$|\*{20,}$", None),
     rule("progress", r"(?:\[\d+/\d+\] )?(?:Processing )?\[=*\d+%\]", None),
     rule("no_data", r"SKIPPED: .* does not contain", None),
 )
