@@ -16,7 +16,7 @@ from ingest.parsers import ParseResult, StepRowParser, put_field, run_parsers, s
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
-_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?(?:Training epoch \d+, )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
+_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?(?:samples/sec: (?P<sps>[\d.]+) \| )?(?:Training epoch \d+, )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
 # NeMo Automodel's rows: "ts | LEVEL | logger | epoch=0 step=1070 loss=2.5004 lr=2.6e-05 grad_norm=0.12 .."
 _KV_ROW = re.compile(r"(?:.* \| )?(?:epoch=\d+ )?step=(?P<step>\d+)(?P<rest>(?: \w+=\S+)+)$")
 _KV_FIELDS = {"loss": ("loss", to_num, 1), "lr": ("lr", to_num, 1), "grad_norm": ("grad_norm", to_num, 1),
@@ -28,7 +28,7 @@ _PTL_RATE = re.compile(r"(?P<v>[\d.]+)(?P<unit>s/it|it/s)$")
 _PTL_FIELDS = {"reduced_train_loss": ("loss", to_num, 1), "loss": ("loss_smoothed", to_num, 1),
                "train_step_timing in s": ("step_time_s", to_num, 1), "consumed_samples": ("consumed_samples", to_num, 1),
                "val_loss": ("val_loss", to_num, 1), "lr": ("lr", to_num, 1)}
-_MEM = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(MB\) \|(?P<rest>.*)$")
+_MEM = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?\(?after (?P<step>\d+) iterations\)? memory \(MB\) \|(?P<rest>.*)$")
 _ARG = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*) \.{2,} (?P<value>.*)$")
 _MINMAX = re.compile(r"(?P<name>[\w\-/ ]+?) \.{2,}: \((?P<min>[\d.]+), (?P<max>[\d.]+)\)$")
 
@@ -41,6 +41,8 @@ ITER_FIELDS: dict[str, tuple[str, type | object, float]] = {
     "learning rate": ("lr", to_num, 1),
     "global batch size": ("global_batch_size", to_int, 1),
     "lm loss": ("loss", to_num, 1),
+    "lm_loss": ("loss", to_num, 1),  # gpt-neox
+    "approx flops per GPU": ("framework_tflops_per_gpu", lambda t: to_num(t.removesuffix("TFLOPS")), 1),
     "loss scale": ("loss_scale", to_num, 1),
     "grad norm": ("grad_norm", to_num, 1),
     "num zeros": ("num_zeros", to_num, 1),
@@ -86,6 +88,8 @@ class MegatronParser(StepRowParser):
         row = self._step_row(rank, step, lineno)
         row["time"] = m.group("ts") or ts
         row["num_steps_total"] = int(m.group("total"))
+        if m.group("sps"):  # gpt-neox puts the throughput first
+            row["samples_per_s"] = float(m.group("sps"))
         for seg in m.group("rest").split("|"):
             key, sep, value = seg.partition(":")
             if not sep:
@@ -151,7 +155,7 @@ class MegatronParser(StepRowParser):
         if "memory (MB)" in body:
             m = _MEM.match(body)
             if m:
-                row = self._step_row(int(m.group("rank")), int(m.group("step")), lineno)
+                row = self._step_row(int(m.group("rank")) if m.group("rank") else rank, int(m.group("step")), lineno)
                 for seg in m.group("rest").split("|"):
                     key, _, value = seg.partition(":")
                     col = MEM_FIELDS.get(key.strip())
