@@ -23,10 +23,14 @@ _WORK_KEYS = {"SeqNum": ("seq_num", int, 1), "OpType": ("op_type", str, 1), "Num
 # Pattern table: body of a glog/ProcessGroupNCCL message after "[... Rank r] ".
 _WATCHDOG_RULES = (
     rule("nccl_timeout", r"Watchdog caught collective operation timeout: (?P<detail>.*)", "events"),
-    rule("watchdog_exception", r"Exception \(either an error or timeout\) detected by watchdog at work: (?P<work>\d+), "
-         r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<comp>-?\d+)", "events",
+    rule("watchdog_exception", r"(?:Exception \(either an error or timeout\) detected by watchdog at work: (?P<work>\d+), "
+         r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<comp>-?\d+)"
+         # torch 2.6+: " failure detected by watchdog at work sequence id: N PG status: last enqueued work: .."
+         r"|\s*failure detected by watchdog at work sequence id: (?P<work2>\d+) PG status: last enqueued work: "
+         r"(?P<enq2>-?\d+), last completed work: (?P<comp2>-?\d+))", "events",
+         Col("work2", "seq_num", int), Col("enq2", "last_enqueued_seq", int), Col("comp2", "last_completed_seq", int),
          Col("work", "seq_num", int), Col("enq", "last_enqueued_seq", int), Col("comp", "last_completed_seq", int)),
-    rule("watchdog_terminated", r"Process group watchdog thread terminated with exception: (?P<detail>.*)", "events"),
+    rule("watchdog_terminated", r"(?:Process group|NCCL) watchdog thread terminated with exception: (?P<detail>.*)", "events"),
     rule("nccl_failed", r"(?P<detail>Some NCCL operations have failed or timed out.*)", "events"),
     rule("process_abort", r"(?P<detail>To avoid data inconsistency, we are taking the entire process down.*)", "events"),
     rule("fr_dump", r"(?P<detail>ProcessGroupNCCL preparing to dump debug info.*)", "events"),
