@@ -295,7 +295,7 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
                 continue
             yield held[0], held[1]
             held[1] = None
-        if len(raw) == width:
+        if len(raw) == width and raw[-2:] != "  ":  # (padded with blanks to the width: a table row, not a wrap)
             held[0], held[1], held[2] = lineno, raw, width
         else:
             yield lineno, raw
