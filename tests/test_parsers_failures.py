@@ -137,3 +137,18 @@ def test_flight_recorder_analyzer_report_names_the_missing_rank():
     (group,) = [x for x in r.records if x.get("record") == "fr_group"]
     assert pick(group, "comm_group", "desc", "num_ranks_per_comm") == ("09000494312501845833", "default_pg", 2)
     assert r.kinds == ("flight_recorder",) and r.unparsed_lines == (1,)  # the torchfrtrace command line
+
+
+def test_allocator_limit_oom_and_memory_summary():
+    """The OOM torch raises under a memory fraction (figures one per line, the limit's value wrapped
+    onto a line of its own) and memory_summary()'s box after it (tests/corpus/failures/037)."""
+    from ingest.parsers.dispatch import parse_text
+    path = Path(__file__).parent / "corpus" / "failures" / "037_oom_allocator_memory_fraction_summary_table.txt"
+    r = parse_text(path.read_text(encoding="utf-8"), source="oom")
+    (oom,) = [x for x in r.records if x.get("event") == "cuda_oom"]
+    assert pick(oom, "gpu", "mem_allocated_gib", "mem_tried_gib", "mem_total_gib", "mem_free_gib", "mem_limit_gib") == (
+        0, 10.48, 21.81, 15.93, 0.0, 17179869184.0)
+    (summary,) = [x for x in r.records if x["table"] == "memory"]
+    assert pick(summary, "label", "gpu", "mem_allocated_gib", "mem_max_allocated_gib") == (
+        "memory_summary", 0, 10471 / 1024, 11303 / 1024)
+    assert r.unparsed_lines == (1,)  # the source line above the exception, its frame header cut away

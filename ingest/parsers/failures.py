@@ -69,10 +69,18 @@ _OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA 
 # allowed memory. (out of memory)" then "Currently allocated : X", "Requested : Y", "Device limit : Z", ...
 _OOM_LIMIT = "would exceed allowed memory"
 _OOM_LIMIT_RX = re.compile(r"Allocation on device (?P<gpu>\d+) would exceed allowed memory")
-_OOM_LIMIT_FIELD = re.compile(r"(?P<key>Currently allocated|Requested|Device limit|Free \(according to CUDA\))\s*: "
-                              r"(?P<v>[\d.,]+ ?(?:[KMGT]?i?B|bytes?))$")
+_OOM_LIMIT_FIELD = re.compile(r"(?P<key>Currently allocated|Requested|Device limit|Free \(according to CUDA\)"
+                              r"|PyTorch limit \(set by user-supplied memory fraction\))\s*(?:: (?P<v>[\d.,]+ ?(?:[KMGT]?i?B|bytes?)))?$"
+                              r"|: (?P<v2>[\d.,]+ ?(?:[KMGT]?i?B|bytes?))$")  # (the limit's value on a line of its own)
 _OOM_LIMIT_COLS = {"Currently allocated": ("mem_allocated_gib", to_gib, 1), "Requested": ("mem_tried_gib", to_gib, 1),
-                   "Device limit": ("mem_total_gib", to_gib, 1), "Free (according to CUDA)": ("mem_free_gib", to_gib, 1)}
+                   "Device limit": ("mem_total_gib", to_gib, 1), "Free (according to CUDA)": ("mem_free_gib", to_gib, 1),
+                   "PyTorch limit (set by user-supplied memory fraction)": ("mem_limit_gib", to_gib, 1)}
+# torch.cuda.memory_summary() (torch/cuda/memory.py), often printed after an OOM: a boxed table,
+# per metric "| Allocated memory | cur | peak | tot alloc | tot freed |"
+_MEM_SUMMARY = re.compile(r"(?:Memory summary: )?\|=+\|$|\|\s+PyTorch CUDA memory summary, device ID (?P<dev>\d+)\s+\|$")
+_MEM_ROW = re.compile(r"\|\s*(?P<metric>[A-Za-z][\w -]*?)\s*\|\s*(?P<cur>[\d.]+ ?[KMGT]?i?B)\s*\|\s*(?P<peak>[\d.]+ ?[KMGT]?i?B)\s*\|")
+_MEM_METRICS = {"Allocated memory": ("mem_allocated_gib", "mem_max_allocated_gib"),
+                "GPU reserved memory": ("mem_reserved_gib", "mem_max_reserved_gib")}
 _OOM_FIELDS = (
     (re.compile(r"\(GPU (?P<v>\d+);"), "gpu", int),
     (re.compile(r"GPU (?P<v>\d+) has a total capac"), "gpu", int),
@@ -113,8 +121,11 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
-    busy = property(lambda self: self._in_block or bool(self._after_frame) or self._oom is not None or bool(self._tbs))
+    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, "Memory summary: |", "PyTorch CUDA memory summary", _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    busy = property(lambda self: self._in_block or bool(self._after_frame) or self._oom is not None or bool(self._tbs)
+                    or self._summary is not None)
+    _summary: dict | None = None  # the memory_summary() table being read
+    _oom_key: str | None = None  # the allocator-limit figure whose value may come on the next line
     _oom: dict | None = None  # an allocator-limit OOM whose figures follow it
     _tbs: dict  # rank -> the Python traceback being read (its frames so far)
 
@@ -218,11 +229,18 @@ class FailureScanner(LineParser):
             self._flush_child()
             self._in_block = False
         # --- OOM
+        # --- torch.cuda.memory_summary()
+        if self._summary is not None or "emory summary" in body:
+            if self._memory_summary(lineno, body, rank):
+                return True
         # --- the allocator's limit (a memory fraction set): the message, then its figures one per line
         if self._oom is not None:
             m = _OOM_LIMIT_FIELD.match(body)
             if m:
-                put_field(self._oom, _OOM_LIMIT_COLS[m.group("key")], m.group("v"))
+                key = m.group("key") or self._oom_key
+                self._oom_key = key
+                if key in _OOM_LIMIT_COLS:
+                    put_field(self._oom, _OOM_LIMIT_COLS[key], m.group("v") or m.group("v2"))
                 return True
             self._oom = None
         if _OOM_LIMIT in body:
@@ -263,6 +281,29 @@ class FailureScanner(LineParser):
         if self._line_rules(lineno, body, ts, rank):
             return True
         return after_frame  # the source line Python prints under each traceback frame
+
+    def _memory_summary(self, lineno: int, body: str, rank) -> bool:
+        """A line of memory_summary()'s box: its title opens a ``memory`` record (label
+        "memory_summary"), the Allocated / GPU reserved rows fill it (current and peak); a line
+        outside the box closes it."""
+        m = _MEM_SUMMARY.match(body)
+        if m:
+            if self._summary is not None and m.group("dev") is not None and self._summary["gpu"] is None:
+                self._summary["gpu"] = int(m.group("dev"))  # the title under the opening rule
+            elif m.group("dev") is not None or self._summary is None:
+                self._summary = {"table": "memory", "source": self.source, "line": lineno, "kind": self.kind,
+                                 "rank": rank, "label": "memory_summary", "step": None,
+                                 "gpu": int(m.group("dev")) if m.group("dev") is not None else None}
+                self.records.append(self._summary)
+            return True
+        if self._summary is None or not body.startswith("|"):
+            self._summary = None
+            return False
+        r = _MEM_ROW.match(body)
+        if r and r.group("metric") in _MEM_METRICS:
+            cur, peak = _MEM_METRICS[r.group("metric")]
+            self._summary[cur], self._summary[peak] = to_gib(r.group("cur")), to_gib(r.group("peak"))
+        return True  # its other rows and rules: read
 
     def _pg_options(self, lineno: int, msg: str) -> bool:
         """ProcessGroupNCCL's "initialization options: size: 8, ..., TIMEOUT(ms): .." and "environments:
