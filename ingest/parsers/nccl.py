@@ -49,6 +49,7 @@ _RULES = {
               rule("nccl_using", r"Using .*", None)),
     "NET/Plugin": (rule("net_plugin", r"NET/Plugin ?: (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_plugin"),),
     "NET/IB": (rule("net_ib", r"NET/IB ?: (?:Using |\[\d+\] )(?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_ib"),
+               rule("net_ib_qp", r"NET/IB ?: IbDev \d+ Port \d+ qpn \d+ .*", None),
                rule("net_ib_none", r"NET/IB ?: No device found\.?$", None)),
     "NET/Socket": (rule("net_socket", r"NET/Socket ?: Using (?P<value>.+)", "env", Col("value", "value", S), key="nccl_net_socket"),
                    rule("net_socket_found", r"NET/Socket ?: \d+ interfaces? found$", None)),
@@ -116,9 +117,14 @@ _RULES = {
     "Check": (rule("p2p_check", r"Check P2P Type .*", None),),
     "[Proxy": (rule("proxy_core", r"\[Proxy Service(?: UDS)?\] Device \d+ CPU core \d+$", None),),
     "Initialized": (rule("net_plugin_init", r"Initialized NET plugin \S+$", None),),
-    "Assigned": (rule("net_plugin_assigned", r"Assigned NET plugin \S+ to comm$", None),),
-    "Failed": (rule("net_plugin_failed", r"Failed to initialize NET plugin \S+$", None),),
-    "ENV/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER)/Plugin: Could not find: \S+$", None),),
+    "Assigned": (rule("net_plugin_assigned", r"Assigned (?:NET|GIN|RMA) plugin \S+ to comm$", None),),
+    "Failed": (rule("net_plugin_failed", r"Failed to (?:initialize NET plugin \S+|open libibverbs\.so.*)$", None),),
+    "ENV/Plugin:": (rule("plugin_missing", r"(?:ENV|PROFILER|TUNER|GIN)/Plugin: Could not find: \S+$", None),),
+    "Launch": (rule("launch_mode", r"Launch mode (?P<value>\w+)$", "env", Col("value", "value", S), key="nccl_launch_mode"),),
+    # the Google fast-socket NET plugin's messages
+    "NET/FastSocket": (rule("fastsocket", r"NET/FastSocket ?: .*", None),),
+    "accept": (rule("fastsocket_accept", r"accept (?:qid: \d+, rqid: \d+|incoming cpu: \d+)$", None),),
+    "connect": (rule("fastsocket_connect", r"connect (?:qid: \d+, rqid: \d+|incoming cpu: \d+)$", None),),
     "===": (rule("topo_end", r"=+$", None),
             rule("topo_system", r"=== System : maxBw (?P<max>[\d.]+) totalBw (?P<tot>[\d.]+) ===", "comm_topology",
                  Col("max", "topo_max_bw_gbps", F), Col("tot", "topo_total_bw_gbps", F)),),
@@ -145,7 +151,7 @@ _RULES = {
 # First words that share another's rules: a glued colon, a CPU node or a path under it.
 _RULES.update({"NET/Plugin:": _RULES["NET/Plugin"], "Bootstrap:": _RULES["Bootstrap"], "NET/IB:": _RULES["NET/IB"],
                "NET/Socket:": _RULES["NET/Socket"], "PROFILER/Plugin:": _RULES["ENV/Plugin:"],
-               "TUNER/Plugin:": _RULES["ENV/Plugin:"], "CPU/": _RULES["CPU/"] + _RULES["topo_path"]})
+               "TUNER/Plugin:": _RULES["ENV/Plugin:"], "GIN/Plugin:": _RULES["ENV/Plugin:"], "CPU/": _RULES["CPU/"] + _RULES["topo_path"]})
 _COLL = re.compile(
     r"(?P<func>[A-Za-z]+): opCount (?P<op>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) datatype (?P<dt>\d+) "
     r"op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])?"
@@ -252,6 +258,8 @@ class NcclParser(LineParser):
             if m:
                 self._edge(lineno, hdr, m)
                 return True
+        if stripped.startswith("[Rank "):  # 2.27+ tags init lines with the rank: "[Rank 5] ncclCommInitRankConfig comm .."
+            stripped = stripped[stripped.find("] ") + 2:]
         word = stripped.split(" ", 1)[0]
         if word.startswith("ncclComm") and stripped[len(word):len(word) + 6] == " comm ":
             stripped = stripped[len(word) + 1:]  # 2.28 names the API first: "ncclCommInitRankConfig comm 0x.. - Init COMPLETE"
@@ -373,7 +381,7 @@ class NcclParser(LineParser):
             return True
         text = body[1:].lstrip() if body[0] == "#" else body
         if text is not body or _TEST_START.match(text) or self._tests and _TEST_TEXT.match(text):
-            if not self._tests and _TEST_START.match(text) is None:
+            if not self._tests and _TEST_START.match(text) is None and _TEST_TEXT.match(text) is None:
                 return False
             self._tests = True
             m = _TEST_RANK.match(text)
