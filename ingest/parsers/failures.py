@@ -102,7 +102,8 @@ _CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank
                 "exitcode": (re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?"), ("exitcode", "pid"))}
 # torchrun's failure report (torch/distributed/elastic/multiprocessing/errors), read when an excerpt
 # starts inside it: its section heads, an entry head "[N]:", the keys only it prints
-_CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: ")
+_CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: "
+                          r"|rank\s*: \d+ \(local_rank: \d+\)$|\S+\.py FAILED$")
 _PG_KEYS = {"size": "pg_size", "NCCL version": "nccl_version", "global rank": "pg_global_rank"}
 # A Python traceback (traceback.py's format): inside it, frames, their source lines and carets; it
 # ends at the exception line "module.Class: message"; a frame's file says whose code it is
@@ -188,6 +189,9 @@ class FailureScanner(LineParser):
             return True
         if not self._in_block and _CHILD_OPENS.match(body):
             self._in_block, self._root = True, False
+            if body.endswith(" FAILED"):
+                self._script = body[: -len(" FAILED")]
+                return True
             if _CHILD_KV.match(body):  # an entry whose "[N]:" head the excerpt lost
                 self._child = {"table": "events", "source": self.source, "line": lineno, "event": "child_failed",
                                "rank": None, "time": None, "root_cause": False, "script": self._script, "detail": None}
