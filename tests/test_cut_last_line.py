@@ -38,3 +38,23 @@ def test_flight_recorder_dump_without_final_newline_is_read_whole(tmp_path):
     def unsourced(f):
         return [{k: v for k, v in r.items() if k != "source"} for r in f.records()]
     assert part.result == full.result and unsourced(part) == unsourced(full) and len(full.records()) == 3
+
+
+def test_an_excerpt_cut_short_inside_its_last_line_is_warned_of():
+    """A paste that stops inside its last line but ends with a newline: a last line that is the same
+    message as a line before it but much shorter (read or not) gets a 'may be cut' warning; the same
+    log whole, or ending in a different message, gets none."""
+    from ingest.parsers.dispatch import parse_text
+    step = "[rank0]:[titan] 2025-06-26 18:23:1{i},580 - root - INFO - step:  {i}  loss:  8.1121  memory:  2.66GiB(2.80%)  tps: 175,100  tflops: 12.59  mfu: 1.27%"
+    lines = [step.format(i=i) for i in range(1, 5)]
+    whole = parse_text("\n".join(lines) + "\n", source="t")
+    assert not [w for w in whole.warnings if "cut" in w]
+    read_short = parse_text("\n".join(lines[:3] + [lines[3][:70]]) + "\n", source="t")  # still a step line, fields lost
+    assert [w for w in read_short.warnings if "may be cut" in w] == [
+        "line 4: the last line starts as a line before it but is shorter: the file may be cut there"]
+    unread = parse_text("\n".join(lines[:3] + [lines[3][:20]]) + "\n", source="t")  # the head only: not read
+    assert [w for w in unread.warnings if "may be cut" in w] == [
+        "line 4: the last line starts as a line before it but is not read: the file may be cut there"]
+    other = parse_text("\n".join(lines + ["[rank0]:[titan] 2025-06-26 18:23:15,000 - root - INFO - Training completed"]) + "\n",
+                       source="t")
+    assert not [w for w in other.warnings if "cut" in w]

@@ -12,6 +12,7 @@ file, ingest.thirdparty), opening files (ingest.io), writing tables, analysis.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import string
@@ -508,7 +509,8 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         gate = _memo(gate)
     stateful = [type(p).busy is not LineParser.busy for p in parsers]
     watch: dict[int, LineParser] = {}  # the stateful parsers fed since they were last seen outside a block
-    got, body, last_read, noise = 0, None, None, 0.0
+    got, body, lineno, noise = 0, None, 0, 0.0
+    recent: collections.deque[str] = collections.deque(maxlen=32)  # the last lines read
     for lineno, body, ts, rank in iter_lines(blocks, cut=True):
         noise, got = noise * 0.875 + (got < 0), -1  # ~ unread lines among the last 8
         if body is None:
@@ -549,14 +551,14 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                 got = -1
         if got >= 0:
             hits[got] += 1
-            last_read = body
+            recent.append(body)
         else:
             unparsed += 1
             if len(linenos) < MAX_UNPARSED_LINENOS:
                 linenos.append(lineno)
-    # a last line that starts as the line read before it but is not read: cut by whoever copied the file
-    last_unparsed = linenos[-1] if (linenos and got < 0 and body and last_read and not blocks.cut_line
-                                    and _head_shape(body) == _head_shape(last_read)) else None
+    # a last line that starts as a line read before it but is not read, or is read and much shorter:
+    # cut by whoever copied the file (a paste, an excerpt)
+    cut_short = bool(body) and not blocks.cut_line and lineno == blocks.num_lines and _looks_cut(body, got >= 0, recent)
     if blocks.cut_line:  # a file that ends inside a line was cut (a crashed writer, a partial copy)
         unparsed += 1
         if len(linenos) < MAX_UNPARSED_LINENOS:
@@ -580,14 +582,28 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         kind = next((k for k in KIND_PRIORITY if k in by_kind), kinds[0] if kinds else "unknown")
         if not claimed and num_bodies:
             warnings.append(f"unknown kind: none of {num_bodies} lines is in a format the parsers know")
-    if last_unparsed is not None and last_unparsed == blocks.num_lines:
-        warnings.append(f"line {last_unparsed}: the last line starts as the lines before it but is not read: "
+    if cut_short:
+        warnings.append(f"line {lineno}: the last line starts as a line before it but is {'shorter' if got >= 0 else 'not read'}: "
                         "the file may be cut there")
     if claimed and unparsed >= UNCLAIMED_WARN_MIN_LINES and unparsed > UNCLAIMED_WARN_FRACTION * (claimed + unparsed):
         warnings.append(f"{unparsed} of {claimed + unparsed} lines not recognised by any parser "
                         f"(first at line {linenos[0]}); see the unparsed line numbers")
     return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
                        unparsed_lines=tuple(linenos), num_lines=blocks.num_lines, kinds=kinds)
+
+
+def _looks_cut(last: str, was_read: bool, recent: Iterable[str]) -> bool:
+    """Whether a text's last line looks cut short: not read, it starts as a line read before it (the
+    same character classes in its first 16 characters, or a prefix of them); read, it is the same
+    message as a line read before it (the same classes over its first 72 characters) but shorter
+    than 3/4 of that line."""
+    if not was_read:
+        shape = _head_shape(last)
+        return any(_head_shape(ref) == shape or len(last) < 16 and _head_shape(ref).startswith(shape) for ref in recent)
+    n = min(72, len(last))
+    shape = _shape(last, n)
+    ref = next((r for r in reversed(list(recent)[:-1]) if _shape(r, n) == shape), None)
+    return ref is not None and len(last) < 0.75 * len(ref)
 
 
 def _head_shape(body: str) -> str:
