@@ -51,10 +51,10 @@ def test_an_excerpt_cut_short_inside_its_last_line_is_warned_of():
     assert not [w for w in whole.warnings if "cut" in w]
     read_short = parse_text("\n".join(lines[:3] + [lines[3][:70]]) + "\n", source="t")  # still a step line, fields lost
     assert [w for w in read_short.warnings if "may be cut" in w] == [
-        "line 4: the last line starts as a line before it but is shorter: the file may be cut there"]
+        "line 4: the last line starts as a line before it but is shorter: the file may be cut (truncated) there"]
     unread = parse_text("\n".join(lines[:3] + [lines[3][:20]]) + "\n", source="t")  # the head only: not read
     assert [w for w in unread.warnings if "may be cut" in w] == [
-        "line 4: the last line starts as a line before it but is not read: the file may be cut there"]
+        "line 4: the last line starts as a line before it but is not read: the file may be cut (truncated) there"]
     other = parse_text("\n".join(lines + ["[rank0]:[titan] 2025-06-26 18:23:15,000 - root - INFO - Training completed"]) + "\n",
                        source="t")
     assert not [w for w in other.warnings if "cut" in w]

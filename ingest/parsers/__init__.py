@@ -584,7 +584,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
             warnings.append(f"unknown kind: none of {num_bodies} lines is in a format the parsers know")
     if cut_short:
         warnings.append(f"line {lineno}: the last line starts as a line before it but is {'shorter' if got >= 0 else 'not read'}: "
-                        "the file may be cut there")
+                        "the file may be cut (truncated) there")
     if claimed and unparsed >= UNCLAIMED_WARN_MIN_LINES and unparsed > UNCLAIMED_WARN_FRACTION * (claimed + unparsed):
         warnings.append(f"{unparsed} of {claimed + unparsed} lines not recognised by any parser "
                         f"(first at line {linenos[0]}); see the unparsed line numbers")

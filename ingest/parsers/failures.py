@@ -64,7 +64,7 @@ _LINE_RULES = (
 )
 
 _CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal", "nccl_error")
-_OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?[KMGT]?i?B)")
+_OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?(?:[KMGT]?i?B|bytes))")
 # c10/cuda/CUDACachingAllocator.cpp, when a memory fraction is set: "Allocation on device 0 would exceed
 # allowed memory. (out of memory)" then "Currently allocated : X", "Requested : Y", "Device limit : Z", ...
 _OOM_LIMIT = "would exceed allowed memory"
@@ -78,21 +78,21 @@ _OOM_LIMIT_COLS = {"Currently allocated": ("mem_allocated_gib", to_gib, 1), "Req
 # torch.cuda.memory_summary() (torch/cuda/memory.py), often printed after an OOM: a boxed table,
 # per metric "| Allocated memory | cur | peak | tot alloc | tot freed |"
 _MEM_SUMMARY = re.compile(r"(?:Memory summary: )?\|=+\|$|\|\s+PyTorch CUDA memory summary, device ID (?P<dev>\d+)\s+\|$")
-_MEM_ROW = re.compile(r"\|\s*(?P<metric>[A-Za-z][\w -]*?)\s*\|\s*(?P<cur>[\d.]+ ?[KMGT]?i?B)\s*\|\s*(?P<peak>[\d.]+ ?[KMGT]?i?B)\s*\|")
+_MEM_ROW = re.compile(r"\|\s*(?P<metric>[A-Za-z][\w -]*?)\s*\|\s*(?P<cur>[\d.]+ ?(?:[KMGT]?i?B|bytes))\s*\|\s*(?P<peak>[\d.]+ ?(?:[KMGT]?i?B|bytes))\s*\|")
 _MEM_METRICS = {"Allocated memory": ("mem_allocated_gib", "mem_max_allocated_gib"),
                 "GPU reserved memory": ("mem_reserved_gib", "mem_max_reserved_gib")}
 _OOM_FIELDS = (
     (re.compile(r"\(GPU (?P<v>\d+);"), "gpu", int),
     (re.compile(r"GPU (?P<v>\d+) has a total capac"), "gpu", int),
-    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) total capacity"), "mem_total_gib", to_gib),
-    (re.compile(r"total capac(?:i)?ty of (?P<v>[\d.]+ ?[KMGT]?i?B)"), "mem_total_gib", to_gib),
-    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) already allocated"), "mem_allocated_gib", to_gib),
-    (re.compile(r"Of the allocated memory (?P<v>[\d.]+ ?[KMGT]?i?B) is allocated by PyTorch"), "mem_allocated_gib", to_gib),
-    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) free"), "mem_free_gib", to_gib),
-    (re.compile(r"of which (?P<v>[\d.]+ ?[KMGT]?i?B) is free"), "mem_free_gib", to_gib),
-    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) reserved in total by PyTorch"), "mem_reserved_gib", to_gib),
-    (re.compile(r"this process has (?P<v>[\d.]+ ?[KMGT]?i?B) memory in use"), "mem_in_use_gib", to_gib),
-    (re.compile(r"(?P<v>[\d.]+ ?[KMGT]?i?B) is reserved by PyTorch but unallocated"), "mem_reserved_unallocated_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) total capacity"), "mem_total_gib", to_gib),
+    (re.compile(r"total capac(?:i)?ty of (?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes))"), "mem_total_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) already allocated"), "mem_allocated_gib", to_gib),
+    (re.compile(r"Of the allocated memory (?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) is allocated by PyTorch"), "mem_allocated_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) free"), "mem_free_gib", to_gib),
+    (re.compile(r"of which (?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) is free"), "mem_free_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) reserved in total by PyTorch"), "mem_reserved_gib", to_gib),
+    (re.compile(r"this process has (?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) memory in use"), "mem_in_use_gib", to_gib),
+    (re.compile(r"(?P<v>[\d.]+ ?(?:[KMGT]?i?B|bytes)) is reserved by PyTorch but unallocated"), "mem_reserved_unallocated_gib", to_gib),
     (re.compile(r"(?P<v>expandable_segments)"), "hint", str),
 )
 
