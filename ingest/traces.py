@@ -1030,16 +1030,22 @@ WINDOW_WARNING = ("no ProfilerStep marks, no repeating annotation and no repeati
                   "is analysed as one window (step 0), from its first host op or launch to its last")
 
 
+def _steps_breakdown(c: _Collected, step_k, step_s, step_e, tid: int, *, run: str, rank: int, pp_degree: int,
+                     max_spans: int, warnings: list[str]) -> TraceBreakdown:
+    """The GPU breakdown of the given steps when the trace has device events, else the CPU one."""
+    if len(c.g_ts):
+        return _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
+                              max_spans=max_spans, warnings=warnings)
+    return _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
+                          max_spans=max_spans, warnings=warnings)
+
+
 def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans: int, unmarked: str,
                warnings: list[str]) -> TraceBreakdown:
     step_k, step_s, step_e, tid = _profiler_steps(c)
     if step_k.size:
-        if len(c.g_ts):
-            result = _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
-                                    max_spans=max_spans, warnings=warnings)
-        else:
-            result = _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
-                                    max_spans=max_spans, warnings=warnings)
+        result = _steps_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
+                                  max_spans=max_spans, warnings=warnings)
         return dataclasses.replace(result, step_split="marks")
     if unmarked == "split":
         split = _split_by_annotation(c) or (_split_by_kernels(c) if len(c.g_ts) else None)
@@ -1051,13 +1057,8 @@ def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans:
                     f"({n} periods, one every {period_ms:.3g} ms"
                     + (", the last one not analysed as with marks)" if len(c.g_ts) else ")"))
             own: list[str] = []
-            step_k = np.arange(n, dtype=_I64)
-            if len(c.g_ts):
-                result = _gpu_breakdown(c, step_k, split.step_s, split.step_e, run=run, rank=rank,
-                                        pp_degree=pp_degree, max_spans=max_spans, warnings=own)
-            else:
-                result = _cpu_breakdown(c, step_k, split.step_s, split.step_e, split.tid, run=run, rank=rank,
-                                        pp_degree=pp_degree, max_spans=max_spans, warnings=own)
+            result = _steps_breakdown(c, np.arange(n, dtype=_I64), split.step_s, split.step_e, split.tid, run=run,
+                                      rank=rank, pp_degree=pp_degree, max_spans=max_spans, warnings=own)
             own = [w.replace("ProfilerStep(s)", "step(s)").replace("ProfilerStep", "step") for w in own]
             return dataclasses.replace(result, warnings=tuple(warnings + [said] + own), step_split=split.method,
                                        step_split_name=split.name)
@@ -1099,12 +1100,8 @@ def _whole_trace_breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int
     lo, hi = float(starts.min()), float(ends.max()) + 1.0  # launches are points: keep the last inside
     step_k, step_s, step_e = np.zeros(1, _I64), np.array([lo]), np.array([hi])
     own: list[str] = []
-    if len(c.g_ts):
-        result = _gpu_breakdown(c, step_k, step_s, step_e, run=run, rank=rank, pp_degree=pp_degree,
-                                max_spans=max_spans, warnings=own)
-    else:
-        result = _cpu_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
-                                max_spans=max_spans, warnings=own)
+    result = _steps_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
+                              max_spans=max_spans, warnings=own)
     own = [w for w in own if not w.startswith("only one ProfilerStep")]
     return dataclasses.replace(result, warnings=tuple(warnings + [said] + own))
 

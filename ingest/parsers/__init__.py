@@ -1,9 +1,10 @@
 """Pure parsers for third-party artifacts: text in, records + unparsed-line count out.
 
 Shared here: ``ParseResult``, pattern-table rows (``Rule``: name, regex with named groups, table,
-and per group the column, type and unit scale), the line normaliser (launcher prefixes, ANSI
-colour, indentation, ISO timestamps on their own line), ``detect_kind`` (by content, never by
-file name) and ``run_parsers``, which feeds each normalised line to a format's ``LineParser`` chain.
+and per group the column, type and unit scale), the line normaliser (``iter_lines``: launcher and
+logger prefixes, editor numbers, quotes, ANSI colour, redraws, hard wraps), ``detect_kind`` (the
+whole-text formats, by content, never by file name) and ``run_parsers``, which routes each
+normalised line to the ``LineParser``s whose gates claim it.
 Records are plain dicts; ``record["table"]`` names the output table (steps, memory, timers,
 comm_topology, collectives, events, env, kernels, stacks); each carries ``source`` and ``line``
 (1-based, the first line for aggregated records). Detect + parse: ``ingest.parsers.dispatch``.
@@ -492,11 +493,11 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     """Route every normalised line of ``text`` (``iter_lines``) to the parsers that claim it: first
     to those inside a block (``busy``), then, in chain order, to each parser whose ``gate`` passes
     (a parser without a gate is offered every line); the first that recognises it wins; a line none
-    recognises goes to each parser's ``fallback``. Count the
-    unparsed lines. A parser that raises ValueError, IndexError, KeyError or OverflowError on a line
-    leaves it unparsed with a warning. kinds: the kinds whose parsers recognised lines and made
-    records (when none made any: that recognised lines), most lines first; kind: ``kind`` when given, else the first of ``KIND_PRIORITY`` among kinds ("unknown"
-    when no line was recognised)."""
+    recognises goes to each parser's ``fallback``. Count the unparsed lines. A parser that raises
+    ValueError, IndexError, KeyError or OverflowError on a line leaves it unparsed with a warning.
+    kinds: the kinds whose parsers recognised lines and made records (when none made any: that
+    recognised lines), most lines first; kind: ``kind`` when given, else the first of
+    ``KIND_PRIORITY`` among kinds ("unknown" when no line was recognised)."""
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
     feeds, claims, warnings = [p.feed for p in parsers], [_claim(p.gate) for p in parsers], parsers[0].warnings
     order = list(zip(range(len(parsers)), claims, feeds))
