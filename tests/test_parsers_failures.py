@@ -152,3 +152,39 @@ def test_allocator_limit_oom_and_memory_summary():
     assert pick(summary, "label", "gpu", "mem_allocated_gib", "mem_max_allocated_gib") == (
         "memory_summary", 0, 10471 / 1024, 11303 / 1024)
     assert r.unparsed_lines == (1,)  # the source line above the exception, its frame header cut away
+
+
+def _cut_warnings(text: str) -> list[str]:
+    from ingest.parsers.dispatch import parse_text
+
+    return [w for w in parse_text(text, source="t").warnings if "cut (truncated)" in w]
+
+
+def test_text_ending_inside_a_record_or_block_is_said_cut():
+    """The class: a text that ends where its grammar leaves something open (a glog head before its
+    'file:line]', torchrun's report before its entries, an options block shorter than one before it,
+    the watchdog's exception cut in its first words, a bracket left open) gets a 'may be cut' warning;
+    the same texts whole get none."""
+    glog = "[rank3]:[E ProcessGroupNCCL.cpp:1200] [PG 2 Rank 3] ProcessGroupNCCL preparing to dump debug info.\n"
+    assert _cut_warnings(glog + "E0901 01:02:03.000004 4242 torch/distrib\n")  # (unread: not counted unparsed)
+    assert parse_failures(glog + "E0901 01:02:03.000004 4242 torch/distrib\n", source="t").unparsed == 0
+    assert not _cut_warnings(glog)
+    report = "=" * 40 + "\ntrain.py FAILED\n" + "-" * 40 + "\nFailures:\n  <NO_OTHER_FAILURES>\n"
+    r = parse_failures(report, source="t")
+    assert [pick(e, "event", "script", "rank") for e in r.records] == [("child_failed", "train.py", None)]
+    assert _cut_warnings(report)
+    whole = report + "-" * 40 + "\nRoot Cause (first observed failure):\n[0]:\n  time      : 2024-01-02_03:04:05\n" \
+        "  rank      : 5 (local_rank: 1)\n  exitcode  : -9 (pid: 777)\n  traceback : Signal 9 (SIGKILL) received by PID 777\n" + "=" * 40 + "\n"
+    assert not _cut_warnings(whole)
+    assert [pick(e, "event", "rank", "pid") for e in parse_failures(whole, source="t").records] == [("child_failed", 5, 777)]
+    opts = "I0102 03:04:05.000006 11 ProcessGroupNCCL.cpp:700] [Rank {r}] ProcessGroupNCCL initialized with following options:\n"
+    block = "NCCL_ASYNC_ERROR_HANDLING: 0\nNCCL_DESYNC_DEBUG: 1\nNCCL_BLOCKING_WAIT: 1\nTIMEOUT(ms): 900000\n"
+    assert not _cut_warnings(opts.format(r=0) + block + opts.format(r=3) + block)
+    assert _cut_warnings(opts.format(r=0) + block + opts.format(r=3) + block[:60])
+    wd = "[E ProcessGroupNCCL.cpp:1500] [PG 0 Rank 2] NCCL watchdog thread terminated with exception: [Rank 2] Watchdog "
+    assert _cut_warnings(wd + "caught collec\n")
+    assert not _cut_warnings(wd + "caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLGATHER, "
+                             "Timeout(ms)=60000) ran for 60001 milliseconds before timing out.\n")
+    lines = "[2024-01-02 03:04:05,006] [INFO] [logging.py:96:log_dist] [Rank 0] step=7, skipped=0, lr=[0.5], mom=[(0.9, 0.99)]\n"
+    assert not _cut_warnings(lines)
+    assert _cut_warnings(lines + lines.replace("step=7", "step=8")[:-12] + "\n")

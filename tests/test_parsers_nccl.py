@@ -127,6 +127,7 @@ def test_synthetic_warn_tuning_coll_versions_and_plugins():
         "[2026-05-05 06:16:47] node-01:189884:189884 [3] plugin/net.cc:334 NCCL WARN Failed to initialize any NET plugin",
         "h:1:1 [0] NCCL INFO NCCL_IB_HCA set by environment to mlx5_0",
         "h:1:1 [0] NCCL INFO something new in 2.29",
+        "h:1:1 [0] NCCL INFO Using network IB",  # (an unread last line like the lines before it: named 'may be cut')
     ])
     r = parse_nccl(text, source="s")
     env = {x["key"]: x["value"] for x in r.records if x["table"] == "env"}

@@ -324,3 +324,19 @@ def test_hang_triage_reads_pyspy_through_the_parser():
     threads = parse_pyspy_dump(read("38_pyspy_dump_zero3_allgather_hang.txt"))
     assert [t["tid"] for t in threads][:3] == ["42", "928", "4076"]
     assert summarize_stack(threads[-1:])["blocked_in"] == "all_gather_coalesced"
+
+
+def test_table_row_or_memory_figures_cut_short_at_the_end_are_said_cut():
+    """A profiler row with fewer cells than its header and the rows before it, or a see_memory_usage
+    figure line without its figures, at the end of a text: 'may be cut'; the figure line is no label."""
+    head = ("Name        Self CPU %   Self CPU    CPU total %   CPU total   CPU time avg   # of Calls\n"
+            "aten::mm        41.00%     1.200ms      41.00%     1.200ms      0.300ms            4\n")
+    cut = [w for w in parse_profiler_table(head + "aten::add       12.00%     0.350ms\n", source="t").warnings if "cut" in w]
+    assert cut and "line 3" in cut[0]
+    assert not [w for w in parse_profiler_table(head, source="t").warnings if "cut" in w]
+    ds = ("[2025-01-02 03:04:05,006] [INFO] [utils.py:781:see_memory_usage] Before forward\n"
+          "[2025-01-02 03:04:05,006] [INFO] [utils.py:782:see_memory_usage] MA 2.5 GB         Max_MA 3.0 GB         CA 4.0 GB         Max_CA 4 GB\n"
+          "[2025-01-02 03:04:05,006] [INFO] [utils.py:789:see_memory_usage] CPU Virtual Memory:  used =\n")
+    r = parse_deepspeed(ds, source="t")
+    assert [m["label"] for m in r.records if m["table"] == "memory"] == ["Before forward"]
+    assert [w for w in r.warnings if "line 3" in w and "cut" in w]

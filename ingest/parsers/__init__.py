@@ -264,6 +264,7 @@ class TextBlocks:
         self.blocks = blocks
         self.ends_cut = False  # set by the reader before its last block when the input ends inside a line
         self.num_lines = 0
+        self.last_start = 0  # the first line of the last line yielded (a rejoined wrap spans more)
         self.cut_line: int | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -373,7 +374,7 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
                 continue
             yield n, line, ts or pending_ts, rank
             pending_ts = None
-    blocks.num_lines = blocks.cut_line or spans.get(last, last)
+    blocks.num_lines, blocks.last_start = blocks.cut_line or spans.get(last, last), last
 
 
 class LineParser:
@@ -389,6 +390,7 @@ class LineParser:
     # parsers read; a message whose prefix was stripped); or None
     fallback: Callable[[int, str, str | None, int | None], bool] | None = None
     fallback_gate: tuple[re.Pattern | str, ...] = ()
+    open_line: int | None = None  # a line it took that leaves its record or block open: cut if the text ends there
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -502,7 +504,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     feeds, claims, warnings = [p.feed for p in parsers], [_claim(p.gate) for p in parsers], parsers[0].warnings
     order = list(zip(range(len(parsers)), claims, feeds))
     fallbacks = [(i, p.fallback) for i, p in enumerate(parsers) if p.fallback is not None]
-    hits = [0] * len(parsers)
+    hits, last_read = [0] * len(parsers), [(0, "")] * len(parsers)
     unparsed, linenos, huge, num_bodies = 0, [], 0, 0
     # the chain's gate: a line no parser's gate passes goes unread unless a parser is inside a block
     gate = _chain_gate(tuple(type(p) for p in parsers))
@@ -552,14 +554,24 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                 got = -1
         if got >= 0:
             hits[got] += 1
+            last_read[got] = (lineno, body)
             recent.append(body)
         else:
             unparsed += 1
             if len(linenos) < MAX_UNPARSED_LINENOS:
                 linenos.append(lineno)
-    # a last line that starts as a line read before it but is not read, or is read and much shorter:
-    # cut by whoever copied the file (a paste, an excerpt)
-    cut_short = bool(body) and not blocks.cut_line and lineno == blocks.num_lines and _looks_cut(body, got >= 0, recent)
+    # cut by whoever copied the file (a paste, an excerpt): a record or block a parser leaves open at
+    # the end of its log (the last line it read: its log may be interleaved with others); the last
+    # line of a log opening more brackets than it closes; a last line that starts as a line read
+    # before it but is not read, or is read and much shorter (_looks_cut)
+    opened = {p.open_line for p, (n, _) in zip(parsers, last_read) if p.open_line is not None and p.open_line >= n}
+    last = bool(body) and not blocks.cut_line and lineno == blocks.last_start
+    looks = last and (lineno in opened or _looks_cut(body, got >= 0, recent))
+    opened |= {n for n, b in (*last_read, (lineno, body or "")) if sum(map(b.count, "([{")) > sum(map(b.count, ")]}"))}
+    left_open, cut_short = last and lineno in opened, looks or last and lineno in opened
+    named = {lineno} if looks and got < 0 else set()  # named in a warning below, not counted unparsed
+    named |= opened & set(linenos) - {lineno}
+    unparsed, linenos = unparsed - len(named), [n for n in linenos if n not in named]
     if blocks.cut_line:  # a file that ends inside a line was cut (a crashed writer, a partial copy)
         unparsed += 1
         if len(linenos) < MAX_UNPARSED_LINENOS:
@@ -584,8 +596,11 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         if not claimed and num_bodies:
             warnings.append(f"unknown kind: none of {num_bodies} lines is in a format the parsers know")
     if cut_short:
-        warnings.append(f"line {lineno}: the last line starts as a line before it but is {'shorter' if got >= 0 else 'not read'}: "
-                        "the file may be cut (truncated) there")
+        why = "leaves a record, block or bracket open" if left_open else "starts as a line before it but is " + (
+            "shorter" if got >= 0 else "not read")
+        warnings.append(f"line {lineno}: the last line {why}: the file may be cut (truncated) there")
+    warnings += [f"line {n}: a record or block its log ends inside: the log may be cut (truncated) there"
+                 for n in sorted(opened - {lineno, None})]
     if claimed and unparsed >= UNCLAIMED_WARN_MIN_LINES and unparsed > UNCLAIMED_WARN_FRACTION * (claimed + unparsed):
         warnings.append(f"{unparsed} of {claimed + unparsed} lines not recognised by any parser "
                         f"(first at line {linenos[0]}); see the unparsed line numbers")

@@ -85,7 +85,11 @@ class DeepSpeedParser(StepRowParser):
         if rm:
             rank, msg = int(rm.group(1)), msg[rm.end():]
         if func == "see_memory_usage":  # the label, then (bare, or with the prefix since ~0.10) MA and CPU lines
-            if not self._bare(lineno, msg, ts, rank):
+            if self._bare(lineno, msg, ts, rank):
+                return True
+            if msg.startswith(("MA ", "CPU Virtual Memory:")):  # its figures cut short: no label
+                self.open_line = lineno
+            else:
                 self._mem_label = msg
             return True
         m = _STEP.match(msg) if "step=" in msg else None

@@ -15,6 +15,7 @@ from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules
 _GLOG = re.compile(
     r"\[?(?P<sev>[EWIF])(?P<date>\d{3,4})?(?: (?P<time>\d\d:\d\d:\d\d\.\d+))?(?: \d+)? (?P<loc>[\w./]+:\d+)\] (?P<msg>.*)"
 )
+_GLOG_CUT = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+(?: [\w./]*)?$")  # a glog head the text ends inside
 _PG_RANK = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+) (?:PG GUID (?P<guid>\S+?) )?)?Rank (?P<rank>\d+)\] (?P<body>.*)")
 _WORK = re.compile(r"WorkNCCL\((?P<work>[^()]*(?:\([^()]*\)[^()]*)*)\)(?: ran for (?P<ran>\d+) milliseconds)?")
 _WORK_KEYS = {"SeqNum": ("seq_num", int, 1), "OpType": ("op_type", str, 1), "NumelIn": ("numel_in", int, 1),
@@ -102,7 +103,7 @@ _CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank
                 "exitcode": (re.compile(r"(-?\d+)(?: \(pid: (\d+)\))?"), ("exitcode", "pid"))}
 # torchrun's failure report (torch/distributed/elastic/multiprocessing/errors), read when an excerpt
 # starts inside it: its section heads, an entry head "[N]:", the keys only it prints
-_CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: "
+_CHILD_OPENS = re.compile(r"Root Cause \(first observed failure\):$|Failures:$|\[\d+\]:$|(?:exitcode|error_file)\s*: |(?:time|host) {6}: "
                           r"|rank\s*: \d+ \(local_rank: \d+\)$|\S+\.py FAILED$")
 _PG_KEYS = {"size": "pg_size", "NCCL version": "nccl_version", "global rank": "pg_global_rank"}
 # A Python traceback (traceback.py's format): inside it, frames, their source lines and carets; it
@@ -122,7 +123,7 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, "Memory summary: |", "PyTorch CUDA memory summary", _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, "Memory summary: |", "PyTorch CUDA memory summary", _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, _GLOG_CUT, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
     busy = property(lambda self: self._in_block or bool(self._after_frame) or self._oom is not None or bool(self._tbs)
                     or self._summary is not None)
     _summary: dict | None = None  # the memory_summary() table being read
@@ -137,15 +138,26 @@ class FailureScanner(LineParser):
     _in_block = False
     _root = False
     _script: str | None = None
+    _report_line: int | None = None  # a report's "script FAILED" line, until an entry of it is read
+    _opts: tuple[int, int] | None = None  # ProcessGroupNCCL's option lines: (in the block read, the most in one before)
     _after_frame: set  # the ranks whose last line was a traceback frame: their source line comes next
     _frame_lineno = -1
 
-    def _flush_child(self) -> None:
+    def _flush_child(self, *, end: bool = False) -> None:
+        if end and self._report_line is not None:  # a report that ends before its entries: the child it names
+            self.event("child_failed", self._report_line, None, None, script=self._script, root_cause=False)
+            self._report_line = None
         if self._child is not None:
             self.records.append(self._child)
             self._child = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        read = self._read(lineno, body, ts, rank)
+        if read and self._in_block:  # torchrun's report is whole at the rule closing its root cause entry
+            self.open_line = None if self._root and body[:1] == "=" else lineno
+        return read
+
+    def _read(self, lineno: int, body: str, ts, rank) -> bool:
         # the source line under a frame: of this rank's last frame (ranks' tracebacks interleave), or
         # right after a frame when this rank has no traceback open (a prefix on some lines only)
         key = self._tb_key(rank)
@@ -184,20 +196,20 @@ class FailureScanner(LineParser):
     def _feed(self, lineno: int, body: str, ts, rank, after_frame: bool) -> bool:
         # --- torchrun ChildFailedError block
         if _CHILD_FAILED in body:
-            self._flush_child()
+            self._flush_child(end=True)
             self._in_block, self._root = True, False
             return True
         if not self._in_block and _CHILD_OPENS.match(body):
             self._in_block, self._root = True, False
             if body.endswith(" FAILED"):
-                self._script = body[: -len(" FAILED")]
+                self._script, self._report_line = body[: -len(" FAILED")], lineno
                 return True
             if _CHILD_KV.match(body):  # an entry whose "[N]:" head the excerpt lost
                 self._child = {"table": "events", "source": self.source, "line": lineno, "event": "child_failed",
                                "rank": None, "time": None, "root_cause": False, "script": self._script, "detail": None}
         if self._in_block:
             if body.endswith(" FAILED") and self._script is None:
-                self._script = body[: -len(" FAILED")]
+                self._script, self._report_line = body[: -len(" FAILED")], lineno
                 return True
             if body in ("Failures:", "<NO_OTHER_FAILURES>"):
                 return True
@@ -211,6 +223,7 @@ class FailureScanner(LineParser):
                 self._child = {"table": "events", "source": self.source, "line": lineno, "event": "child_failed",
                                "rank": None, "time": None, "root_cause": self._root, "script": self._script,
                                "detail": None}
+                self._report_line = None
                 return True
             m = _CHILD_KV.match(body)
             if m and self._child is not None:
@@ -230,7 +243,7 @@ class FailureScanner(LineParser):
                 return True
             if re.fullmatch(r"[=\-]{20,}", body):
                 return True
-            self._flush_child()
+            self._flush_child(end=True)
             self._in_block = False
         # --- OOM
         # --- torch.cuda.memory_summary()
@@ -284,6 +297,8 @@ class FailureScanner(LineParser):
                 return False
         if self._line_rules(lineno, body, ts, rank):
             return True
+        if _GLOG_CUT.match(body):
+            self.open_line = lineno
         return after_frame  # the source line Python prints under each traceback frame
 
     def _memory_summary(self, lineno: int, body: str, rank) -> bool:
@@ -314,9 +329,13 @@ class FailureScanner(LineParser):
         NCCL version: 2.21.5, .." lines -> env rows (the default group's size is the world size)."""
         pm = _PG_RANK.match(msg)
         body = pm.group("body") if pm else msg
-        head, sep, pairs = body.partition("options: ") if "options: " in body else body.partition("environments: ")
+        head, sep, pairs = body.partition("options:") if "options:" in body else body.partition("environments: ")
         if not sep or not head.startswith("ProcessGroupNCCL"):
             return False
+        if not pairs.startswith(" "):  # torch <= 2.0: one option a line under "with following options:"
+            self._opts = (0, max(self._opts or (0, 0)))  # (a terminal wrap may glue the first to it)
+            if pairs:
+                self._option_line(lineno)
         for key, _, value in (item.partition(": ") for item in pairs.split(", ")):
             key, value = key.strip(), value.strip()
             if not value:
@@ -326,6 +345,11 @@ class FailureScanner(LineParser):
             if name == "pg_size" and pm is not None and pm.group("pg") in (None, "0"):
                 self.env(lineno, "world_size", value, record="pg_options")
         return True
+
+    def _option_line(self, lineno: int) -> None:
+        """One more line of an options block: open while shorter than a block before it."""
+        self._opts = (self._opts[0] + 1, self._opts[1])
+        self.open_line = lineno if self._opts[0] < self._opts[1] else None
 
     def _pg_message(self, lineno: int, msg: str, time, rank, loc: str | None) -> bool:
         """A ProcessGroupNCCL message ``[PG p Rank r] <watchdog rule>`` -> its event (WorkNCCL fields read)."""
@@ -345,6 +369,9 @@ class FailureScanner(LineParser):
                     put_field(rec, _WORK_KEYS[k], v)
             if wm.group("ran"):
                 rec["ran_for_s"] = int(wm.group("ran")) / 1000
+        inner = _PG_RANK.match(rec["detail"]) if rec["event"] == "watchdog_terminated" else None
+        if inner and "Watchdog caught collective operation timeout: WorkNCCL(".startswith(inner.group("body")):
+            self.open_line = lineno  # the exception it names is cut inside its first words
         if rec["event"] == "watchdog_terminated" and "seq_num" in rec and "timeout" in rec["detail"]:
             # the thread died of a collective's timeout: the line states both, the timeout with its work
             self.records.append(dict(rec, event="watchdog_terminated"))
@@ -367,6 +394,8 @@ class FailureScanner(LineParser):
                 self._frame_lineno = lineno
                 self._tbs[key]["_frames"].append((m2.group("file"), int(m2.group("ln")), m2.group("func")))
             rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
+            if r2.name == "nccl_env" and self._opts is not None:
+                self._option_line(lineno)
             if rec is not None:
                 if rec["table"] == "events":
                     rec["event"] = rec.pop("record")
@@ -378,7 +407,7 @@ class FailureScanner(LineParser):
         return False
 
     def finish(self) -> None:
-        self._flush_child()
+        self._flush_child(end=True)
         for rank in list(self._tbs):  # a traceback the text ends inside: its frames, no exception
             self._close_traceback(rank, "")
 

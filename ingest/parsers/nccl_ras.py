@@ -27,7 +27,7 @@ _LINES = (
     rule("section", r"(?P<section>Job summary|Communicators\.\.\.|Errors|Warnings)(?: \([\d.]+s\))?$", "section"),
     rule("underline", r"=+$", None),
     rule("block", r"#(?P<group>\d+-\d+) \((?P<hash>[0-9a-fA-F]+)\) (?P<status>[A-Z,]+)$", "block"),
-    rule("bare_block", r"(?P<status>INCOMPLETE|DEAD)$", "block"),
+    rule("bare_block", r"(?P<status>INCOMPLETE|DEAD|TIMEOUT)$", "block"),
     rule("rank", r"Rank (?P<rank>\d+) -- (?:GPU (?P<gpu>\S+) managed by process (?P<pid>\d+) on node (?P<node>\S+)"
          r"|\[process information not found\])$", "events",
          Col("rank", "rank", int), Col("gpu", "gpu", S), Col("pid", "pid", int), Col("node", "node", S), event="ras_rank"),
@@ -83,7 +83,8 @@ class RasParser(LineParser):
             self.records.append({"table": "comm_topology", "source": self.source, "line": lineno, "record": record,
                                  "kind": self.kind, **row})
             return True
-        if self._block is not None and re.match(r"[\w\[(]", body):  # the block's message lines
+        if self._block is not None and re.match(r"[\w\[(]", body) and " NCCL " not in body:  # its message lines (not
+            # an NCCL log line of a process writing the same stream)
             self._block["detail"] = f"{self._block['detail']}; {body}" if self._block["detail"] else body
             return True
         return False

@@ -131,6 +131,7 @@ class ProfilerTableParser(LineParser):
     busy = property(lambda self: self._cols is not None)
     _cols: list[tuple[str, Callable]] | None = None
     _header = ""
+    _fewest = 0  # the fewest cells of the table's header and rows so far: a row with fewer may be cut
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)
@@ -144,18 +145,19 @@ class ProfilerTableParser(LineParser):
         cells = CELLS.split(body)
         cols = _header_columns(cells)
         if cols is not None:
-            self._cols, self._header = cols, "|".join(cells)
+            self._cols, self._header, self._fewest = cols, "|".join(cells), len(cols)
             return True
         if self._cols is None:
             cols = positional_columns(cells)
             if cols is None:
                 return False
-            self._cols, self._header = cols, "(no header: columns by torch's order and units)"
+            self._cols, self._header, self._fewest = cols, "(no header: columns by torch's order and units)", len(cols)
             self.warnings.append(f"line {lineno}: profiler rows without their header: columns read by torch's order "
                                  "and the cells' units")
         if len(cells) < 2:
             return False
-        extra = len(cells) - len(self._cols)
+        self.open_line = lineno if len(cells) < (self._fewest or len(cells)) else None
+        extra, self._fewest = len(cells) - len(self._cols), min(self._fewest or len(cells), len(cells))
         if extra > 0:  # a name with double spaces inside
             cells = ["  ".join(cells[:extra + 1])] + cells[extra + 1:]
         rec = {"table": "kernels", "source": self.source, "line": lineno, "record": "profiler_row", "kind": self.kind,
