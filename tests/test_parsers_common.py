@@ -86,6 +86,10 @@ def test_parse_result_is_frozen():
     ("      node-0:1:2 [3] NCCL INFO y   ", "node-0:1:2 [3] NCCL INFO y", None),
     ("[80746] [rank0]:[E321 x", "[E321 x", 0),
     ("(RayWorkerWrapper pid=626, ip=192.0.2.1) h:1:2 [0] NCCL INFO z", "h:1:2 [0] NCCL INFO z", None),
+    # a tqdm bar whose redraw had no newline, another line glued after it (with or without the bar)
+    ("[rank1]:Train:  41%|####1     | 410/1000 [02:03<02:57,  3.33it/s, loss=1.2][E x.cpp:1] m", "[E x.cpp:1] m", 1),
+    ("Shards:  50% 1/2 [00:01<00:01,  1.10s/it]ERROR:root:y", "ERROR:root:y", None),
+    ("Train:  41%|####1     | 410/1000 [02:03<02:57,  3.33it/s]", "Train:  41%|####1     | 410/1000 [02:03<02:57,  3.33it/s]", None),
 ])
 def test_normaliser_strips_prefixes(line, body, rank):
     assert [(b, r) for _, b, _, r in iter_lines(line)] == [(body, rank)]

@@ -187,6 +187,9 @@ _PREFIX = re.compile(
     r"|`{3}[\w+\-]*$|`{1,3}(?=\S)"  # Markdown residue of a paste: a code fence, a stray backtick
     r")+"
 )
+# A tqdm bar ("desc: 6%|██ | 32040/500150 [6:28:43<94:39:17, 1.37it/s, loss=2.6]", tqdm's format_meter)
+# with another line glued after it: the bar's redraw had no newline; the glued line is the record
+_BAR = re.compile(r"\d+%(?:\|[^|]*\||\s)\s*[\d.]+[kMG]?/[\d.?]+[kMG]? \[[\d:?]+<[\d:?]+,[^\]]*\](?=\S)")
 _PREFIX_START = frozenset(" \t[(0123456789`")
 _ISO_TS = re.compile(_TS)
 # Editor or viewer line numbers ("  12 | ", "12: ", cat -n's "    12\t"), stripped only from a text
@@ -368,6 +371,8 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
                     line = line[m.end():]
                     if not line:
                         continue
+            if "%" in line and (m := _BAR.search(line)):
+                line = line[m.end():]
             last = n
             if line[0].isdigit() and len(line) <= 35 and iso(line) is not None:
                 pending_ts = line
