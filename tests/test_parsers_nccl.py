@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ingest.parsers.dispatch import parse_text
 from ingest.parsers.nccl import parse_nccl
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
@@ -173,3 +174,30 @@ def test_nccl_2_28_tuning_names_init_api_prefix_graph_and_timings():
             tuning[("Broadcast", 1536)]["num_calls"]) == ("LL", 0, 2)
     assert sum(t["num_calls"] for t in of(r, "tuning_named")) == 11
     assert r.unparsed == 1 and r.warnings == []  # "[trimmed]" (the torch W-line is a warning event)
+
+
+def test_message_shapes_of_other_subsystems_versions_and_writers():
+    """Classes: ALLOC messages after their 'file:line' (include/alloc.h), [Proxy Progress] cores,
+    NCCL <= 2.6's 'Threads per block' and its network known only from 'NET/IB : Using' (no 'Using
+    network'), two writers' lines glued (the first cut short), a log whose every head was stripped."""
+    text = "\n".join([
+        "n7:20:21 [1] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB ; OOB ib0:192.0.2.3<0>",
+        "n7:20:21 [1] NCCL INFO enqueue.cc:99 Cuda Alloc Size 2097152 pointer 0x7f00aa000000",
+        "n7:20:21 [1] NCCL INFO proxy.cc:1 cuMem Alloc Size 4096 pointer 0x7f00ab000000 handle 0x1",
+        "n7:20:22 [1] NCCL INFO [Proxy Progress] Device 1 CPU core 33",
+        "n7:20:22 [1] NCCL INFO Threads per block : 256/640/256",
+        "n7:20:22 [1] NCCL INFO n7:23:23 [3] NCCL INFO AllGather: opCount 5 sendbuff 0x1 recvbuff 0x2 count 8 datatype 7 op 0 root 0 comm 0x9 [nranks=4] stream 0x3",
+    ])
+    r = parse_nccl(text, source="s")
+    assert r.unparsed == 0
+    assert [(x["key"], x["value"]) for x in r.records if x["table"] == "env" and x["key"] == "nccl_network"] == [("nccl_network", "IB")]
+    assert [(c["func"], c["pid"], c["cuda_dev"], c["count"]) for c in of(r, "coll")] == [("AllGather", 23, 3, 8)]
+    assert "nccl_network" not in {x["key"] for x in parse_nccl(text + "\nn7:20:21 [1] NCCL INFO Using network Socket",
+                                                                  source="s").records if x.get("value") == "IB"}
+    bare = "NCCL_IB_GID_INDEX set by environment to 3\nBootstrap: Using eth1:192.0.2.4<0>\ncudaDriverVersion 12080\n" \
+           "Comm config Blocking set to 0\nncclCommInitRankConfig comm 0x55aa rank 3 nranks 16 cudaDev 3 nvmlDev 3 busId 9b000 commId 0x1 - Init START\n" \
+           "Setting affinity for GPU 3 to ffff0000\nBroadcast: opCount 2 sendbuff 0x1 recvbuff 0x1 count 9 datatype 0 op 0 root 0 comm 0x55aa [nranks=16] stream 0x2\n"
+    r = parse_text(bare, source="s")
+    assert r.unparsed == 0 and r.kinds == ("nccl",)
+    assert {x.get("num_ranks") for x in r.records} >= {16}
+    assert not parse_text("Setting affinity for GPU 3 to ffff0000\nUsing network IB\n", source="s").kinds  # no NCCL seen

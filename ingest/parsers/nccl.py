@@ -115,7 +115,10 @@ _RULES = {
     "ncclTopoGetCpuAffinity:": (rule("topo_affinity", r"ncclTopoGetCpuAffinity: .*", None),),
     "ncclP2pSchedule:": (rule("p2p_schedule", r"ncclP2pSchedule: .*", None),),
     "Check": (rule("p2p_check", r"Check P2P Type .*", None),),
-    "[Proxy": (rule("proxy_core", r"\[Proxy Service(?: UDS)?\] Device \d+ CPU core \d+$", None),),
+    "[Proxy": (rule("proxy_core", r"\[Proxy (?:Service(?: UDS)?|Progress)\] Device \d+ CPU core \d+$", None),),
+    "Threads": (rule("threads_per_block", r"Threads per block : [\d/]+$", None),),  # NCCL <= 2.6
+    # NCCL_DEBUG_SUBSYS=ALLOC (include/alloc.h), after the "file:line" it names (_msg strips it)
+    "Cuda": (rule("alloc", r"(?:Cuda (?:Host )?Alloc|cuMem Alloc|malloc|Mem Realloc|Mem Alloc) .*[Ss]ize .*", None),),
     "Initialized": (rule("net_plugin_init", r"Initialized NET plugin \S+$", None),),
     "Assigned": (rule("net_plugin_assigned", r"Assigned (?:NET|GIN|RMA) plugin \S+ to comm$", None),),
     "Failed": (rule("net_plugin_failed", r"Failed to (?:initialize NET plugin \S+|open libibverbs\.so.*)$", None),),
@@ -149,7 +152,7 @@ _RULES = {
                  Col("key", "key", S), Col("value", "value", S)),),
 }
 # First words that share another's rules: a glued colon, a CPU node or a path under it.
-_RULES.update({"NET/Plugin:": _RULES["NET/Plugin"], "Bootstrap:": _RULES["Bootstrap"], "NET/IB:": _RULES["NET/IB"],
+_RULES.update({"cuMem": _RULES["Cuda"], "malloc": _RULES["Cuda"], "Mem": _RULES["Cuda"], "NET/Plugin:": _RULES["NET/Plugin"], "Bootstrap:": _RULES["Bootstrap"], "NET/IB:": _RULES["NET/IB"],
                "NET/Socket:": _RULES["NET/Socket"], "PROFILER/Plugin:": _RULES["ENV/Plugin:"],
                "TUNER/Plugin:": _RULES["ENV/Plugin:"], "GIN/Plugin:": _RULES["ENV/Plugin:"], "CPU/": _RULES["CPU/"] + _RULES["topo_path"]})
 _COLL = re.compile(
@@ -168,11 +171,15 @@ _TEST_RANK = re.compile(r"Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d
 # NCCL's topology dump (graph/topo.cc ncclTopoPrint) pasted without its "host:pid:tid [dev] NCCL INFO" heads
 _TOPO_BARE = re.compile(r"=== System : maxBw |\+ [A-Z]+\[[\d.]+\] - [A-Z]+/|CPU/[\w\-]+ \(\d+/\d+/\d+\)$")
 _NO_HEAD = (None, None, None)
-# first words of NCCL messages no other tool starts a line with (read without a head once NCCL is seen)
-_BARE_WORDS = frozenset(("Bootstrap", "Bootstrap:", "cudaDriverVersion", "NET/Plugin", "NET/Plugin:", "NET/IB", "NET/IB:",
-                         "NET/Socket", "NET/Socket:", "comm", "Channel", "Trees", "NVLS", "threadThresholds", "P2P",
-                         "Connected", "RAS", "MNNVL", "TOPO/NET", "ncclTopoPopulateNics", "ncclTopoGetCpuAffinity:",
-                         "ncclP2pSchedule:", "DMA-BUF", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG"))
+# starts of NCCL messages no other tool prints, read without their head once NCCL lines are seen;
+# the first three (NCCL's alone) even before: a log whose heads were all stripped
+_BARE_MSG = re.compile(r"(?:NCCL_\w+ set (?:by environment )?to |Bootstrap ?: |cudaDriverVersion \d"
+                   r"|(?:NET/(?:Plugin|IB|Socket) ?|ncclTopoGetCpuAffinity|ncclP2pSchedule|(?:PROFILER|TUNER|ENV|GIN)/Plugin): "
+                   r"|comm 0x|ncclComm\w+ comm 0x|Channel \d|Trees |NVLS |threadThresholds |P2P |Connected |RAS |MNNVL "
+                   r"|TOPO/NET |ncclTopoPopulateNics |DMA-BUF |Comm config |Plugin Path : |Using network |Setting affinity for GPU "
+                   r"|Bootstrap timings |[A-Za-z]+: opCount )")
+_SURE = ("NCCL_", "Bootstrap", "cudaDriverVersion")
+_GLUED = re.compile(r".* NCCL (?:INFO|WARN) (?=[\w.\-]+:\d+:\d+ \[\d+\] )")  # two writers' lines glued
 
 
 # nccl-tests' own header lines (src/common.cu, each printed after '#', which a markdown paste loses):
@@ -186,8 +193,9 @@ class NcclParser(LineParser):
     kind = "nccl"
     gate = (" NCCL ", re.compile("NCCL version |NCCL (?:INFO|WARN) |#"), _TEST_ROW.regex, _TEST_START, _TEST_TEXT, _TOPO_BARE)
     _context = False  # an NCCL line or banner seen: a message whose head was stripped may follow
-    fallback_gate = (re.compile("(?:" + "|".join(map(re.escape, sorted(_BARE_WORDS, key=len, reverse=True))) + ") "),)
+    fallback_gate = (_BARE_MSG,)
     _tests = False  # inside nccl-tests output: every '#' line is its header or comment
+    _ib_line = 0  # "NET/IB : Using <devices>": the IB net initialised (the network, where NCCL <= 2.6 names none)
 
     def __init__(self, source: str) -> None:
         super().__init__(source)
@@ -205,6 +213,8 @@ class NcclParser(LineParser):
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         idx = body.find(" NCCL ")
+        if idx >= 0 and body.count(" NCCL ", idx + 6) and (g := _GLUED.match(body)):
+            body, idx = body[g.end():], body.find(" NCCL ", g.end()) - g.end()
         if idx < 0:
             if not body.startswith(("NCCL INFO ", "NCCL WARN ")):
                 return self._other(lineno, body)
@@ -272,6 +282,8 @@ class NcclParser(LineParser):
                 return self._coll(lineno, stripped, hdr)
             elif " -> " in stripped and ".c" in word:
                 rules = _RULES["unwind"]
+            elif ":" in word and word[-1].isdigit() and word.count(":") == 1:  # "file.cc:N message"
+                return self._msg(lineno, hdr, stripped[len(word) + 1:], ts, rank)
             elif " set by environment to " in stripped or word.startswith("NCCL_") and " set to " in stripped:
                 rules = _RULES["env"]
             elif word.startswith("CPU/"):
@@ -302,6 +314,7 @@ class NcclParser(LineParser):
                     if k in self._seen_env:
                         return True
                     self._seen_env.add(k)
+                    self._ib_line = self._ib_line or (r.name == "net_ib" and " Using " in stripped and lineno)
                     rec["kind"] = "nccl"
                 elif rec["table"] != "events":
                     self._header(rec, hdr)
@@ -362,8 +375,9 @@ class NcclParser(LineParser):
 
     def fallback(self, lineno: int, body: str, ts, rank) -> bool:
         """A message whose head the poster stripped (``Bootstrap: Using ...``), once NCCL lines are seen."""
-        if not self._context or body.split(" ", 1)[0] not in _BARE_WORDS:
+        if _BARE_MSG.match(body) is None or not (self._context or body.startswith(_SURE)):
             return False
+        self._context = True
         return self._msg(lineno, _NO_HEAD, body, ts, rank)
 
     def _other(self, lineno: int, body: str) -> bool:
@@ -401,6 +415,8 @@ class NcclParser(LineParser):
             self._test_ranks = {}
         for key, e in self._edges.items():
             e["channels"] = ",".join(self._edge_channels[key])
+        if self._ib_line and not any(k == "nccl_network" for k, _ in self._seen_env):
+            self.env(self._ib_line, "nccl_network", "IB", record="net_ib")
         self.records.extend(self._edges.values())
         self.records.extend(self._colls.values())
         self._edges, self._edge_channels, self._colls = {}, {}, {}
