@@ -216,7 +216,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('047_deepspeed_comms_logger_2025_leading_backtick_gb.txt', 'wrap80'): _WRAP80,
     ('047_nccl_2.18.5_deepspeed_log_dist_then_init_supermicro_host.txt', 'thousands_off'): _THOUSANDS_OFF,
     ('048_deepspeed_autotuning_2023_sigkill_base64_config.txt', 'cat_n'): _PREFIX,
-    ('048_deepspeed_autotuning_2023_sigkill_base64_config.txt', 'cut'): _CUT,
     ('048_deepspeed_autotuning_2023_sigkill_base64_config.txt', 'editor'): _PREFIX,
     ('048_deepspeed_autotuning_2023_sigkill_base64_config.txt', 'thousands_off'): _THOUSANDS_OFF,
     ('049_collect_env_2021_torch1.8.1_a100_mig_device.txt', 'interleave'): _INTERLEAVE,

@@ -188,3 +188,19 @@ def test_text_ending_inside_a_record_or_block_is_said_cut():
     lines = "[2024-01-02 03:04:05,006] [INFO] [logging.py:96:log_dist] [Rank 0] step=7, skipped=0, lr=[0.5], mom=[(0.9, 0.99)]\n"
     assert not _cut_warnings(lines)
     assert _cut_warnings(lines + lines.replace("step=7", "step=8")[:-12] + "\n")
+
+
+def test_deepspeed_launcher_kill_and_exit_and_engine_version():
+    """DeepSpeed's launcher (launch.py sigkill_handler: 'Killing subprocess N', then '<argv> exits with
+    return code = N') as events of both grammars; the engine's 'DeepSpeed info: version=' as env."""
+    from ingest.parsers.dispatch import parse_text
+
+    text = ("[2024-02-03 04:05:06,007] [INFO] [logging.py:96:log_dist] [Rank 0] DeepSpeed info: version=0.14.2, git-hash=abc, git-branch=main\n"
+            "[2024-02-03 04:05:09,001] [INFO] [launch.py:316:sigkill_handler] Killing subprocess 4242\n"
+            "[2024-02-03 04:05:09,002] [ERROR] [launch.py:322:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+            "'--local_rank=1'] exits with return code = -11\n")
+    r = parse_text(text, source="t")
+    assert r.unparsed == 0 and set(r.kinds) == {"deepspeed", "failures"}
+    assert [(x["key"], x["value"]) for x in r.records if x["table"] == "env"] == [("deepspeed_version", "0.14.2")]
+    assert [(e["event"], e.get("exitcode")) for e in r.records if e["table"] == "events"] == [
+        ("subprocess_killed", None), ("launcher_exit", -11)]

@@ -371,7 +371,7 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
                     line = line[m.end():]
                     if not line:
                         continue
-            if "%" in line and (m := _BAR.search(line)):
+            if "%" in line and "<" in line and (m := _BAR.search(line)):  # (tqdm: "[elapsed<remaining")
                 line = line[m.end():]
             last = n
             if line[0].isdigit() and len(line) <= 35 and iso(line) is not None:

@@ -74,9 +74,9 @@ class DeepSpeedParser(StepRowParser):
         if m:
             self.event("loss_scale_overflow", lineno, rank, p.group("ts"), loc=p.group("loc"),
                        loss_scale=float(m.group("scale")), detail=msg[:500])
-        elif level in ("WARNING", "ERROR", "CRITICAL"):
-            self.event("warning" if level == "WARNING" else "error", lineno, rank, p.group("ts"), loc=p.group("loc"),
-                       detail=msg[:500])
+        elif level in ("WARNING", "ERROR", "CRITICAL") or msg.startswith("Killing subprocess "):  # (launch.py's sigkill_handler)
+            event = {"WARNING": "warning", "INFO": "subprocess_killed"}.get(level, "error")
+            self.event(event, lineno, rank, p.group("ts"), loc=p.group("loc"), detail=msg[:500])
         return True
 
     def _message(self, lineno: int, ts: str, func: str, msg: str, rank) -> bool:
@@ -121,12 +121,15 @@ class DeepSpeedParser(StepRowParser):
             row.update(time=ts, step_time_s=float(m.group("t")), samples_per_s=float(m.group("sps")),
                        loss=None if m.group("loss") == "nan" else float(m.group("loss")))
             return True
+        if msg.startswith("DeepSpeed info: version="):  # (runtime/engine.py, once at start)
+            msg = "deepspeed_version ..... " + msg[24:].partition(",")[0]
         if msg.startswith("cmd = "):
             self.env(lineno, "launch_command", msg[6:], record="launch_command")
             return True
         m = _CFG.match(msg) if " .." in msg else None
         if m:
-            self.env(lineno, f"deepspeed.{m.group('key')}", m.group("value").strip(), record="config")
+            key = m.group("key")
+            self.env(lineno, key if key == "deepspeed_version" else f"deepspeed.{key}", m.group("value").strip(), record="config")
             return True
         return False
 

@@ -39,7 +39,7 @@ _WATCHDOG_RULES = (
 )
 
 # Pattern table: whole-line rules; the two after any "[...] " prefix are found by a literal each needs.
-_EXITED, _CLOSING, _NCCL_ERROR = "failed (exitcode: ", "Sending process ", "NCCL error"
+_EXITED, _CLOSING, _NCCL_ERROR, _DS_EXIT = "failed (exitcode: ", "Sending process ", "NCCL error", " exits with return code = "
 _LINE_RULES = (
     rule("traceback", r"Traceback \(most recent call last\):$", None),
     rule("traceback_frame", r'File "(?P<file>[^"]*)", line (?P<ln>\d+)(?:, in (?P<func>.*))?$', None),
@@ -52,6 +52,8 @@ _LINE_RULES = (
     rule("agent_failed", r"(?:.*\]\s?)?(?:ERROR:[\w.]+:)?" + re.escape(_EXITED) + r"(?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
          r"\(pid: (?P<pid>\d+)\) of binary: (?P<detail>.*)", "events",
          Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", int)),
+    # DeepSpeed's launcher (launcher/launch.py sigkill_handler): "[ERROR] ... ['python', ...] exits with return code = 1"
+    rule("launcher_exit", r".*\] (?P<detail>.*)" + _DS_EXIT + r"(?P<code>-?\d+)$", "events", Col("code", "exitcode", int)),
     rule("closing_signal", r"(?:.*\]\s?)?" + _CLOSING + r"(?P<pid>\d+) closing signal (?P<detail>\w+)", "events",
          Col("pid", "pid", int)),
     # NCCL_* settings, and the options ProcessGroupNCCL prints one per line under "initialized with following options:"
@@ -64,7 +66,7 @@ _LINE_RULES = (
     rule("nccl_result", r"nccl[A-Z]\w*(?:Error|Usage|Argument): .*$|Last error:$", None),
 )
 
-_CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal", "nccl_error")
+_CHILD_FAILED, _OOM_TEXT, _SEARCHED = "ChildFailedError", "CUDA out of memory", ("agent_failed", "closing_signal", "nccl_error", "launcher_exit")
 _OOM = re.compile(r"(?:(?P<cls>[\w.]*(?:OutOfMemoryError|RuntimeError)): )?CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?(?:[KMGT]?i?B|bytes))")
 # c10/cuda/CUDACachingAllocator.cpp, when a memory fraction is set: "Allocation on device 0 would exceed
 # allowed memory. (out of memory)" then "Currently allocated : X", "Requested : Y", "Device limit : Z", ...
@@ -123,7 +125,7 @@ _SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>\w+)\)")
 
 class FailureScanner(LineParser):
     kind = "failures"
-    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, "Memory summary: |", "PyTorch CUDA memory summary", _EXITED, _CLOSING, _NCCL_ERROR, _GLOG, _GLOG_CUT, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
+    gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, "Memory summary: |", "PyTorch CUDA memory summary", _EXITED, _CLOSING, _NCCL_ERROR, _DS_EXIT, _GLOG, _GLOG_CUT, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
     busy = property(lambda self: self._in_block or bool(self._after_frame) or self._oom is not None or bool(self._tbs)
                     or self._summary is not None)
     _summary: dict | None = None  # the memory_summary() table being read
