@@ -83,12 +83,60 @@ class Plant:
     step's forward (a ``plant_host_delay`` profiler range on the training thread). data_delay_ms:
     every rank's every batch fetch takes this much longer (inside the step's ``data`` range).
     pp_layers: transformer layers per pipeline stage, in stage order (len == pp_degree, each >= 1,
-    sum == num_layers) instead of the even split. Checked by runner.matrix."""
+    sum == num_layers) instead of the even split. extra_collective_bytes: every rank runs one
+    extra all-reduce of an fp32 tensor of exactly this many bytes (a multiple of 4) on the world
+    process group every step, after the trainer's step (a ``plant_extra_collective`` range):
+    exposed transfer. extra_matmul_gflop: every rank runs one extra square matmul of about this
+    many GFLOP (2 n^3, n from core.formulas.compute_square_matmul_n; the run's dtype) every step
+    before the forward (a ``plant_extra_matmul`` range): compute. The truth of the last two is
+    timed apart from the traced steps (PlantTruth). Checked by runner.matrix."""
 
     host_delay_ms: float | None = None
     host_delay_rank: int | None = None  # set whenever host_delay_ms is
     data_delay_ms: float | None = None
     pp_layers: tuple[int, ...] | None = None
+    extra_collective_bytes: int | None = None
+    extra_matmul_gflop: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlantTruth:
+    """What a run's extra collective and extra matmul plants cost, timed apart from the traced
+    steps (<run>/plant_truth.json, written by rank 0 after the run): the known answer the
+    analysis of the trace is checked against, never computed from that trace.
+
+    Each op is timed in two loops in the run's own processes, one right before the training loop
+    and one right after it (so a machine whose load drifts during the run is sampled on both
+    sides of the traced steps): num_warmup untimed, then num_timed timed iterations each.
+    method: how (clock, barriers, reduction over ranks). extra_collective_s: median over the
+    timed iterations of both loops of the shortest rank's time for one all-reduce of
+    extra_collective_bytes (the rank that arrived last waited for nobody: its time is the
+    transfer); _before_s / _after_s: the same over one loop. extra_matmul_s: mean over ranks of
+    each rank's median time of one extra_matmul_n x extra_matmul_n matmul in
+    extra_matmul_dtype (extra_matmul_flop = 2 n^3 exactly); _before_s / _after_s likewise.
+    _min_s: the same reductions with the fastest iteration of both loops instead of the median
+    (other load on the machine only adds time: the least disturbed estimate). None where that
+    plant is not set."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    method: str
+    device: str  # "cuda" | "cpu"
+    world_size: int
+    num_warmup: int  # per loop
+    num_timed: int  # per loop
+    extra_collective_bytes: int | None = None
+    extra_collective_s: float | None = None
+    extra_collective_before_s: float | None = None
+    extra_collective_after_s: float | None = None
+    extra_collective_min_s: float | None = None
+    extra_matmul_n: int | None = None
+    extra_matmul_flop: int | None = None
+    extra_matmul_dtype: str | None = None
+    extra_matmul_s: float | None = None
+    extra_matmul_before_s: float | None = None
+    extra_matmul_after_s: float | None = None
+    extra_matmul_min_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -457,6 +505,9 @@ class CampaignRecord:
 # the runner writes them, ingest.traces reads them. Pipeline schedules that interleave forward
 # and backward annotate the whole schedule as "forward_backward".
 PHASE_RANGES = ("data", "forward", "backward", "forward_backward", "optimizer")
+# Ranges around a planted cause's own work (Plant; runner.plants): a host delay's sleep on the
+# planted rank, the extra all-reduce after the trainer's step, the extra matmul before the forward.
+PLANT_RANGES = ("plant_host_delay", "plant_extra_collective", "plant_extra_matmul")
 
 # Categories of a step's time on one rank; they partition the step's interval, so
 # compute + exposed_comm + bubble + data_stall + other == step interval (by construction).
@@ -558,6 +609,32 @@ class AttributionRow:
     late_caused_wait_s: float
 
 
+# The eight categories of AttributionRow that tile a traced step (ingest.attribution), in the
+# note's order; WhatIfRow.category is one of them.
+ATTRIBUTION_CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall",
+                          "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIfRow:
+    """What removing one category's cause would save in one run (ingest.whatif): spent_s, the
+    category's mean time per traced step over the ranks (AttributionRow); saving_s, the traced
+    step time minus the step replayed without the cause (signed; None: no what-if removes this
+    category, e.g. compute); method: "replay" (the dependency replay of the traced steps) or
+    "analytic" (pipeline bubble and imbalance, from the 1F1B model); replay_step_s: the replayed
+    step with nothing removed, traced_step_s: the traced mean step (their difference is the
+    replay's own error). Seconds per step."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    category: str
+    spent_s: float
+    saving_s: float | None
+    method: str | None
+    replay_step_s: float | None
+    traced_step_s: float
+
+
 @dataclass(frozen=True, kw_only=True)
 class CollectiveRow:
     """One collective matched across the ranks' traces (ingest.attribution). group: process
@@ -632,12 +709,16 @@ def run_spec_from_dict(data: Mapping[str, Any]) -> RunSpec:
     fixed["model"] = ModelConfig(**fixed["model"])
     rest = {k: v for k, v in data.items() if k not in ("fixed", "plant")}
     plant = data.get("plant")
-    if plant is not None:
-        plant = dict(plant)
-        if plant.get("pp_layers") is not None:
-            plant["pp_layers"] = tuple(plant["pp_layers"])
-        plant = Plant(**plant)
-    return RunSpec(fixed=FixedConfig(**fixed), plant=plant, **rest)
+    return RunSpec(fixed=FixedConfig(**fixed), plant=plant_from_dict(plant) if plant is not None else None, **rest)
+
+
+def plant_from_dict(data: Mapping[str, Any]) -> Plant:
+    """Inverse of ``to_dict`` for Plant (spec.json's ``plant``; keys a spec written before a plant
+    existed lacks read as None). Raises TypeError on an unknown key."""
+    plant = dict(data)
+    if plant.get("pp_layers") is not None:
+        plant["pp_layers"] = tuple(plant["pp_layers"])
+    return Plant(**plant)
 
 
 # ---------------------------------------------------------------- lenient decoding of env.json / campaign.json

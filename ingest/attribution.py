@@ -23,7 +23,11 @@ Method (DESIGN.md "slow-run triage, per rank on the critical path"):
   batch fetch) or "host code" (more device-idle gaps: host code between launches, a sleep, GC).
   In the last case that many gap milliseconds of the late rank (at most the others' exposed
   wait) are counted as its skew_wait too, so the run's mean over ranks shows the skew once.
-* Pipeline waits (exposed P2P kernels, or P2P ops on CPU timelines; ingest.traces) split into
+  A cause is named only when the late rank's excess in it is at least CAUSE_MIN_SHARE of the
+  wait it caused; otherwise "not determined".
+* Pipeline waits (exposed P2P kernels, or P2P ops on CPU timelines; ingest.traces), and on PP
+  ranks the waits in collectives after the step's last P2P op (the 1F1B drain: a stage idle
+  while an earlier stage runs its last backward, e.g. in the embedding all-reduce) split into
   **bubble** -- what 1F1B implies for balanced stages, mean stage compute x (p - 1) / m
   (Narayanan et al. 2021, section 2.2) --, **imbalance** -- steady-state waits for a stage with
   more compute, at most this rank's compute gap to the slowest stage -- and the rest, a peer
@@ -31,6 +35,8 @@ Method (DESIGN.md "slow-run triage, per rank on the critical path"):
 * **launch_gaps**: device idle outside data fetches and pipeline waits (the host is in
   framework or user code); **data_stall**: device idle while the host fetches the batch;
   **other**: exposed memcpy/memset and other kernels.
+
+What removing each category's cause would save: ingest.whatif, on the same matched collectives.
 
 Deliberately not here: reading files, per-rank interval construction (ingest.traces), units
 beyond seconds, and any rescaling to unprofiled steps (report.evidence).
@@ -44,12 +50,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.formulas import COLLECTIVES, compute_bus_factor
-from core.records import AttributionRow, CollectiveRow
+from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, CollectiveRow, WhatIfRow
 from ingest.traces import RankTimeline, _I64, _intersect, _measure, _union
+from ingest.whatif import compute_whatif
 
-ATTRIBUTION_CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall",
-                          "other")
-LATE_CAUSES = ("GPU busy", "host compute", "data", "host code")
+LATE_CAUSES = ("GPU busy", "host compute", "data", "host code", "not determined")
+# the late rank's excess in one cause must explain at least this share of the wait it caused
+# for that cause to be named
+CAUSE_MIN_SHARE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +68,7 @@ class Attribution:
     rows: tuple[AttributionRow, ...]
     collectives: tuple[CollectiveRow, ...]
     warnings: tuple[str, ...] = ()
+    whatif: tuple[WhatIfRow, ...] = ()  # ingest.whatif: what removing each category's cause saves
 
 
 def _bus_factor(kind: str, n: int) -> float | None:
@@ -138,7 +147,8 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     coll_rows: list[CollectiveRow] = []
     late_by_step: dict[int, dict[int, int]] = {}  # step -> late rank -> summed wait it caused (ns)
     num_unmatched = 0
-    for (step, group, kind, seq), members in sorted(_match(timelines).items(), key=lambda kv: kv[0][:1] + kv[0][3:]):
+    keys = _match(timelines)
+    for (step, group, kind, seq), members in sorted(keys.items(), key=lambda kv: kv[0][:1] + kv[0][3:]):
         if len(members) < 2:
             num_unmatched += 1
             continue
@@ -168,8 +178,14 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         c_s, c_e = tl.coll_start, tl.coll_start + waits[r]
         wait_set = _union(c_s, c_e)
         skew = _measure(_intersect(wait_set, tl.exposed_set), tl.lo, tl.hi)
-        per[r] = {"compute": tl.compute.copy(), "transfer": tl.exposed - skew, "skew_wait": skew.copy(),
-                  "pipeline": tl.pipeline_wait.copy(), "launch_gaps": tl.gaps.copy(),
+        # the pipeline's drain: on a PP rank, waits in the collectives after its last P2P op
+        drain = np.zeros_like(skew)
+        if pp_degree > 1 and tl.p2p_last is not None:
+            has = tl.p2p_last >= 0
+            tail = (tl.p2p_last[has], tl.hi[has])
+            drain = _measure(_intersect(_intersect(wait_set, tl.exposed_set), tail), tl.lo, tl.hi)
+        per[r] = {"compute": tl.compute.copy(), "transfer": tl.exposed - skew, "skew_wait": skew - drain,
+                  "pipeline": tl.pipeline_wait + drain, "launch_gaps": tl.gaps.copy(),
                   "data_stall": tl.data_stall.copy(), "other": tl.rest.copy()}
 
     # 3. pipeline waits: the 1F1B bubble for stages of the mean compute, then waits for a
@@ -209,6 +225,8 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         deltas = {"compute": excess("compute"), "data": excess("data_stall"), "host code": excess("launch_gaps")}
         what = max(deltas, key=deltas.get)
         label = what if what != "compute" else ("GPU busy" if timelines[late].timeline == "gpu" else "host compute")
+        if deltas[what] < CAUSE_MIN_SHARE * exposed_wait:
+            label = "not determined"
         if what == "host code" and deltas[what] > 0:
             moved = int(min(exposed_wait, deltas[what], per[late]["launch_gaps"][li]))
             per[late]["launch_gaps"][li] -= moved
@@ -237,4 +255,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
                 launch_gap_p50_s=float(np.median(gaps)) / 1e9 if gaps.size else None,
                 launch_gap_max_s=float(gaps.max()) / 1e9 if gaps.size else None,
                 late=label is not None, late_cause=label, late_caused_wait_s=caused / 1e9))
-    return Attribution(rows=tuple(rows), collectives=tuple(coll_rows), warnings=tuple(warnings))
+    whatif, more = compute_whatif(timelines, rows, keys, run=run, pp_degree=pp_degree,
+                                  num_microbatches=num_microbatches)
+    return Attribution(rows=tuple(rows), collectives=tuple(coll_rows), warnings=tuple(warnings + more),
+                       whatif=tuple(whatif))

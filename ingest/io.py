@@ -30,8 +30,8 @@ from ingest.paths import run_name_problem
 from core.atomic import write_bytes_atomic
 from core.records import (
     SCHEMA_VERSION, CampaignRecord, CheckpointRecord, EnvRecord, FixedConfig, LoadedRun, ModelConfig, Plant, RunInfo,
-    RunSpec, RunStatus, StepRow, campaign_record_from_dict, env_record_from_dict, record_problems, run_spec_from_dict,
-    to_dict,
+    RunSpec, RunStatus, StepRow, campaign_record_from_dict, env_record_from_dict, plant_from_dict, record_problems,
+    run_spec_from_dict, to_dict,
 )
 
 # RunSpec fields held in the runs table as JSON text (decoded by loaded_run_from_row)
@@ -127,7 +127,7 @@ def loaded_run_from_row(row: Mapping[str, Any]) -> LoadedRun:
     options = _json_text(row.get("options"))
     plant = _json_text(row.get("plant"))
     if isinstance(plant, dict):
-        plant = Plant(**{**plant, "pp_layers": tuple(plant["pp_layers"]) if plant.get("pp_layers") is not None else None})
+        plant = plant_from_dict(plant)
     spec_record = RunSpec(**spec, name=name, fixed=fixed, options=options if isinstance(options, dict) else {},
                           plant=plant if isinstance(plant, Plant) else None)
     status = None
@@ -689,13 +689,14 @@ class TraceTables:
     # ingest.attribution across each run's ranks: AttributionRow / CollectiveRow columns
     attribution: pd.DataFrame | None = None
     collectives: pd.DataFrame | None = None
+    whatif: pd.DataFrame | None = None  # ingest.whatif: WhatIfRow columns
 
 
 # Section 5's tables as written by ``write_trace_tables`` (a run's <run>/tables/ or an ingest folder)
 TRACE_TABLE_FILES = {"breakdown": "trace_breakdown.parquet", "kernels": "trace_kernels.parquet",
                      "spans": "trace_spans.parquet", "meta": "trace_meta.parquet",
                      "attribution": "trace_attribution.parquet", "collectives": "trace_collectives.parquet",
-                     "nccl": "trace_nccl.parquet"}
+                     "whatif": "trace_whatif.parquet", "nccl": "trace_nccl.parquet"}
 RUN_TABLES_DIR = "tables"
 _TRACE_META_COLUMNS = ["run", "rank", "export_s", "trace_bytes"]
 
@@ -711,7 +712,7 @@ def _run_layout(run: Any) -> tuple[int, int]:
 
 # Bump when ingest.traces / ingest.attribution change what they compute: stored run tables
 # carry it in their fingerprint, so tables of an older analysis are recomputed, not reused.
-TRACE_ANALYSIS_VERSION = 1
+TRACE_ANALYSIS_VERSION = 2
 
 
 def _trace_inputs(run_dir: Path) -> list[tuple[str, int]]:
@@ -737,7 +738,8 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
     parent). Never raises on content: unreadable traces become warnings."""
     import pandas as pd
 
-    from core.records import AttributionRow, CollectiveRow, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+    from core.records import (AttributionRow, CollectiveRow, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow,
+                              WhatIfRow)
     from ingest.attribution import compute_attribution
     from ingest.parsers.dispatch import parse_text
     from ingest.topology import nccl_transports, summarize_nccl_topology
@@ -745,7 +747,7 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
 
     run_dir = Path(run_dir)
     root = Path(root) if root is not None else run_dir.parent
-    steps, kernels, spans, metas, warnings, attributed, collectives = [], [], [], [], [], [], []
+    steps, kernels, spans, metas, warnings, attributed, collectives, whatif = [], [], [], [], [], [], [], []
     nccl: dict[str, list[str]] = {}
     transports: dict[str, list[str]] = {}
     found = False
@@ -774,6 +776,7 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
         att = compute_attribution(timelines, run=name, pp_degree=pp_degree, num_microbatches=num_microbatches)
         attributed += att.rows
         collectives += att.collectives
+        whatif += att.whatif
         warnings += [f"{name}: {w}" for w in att.warnings]
     for path in sorted((run_dir / "trace").glob("profile_meta_rank*.json")):
         found = True
@@ -806,7 +809,8 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
     return TraceTables(breakdown=frame(steps, StepBreakdownRow), kernels=frame(kernels, KernelSummaryRow),
                        spans=frame(spans, TimelineSpanRow), meta=pd.DataFrame(metas, columns=_TRACE_META_COLUMNS),
                        nccl=nccl, nccl_transports=transports, warnings=tuple(warnings),
-                       attribution=frame(attributed, AttributionRow), collectives=frame(collectives, CollectiveRow))
+                       attribution=frame(attributed, AttributionRow), collectives=frame(collectives, CollectiveRow),
+                       whatif=frame(whatif, WhatIfRow))
 
 
 def merge_trace_tables(parts: list[TraceTables]) -> TraceTables | None:
@@ -825,7 +829,9 @@ def merge_trace_tables(parts: list[TraceTables]) -> TraceTables | None:
                        nccl={k: v for p in parts for k, v in p.nccl.items()},
                        nccl_transports={k: v for p in parts for k, v in p.nccl_transports.items()},
                        warnings=tuple(w for p in parts for w in p.warnings),
-                       attribution=cat([p.attribution for p in parts]), collectives=cat([p.collectives for p in parts]))
+                       attribution=cat([p.attribution for p in parts]), collectives=cat([p.collectives for p in parts]),
+                       whatif=cat([p.whatif for p in parts if p.whatif is not None]) if any(
+                           p.whatif is not None for p in parts) else None)
 
 
 def _write_parquet(df: pd.DataFrame, path: Path, meta: dict[str, Any]) -> Path:
@@ -852,7 +858,8 @@ def write_trace_tables(tables: TraceTables, out_dir: str | os.PathLike[str], *,
                          for kind, d in (("summary", tables.nccl), ("transport", tables.nccl_transports))
                          for run, lines in d.items() for text in lines], columns=["run", "kind", "text"])
     frames = {"breakdown": tables.breakdown, "kernels": tables.kernels, "spans": tables.spans, "meta": tables.meta,
-              "attribution": tables.attribution, "collectives": tables.collectives, "nccl": nccl}
+              "attribution": tables.attribution, "collectives": tables.collectives, "whatif": tables.whatif,
+              "nccl": nccl}
     out = Path(out_dir)
     extra = {"warnings": list(tables.warnings), "inputs": inputs}
     return [_write_parquet(frames[key], out / fname, extra if key == "breakdown" else {})

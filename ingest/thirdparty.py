@@ -179,15 +179,15 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
 def compute_trace_attribution(files: list[IngestedFile], jobs: list) -> dict[str, pd.DataFrame]:
     """Per job holding torch.profiler traces: ingest.attribution over its ranks' timelines
     (run = the job's name), as the tables ``attribution`` (AttributionRow) and
-    ``trace_collectives`` (CollectiveRow); plus ``trace_warnings`` (run, warning). {} when no
+    ``trace_collectives`` (CollectiveRow), ``trace_whatif`` (WhatIfRow); plus ``trace_warnings`` (run, warning). {} when no
     job has a trace with analysed steps. Two traces of one rank in a job: the first is used,
     the other named in a warning. A trace without ProfilerStep marks whose steps were split by a
     repeating annotation or kernel pattern has that said in ``trace_warnings`` too."""
     from ingest.traces import STEP_SPLIT_PREFIX
     from ingest.attribution import compute_attribution
-    from core.records import AttributionRow, CollectiveRow
+    from core.records import AttributionRow, CollectiveRow, WhatIfRow
 
-    rows, colls, warns = [], [], []
+    rows, colls, warns, whatif = [], [], [], []
     by_path = {f.path: f for f in files}
     for job in jobs:
         timelines: dict[int, Any] = {}
@@ -208,11 +208,13 @@ def compute_trace_attribution(files: list[IngestedFile], jobs: list) -> dict[str
         att = compute_attribution(timelines, run=job.name, pp_degree=1, num_microbatches=1)
         rows += [dataclasses.asdict(r) for r in att.rows]
         colls += [dataclasses.asdict(c) for c in att.collectives]
+        whatif += [dataclasses.asdict(w) for w in att.whatif]
         warns += [{"run": job.name, "warning": w} for w in att.warnings]
     if not rows:
         return {}
     return {"attribution": pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(AttributionRow)]),
             "trace_collectives": pd.DataFrame(colls, columns=[f.name for f in dataclasses.fields(CollectiveRow)]),
+            "trace_whatif": pd.DataFrame(whatif, columns=[f.name for f in dataclasses.fields(WhatIfRow)]),
             "trace_warnings": pd.DataFrame(warns, columns=["run", "warning"])}
 
 

@@ -95,7 +95,8 @@ CPU_COMM_RE = HOST_CLASS_PATTERNS[0][1]
 CPU_P2P_RE = re.compile(r"send|recv", re.I)
 DATA_RANGE = "data"
 OPTIMIZER_RANGE = "optimizer"
-CPU_COMPUTE_RANGES = frozenset(PHASE_RANGES) - {DATA_RANGE}
+# a planted extra matmul (runner.train, the matrix's plant table) is compute wherever the step runs it
+CPU_COMPUTE_RANGES = (frozenset(PHASE_RANGES) - {DATA_RANGE}) | {"plant_extra_matmul"}
 
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
@@ -350,6 +351,9 @@ class _Collected:
     # CUDA runtime/driver launches: start (us), correlation
     l_ts: array = field(default_factory=lambda: array("d"))
     l_corr: array = field(default_factory=lambda: array("q"))
+    # host calls that wait for the device (cuda*Synchronize): start, duration (us)
+    s_ts: array = field(default_factory=lambda: array("d"))
+    s_dur: array = field(default_factory=lambda: array("d"))
     # host ops (cpu_op/user_annotation): start, duration, thread, name id, is-annotation
     h_ts: array = field(default_factory=lambda: array("d"))
     h_dur: array = field(default_factory=lambda: array("d"))
@@ -408,6 +412,12 @@ def _collect(events: Iterable[dict[str, Any]]) -> _Collected:
                 ts, corr = float(ev["ts"]), int(ev["args"]["correlation"])
                 if not (lo < ts < hi and -(1 << 62) < corr < (1 << 62)):
                     raise ValueError(ts, corr)
+                name = ev.get("name")
+                if type(name) is str and "ynchronize" in name:  # cudaStreamSynchronize & co.
+                    dur = float(ev.get("dur", 0.0))
+                    if 0.0 <= dur < hi:
+                        c.s_ts.append(ts)
+                        c.s_dur.append(dur)
                 lts(ts)
                 lcorr(corr)
             elif cat in gpu_cats:
@@ -641,6 +651,73 @@ def collective_kind(name: str) -> str:
     return next((k for k, pat in _COLL_KINDS if pat.search(name)), "other")
 
 
+# what a replay work item is (ReplayInput.cat); ingest.whatif changes their durations
+WORK_CATS = ("compute", "other", "launch_gaps", "data_stall", "pipeline", "transfer")
+NO_LAUNCH = np.iinfo(np.int64).min
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayInput:
+    """One rank's analysed window as a chain of items for ingest.whatif's replay: int64 ns on the
+    rank's clock (as RankTimeline), sorted by start, disjoint. kind 0: work of fixed duration,
+    category ``WORK_CATS[cat]``; kind 1: a wait for collective ``coll`` (index into the
+    RankTimeline's coll_* arrays), which ends when that collective does. launch: host launch time
+    of a GPU work item's first kernel (NO_LAUNCH on CPU timelines, where host time is work items
+    of its own). step: index into RankTimeline.steps. coll_launch: each collective's host launch
+    (NO_LAUNCH: none). sync_start/sync_end: host calls that waited for the device
+    (cuda*Synchronize); data_start/data_end: host batch fetches (GPU; on CPU they are items)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+    cat: np.ndarray
+    coll: np.ndarray
+    launch: np.ndarray
+    step: np.ndarray
+    coll_launch: np.ndarray
+    sync_start: np.ndarray
+    sync_end: np.ndarray
+    data_start: np.ndarray
+    data_end: np.ndarray
+
+
+_EMPTY_I = np.zeros(0, np.int64)
+
+
+def _wait_items(block: tuple[np.ndarray, np.ndarray], coll_end: np.ndarray, tol_ns: int) -> list[tuple[int, int, int]]:
+    """(start, end, collective index or -1) pieces of the exposed-wait intervals: each piece ends
+    where a collective ends (within tol_ns of the interval's end); what follows the last such end
+    is exposed transfer of unknown source (-1)."""
+    order = np.argsort(coll_end, kind="stable")
+    ends = coll_end[order]
+    out = []
+    for x, y in zip(block[0].tolist(), block[1].tolist()):
+        i0, i1 = np.searchsorted(ends, x, side="right"), np.searchsorted(ends, y + tol_ns, side="right")
+        cur = x
+        for j in range(i0, i1):
+            e = min(int(ends[j]), y)
+            out.append((cur, e, int(order[j])))
+            cur = e
+        if cur < y:
+            out.append((cur, y, -1))
+    return out
+
+
+def _replay_input(*, lo: np.ndarray, hi: np.ndarray, work: list[tuple[int, int, int, int]],
+                  waits: list[tuple[int, int, int]], coll_launch: np.ndarray, sync: tuple[np.ndarray, np.ndarray],
+                  data: tuple[np.ndarray, np.ndarray]) -> ReplayInput:
+    """work: (start, end, WORK_CATS index, launch); waits: _wait_items' pieces (-1: transfer work)."""
+    rows = [(s, e, 0, c, -1, l) for s, e, c, l in work]
+    rows += [(s, e, 1, 0, c, NO_LAUNCH) if c >= 0 else (s, e, 0, WORK_CATS.index("transfer"), -1, NO_LAUNCH)
+             for s, e, c in waits]
+    rows.sort(key=lambda r: (r[0], r[1]))
+    a = np.array(rows, np.int64).reshape(-1, 6)
+    step = np.clip(np.searchsorted(lo, a[:, 0], side="right") - 1, 0, max(lo.size - 1, 0))
+    return ReplayInput(start=a[:, 0], end=a[:, 1], kind=a[:, 2], cat=a[:, 3], coll=a[:, 4], launch=a[:, 5],
+                       step=step, coll_launch=coll_launch, sync_start=sync[0], sync_end=sync[1],
+                       data_start=data[0], data_end=data[1])
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankTimeline:
     """One rank's analysed steps as interval sets (int64 ns on the rank's own clock, base
@@ -677,6 +754,23 @@ class RankTimeline:
     base_us: float = 0.0
     epoch_origin_us: float | None = None
     step_split: str | None = None
+    replay: ReplayInput | None = None  # the chain ingest.whatif replays
+    # PP ranks: per step, where the step's last P2P op ends (ns; -1: none): the waits after it
+    # are the pipeline's drain (ingest.attribution)
+    p2p_last: np.ndarray | None = None
+
+
+def _last_end(a: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window [lo_i, hi_i): where the last interval of ``a`` inside it ends (-1: none)."""
+    s, e = a
+    j = np.searchsorted(s, hi, side="left") - 1
+    ok = (j >= 0) & (e[np.maximum(j, 0)] > lo) if s.size else np.zeros(lo.size, bool)
+    return np.where(ok, np.minimum(e[np.maximum(j, 0)] if s.size else lo, hi), -1).astype(_I64)
+
+
+def _coll_order(c_step: np.ndarray, c_start: np.ndarray) -> np.ndarray:
+    """The order RankTimeline keeps its collectives in: by step, then start."""
+    return np.lexsort((c_start, c_step))
 
 
 def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, compute: np.ndarray,
@@ -696,7 +790,7 @@ def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.n
     rest = length - compute - exposed - pipeline_wait - data_stall - gaps
     assert (rest >= 0).all(), "attribution partition broke"
     c_step, c_group, c_kind, c_bytes, c_start, c_end = coll
-    order = np.lexsort((c_start, c_step))
+    order = _coll_order(c_step, c_start)
     return RankTimeline(timeline=timeline, steps=steps, lo=lo, hi=hi, compute=compute, exposed=exposed,
                         pipeline_wait=pipeline_wait, data_stall=data_stall, gaps=gaps, rest=rest,
                         exposed_set=exposed_set, gap_set=gap_set, coll_step=c_step[order],
@@ -1242,6 +1336,34 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
         timeline="gpu", steps=step_k[used], lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
         pipeline_set=p2p_wait, data_set=idle_set_data, covered=_union_of(A, D),
         coll=(step_k[used][used_pos], groups, kinds, nbytes, start[coll_mask], end[coll_mask]), base_us=base)
+    launch_us = launch[in_step]
+    launch_ns = np.full(launch_us.size, NO_LAUNCH, _I64)
+    launch_ns[~np.isnan(launch_us)] = _ns(launch_us[~np.isnan(launch_us)], base)
+    nc = np.flatnonzero(~coll_mask)
+    nc = nc[np.lexsort((-end[nc], start[nc]))]
+    # the dropped step's first kernel: where the last window ends, and when its launch came
+    nxt = np.flatnonzero(in_next)
+    first_next = nxt[np.argmin(g_ts[nxt])] if nxt.size else None
+    work = [] if first_next is None else [(int(hi[-1]), int(hi[-1]), WORK_CATS.index("other"),
+                                           int(_ns(launch[first_next:first_next + 1], base)[0]))]
+    if nc.size:
+        run_max = np.maximum.accumulate(end[nc])
+        first_of = np.flatnonzero(np.append(True, start[nc][1:] >= run_max[:-1]))
+        c_end = np.maximum.reduceat(end[nc], first_of)
+        has_compute = np.maximum.reduceat(is_compute[name[nc]].astype(np.int8), first_of)
+        has_p2p = np.maximum.reduceat(is_p2p[name[nc]].astype(np.int8), first_of)
+        cats = np.where(has_compute > 0, WORK_CATS.index("compute"),
+                        np.where(has_p2p > 0, WORK_CATS.index("pipeline"), WORK_CATS.index("other")))
+        work += list(zip(start[nc][first_of].tolist(), c_end.tolist(), cats.tolist(),
+                         launch_ns[nc][first_of].tolist()))
+    blk = _minus(exposed_set, _union(start[nc], end[nc]))
+    s_ts = np.frombuffer(c.s_ts, np.float64)
+    sync_s = _ns(s_ts, base)
+    sync_e = sync_s + np.rint(np.frombuffer(c.s_dur, np.float64) * NS_PER_US).astype(_I64)
+    c_order = _coll_order(step_k[used][used_pos], start[coll_mask])
+    replay = _replay_input(lo=lo, hi=hi, work=work, waits=_wait_items(blk, rank_tl.coll_end, 2_000),
+                           coll_launch=launch_ns[coll_mask][c_order], sync=(sync_s, sync_e), data=D)
+    rank_tl = dataclasses.replace(rank_tl, replay=replay, p2p_last=_last_end(P, lo, hi) if pp_degree > 1 else None)
     classes = _classify(names, KERNEL_CLASS_PATTERNS)
     kernels = _kernel_rows(run=run, rank=rank, names=names, classes=classes, name_ids=name,
                            dur_ns=end - start, num_steps=len(rows))
@@ -1255,6 +1377,39 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
                        max_spans=max_spans)
     return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="gpu", warnings=tuple(warnings),
                           rank_timeline=rank_tl)
+
+
+def _cpu_replay_input(lo: np.ndarray, hi: np.ndarray, *, wait: tuple[np.ndarray, np.ndarray],
+                      classes: tuple[tuple[str, tuple[np.ndarray, np.ndarray]], ...],
+                      coll_end: np.ndarray) -> ReplayInput:
+    """A CPU rank's windows tiled into replay items: exposed collective waits, then each class's
+    set in priority order, the rest "other" (host ops outside the phases)."""
+    windows = _union(lo, hi)
+    sets = [wait, *(st for _, st in classes)]
+    cuts = np.unique(np.concatenate([windows[0], windows[1], *(a for st in sets for a in st)]))
+    a, b = cuts[:-1], cuts[1:]
+    mid = a + (b - a) // 2
+
+    def inside(st: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        i = np.searchsorted(st[0], mid, side="right") - 1
+        return (i >= 0) & (mid < st[1][np.maximum(i, 0)]) if st[0].size else np.zeros(mid.size, bool)
+
+    keep = inside(windows) & (b > a)
+    label = np.full(mid.size, WORK_CATS.index("other"), np.int64)
+    for name, st in reversed(classes):
+        label[inside(st)] = WORK_CATS.index(name)
+    is_wait = inside(wait)
+    label[is_wait] = -1
+    a, b, label = a[keep], b[keep], label[keep]
+    # merge touching pieces of one class
+    new = np.append(True, (label[1:] != label[:-1]) | (a[1:] != b[:-1]))
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, a.size - 1)
+    work = [(int(a[i]), int(b[j]), int(label[i]), NO_LAUNCH) for i, j in zip(first, last) if label[i] >= 0]
+    waited = [i for i in range(first.size) if label[first[i]] < 0]
+    blk = (a[first[waited]], b[last[waited]])
+    return _replay_input(lo=lo, hi=hi, work=work, waits=_wait_items(blk, coll_end, 200_000), coll_launch=np.full(
+        coll_end.size, NO_LAUNCH, np.int64), sync=(_EMPTY_I, _EMPTY_I), data=(_EMPTY_I, _EMPTY_I))
 
 
 def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e: np.ndarray, tid: int | None,
@@ -1323,6 +1478,10 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
         pipeline_set=bubble_set, data_set=D, covered=_union_of(B, comm, D, F),
         coll=(step_k[ci[ok]], ["gloo"] * len(cnames), [collective_kind(n) for n in cnames],
               np.full(len(cnames), np.nan), cs[ok], ce[ok]), base_us=base)
+    rank_tl = dataclasses.replace(rank_tl, p2p_last=_last_end(P, lo, hi) if pp_degree > 1 else None,
+                                  replay=_cpu_replay_input(
+        lo, hi, wait=exposed_set, classes=(("pipeline", bubble_set), ("data_stall", D), ("launch_gaps", rank_tl.gap_set),
+                                           ("compute", compute_set)), coll_end=rank_tl.coll_end))
     # kernel summary: every host op of the training thread with its self time (its duration less
     # its direct children's), so nothing is counted twice (aten::linear -> aten::addmm), classed by
     # its outermost ancestor of a specific class (_host_self_times): the aten::lerp_ of a foreach

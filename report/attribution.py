@@ -20,16 +20,24 @@ BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwi
 
 @dataclass(frozen=True, kw_only=True)
 class AttributionView:
-    """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends):
-    breakdown_ms / shares / traced_ms keyed by ATTRIBUTION_KEYS (ms of the unprofiled median step;
-    shares of the traced step; ms of the traced steps themselves), per_rank: rank -> category -> s per traced step, rescale: traced step /
-    unprofiled median step; straggler (compute_trace_straggler), stages (compute_stage_balance,
-    PP runs), bandwidth (compute_collective_bandwidth rows), plant: the planted cause (matrix
-    ``plant`` table) or None."""
+    """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends),
+    keyed by ATTRIBUTION_KEYS: traced_ms (ms per traced step, the kernels' own time), shares (of
+    the traced step), breakdown_ms (traced_ms with the profiled steps' extra host time,
+    profile_host_ms, taken from launch gaps then other to reach the unprofiled median step),
+    saving_ms / saving_method (ingest.whatif: what removing each cause saves per step, signed,
+    None where no what-if applies; "replay" or "analytic"), replay_step_ms (the trace replayed
+    as recorded: the replay's own error against traced_step_s); per_rank: rank -> category -> s
+    per traced step, rescale: traced step / unprofiled median step; straggler
+    (compute_trace_straggler), stages (compute_stage_balance, PP runs), bandwidth
+    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table) or None."""
 
     breakdown_ms: Mapping[str, float | None]
     shares: Mapping[str, float | None]
-    traced_ms: Mapping[str, float | None]  # the traced steps' own ms per category (not rescaled)
+    traced_ms: Mapping[str, float | None]
+    saving_ms: Mapping[str, float | None]
+    saving_method: Mapping[str, str | None]
+    replay_step_ms: float | None
+    profile_host_ms: float
     per_rank: Mapping[int, Mapping[str, float]]
     traced_step_s: float
     median_step_s: float | None
@@ -74,11 +82,14 @@ def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size
               else [num_layers // pp] * pp if pp > 1 and num_layers % pp == 0 else [])
     stages = ev.compute_stage_balance(att, run=run, pp_degree=pp, layers=layers,
                                       ranks_per_stage=int(world_size or pp) // pp)
+    whatif = ev.summarize_whatif(getattr(trace_tables, "whatif", None), run=run) or {}
     collectives = getattr(trace_tables, "collectives", None)
     bandwidth = ev.compute_collective_bandwidth(collectives, run=run, commbench=commbench) if collectives is not None else []
     return AttributionView(
-        breakdown_ms=s["breakdown_ms"], shares=s["shares"],
-        traced_ms={c: (v * s["traced_step_s"] * 1e3 if v is not None else None) for c, v in s["shares"].items()}, per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
+        breakdown_ms=s["breakdown_ms"], shares=s["shares"], traced_ms=s["traced_ms"],
+        saving_ms=whatif.get("saving_ms", {}), saving_method=whatif.get("method", {}),
+        replay_step_ms=whatif.get("replay_step_ms"), profile_host_ms=s["profile_host_ms"],
+        per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
         median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
         launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
         stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=planted)

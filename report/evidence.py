@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.records import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
+from core.records import ATTRIBUTION_CATEGORIES, BREAKDOWN_CATEGORIES, KERNEL_CLASSES
 
 BREAKDOWN_SUMMARY_COLUMNS = (
     "run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s", "sum_error",
@@ -151,18 +151,22 @@ def summarize_profile_tables(kernels: pd.DataFrame, *, num: int = 8) -> list[dic
     return out
 
 
-ATTRIBUTION_KEYS = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall", "other")
+ATTRIBUTION_KEYS = ATTRIBUTION_CATEGORIES
 
 
 def summarize_attribution(attribution: pd.DataFrame, *, run: str, median_step_s: float | None) -> dict | None:
     """One run's critical-path attribution (ingest.attribution rows) as the note shows it.
 
     Per rank: mean seconds per analysed step of each ATTRIBUTION_KEYS category. The run: the
-    mean over ranks (each rank's categories tile the same steps). shares: category / traced
-    step (sum 1). breakdown_ms: shares x the unprofiled median step (the metric table's, ms);
-    without it, the traced means in ms. rescale: traced step / unprofiled median step (how much
-    slower the profiled steps ran). launch gaps: mean count per rank-step, median of the
-    per-step median gap and the largest gap (s). None when the run has no rows."""
+    mean over ranks (each rank's categories tile the same steps). traced_ms: those means in ms
+    (absolute: the kernels' own time); shares: category / traced step (sum 1). breakdown_ms:
+    traced_ms with the profiled steps' extra host time removed to reach the unprofiled median
+    step: on GPU timelines the difference (median - traced, ``profile_host_ms``) goes to launch
+    gaps, then to skew wait (waits for a slower host), then to "other" (host time; the profiler
+    slows the host, not the kernels), none below 0; what they cannot absorb, and on CPU timelines (the profiler slows every host op) all of
+    it, goes to every category in proportion. Without a median, traced_ms. rescale: traced step / unprofiled median step. launch gaps: mean count
+    per rank-step, median of the per-step median gap and the largest gap (s). None when the run
+    has no rows."""
     df = attribution[attribution["run"] == run] if not attribution.empty else attribution
     if df.empty:
         return None
@@ -171,19 +175,52 @@ def summarize_attribution(attribution: pd.DataFrame, *, run: str, median_step_s:
     mean = per_rank.mean(axis=0)
     traced = float(mean["step_time_s"])
     shares = {c: float(mean[f"{c}_s"]) / traced if traced > 0 else None for c in ATTRIBUTION_KEYS}
-    scale = median_step_s if median_step_s else traced
+    traced_ms = {c: float(mean[f"{c}_s"]) * 1e3 for c in ATTRIBUTION_KEYS}
+    host_ms = (median_step_s - traced) * 1e3 if median_step_s else 0.0
+    breakdown_ms = dict(traced_ms)
+    timeline = str(df["timeline"].iloc[0])
+    left = host_ms
+    if timeline == "gpu":  # on a CPU timeline the host is the device: the profiler slows every op
+        for cat in ("launch_gaps", "skew_wait", "other"):
+            moved = max(left, -breakdown_ms[cat])
+            breakdown_ms[cat] += moved
+            left -= moved
+    total = sum(breakdown_ms.values())
+    if left and total > 0:  # what the host categories cannot absorb: in proportion to every category
+        breakdown_ms = {c: v * (total + left) / total for c, v in breakdown_ms.items()}
     return {
-        "run": run, "timeline": str(df["timeline"].iloc[0]), "num_ranks": int(df["rank"].nunique()),
+        "run": run, "timeline": timeline, "num_ranks": int(df["rank"].nunique()),
         "num_steps": int(df["step"].nunique()), "traced_step_s": traced, "median_step_s": median_step_s,
         "rescale": traced / median_step_s if median_step_s else None,
-        "shares": shares,
-        "breakdown_ms": {c: (s * scale * 1e3 if s is not None else None) for c, s in shares.items()},
+        "shares": shares, "traced_ms": traced_ms, "breakdown_ms": breakdown_ms,
+        "profile_host_ms": host_ms - left if timeline == "gpu" else 0.0,
         "per_rank": {int(r): {c: float(per_rank.loc[r, f"{c}_s"]) for c in ATTRIBUTION_KEYS}
                      for r in per_rank.index},
         "num_launch_gaps": float(df["num_launch_gaps"].mean()),
         "launch_gap_p50_s": float(df["launch_gap_p50_s"].dropna().median()) if df["launch_gap_p50_s"].notna().any() else None,
         "launch_gap_max_s": float(df["launch_gap_max_s"].dropna().max()) if df["launch_gap_max_s"].notna().any() else None,
     }
+
+
+def summarize_whatif(whatif: pd.DataFrame | None, *, run: str) -> dict | None:
+    """One run's what-if savings (ingest.whatif rows): saving_ms (category -> ms per step, signed;
+    None: no what-if), method (category -> "replay" / "analytic" / None), replay_step_ms and
+    traced_step_ms (the replay of the trace as recorded, and the traced mean step). None when
+    the run has no rows."""
+    if whatif is None or whatif.empty:
+        return None
+    df = whatif[whatif["run"] == run]
+    if df.empty:
+        return None
+
+    def ms(x: Any) -> float | None:
+        return None if x is None or pd.isna(x) else float(x) * 1e3
+
+    first = df.iloc[0]
+    return {"saving_ms": {str(r.category): ms(r.saving_s) for r in df.itertuples()},
+            "method": {str(r.category): (None if r.method is None or pd.isna(r.method) else str(r.method))
+                       for r in df.itertuples()},
+            "replay_step_ms": ms(first["replay_step_s"]), "traced_step_ms": ms(first["traced_step_s"])}
 
 
 def compute_trace_straggler(attribution: pd.DataFrame, *, run: str, min_fraction: float,

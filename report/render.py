@@ -21,6 +21,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from core.records import ATTRIBUTION_CATEGORIES
 from core.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables
 from core.atomic import write_bytes_atomic
@@ -245,7 +246,7 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
     filters formatting numbers for ``lang``, and gettext (``_``, ``ngettext``, ``pgettext``,
     new style: ``_("%(n)s runs", n=x)``; ``_(value)`` of a report.i18n.Message prints it
     translated) from its catalog. Globals: ``strong``, ``code``,
-    ``lang`` (the Language). Raises ConfigError for an unknown language."""
+    ``lang`` (the Language), ``categories`` (ATTRIBUTION_CATEGORIES, section 5's order). Raises ConfigError for an unknown language."""
     lang = load_language(lang) if isinstance(lang, str) else lang
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
                              autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"],
@@ -264,7 +265,7 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
 
     env.globals.update(gettext=gettext, _=gettext)
     env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})
-    env.globals.update(_markup(html), lang=lang)
+    env.globals.update(_markup(html), lang=lang, categories=ATTRIBUTION_CATEGORIES)
     return env
 
 

@@ -113,9 +113,14 @@ def build_summary(note: Note) -> dict[str, Any]:
             "data_wait_median_s": _num(m.data_wait_median_s),
             "loss_first": _num(m.loss_first), "loss_last": _num(m.loss_last),
             "breakdown": shares.get(m.run),
-            # section 5 across ranks: ms of the unprofiled median step (report.evidence.summarize_attribution)
-            "breakdown_ms": dict(a.breakdown_ms) if a else None,
-            "breakdown_traced_ms": dict(a.traced_ms) if a else None,  # the traced steps' own ms
+            # section 5 across ranks (report.evidence.summarize_attribution): ms per traced step, the
+            # kernels' own time; the same with the profiled steps' extra host time taken out to reach
+            # the unprofiled median step; what removing each category's cause saves (ingest.whatif)
+            "breakdown_ms": dict(a.traced_ms) if a else None,
+            "breakdown_median_ms": dict(a.breakdown_ms) if a else None,
+            "whatif_saving_ms": {c: a.saving_ms.get(c) for c in a.traced_ms} if a else None,
+            "whatif_method": {c: a.saving_method.get(c) for c in a.traced_ms} if a else None,
+            "replay_step_ms": a.replay_step_ms if a else None,
             "straggler": ({"rank": a.straggler["rank"], "host": a.straggler["host"],
                            "late_ms_median": a.straggler["late_ms_median"]}
                           if a and a.straggler and a.straggler["named"] else None),

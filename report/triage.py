@@ -154,7 +154,8 @@ def build_trace_jobs(tables: Mapping[str, pd.DataFrame], jobs: Sequence[Job], *,
         return ()
     meta = tables.get("traces")
     warn = tables.get("trace_warnings")
-    trace_tables = SimpleNamespace(attribution=att, collectives=tables.get("trace_collectives"))
+    trace_tables = SimpleNamespace(attribution=att, collectives=tables.get("trace_collectives"),
+                                   whatif=tables.get("trace_whatif"))
     bench = commbench_rows(folder)
     out = []
     for j in jobs:

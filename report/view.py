@@ -330,6 +330,10 @@ class ExecutiveSummary:
     # the margin against run-to-run spread (repeats): report.parity.rule_repeat_spread's finding
     repeat_spread: Finding | None = None
     unranked_modes: tuple[tuple[str, str], ...] = ()  # (run, kernels mode) left out of the ranking
+    # why the winner wins (build_why): the two categories whose removal would gain the runner-up
+    # the most beyond what it would gain the winner, (category, ms per step), from section 5's what-ifs
+    why: tuple[tuple[str, float], ...] = ()
+    kernels_match: bool | None = None  # both runs passed the kernel-parity check (report.parity)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -803,6 +807,25 @@ def build_executive_summary(findings: Sequence[Finding], conditions: Sequence[Fi
         not_ok=tuple((m.run, m.status) for m in rows if m.status != "ok"))
 
 
+def build_why(evidence: EvidenceSection, winner: str | None, runner_up: str | None) -> tuple[tuple[str, float], ...]:
+    """The two largest positive separations between the runner-up and the winner, per category:
+    the runner-up's what-if saving minus the winner's (ingest.whatif; a run where no what-if applies
+    saves 0), or, for a category neither has a what-if for (compute, other), its traced time minus
+    the winner's (ms per step). () without both
+    runs' attribution."""
+    att = {b.run: b.attribution for b in evidence.rows if b.attribution is not None}
+    a, b = att.get(winner), att.get(runner_up)
+    if a is None or b is None:
+        return ()
+    diffs = {}
+    for cat in a.traced_ms:
+        sa, sb = a.saving_ms.get(cat), b.saving_ms.get(cat)
+        diffs[cat] = ((sb or 0.0) - (sa or 0.0) if sa is not None or sb is not None
+                      else b.traced_ms[cat] - a.traced_ms[cat])
+    top = sorted(((c, d) for c, d in diffs.items() if d > 0), key=lambda cd: -cd[1])[:2]
+    return tuple((c, float(d)) for c, d in top)
+
+
 def build_resolved_config(campaign_json: Mapping[str, Any], runs: Sequence[LoadedRun]) -> str:
     """The full resolved configuration as indented JSON: campaign.json as written (fixed
     variables, supervision limits, launch command, tool version) and each run's layout fields
@@ -904,7 +927,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
             not_layout_only=next((tuple(f.evidence["classes"]) for f in findings if f.kind == "not_layout_only"), ()),
             repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
                                None),
-            unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs))),
+            unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs)),
+            **_why(evidence, parity, findings)),
         parity=parity, repeats=repeats,
         parity_tolerance={**THRESHOLDS, **(thresholds or {})}["parity_tolerance"],
         resolved_config=build_resolved_config(campaign.campaign_json, runs),
@@ -913,6 +937,19 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.dataset, env=env_record, runs=runs, summary=summary, steps=campaign.steps,
             thresholds=thresholds))
+
+
+def _why(evidence: EvidenceSection, parity: Sequence[Any], findings: Sequence[Finding]) -> dict[str, Any]:
+    """ExecutiveSummary's why and kernels_match for the fastest run against the runner-up."""
+    kinds = {f.kind: f for f in findings}
+    best, noise = kinds.get("fastest"), kinds.get("beyond_noise") or kinds.get("within_noise")
+    if best is None or noise is None:
+        return {}
+    winner, runner_up = best.runs[0], noise.runs[1]
+    passed = {p.run: p.passed for p in parity}
+    both = (passed.get(winner), passed.get(runner_up))
+    return {"why": build_why(evidence, winner, runner_up),
+            "kernels_match": None if None in both else all(both)}
 
 
 from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below the Note it fills

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from core.records import ATTRIBUTION_CATEGORIES
+from report.render import duration
+
 from ingest.thirdparty import load_thirdparty_jobs
 from report.render import build_report, load_note
 
@@ -48,10 +51,13 @@ def test_two_ranks_give_the_campaigns_shares_and_straggler(tmp_path, campaign_dd
     assert t.attribution.straggler["named"] == campaign_ddp.straggler["named"]
     md = (Path(build_report(folder, out_dir=tmp_path / "out", formats=["md", "html"])[0])).read_text()
     assert f"wait for rank {campaign_ddp.straggler['rank']} in 2 of 2 traced steps" in md
-    shares = re.findall(r"\((\d+\.\d)%\)", md.split("Profiler traces")[1].split("\n- ")[0])
-    want = [f"{100 * campaign_ddp.shares[k]:.1f}" for k in ("compute", "transfer", "skew_wait", "bubble", "imbalance",
-                                                             "launch_gaps", "data_stall", "other")]
-    assert shares == want
+    row = next(ln for ln in md.split("Profiler traces")[1].splitlines() if ln.startswith("| ") and "---" not in ln
+               and "Job" not in ln)
+    cells = [c.strip() for c in row.strip("|").split("|")][3:11]
+    want = [f"{duration(campaign_ddp.traced_ms[k] / 1000)} / "
+            + (f"saves {duration(campaign_ddp.saving_ms[k] / 1000)}" if campaign_ddp.saving_ms.get(k) is not None
+               else "—") for k in ATTRIBUTION_CATEGORIES]
+    assert cells == want
 
 
 def test_one_rank_of_two_says_what_cannot_be_attributed(tmp_path):
