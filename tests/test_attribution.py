@@ -206,3 +206,32 @@ def test_committed_h200_planted_campaign_recovers_both_causes(tmp_path):
     for name in ("host-delay", "data-delay"):
         assert (runs[name]["breakdown_ms"]["compute"]
                 == pytest.approx(runs["clean"]["breakdown_ms"]["compute"], rel=0.25))
+
+
+def test_one_number_one_home(tmp_path):
+    """A quantity printed twice in the note has one value: the metric table's communication time is
+    section 5's exposed collective time (transfer + skew wait), and a run analysed across ranks shows
+    its bubble, compute and the rest in the across-ranks table only."""
+    from report.render import duration
+
+    rep = _cli("report.cli", "build", str(REPO / "examples" / "h200-2gpu"), "--out", str(tmp_path), "--format", "md")
+    assert rep.returncode == 0, rep.stderr
+    md = (tmp_path / "note.md").read_text()
+    runs = {r["run"]: r for r in json.loads((tmp_path / "summary.json").read_text())["runs"]}
+
+    def table(header: str) -> dict[str, list[str]]:
+        text = md.split(header, 1)[1].split("\n\n", 1)[0]
+        rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines()[2:] if ln.startswith("| ")]
+        return {r[0]: r for r in rows}
+
+    header = md.split("## 4. Metrics", 1)[1].split("\n| ", 1)[1].split("\n", 1)[0]
+    comm_col = [c.strip() for c in ("| " + header).strip("|").split("|")].index("Comm time (traced)")
+    metrics = table("| Run | Status |")
+    for name, r in runs.items():
+        ms = r["breakdown_ms"]
+        assert metrics[name][comm_col] == duration((ms["transfer"] + ms["skew_wait"]) / 1e3), name
+    across, single = table("| Run | Traced step |"), table("| Run | Timeline |")
+    for name, r in runs.items():
+        assert across[name][5].split(" / ")[0] == duration(r["breakdown_ms"]["bubble"] / 1e3)
+        cells = single[name][4:9]  # compute, exposed comm, bubble (measured / formula), data stall, other
+        assert cells[:2] + cells[3:] == ["—"] * 4 and cells[2].startswith("— / "), cells
