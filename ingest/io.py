@@ -17,13 +17,15 @@ import re
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither (0.5 s, 80 MB)
     import pandas as pd
+
+    from core.records import PlantTruth
 
 from core.errors import NoDataError, ParseError
 from ingest.paths import run_name_problem
@@ -930,6 +932,28 @@ def load_trace_tables(campaign: Campaign) -> TraceTables | None:
 
 
 COMMBENCH_JSON, COMMBENCH_TABLE = "commbench.json", "commbench.parquet"
+
+
+def load_plant_truths(source: str | os.PathLike[str], names: Iterable[str]) -> tuple[dict[str, PlantTruth], list[str]]:
+    """Each named run's <campaign>/<run>/plant_truth.json (runner.plants: its extra collective's
+    and extra matmul's cost, timed apart from the traced steps), and caveats for files that
+    could not be used. A run without the file is left out."""
+    from core.records import PlantTruth
+
+    truths, problems = {}, []
+    for name in names:
+        path = Path(source) / name / "plant_truth.json"
+        if path.is_symlink():
+            problems.append(f"{name}/plant_truth.json: a symlink; not followed")
+            continue
+        try:
+            data = _read_record(path, PlantTruth, problems)
+        except ParseError as e:
+            problems.append(str(e))
+            continue
+        if data is not None:
+            truths[name] = PlantTruth(**data)
+    return truths, problems
 
 
 def find_commbench(source: str | os.PathLike[str]) -> Path | None:

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ingest.hangs import rank_evidence
-from ingest.io import Campaign
+from ingest.io import Campaign, load_plant_truths
 from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun
 from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
@@ -271,6 +271,12 @@ class PlantCheck:
     error: float | None
     rank: int | None
     straggler_rank: int | None
+    # what removing the category's cause saves (ingest.whatif) beyond the reference's, against
+    # what the plant measurably cost (the planted run's median step minus the reference's)
+    saving_ms: float | None = None
+    cost_ms: float | None = None
+    saving_error: float | None = None
+    truth: str = ""  # where planted_ms comes from (the matrix, plant_truth.json, the even split)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -665,6 +671,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
     by_name = {r.name: r for r in runs}
     host = campaign.env.hostname if int(campaign.env.num_nodes or 1) == 1 else None  # one host: it names every rank
     bench = commbench_rows(campaign.source)
+    truths, truth_problems = load_plant_truths(campaign.source, [r.name for r in runs if r.spec.plant])
     rows = []
     for b in bd:
         r = by_name.get(b["run"])
@@ -700,8 +707,9 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
                                attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r.name for r in runs if r.name not in traced),
-                           plant_checks=tuple(build_plant_checks(rows, runs)),
-                           warnings=tuple(trace_tables.warnings), knowledge_map=tuple(kmap), straggler=straggler,
+                           plant_checks=tuple(build_plant_checks(rows, runs, truths)),
+                           warnings=tuple(trace_tables.warnings) + tuple(truth_problems), knowledge_map=tuple(kmap),
+                           straggler=straggler,
                            nccl=tuple((r.name, tuple(trace_tables.nccl[r.name])) for r in runs
                                       if trace_tables.nccl.get(r.name)))
 
@@ -709,19 +717,25 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
 
 
 
-def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun]) -> list[PlantCheck]:
+def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
+                       truths: Mapping[str, Any] | None = None) -> list[PlantCheck]:
     """Each planted cause (matrix ``plant``) against the category it must be found in: a host
     delay in skew_wait (launch_gaps on one rank: nobody waits), a data delay in data_stall, an
-    uneven pipeline split in imbalance; recovered = the category's ms in the traced steps minus
-    that of the unplanted run of the same strategy, engine and degrees (no reference: the
-    category's ms). Traced, not rescaled: a planted delay is a fixed time per step, which a
-    rescale to the unprofiled median would shrink by the profiled steps' slowdown."""
+    uneven pipeline split in imbalance, an extra collective in transfer, an extra matmul in
+    compute. Truth, measured apart from the trace judged: the delay the matrix asks; for the
+    extra collective and matmul their cost timed apart (plant_truth.json, ``truths``); for an
+    uneven split the imbalance predicted from the evenly split reference run's per-layer cost.
+    recovered = the category's ms in the traced steps minus that of the unplanted run of the
+    same strategy, engine and degrees (no reference: the category's ms); traced, not rescaled (a
+    planted delay is a fixed time per step). saving: the category's what-if saving minus the
+    reference's, against cost: the planted run's median (unprofiled) step minus the reference's."""
     def layout(name: str) -> tuple | None:
         spec = by_name[name].spec if name in by_name else None
         return (spec.strategy, spec.engine, spec.world_size, spec.tp_degree, spec.pp_degree, spec.dp_degree,
                 spec.data_round) if spec else None
 
     by_name = {r.name: r for r in runs}
+    truths = truths or {}
     att = {b.run: b.attribution for b in rows if b.attribution is not None}
     out = []
     for name, a in att.items():
@@ -729,24 +743,41 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun]) 
             continue
         ref = next((n for n, b in att.items() if not b.plant and layout(n) == layout(name)), None)
         world_size = by_name[name].spec.world_size if name in by_name else None
+        truth = truths.get(name)
         causes = []
         if a.plant.get("host_delay_ms"):
             causes.append(("host_delay_ms", float(a.plant["host_delay_ms"]),
                            "skew_wait" if int(world_size or 1) > 1 else "launch_gaps",
-                           int(a.plant.get("host_delay_rank") or 0)))
+                           int(a.plant.get("host_delay_rank") or 0), "matrix"))
         if a.plant.get("data_delay_ms"):
-            causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None))
+            causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None, "matrix"))
         if a.plant.get("pp_layers") and a.stages:
-            causes.append(("pp_layers", a.stages["imbalance_s"] * 1e3, "imbalance", None))
-        for cause, planted, cat, rank in causes:
+            even = att[ref].stages if ref and att[ref].stages else None
+            predicted = ev.predict_stage_imbalance(even, a.plant["pp_layers"]) if even else None
+            if predicted is not None:
+                causes.append(("pp_layers", predicted * 1e3, "imbalance", None, "even split's per-layer cost"))
+        if a.plant.get("extra_collective_bytes") and truth is not None and truth.extra_collective_s:
+            causes.append(("extra_collective_bytes", truth.extra_collective_s * 1e3, "transfer", None,
+                           "plant_truth.json"))
+        if a.plant.get("extra_matmul_gflop") and truth is not None and truth.extra_matmul_s:
+            causes.append(("extra_matmul_gflop", truth.extra_matmul_s * 1e3, "compute", None, "plant_truth.json"))
+        median = {b.run: b.median_step_time_s for b in rows}
+        for cause, planted, cat, rank, source in causes:
             got = a.traced_ms.get(cat)
             base = att[ref].traced_ms.get(cat) if ref and cause != "pp_layers" else 0.0
             recovered = got - base if got is not None and base is not None else None
+            saved, ref_saved = a.saving_ms.get(cat), (att[ref].saving_ms.get(cat) if ref else 0.0)
+            saving = saved - (ref_saved or 0.0) if saved is not None else None
+            cost = ((median[name] - median[ref]) * 1e3 if ref and median.get(name) is not None
+                    and median.get(ref) is not None else None)
             out.append(PlantCheck(run=name, cause=cause, planted_ms=planted, category=cat,
                                   reference=ref if cause != "pp_layers" else None, recovered_ms=recovered,
                                   error=recovered / planted - 1 if recovered is not None and planted > 0 else None,
                                   rank=rank, straggler_rank=(a.straggler["rank"] if a.straggler and a.straggler["named"]
-                                                             else None)))
+                                                             else None),
+                                  saving_ms=saving, cost_ms=cost,
+                                  saving_error=saving / cost - 1 if saving is not None and cost and cost > 0 else None,
+                                  truth=source))
     return out
 
 
