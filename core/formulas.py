@@ -1,13 +1,15 @@
 """The analytic formulas the runner's planner and the note share, each once, with its source.
 
 Parameter counts and training FLOPs per token of a decoder-only transformer (``ModelShape``),
-MFU, the 1F1B pipeline bubble, the nccl-tests bus-bandwidth factor and the synthetic data
-round's Zipf entropy; which step rows are measured, and a step's time (max over ranks).
-Pure arithmetic: no I/O, no formatting. Deliberately not here: memory
-(core.memory), step time (core.perfmodel), published shapes (runner.shapes).
+MFU, the 1F1B pipeline bubble, the nccl-tests bus-bandwidth factor, the side of a square matmul
+of given FLOPs (the extra-matmul plant) and the synthetic data round's Zipf entropy; which step
+rows are measured, and a step's time (max over ranks). Pure arithmetic: no I/O, no formatting.
+Deliberately not here: memory (core.memory), step time (core.perfmodel), published shapes
+(runner.shapes).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,6 +252,17 @@ def compute_bus_factor(op: str, group_size: int) -> float:
     if op not in factors:
         raise ConfigError(f"unknown collective {op!r}; choose one of {', '.join(COLLECTIVES)}")
     return factors[op]
+
+
+def compute_square_matmul_n(gflop: float) -> int:
+    """The side n >= 1 of a square n x n @ n x n matmul whose 2 n^3 FLOPs (a multiply and an add
+    per inner-product term) come nearest ``gflop`` * 1e9: n = round((gflop * 1e9 / 2) ** (1/3)).
+    The matmul then does exactly 2 n^3 FLOPs. Raises ConfigError unless gflop is finite and > 0."""
+    if not (isinstance(gflop, (int, float)) and math.isfinite(gflop) and gflop > 0):
+        raise ConfigError(f"gflop must be a finite number > 0, got {gflop!r}")
+    n = max(1, round((gflop * 1e9 / 2) ** (1 / 3)))
+    # cube root in floating point: check the neighbours so n is the nearest integer in FLOPs
+    return min((m for m in (n - 1, n, n + 1) if m >= 1), key=lambda m: abs(2 * m**3 - gflop * 1e9))
 
 
 ZIPF_EXPONENT = 1.1  # the synthetic data round's Zipf exponent (runner.data draws its tokens from it)

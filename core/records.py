@@ -113,10 +113,8 @@ class PlantTruth:
     extra_collective_bytes (the rank that arrived last waited for nobody: its time is the
     transfer); _before_s / _after_s: the same over one loop. extra_matmul_s: mean over ranks of
     each rank's median time of one extra_matmul_n x extra_matmul_n matmul in
-    extra_matmul_dtype (extra_matmul_flop = 2 n^3 exactly); _before_s / _after_s likewise.
-    _min_s: the same reductions with the fastest iteration of both loops instead of the median
-    (other load on the machine only adds time: the least disturbed estimate). None where that
-    plant is not set."""
+    extra_matmul_dtype (extra_matmul_flop = 2 n^3 exactly); _before_s / _after_s likewise. None
+    where that plant is not set."""
 
     schema_version: int = SCHEMA_VERSION
     run: str
@@ -129,14 +127,12 @@ class PlantTruth:
     extra_collective_s: float | None = None
     extra_collective_before_s: float | None = None
     extra_collective_after_s: float | None = None
-    extra_collective_min_s: float | None = None
     extra_matmul_n: int | None = None
     extra_matmul_flop: int | None = None
     extra_matmul_dtype: str | None = None
     extra_matmul_s: float | None = None
     extra_matmul_before_s: float | None = None
     extra_matmul_after_s: float | None = None
-    extra_matmul_min_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,8 +24,13 @@ A run's ``plant`` table (planted causes, DESIGN.md; run-level, not a fixed varia
     plant = { host_delay_ms = 40, host_delay_rank = 0 }   # that rank sleeps before every step's forward
     plant = { data_delay_ms = 30 }                        # every rank's every batch fetch, that much longer
     plant = { pp_layers = [1, 3] }                        # layers per pipeline stage instead of the even split
+    plant = { extra_collective_bytes = 4194304 }          # one more fp32 all-reduce of that size per step
+    plant = { extra_matmul_gflop = 2.0 }                  # one more square matmul of about that much per step
 
-Keys combine; host_delay_rank defaults to 0.
+Keys combine; host_delay_rank defaults to 0. extra_collective_bytes: an integer > 0, a multiple
+of 4 (fp32 elements), all-reduced on the world group after every step's trainer step;
+extra_matmul_gflop: a number > 0, an n x n matmul in the run's dtype (2 n^3 ~ gflop * 1e9) before
+every step's forward. runner.train times both apart from the traced steps (plant_truth.json).
 
 Every [[runs]] layout runs once per data round, rounds in order (synthetic first, to rule
 out the input pipeline, then real text): the synthetic round keeps the run's name, the real
@@ -85,7 +90,8 @@ FIXED_KEYS = MODEL_KEYS | {
 }
 RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options",
             "plant", "kernels"}
-PLANT_KEYS = {"host_delay_ms", "host_delay_rank", "data_delay_ms", "pp_layers"}
+PLANT_KEYS = {"host_delay_ms", "host_delay_rank", "data_delay_ms", "pp_layers", "extra_collective_bytes",
+              "extra_matmul_gflop"}
 DTYPES = ("bf16", "fp32")
 # [fixed] key -> (type, minimum); bool is rejected where a number is expected
 FIXED_TYPES: dict[str, tuple[type, float | None]] = {
@@ -176,7 +182,9 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
 
     host_delay_rank must lie in [0, world_size) (default 0, only with host_delay_ms); pp_layers
     needs pp_degree > 1, one entry >= 1 per stage, summing to num_layers, and the one-chunk-per-rank
-    1F1B schedule (``schedule``: the run's resolved options.schedule, None where there is none)."""
+    1F1B schedule (``schedule``: the run's resolved options.schedule, None where there is none);
+    extra_collective_bytes must be an integer > 0 and a multiple of 4 (fp32 elements);
+    extra_matmul_gflop a finite number > 0."""
     where = f"{where} plant"
     if raw is None:
         return None, []
@@ -210,12 +218,21 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
         elif schedule not in (None, "1F1B"):
             problems.append(f"{where} pp_layers needs schedule '1F1B' (one chunk per rank), got {schedule!r}")
         layers = tuple(layers)
+    coll = raw.get("extra_collective_bytes")
+    if coll is not None and (isinstance(coll, bool) or not isinstance(coll, int) or coll <= 0 or coll % 4):
+        problems.append(f"{where} extra_collective_bytes must be a positive multiple of 4 (bytes of an fp32 tensor),"
+                        f" got {coll!r}")
+    gflop = raw.get("extra_matmul_gflop")
+    if gflop is not None and (isinstance(gflop, bool) or not isinstance(gflop, (int, float))
+                              or not math.isfinite(gflop) or gflop <= 0):
+        problems.append(f"{where} extra_matmul_gflop must be a finite number of GFLOP > 0, got {gflop!r}")
     if problems:
         return None, problems
-    if host is None and data is None and layers is None:
+    if host is None and data is None and layers is None and coll is None and gflop is None:
         return None, problems
     return Plant(host_delay_ms=host, host_delay_rank=rank if host is not None else None, data_delay_ms=data,
-                 pp_layers=layers), []
+                 pp_layers=layers, extra_collective_bytes=coll,
+                 extra_matmul_gflop=float(gflop) if gflop is not None else None), []
 
 
 def _data_rounds(value: Any, *, source: str) -> tuple[tuple[str, ...], list[str]]:

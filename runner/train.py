@@ -3,8 +3,9 @@
     python -m runner.train --run-dir RUN_DIR      (reads RUN_DIR/spec.json)
 
 Owns what every strategy shares -- process group, seeds, the data round (synthetic tokens or the
-real-text DataLoader), the LR schedule, step timing, the metric rows and the checkpoint probe --
-and delegates the step itself (and its checkpoint format) to the strategy's trainer.
+real-text DataLoader), the LR schedule, step timing, the metric rows, the checkpoint probe and a
+run's planted causes (runner.plants) -- and delegates the step itself (and its checkpoint format)
+to the strategy's trainer.
 Each rank's stdout/stderr (NCCL_DEBUG lines included) go to RUN_DIR/logs/rank<r>.log.
 """
 from __future__ import annotations
@@ -31,7 +32,9 @@ from runner.checkpoint import CheckpointProbe
 from runner.data import BatchPrefetcher, RealBatches, SampleOrder, SyntheticBatches, TokenWindows, slice_batch
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
-from runner.strategies.common import enable_nvtx, phase
+from runner.plants import (PLANT_EXTRA_COLLECTIVE_RANGE, PLANT_EXTRA_MATMUL_RANGE, PLANT_HOST_DELAY_RANGE,
+                            PlantWork, build_plant_truth, build_plant_work, planted_delays_s, time_plant_work)
+from runner.strategies.common import enable_nvtx, phase, plant_range
 
 
 def lr_at(step: int, fixed: FixedConfig) -> float:
@@ -158,6 +161,8 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         write_json_atomic(run_dir / "run_info.json", to_dict(info))
     data = build_data(spec, dp_rank=trainer.dp_rank, dp_degree=trainer.dp_degree)
     fault = build_fault(spec.options)
+    plant_work = build_plant_work(spec, device=ctx.device)
+    truth_before = time_plant_work(plant_work, ctx=ctx)  # apart from the traced steps, on both sides of them
     probe = CheckpointProbe(spec, trainer, run_dir=run_dir, rank=ctx.rank, device=ctx.device) \
         if spec.checkpoint_step is not None else None
     with open_metrics_file(run_dir, ctx.rank) as out:
@@ -168,8 +173,10 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
                                      device=ctx.device)
         try:
             first = slowest_rank(run_loop(spec, trainer, prefetcher, recorder, fault=fault, ctx=ctx,
-                                          profiler=profiler, checkpoint=probe), ctx=ctx)
+                                          profiler=profiler, checkpoint=probe, plant_work=plant_work), ctx=ctx)
             recorder.close()
+            truth = build_plant_truth(spec, plant_work, before=truth_before,
+                                      after=time_plant_work(plant_work, ctx=ctx), ctx=ctx)
             first.update(measure_loop_overhead(spec, trainer, data, recorder, ctx=ctx))
         except BaseException:
             try:  # keep the last completed step's row; never mask the original error
@@ -193,6 +200,8 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
                                                       dp_degree=trainer.dp_degree, device=ctx.device))
     if ctx.rank == 0 and first:
         write_json_atomic(run_dir / "run_info.json", to_dict(dataclasses.replace(info, **first)))
+    if ctx.rank == 0 and truth is not None:
+        write_json_atomic(run_dir / "plant_truth.json", to_dict(truth))
 
 
 def slowest_rank(walls: dict, *, ctx: RankContext) -> dict:
@@ -288,28 +297,19 @@ def _synced_wall_s(t0: float, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-PLANT_HOST_DELAY_RANGE = "plant_host_delay"  # the profiler range a planted host delay sleeps in
-
-
-def planted_delays_s(spec: RunSpec, *, rank: int) -> tuple[float, float]:
-    """(data delay, host delay) in seconds this rank sleeps every step under the run's plant
-    (core.records.Plant): the data delay on every rank, the host delay on host_delay_rank only."""
-    plant = spec.plant
-    if plant is None:
-        return 0.0, 0.0
-    data = (plant.data_delay_ms or 0.0) / 1e3
-    host = (plant.host_delay_ms or 0.0) / 1e3 if rank == plant.host_delay_rank else 0.0
-    return data, host
-
-
 def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: StepRecorder, *, fault, ctx: RankContext,
              profiler: torch.profiler.profile | None = None, steps: range | None = None,
-             checkpoint: CheckpointProbe | None = None) -> dict:
+             checkpoint: CheckpointProbe | None = None, plant_work: PlantWork | None = None) -> dict:
     """The instrumented training loop: per step, wait for the prefetched batch (``data_wait_s``;
-    a planted data delay sleeps inside it), a planted host delay, the trainer's step, the
-    recorder's row; after ``spec.checkpoint_step`` the checkpoint save
-    (its time kept out of every step's by restarting the recorder's clock). Returns
-    ``{first_step_s, compile_s}`` (seconds).
+    a planted data delay sleeps inside it), a planted host delay, a planted extra matmul, the
+    trainer's step, a planted extra all-reduce (exposed: nothing overlaps it), the recorder's
+    row; after ``spec.checkpoint_step`` the checkpoint save (its time kept out of every step's
+    by restarting the recorder's clock). Returns ``{first_step_s, compile_s}`` (seconds).
+
+    Planted and clean runs take the same path apart from the plant's own work (runner.plants;
+    ``plant_work``: built from the spec when None): no extra device synchronisation in either,
+    so on CUDA a planted sleep costs a step only what the host's lead over the device does not
+    hide, as a real slow host would.
 
     first_step_s: wall time of step 0 (host-synchronised after it), which holds torch.compile's
     tracing and code generation, lazy engine set-up and allocator growth. compile_s:
@@ -323,13 +323,8 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
     if profiler is not None:
         profiler.start()
     data_delay_s, host_delay_s = planted_delays_s(spec, rank=ctx.rank)
-    planted = bool(data_delay_s or host_delay_s) and ctx.device.type == "cuda"
+    work = plant_work if plant_work is not None else build_plant_work(spec, device=ctx.device)
     for step in steps if steps is not None else range(f.steps):
-        if planted:
-            # a planted delay must land on the critical path: with the device queue drained the
-            # sleep below is device idle time, as a blocking host call followed by slow host code
-            # or a slow fetch would make it (else the host's one step of lead hides it)
-            torch.cuda.synchronize(ctx.device)
         recorder.begin_step()
         t_step = t0 = time.perf_counter()
         with phase("data"):
@@ -341,10 +336,16 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
         lr = lr_at(step, f)
         inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
         if host_delay_s:  # planted: host time on the training thread right before the forward
-            with torch.profiler.record_function(PLANT_HOST_DELAY_RANGE):
+            with plant_range(PLANT_HOST_DELAY_RANGE):
                 time.sleep(host_delay_s)
+        if work.matmul is not None:  # planted: compute of known FLOPs right before the forward
+            with plant_range(PLANT_EXTRA_MATMUL_RANGE):
+                work.run_matmul()
         entry_time_s = time.time()  # wall clock: comparable across ranks of one host
         out_step = trainer.train_step(microbatches, lr=lr)
+        if work.collective is not None:  # planted: a collective of known bytes, after the step's own
+            with plant_range(PLANT_EXTRA_COLLECTIVE_RANGE):
+                work.run_collective()
         recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s,
                             entry_time_s=entry_time_s, profiled=step in window)
         if step in timed:

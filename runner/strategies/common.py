@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from core.records import PHASE_RANGES, RunSpec
+from core.records import PHASE_RANGES, PLANT_RANGES, RunSpec
 
 
 def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weight_decay: float) -> list[dict]:
@@ -59,11 +59,22 @@ def enable_nvtx(on: bool) -> None:
     _NVTX["on"] = on
 
 
-@contextlib.contextmanager
-def phase(name: str):
+def phase(name: str) -> contextlib.AbstractContextManager:
     """A profiler range named after one of PHASES (near-free when no profiler is active), and
     an NVTX range of the same name when enable_nvtx(True)."""
     assert name in PHASES, name
+    return _range(name)
+
+
+def plant_range(name: str) -> contextlib.AbstractContextManager:
+    """``phase``'s ranges (profiler, NVTX under nsys) around a planted cause's own work, named
+    after one of core.records.PLANT_RANGES."""
+    assert name in PLANT_RANGES, name
+    return _range(name)
+
+
+@contextlib.contextmanager
+def _range(name: str):
     with torch.profiler.record_function(name):
         if _NVTX["on"]:
             with torch.cuda.nvtx.range(name):
