@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import errno
 import dataclasses
+import io
 import re
 import json
 import os
@@ -176,10 +177,38 @@ def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any):
         raise
 
 
-def read_regular_text(path: str | os.PathLike[str]) -> str:
-    """The UTF-8 text of a regular file (``open_regular``); UnicodeDecodeError / OSError as raised."""
+def read_regular_bytes(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file (``open_regular``: a FIFO or a device is refused, never read),
+    at most ``max_bytes``: a file holding more raises OSError(EFBIG) naming it, after reading
+    only max_bytes + 1 (a huge or growing file never fills memory). OSError as raised."""
     with open_regular(path, "rb") as f:
-        return f.read().decode("utf-8")
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {format_bytes(max_bytes)}, the most this tool reads of it", str(path))
+    return data
+
+
+def read_regular_text(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> str:
+    """The UTF-8 text of a regular file (``read_regular_bytes``, same cap); UnicodeDecodeError /
+    OSError as raised."""
+    return read_regular_bytes(path, max_bytes=max_bytes).decode("utf-8")
+
+
+def format_bytes(num: int) -> str:
+    """A byte count for a message: '64 MiB', '4 GiB', '512 bytes'."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num >= size:
+            return f"{num / size:.3g} {unit}"
+    return f"{num} bytes"
+
+
+def read_problem(e: OSError) -> str:
+    """What to do about an OSError reading a file, for a one-line message."""
+    if e.errno == errno.EFBIG:
+        return "not an artifact of ours (too large); remove or replace it"
+    if e.errno == errno.EINVAL:
+        return "replace it with a regular file"
+    return "check the path and permissions"
 
 
 def is_regular_file(path: str | os.PathLike[str]) -> bool:
@@ -190,13 +219,18 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+# The most read of one JSON record (campaign.json, env.json, spec/status/run_info.json...): the
+# runner's are kilobytes (campaign.json of 10,000 runs: ~200 KB)
+MAX_RECORD_BYTES = 64 << 20
+
+
 def _read_json(path: Path) -> Any:
     try:
-        text = read_regular_text(path)
+        text = read_regular_text(path, max_bytes=MAX_RECORD_BYTES)
     except UnicodeDecodeError as e:
         raise ParseError(f"{path}: not UTF-8 text ({e.reason}); rewrite it as JSON") from None
     except OSError as e:
-        raise ParseError(f"{path}: cannot read ({e.strerror}); check permissions") from None
+        raise ParseError(f"{path}: cannot read ({e.strerror}); {read_problem(e)}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -529,17 +563,61 @@ def load_tables(path: str | os.PathLike[str]) -> Campaign:
                           steps=frames[1], problems=meta["problems"])
 
 
-def _text(raw):
+def _text(raw, path):
     """A binary file object (at its start) as UTF-8 text (undecodable bytes replaced, newlines
-    untranslated), gzip-decompressed when it starts with gzip's magic bytes (a rank log kept as
-    ``rank0.log.gz``): the name is not looked at. Closing the text leaves ``raw`` to its owner."""
-    import gzip
-    import io
-
+    untranslated), gzip-decompressed within the caps below when it starts with gzip's magic
+    bytes (a rank log kept as ``rank0.log.gz``): the name is not looked at, only named in the
+    ParseError of a bomb. Closing the text leaves ``raw`` to its owner."""
     magic = raw.read(2)
     raw.seek(0)
-    binary = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
+    binary = _bounded_gzip(raw, path) if magic == _GZIP_MAGIC else raw
     return io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="")
+
+
+# A gzip file is read decompressed only while it stays within what real logs and traces give:
+# up to MAX_DECOMPRESSED_BYTES in all, and beyond the first DECOMPRESSED_FREE_BYTES at most
+# MAX_DECOMPRESSION_RATIO times the compressed bytes read so far (text logs and Kineto traces
+# compress 5-30x; a bomb of one repeated byte, 1000x). Checked as it is read, so a bomb stops
+# after DECOMPRESSED_FREE_BYTES, not after its gigabytes.
+MAX_DECOMPRESSED_BYTES = 4 << 30
+MAX_DECOMPRESSION_RATIO = 100
+DECOMPRESSED_FREE_BYTES = 64 << 20
+
+
+class _BoundedGzipReader(io.RawIOBase):
+    """gzip.GzipFile over ``raw`` that raises ParseError naming the file once the decompressed
+    bytes pass the caps above. Closing it leaves ``raw`` to its owner."""
+
+    def __init__(self, raw, path) -> None:
+        import gzip
+
+        super().__init__()
+        self._raw, self._path, self._gz, self._num_out = raw, path, gzip.GzipFile(fileobj=raw, mode="rb"), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        num = self._gz.readinto(buffer)
+        self._num_out += num
+        if self._num_out > DECOMPRESSED_FREE_BYTES:
+            num_in = max(1, self._raw.tell())
+            if self._num_out > MAX_DECOMPRESSED_BYTES or self._num_out > MAX_DECOMPRESSION_RATIO * num_in:
+                raise ParseError(
+                    f"{self._path}: gzip expands past {format_bytes(self._num_out)} from {format_bytes(num_in)} (more than "
+                    f"{MAX_DECOMPRESSION_RATIO}x or {format_bytes(MAX_DECOMPRESSED_BYTES)}): a decompression bomb, "
+                    "not a log or trace; not read further")
+        return num
+
+    def close(self) -> None:
+        self._gz.close()
+        super().close()
+
+
+def _bounded_gzip(raw, path):
+    """A buffered binary reader of the gzip stream in ``raw`` (the file ``path``) within the
+    decompression caps."""
+    return io.BufferedReader(_BoundedGzipReader(raw, path), 1 << 16)
 
 
 def _gzip_error(path) -> ParseError:
@@ -551,8 +629,10 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
 
     Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Python's universal newlines split
     them: progress bars redraw with ``\\r``); each block is cut after its last newline, so a
-    block holds about ``block_chars`` characters and memory stays bounded. A gzip file is read
-    decompressed (``_text``). Bytes that are not UTF-8 are replaced, so this never raises a
+    block holds about ``block_chars`` characters and memory stays bounded (a line longer than
+    MAX_LINE_CHARS is cut into pieces of that length). A gzip file is read decompressed within
+    the decompression caps (``_text``; a bomb raises ParseError naming the file where the reading
+    reaches the cap). Bytes that are not UTF-8 are replaced, so this never raises a
     decode error; a missing/unreadable file raises ParseError naming it (at the call, before
     any block is read), a truncated or corrupt gzip stream raises ParseError where the reading
     reaches it.
@@ -567,7 +647,7 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
         raise ParseError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
 
     def chunks():
-        with raw, _text(raw) as f:
+        with raw, _text(raw, path) as f:
             try:
                 while data := f.read(block_chars):
                     yield data
@@ -582,6 +662,9 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
             if cut < 0:  # a lone \r ends a line too (not a last one: maybe half of a \r\n)
                 cut = data.rfind("\r", 0, len(data) - 1)
             if cut < 0:
+                if len(data) > MAX_LINE_CHARS:  # no line is this long: cut it, so memory stays bounded
+                    yield data
+                    data = ""
                 rest = data
                 continue
             block = data[:cut - 1] if data[cut] == "\n" and cut and data[cut - 1] == "\r" else data[:cut]
@@ -596,6 +679,12 @@ def iter_text_blocks(path: str | os.PathLike[str], *, block_chars: int = 1 << 20
     return out
 
 
+# A line longer than this is cut into pieces of about this many characters by iter_text_blocks:
+# no log line is (the longest real ones, a tensor printed whole, are ~1 MB), and a file with no
+# newline at all (a binary, a gzip bomb of one byte) must not grow one string without end.
+MAX_LINE_CHARS = 16 << 20
+
+
 def _newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
@@ -607,7 +696,7 @@ def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> 
     import zlib
 
     try:
-        with open_regular(path, "rb") as raw, _text(raw) as f:
+        with open_regular(path, "rb") as raw, _text(raw, path) as f:
             return f.read(num_chars)
     except (EOFError, zlib.error, gzip.BadGzipFile):
         raise _gzip_error(path) from None
@@ -636,7 +725,7 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool =
     with raw:
         magic = raw.read(2)
         raw.seek(0)
-        fp = gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw
+        fp = _bounded_gzip(raw, path) if magic == _GZIP_MAGIC else raw
         try:
             yield from iter_trace_events(fp, counts=counts, lean=lean)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
@@ -657,10 +746,11 @@ def write_lean_trace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     from ingest.traces import _LEAN_CATS
 
     try:
-        with open(src, "rb") as f:
-            raw = f.read()
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == _GZIP_MAGIC else raw)
-    except (OSError, EOFError, gzip.BadGzipFile, ValueError) as e:
+        with open_regular(src, "rb") as raw:
+            magic = raw.read(2)
+            raw.seek(0)
+            doc = json.load(_bounded_gzip(raw, src) if magic == _GZIP_MAGIC else raw)
+    except (OSError, EOFError, gzip.BadGzipFile, ValueError, RecursionError) as e:
         raise ParseError(f"{src}: not a readable trace ({e}); pass a torch.profiler trace file") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list) or "schemaVersion" not in doc:

@@ -15,7 +15,7 @@ from typing import Any
 
 from report.view import Note
 
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2  # 2: campaign caveats once at the top level, not in every run
 # section 5 categories; each run's "<name>_share" of the traced step time
 BREAKDOWN_SHARES = ("compute_share", "exposed_comm_share", "bubble_share", "data_stall_share", "other_share")
 # env.json "versions" keys worth comparing across campaigns (report diff)
@@ -64,16 +64,31 @@ def build_environment_summary(note: Note) -> dict[str, Any]:
     }
 
 
-def build_run_caveats(note: Note) -> dict[str, list[str]]:
-    """run -> the note's caveats that concern it, as plain English sentences (the note words
-    the same findings through its templates; these are for machines and diffs)."""
-    out: dict[str, list[str]] = {m.run: [] for m in note.metrics}
+def build_run_caveats(note: Note) -> tuple[list[dict[str, Any]], dict[str, list[str]], dict[str, list[int]]]:
+    """The note's caveats as plain English sentences (the note words the same findings through
+    its templates; these are for machines and diffs), each written once so the record grows
+    linearly with the run count: (campaign caveats, run -> its own, run -> indices).
+
+    campaign caveats: ``{"kind", "runs", "text"}`` for every caveat that is not one run's own --
+    ``runs`` empty for one about the whole campaign (it applies to every run), else the runs it
+    names; run -> its own: the texts of the caveats naming that run alone; run -> indices: the
+    positions in the campaign list of the caveats naming that run among others."""
+    names = {m.run for m in note.metrics}
+    campaign: list[dict[str, Any]] = []
+    own: dict[str, list[str]] = {run: [] for run in names}
+    refs: dict[str, list[int]] = {run: [] for run in names}
     for f in note.caveats:
         text = caveat_text(f)
-        for run in (f.runs or tuple(out)):
-            if run in out and text:
-                out[run].append(text)
-    return out
+        if not text:
+            continue
+        if len(f.runs) == 1 and f.runs[0] in own:
+            own[f.runs[0]].append(text)
+            continue
+        for run in dict.fromkeys(f.runs):
+            if run in refs:
+                refs[run].append(len(campaign))
+        campaign.append({"kind": f.kind, "runs": list(f.runs), "text": text})
+    return campaign, own, refs
 
 
 def caveat_text(f: Any) -> str:
@@ -89,13 +104,14 @@ def build_summary(note: Note) -> dict[str, Any]:
 
     Per run: status, throughput (tokens/s, per GPU or process), MFU with its FLOPs/token
     convention and peak source, step time median/p90 (s), memory peaks (GiB), data wait (s),
-    loss first/last, and the section-5 shares when the run was traced."""
+    loss first/last, the section-5 shares when the run was traced, and its caveats (its own as
+    text, the others as indices into the top-level ``caveats``: ``build_run_caveats``)."""
     peak = note.peaks[0] if len(note.peaks) == 1 else None  # one GPU model and dtype: the runs share it
     shares = {b.run: {k: _num(getattr(b, k)) for k in BREAKDOWN_SHARES} | {"timeline": b.timeline,
                                                                            "step_time_s": _num(b.step_time_s)}
               for b in note.evidence.rows}
     attributed = {b.run: b.attribution for b in note.evidence.rows if b.attribution is not None}
-    caveats = build_run_caveats(note)
+    campaign_caveats, caveats, caveat_refs = build_run_caveats(note)
     parity = {p.run: p for p in note.parity}
     runs = []
     for m in note.metrics:
@@ -124,7 +140,8 @@ def build_summary(note: Note) -> dict[str, Any]:
             "straggler": ({"rank": a.straggler["rank"], "host": a.straggler["host"],
                            "late_ms_median": a.straggler["late_ms_median"]}
                           if a and a.straggler and a.straggler["named"] else None),
-            "caveats": caveats.get(m.run, []),
+            "caveats": caveats.get(m.run, []),  # the run's own; the campaign's are in the top-level "caveats"
+            "campaign_caveats": caveat_refs.get(m.run, []),
             "plant": dict(a.plant) if a and a.plant else None,
             "plant_checks": [dataclasses.asdict(c) for c in note.evidence.plant_checks if c.run == m.run],
             "checkpoint_save_s": _num(m.ckpt_save_s), "checkpoint_load_s": _num(m.ckpt_load_s),
@@ -145,6 +162,8 @@ def build_summary(note: Note) -> dict[str, Any]:
         "flops_per_token": note.flops_per_token,
         "mfu_convention": note.convention,
         "peaks": [{"gpu_name": p.gpu_name, "dtype": p.dtype, "flops": p.flops, "source": p.source} for p in note.peaks],
+        # every caveat not one run's own, once (runs [] = the whole campaign; runs name the others)
+        "caveats": campaign_caveats,
         "runs": runs,
         # layouts run more than once: median tokens/s and the 95% interval across repeats
         "repeats": [{"layout": g.layout, "data_round": g.data_round, "kernels": g.mode, "runs": list(g.runs),

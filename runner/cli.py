@@ -306,8 +306,8 @@ def collect_campaign_storage(campaign: Campaign, *, out: Path) -> tuple[StorageI
 def cmd_prepare_data(args: argparse.Namespace) -> int:
     from runner.corpus import prepare_data
 
-    if args.vocab_size < 2:
-        raise ConfigError(f"--vocab-size must be >= 2, got {args.vocab_size}")
+    if not 2 <= args.vocab_size <= 1 << 24:  # past 16M ids no tokenizer exists; the trainer would try
+        raise ConfigError(f"--vocab-size must be in 2..{1 << 24}, got {args.vocab_size}")
     record = prepare_data(list(args.sources), out_prefix=args.out, tokenizer_path=args.tokenizer,
                           vocab_size=args.vocab_size, text_key=args.text_key)
     print(f"{record.prefix}.bin / .idx: {record.num_tokens} tokens in {record.num_documents} documents, "

@@ -3,9 +3,11 @@
 ``runner prepare-data SOURCE... --out PREFIX [--tokenizer tokenizer.json]`` and ``runner all``
 (when a matrix has a real data round and no prepared dataset) both end in ``prepare_data``:
 
-1. documents: a .txt (or any UTF-8 text file, e.g. .py/.md) is one document; a .jsonl file one
-   document per line (its ``text_key`` field); a .parquet file one per row of its ``text_key``
-   column. A file with a NUL byte or invalid UTF-8 in its first 64 KiB is refused as binary.
+1. documents: a .txt (or any UTF-8 text file, e.g. .py/.md) is one document (one per
+   MAX_DOCUMENT_CHARS, cut at lines, when longer); a .jsonl file one document per line (its
+   ``text_key`` field); a .parquet file one per row of its ``text_key`` column. A file with a NUL
+   byte or invalid UTF-8 in its first 64 KiB is refused as binary; a line longer than
+   MAX_LINE_BYTES, a FIFO or a device is refused, never read.
 2. tokenizer: a local HF ``tokenizer.json`` (HF tokenizers), or -- when none is given -- a
    byte-level BPE fitted offline on these documents with the same library (vocabulary capped
    at the model's), EOD = ``<|endoftext|>``.
@@ -66,6 +68,14 @@ CHUNK_TOKENS = 1 << 24  # .bin scan for the largest id, 16M tokens at a time
 # regex pieces are cut, which keeps the BPE fit linear in the input (module docstring). 128 is
 # far past real words and indentation runs, so ordinary text is pre-tokenized exactly as GPT-2's.
 MAX_PRETOKEN_CHARS = 128
+# Longest line read from a .txt/.jsonl source (bytes): a JSON line holds one document, and no real
+# text has longer lines; read by lines of at most this, so a 100 MB line costs nothing before it
+# is refused. A .txt longer than MAX_DOCUMENT_CHARS becomes several documents, cut at lines.
+MAX_LINE_BYTES = 8 << 20
+MAX_DOCUMENT_CHARS = 1 << 20
+# Documents encoded per call into the tokenizer, by characters: the encodings (~100 bytes per
+# token) of one batch are held at a time, not the whole corpus's
+ENCODE_BATCH_CHARS = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,16 +146,26 @@ def default_corpus_bytes(*, tokens_needed: int) -> int:
     return int(min(max(4 * tokens_needed, DEFAULT_CORPUS_MIN_BYTES), DEFAULT_CORPUS_MAX_BYTES))
 
 
-def _sniff_text(path: Path) -> None:
+def _open_source(path: Path):
+    """A source file opened for reading, binary: a regular file only (a FIFO or a device is
+    refused, never waited on). ConfigError naming the file otherwise."""
+    from ingest.io import open_regular
+
     try:
-        with path.open("rb") as f:
-            head = f.read(SNIFF_BYTES)
+        if path.is_dir():
+            raise IsADirectoryError
+        return open_regular(path, "rb")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file; pass existing text files (txt, jsonl, parquet)") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory; pass the text files in it") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass regular text files (txt, jsonl, parquet)") from None
+
+
+def _sniff_text(path: Path) -> None:
+    with _open_source(path) as f:
+        head = f.read(SNIFF_BYTES)
     if b"\x00" in head:
         raise ConfigError(f"{path}: looks binary (NUL bytes), not text; pass txt, jsonl or parquet files")
     try:
@@ -175,26 +195,54 @@ def read_documents(path: Path, *, text_key: str = "text") -> Iterator[str]:
                 yield value
         return
     _sniff_text(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); pass txt, jsonl or parquet files") from None
     if path.suffix == ".jsonl":
-        for lineno, line in enumerate(text.splitlines(), 1):
+        for lineno, line in _read_lines(path):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+            except RecursionError:  # the decoder recurses per nested array/object
+                raise ConfigError(f"{path}:{lineno}: JSON nested too deeply to read; a line is one "
+                                  f"{{\"{text_key}\": ...}} object") from None
             value = obj.get(text_key) if isinstance(obj, dict) else None
             if not isinstance(value, str):
                 raise ConfigError(f"{path}:{lineno}: no string field '{text_key}'; set --text-key / [data] text_key")
             if value:
                 yield value
         return
+    doc: list[str] = []
+    num_chars = 0
+    for _, line in _read_lines(path):
+        if num_chars + len(line) > MAX_DOCUMENT_CHARS and doc:
+            text = "".join(doc)
+            if text.strip():
+                yield text
+            doc, num_chars = [], 0
+        doc.append(line)
+        num_chars += len(line)
+    text = "".join(doc)
     if text.strip():
         yield text
+
+
+def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line with its newline) of a UTF-8 text file, each read with a cap of
+    MAX_LINE_BYTES: a longer line is a ConfigError naming the file and line, raised before more
+    than the cap is read. ConfigError for text that is not UTF-8 too."""
+    with _open_source(path) as f:
+        lineno = 0
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                raise ConfigError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MiB; no text document "
+                                  "is one line that long: split it (a .jsonl line holds one document)")
+            try:  # universal newlines, as text-mode reading gave: \r\n and a lone \r end a line as \n
+                yield lineno, line.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not UTF-8 text (byte {e.start} of the line); pass txt, jsonl "
+                                  "or parquet files") from None
 
 
 def load_corpus(sources: Sequence[Path], *, text_key: str = "text") -> list[str]:
@@ -375,7 +423,7 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
     the model's vocabulary (cap of a trained tokenizer; bound a given one must fit). Raises
     ConfigError naming the file for bad input (module docstring)."""
     t0 = time.perf_counter()
-    out_prefix = Path(out_prefix)
+    out_prefix = check_out_prefix(Path(out_prefix))
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     if tokenizer is not None:
         tok_vocab = check_tokenizer_vocab(tokenizer, path=tokenizer_path, model_vocab_size=vocab_size)
@@ -397,8 +445,7 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
         if eod is None:  # a tokenizer without GPT-2's EOD: Megatron-LM's tool appends the tokenizer's eod; we need one
             raise ConfigError(f"{tokenizer_path}: no '{EOD_TOKEN}' token to end documents with; use a GPT-2 style "
                               "tokenizer")
-        encodings = run_interruptible(tokenizer.encode_batch, docs, add_special_tokens=False)
-        write_indexed_dataset((e.ids + [eod] for e in encodings), prefix=staged, vocab_size=tok_vocab)
+        write_indexed_dataset(_encode(tokenizer, docs, eod=eod), prefix=staged, vocab_size=tok_vocab)
         info = validate_dataset(staged, model_vocab_size=vocab_size, seq_length=seq_length)
         record = DatasetRecord(
             prefix=str(out_prefix.resolve()), source=source, sources=tuple(str(p) for p in sources),
@@ -411,6 +458,34 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return record
+
+
+def check_out_prefix(prefix: Path) -> Path:
+    """``prefix`` when it names files in a folder (PREFIX.bin, .idx, .json beside each other);
+    ConfigError when it is a folder itself (``/``, ``.``, an existing directory: the files would
+    land beside it as ``/.bin``), or its folder exists but is not a writable directory."""
+    shown = str(prefix)
+    if prefix.name in ("", ".", "..") or shown.endswith(os.sep) or prefix.is_dir():
+        raise ConfigError(f"--out {shown}: is a folder, not a file prefix; name the files in it, e.g. "
+                          f"--out {prefix / 'corpus'} writes {prefix / 'corpus'}.bin, .idx and .json")
+    parent = prefix.parent
+    if parent.exists() and (not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK)):
+        raise ConfigError(f"--out {shown}: {parent} is not a folder you can write; choose another prefix")
+    return prefix
+
+
+def _encode(tokenizer, docs: Sequence[str], *, eod: int) -> Iterator[list[int]]:
+    """Each document's token ids followed by ``eod``, in order, encoded in batches of about
+    ENCODE_BATCH_CHARS characters (the tokenizer's encodings of one batch held at a time)."""
+    start = 0
+    while start < len(docs):
+        end, num_chars = start, 0
+        while end < len(docs) and (end == start or num_chars + len(docs[end]) <= ENCODE_BATCH_CHARS):
+            num_chars += len(docs[end])
+            end += 1
+        for e in run_interruptible(tokenizer.encode_batch, docs[start:end], add_special_tokens=False):
+            yield e.ids + [eod]
+        start = end
 
 
 def write_dataset_record(path: Path, record: DatasetRecord) -> None:

@@ -293,18 +293,30 @@ class Campaign:
     checkpoint: CheckpointConfig = CheckpointConfig()
 
 
+# The most read of a matrix file: a matrix of 10,000 runs is about 1 MB of TOML
+MAX_MATRIX_BYTES = 16 << 20
+
+
 def load_matrix(path: Path) -> dict[str, Any]:
-    """Read a matrix TOML. Raises ConfigError naming the file (and line) when unreadable."""
+    """Read a matrix TOML: a regular file (a FIFO or a device such as /dev/zero is refused, never
+    read) of at most MAX_MATRIX_BYTES. Raises ConfigError naming the file (and line) when
+    unreadable, too large, or nested deeper than the TOML reader's stack."""
+    from ingest.io import read_regular_text
+
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        if path.is_dir():
+            raise IsADirectoryError
+        return tomllib.loads(read_regular_text(path, max_bytes=MAX_MATRIX_BYTES))
+    except RecursionError:  # tomllib recurses per nested array/table: hostile input, not a matrix
+        raise ConfigError(f"{path}: TOML nested too deeply to read; a matrix nests tables two levels deep") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: matrix file not found; pass --matrix with an existing TOML file") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory; pass --matrix with a TOML file") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; a matrix is a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except OSError as e:  # also a FIFO/device (EINVAL) and a file past MAX_MATRIX_BYTES (EFBIG)
+        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass --matrix with a TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax") from None
 

@@ -146,13 +146,39 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         num_tokens=args.tokens, mfu=args.mfu)
 
 
+# The largest value each integer flag may take: past anything built or published (405B: 126
+# layers, hidden 16384, 128 heads, vocab 128k, 16k GPUs), far enough for what-ifs, and small
+# enough that the layout search (divisors of layers, batch and GPUs) answers in seconds.
+INT_FLAG_MAX = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "ffn": 1 << 22,
+                "vocab": 1 << 24, "moe_experts": 1 << 14, "moe_top_k": 1 << 14, "seq": 1 << 24, "global_batch": 1 << 22,
+                "gpus": 1 << 20, "gpus_per_node": 1024, "tp": 1 << 20, "pp": 4096, "cp": 1 << 20, "ep": 1 << 14,
+                "top": 10_000}
+# float flags: (lowest, highest) allowed, both inclusive; NaN and infinities never
+FLOAT_FLAG_RANGE = {"tokens": (1.0, 1e18), "gpu_memory_gib": (1e-3, 1e6)}
+
+
+def check_plan_args(args: argparse.Namespace) -> None:
+    """Every numeric flag within its range (>= 1 and <= INT_FLAG_MAX; FLOAT_FLAG_RANGE, finite).
+    ConfigError listing every flag out of range, one per line."""
+    import math
+
+    problems = []
+    for flag, most in INT_FLAG_MAX.items():
+        value = getattr(args, flag, None)
+        if value is not None and not 1 <= value <= most:
+            problems.append(f"--{flag.replace('_', '-')} {value}: must be in 1..{most}")
+    for flag, (low, high) in FLOAT_FLAG_RANGE.items():
+        value = getattr(args, flag, None)
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            problems.append(f"--{flag.replace('_', '-')} {value}: must be a number in {low:g}..{high:g}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from core.atomic import write_json_atomic
 
-    for flag in ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "seq", "global_batch"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be >= 1")
+    check_plan_args(args)
     req = build_request(args)
     plan = build_plan(req, top=args.top)
     print(render_plan_text(plan), end="")

@@ -58,7 +58,7 @@ def test_summary_numbers_equal_the_note_table(built):
 
 def test_summary_header_environment_findings(built):
     summary, _ = built
-    assert summary["schema_version"] == 1 and summary["campaign"] == "h200-1gpu"
+    assert summary["schema_version"] == 2 and summary["campaign"] == "h200-1gpu"
     env_json = json.loads((EXAMPLE / "env.json").read_text())
     assert summary["environment"]["nccl_version"] == env_json["versions"]["nccl"]
     assert summary["environment"]["gpu_name"] == "NVIDIA H200" and summary["environment"]["gpu_count"] == 1

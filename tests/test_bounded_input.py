@@ -1,0 +1,114 @@
+"""Issue 33, bounded and contained: every read has a limit, every path stays inside, every number
+is possible, and hostile input gives one line and exit 2, never a traceback or a hang.
+
+Each test plants the bad input as a real file (a FIFO, a device, a bomb, a symlink) and runs the
+real CLI in a subprocess; a timeout here is the hang it guards against."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.synthetic_campaign import write_synthetic_campaign
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(module: str, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def _one_error_line(res: subprocess.CompletedProcess, *needles: str) -> str:
+    assert res.returncode == 2, (res.args, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- 1. reads without a limit
+
+def test_summary_json_holds_campaign_caveats_once(tmp_path):
+    """summary.json grew with the square of the run count: every run repeated every campaign
+    caveat (world_sizes_differ names all runs). Now each is written once, runs refer to it."""
+    layouts = {f"r{i:02d}": ("ddp", "torch-ddp", 1, 1, 1 + i % 2, 2, 2, 0.1) for i in range(12)}
+    camp = write_synthetic_campaign(tmp_path / "camp", layouts=layouts, failed=(), steps=4, warmup_steps=1)
+    res = _cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), "--format", "md", timeout=300)
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "out" / "summary.json").read_text()
+    summary = json.loads(text)
+    assert summary["schema_version"] == 2
+    assert text.count("world_sizes_differ: world_sizes=") == 1  # its text, naming every run, once
+    kinds = [c["kind"] for c in summary["caveats"]]
+    assert kinds.count("world_sizes_differ") == 1 and "synthetic_only" in kinds
+    index = kinds.index("world_sizes_differ")
+    assert sorted(summary["caveats"][index]["runs"]) == sorted(layouts)
+    for run in summary["runs"]:
+        assert run["campaign_caveats"] == [index]
+        assert not any("world_sizes" in c or "synthetic_only" in c for c in run["caveats"])
+
+
+def test_matrix_that_is_a_device_a_fifo_or_huge_is_refused(tmp_path):
+    fifo = tmp_path / "m.toml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.toml"
+    with huge.open("wb") as f:  # sparse: 17 MiB of NULs without writing them
+        f.truncate(17 << 20)
+    for path, needle in (("/dev/zero", "not a regular file"), (str(fifo), "not a regular file (a FIFO)"),
+                         (str(huge), "larger than 16 MiB")):
+        for cmd in (["all", "--matrix", path, "--dry-run"],
+                    ["slurm", "--nodes", "1", "--gpus-per-node", "1", "--matrix", path, "--dry-run"]):
+            _one_error_line(_cli("runner.cli", *cmd), path, needle)
+
+
+def test_gzip_bomb_stops_at_the_cap_naming_the_file(tmp_path):
+    from core.errors import ParseError
+    from ingest.io import DECOMPRESSED_FREE_BYTES, iter_text_blocks, open_trace_events
+
+    bomb = tmp_path / "rank0.log.gz"
+    line = b"NCCL INFO " + b"x" * 500 + b"\n"
+    with gzip.open(bomb, "wb", compresslevel=6) as f:  # ~80 MiB of text in well under 1 MiB
+        for _ in range((DECOMPRESSED_FREE_BYTES + (16 << 20)) // len(line)):
+            f.write(line)
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(ParseError, match=r"rank0\.log\.gz: gzip expands past .* a decompression bomb"):
+        for _ in iter_text_blocks(bomb):
+            pass
+    trace = tmp_path / "profile_rank0.json.gz"
+    with gzip.open(trace, "wb") as f:
+        f.write(b'{"schemaVersion": 1, "traceEvents": [' + b" " * (DECOMPRESSED_FREE_BYTES + (8 << 20)) + b"]}")
+    with pytest.raises(ParseError, match="decompression bomb"):
+        list(open_trace_events(trace))
+
+
+def test_prepare_data_refuses_a_huge_line_and_an_out_that_is_a_folder(tmp_path):
+    from runner.corpus import MAX_LINE_BYTES
+
+    src = tmp_path / "one_line.txt"
+    src.write_bytes(b"lorem ipsum " * (MAX_LINE_BYTES // 12 + 10))
+    _one_error_line(_cli("runner.cli", "prepare-data", str(src), "--out", str(tmp_path / "c")),
+                    f"{src}:1: a line longer than")
+    small = tmp_path / "a.txt"
+    small.write_text("hello world\n")
+    for out in ("/", str(tmp_path)):
+        _one_error_line(_cli("runner.cli", "prepare-data", str(small), "--out", out), "is a folder, not a file prefix")
+    assert not Path("/.bin").exists() and not list(tmp_path.glob("*.bin"))
+
+
+def test_plan_refuses_numbers_past_any_model_or_machine():
+    base = ["plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--ffn", "16384", "--vocab", "50000",
+            "--seq", "2048", "--global-batch", "512", "--gpus", "64"]
+    _one_error_line(_cli("runner.cli", *base, "--layers", "99999999999999", timeout=30),
+                    "--layers 99999999999999: must be in 1..4096")
+    res = _cli("runner.cli", *base, "--global-batch", "99999999999", "--tokens", "nan", "--top", "0", timeout=30)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--global-batch 99999999999: must be in" in res.stderr and "--tokens nan" in res.stderr
+    assert "--top 0" in res.stderr
