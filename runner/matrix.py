@@ -110,8 +110,11 @@ FIXED_LIMITS = {
     **{k: (f"<= {MAX_STEPS}", lambda v: v <= MAX_STEPS)
        for k in ("steps", "warmup_steps", "lr_warmup_steps", "profile_start_step", "profile_num_steps")},
 }
-DEFAULT_PROFILE_NUM_STEPS = 3  # traced steps per run; one warm-up step precedes them
+DEFAULT_PROFILE_NUM_STEPS = 8  # traced steps per run; one warm-up step precedes them
 MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
+# the run's last steps, replayed through a bare loop after the run to price the instrumentation
+# (runner.train.measure_loop_overhead); a default window ends before them where the run allows
+LOOP_OVERHEAD_STEPS = 10
 # Engine knobs a run may set under [runs.options]: runner.knobs (typed, with defaults, resolved
 # into every spec's options). Micro-batch search: candidates tried by the runner's probe launches.
 MICRO_BATCH_AUTO = {"auto": "fastest", "auto-largest": "largest"}  # micro_batch_size value -> search policy
@@ -256,15 +259,20 @@ DEFAULT_FIXED = {"seed": 1234, "weight_decay": 0.1, "adam_beta1": 0.9, "adam_bet
 def _profile_window(values: dict[str, Any], given: dict[str, Any], source: str) -> list[str]:
     """Fill the profiler window into ``values`` and return its problems.
 
-    Default: DEFAULT_PROFILE_NUM_STEPS steps in the middle of the measured steps, after one
-    warm-up step, leaving MIN_MEASURED_OUTSIDE_WINDOW measured steps outside it; in shorter
-    runs it is dropped (profile_num_steps 0). A window the matrix sets explicitly must leave
-    one measured step, or it is an error.
+    Default: DEFAULT_PROFILE_NUM_STEPS steps (or the matrix's profile_num_steps) starting in the
+    middle of the measured steps, after one warm-up step -- earlier where that is needed to end
+    before the last LOOP_OVERHEAD_STEPS steps (the loop-overhead replay's) --, leaving
+    MIN_MEASURED_OUTSIDE_WINDOW measured steps outside it: in shorter runs a default window
+    traces fewer steps, and none (profile_num_steps 0) where not one fits. A window the matrix
+    sets explicitly must leave one measured step, or it is an error.
     """
     steps, warmup = values["steps"], values["warmup_steps"]
-    num = values.get("profile_num_steps", DEFAULT_PROFILE_NUM_STEPS)
-    start = values.get("profile_start_step", max(warmup + 1, (warmup + steps) // 2))
     explicit = "profile_num_steps" in given or "profile_start_step" in given
+    num = values.get("profile_num_steps", DEFAULT_PROFILE_NUM_STEPS)
+    if not explicit:
+        num = max(0, min(num, steps - warmup - 1 - MIN_MEASURED_OUTSIDE_WINDOW))
+    start = values.get("profile_start_step",
+                       max(warmup + 1, min((warmup + steps) // 2, steps - LOOP_OVERHEAD_STEPS - num)))
     # a default window must leave MIN_MEASURED_OUTSIDE_WINDOW measured steps; an explicit one, one
     left = MIN_MEASURED_OUTSIDE_WINDOW if not explicit else 1
     fits = num == 0 or (start - 1 >= warmup and start + num <= steps and steps - warmup - (num + 1) >= left)
@@ -273,7 +281,7 @@ def _profile_window(values: dict[str, Any], given: dict[str, Any], source: str) 
                 f" within steps {warmup}..{steps - 1} after warmup_steps and leave a measured step outside it;"
                 " move profile_start_step or set profile_num_steps = 0"]
     values["profile_num_steps"] = num if fits else 0
-    values["profile_start_step"] = start if fits else 0
+    values["profile_start_step"] = start if fits and num else 0
     return []
 
 

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from core.records import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
 from runner.faults import build_fault, inject
 from core.atomic import write_json_atomic
+from runner.matrix import LOOP_OVERHEAD_STEPS
 from runner.nodes import placement_record
 from runner.checkpoint import CheckpointProbe
 from runner.data import BatchPrefetcher, RealBatches, SampleOrder, SyntheticBatches, TokenWindows, slice_batch
@@ -259,12 +260,9 @@ def replay_batches(spec: RunSpec, data: SyntheticBatches | RealBatches, step: in
         rows, dp_rank=0, dp_degree=1, micro_batch_size=spec.micro_batch_size, num_microbatches=spec.num_microbatches)]
 
 
-OVERHEAD_STEPS = 10  # steps replayed through a bare loop after the run to price the instrumentation
-
-
 def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches | RealBatches, recorder: StepRecorder, *,
                           ctx: RankContext) -> dict:
-    """Measurement overhead, same process (issue 7): the run's last OVERHEAD_STEPS steps as the
+    """Measurement overhead, same process (issue 7): the run's last LOOP_OVERHEAD_STEPS steps as the
     recorder timed them (instrumented loop: prefetch wait, phase ranges, per-step rows) against
     the same steps' batches replayed through a bare ``trainer.train_step`` loop, batches already on
     the device, wall time with a device sync at both ends. Every rank replays (the steps hold
@@ -272,7 +270,7 @@ def measure_loop_overhead(spec: RunSpec, trainer, data: SyntheticBatches | RealB
     steps are not all measured ones (warm-up, profiler window) or the run is too short. The
     replay steps update the model after the run's last row: nothing is recorded from them."""
     f = spec.fixed
-    steps = range(f.steps - OVERHEAD_STEPS, f.steps)
+    steps = range(f.steps - LOOP_OVERHEAD_STEPS, f.steps)
     window = set(profiled_steps(f))
     if steps.start < max(f.warmup_steps, 1) or window & set(steps):
         return {}

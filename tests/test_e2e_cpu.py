@@ -103,7 +103,7 @@ def test_profiler_window_traced_on_every_rank_and_marked(campaign):
     for name in RUNS:
         spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
         f = spec.fixed
-        assert f.profile_num_steps == 3 and f.profile_start_step > f.warmup_steps
+        assert f.profile_num_steps == 8 and f.profile_start_step > f.warmup_steps
         window = set(range(f.profile_start_step - 1, f.profile_start_step + f.profile_num_steps))
         for row in _rows(campaign / name):
             assert row["profiled"] == (row["step"] in window), row

@@ -159,9 +159,16 @@ def test_profiler_window_defaults_to_mid_run_and_rejects_a_window_that_does_not_
     from runner.matrix import resolve_matrix
     raw = {"runs": [{"name": "ddp", "strategy": "ddp"}]}
     fixed = resolve_matrix(raw, source="m.toml", num_gpus=0).fixed
-    assert (fixed.profile_start_step, fixed.profile_num_steps) == (17, 3)  # tiny: 30 steps, 5 warm-up
-    short = resolve_matrix(raw, source="m.toml", num_gpus=0, overrides={"steps": 7}).fixed
-    assert short.profile_num_steps == 0  # a default window that does not fit is dropped
+    # tiny: 30 steps, 5 warm-up: 8 traced steps, ending before the last 10 (the loop-overhead replay's)
+    assert (fixed.profile_start_step, fixed.profile_num_steps) == (12, 8)
+    long = resolve_matrix(raw, source="m.toml", num_gpus=0, overrides={"steps": 60}).fixed
+    assert (long.profile_start_step, long.profile_num_steps) == (32, 8)  # mid-run where the run allows
+    shorter = resolve_matrix(raw, source="m.toml", num_gpus=0, overrides={"steps": 20}).fixed
+    assert (shorter.profile_start_step, shorter.profile_num_steps) == (6, 4)  # 10 measured steps stay outside
+    short = resolve_matrix(raw, source="m.toml", num_gpus=0, overrides={"steps": 16}).fixed
+    assert (short.profile_start_step, short.profile_num_steps) == (0, 0)  # a default window that does not fit is dropped
+    explicit = resolve_matrix({"fixed": {"profile_num_steps": 3}, **raw}, source="m.toml", num_gpus=0).fixed
+    assert (explicit.profile_start_step, explicit.profile_num_steps) == (17, 3)  # configurable
     bad = {"fixed": {"profile_start_step": 29, "profile_num_steps": 3}, **raw}
     with pytest.raises(ConfigError, match="profiler window"):
         resolve_matrix(bad, source="m.toml", num_gpus=0)
