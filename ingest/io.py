@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
     from core.records import PlantTruth
 
 from core.errors import NoDataError, ParseError
-from ingest.paths import run_name_problem
+from ingest.paths import resolve_under, resolved, run_name_problem
 from core.atomic import write_bytes_atomic
 from core.records import (
     SCHEMA_VERSION, CampaignRecord, CheckpointRecord, EnvRecord, FixedConfig, LoadedRun, ModelConfig, Plant, RunInfo,
@@ -379,6 +379,9 @@ _POSITIVE_SPEC_FIELDS = ("world_size", "tp_degree", "pp_degree", "dp_degree", "m
 
 
 def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    # the run's folder and its records must stay in the campaign: a symlink out is refused (ConfigError naming it)
+    for record in ("", "spec.json", "status.json", "run_info.json", "checkpoint.json"):
+        resolve_under(run_dir.parent, name, *([record] if record else []))
     spec_path = run_dir / "spec.json"
     if not spec_path.exists():
         problems.append(f"run {name}: no {spec_path} (never started?); left out of the note")
@@ -427,8 +430,11 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         value = ckpt[col[5:]] if ckpt else None
         row[col] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
     files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
-    outside = [p for p in files if not p.resolve().is_relative_to(run_dir.resolve())]
+    looped = [p for p in files if resolved(p) is None]
+    problems.extend(f"{name}/metrics/{p.name}: a symlink loop; not read" for p in looped)
+    outside = [p for p in files if p not in looped and not resolved(p).is_relative_to(run_dir.resolve())]
     problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)
+    outside += looped
     odd = [p for p in files if p not in outside and not is_regular_file(p)]
     problems.extend(f"{name}/metrics/{p.name}: not a regular file (a FIFO?); not read" for p in odd)
     files = [p for p in files if p not in outside and p not in odd]
@@ -882,7 +888,7 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
     for path in sorted((run_dir / "logs").glob("rank*.log*")):
         if not re.fullmatch(r"rank\d+\.log(?:\.gz)?", path.name):
             continue
-        if not is_regular_file(path) or not path.resolve().is_relative_to(root.resolve()):
+        if not is_regular_file(path) or not (resolved(path) or root).is_relative_to(root.resolve()):
             warnings.append(f"{name}/logs/{path.name}: not a regular file inside the campaign; skipped")
             continue
         found = True

@@ -39,11 +39,22 @@ def check_run_name(name: object, *, where: str) -> str:
     return str(name)
 
 
+def resolved(path: str | os.PathLike[str]) -> Path | None:
+    """``path`` absolute with its symlinks followed (``Path.resolve``); None when they loop (Python
+    3.11 raises RuntimeError there, 3.13 OSError ELOOP)."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):
+        return None
+
+
 def resolve_under(root: Path, *parts: str) -> Path:
     """``root / parts`` resolved (symlinks followed), which must stay under ``root`` resolved.
-    ConfigError naming the path otherwise."""
+    ConfigError naming the path otherwise (a symlink loop included)."""
     base = Path(root).resolve()
-    path = base.joinpath(*parts).resolve()
+    path = resolved(base.joinpath(*parts))
+    if path is None:
+        raise ConfigError(f"{Path(root).joinpath(*parts)}: a symlink loop; not followed (remove the link)")
     if not path.is_relative_to(base):
         raise ConfigError(f"{Path(root).joinpath(*parts)}: resolves to {path}, outside the campaign {base}; not followed")
     return path

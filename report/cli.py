@@ -8,7 +8,9 @@ a traceback).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from core.errors import ToolError
 from report import FORMATS
@@ -40,9 +42,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    on_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None  # stop as Ctrl-C does
+    try:
+        return _main(parser, args)
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # the default asks for every format, the PDF where it can be made; --format pdf insists on it
     pdf_optional = args.command == "build" and args.format is None
     formats = [f.strip() for f in (args.format or ",".join(FORMATS)).split(",") if f.strip()]
@@ -63,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     except ToolError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted; --out keeps what it held before (a note is swapped in whole at the end)",
+              file=sys.stderr)
+        return 130
     except OSError as e:  # permission denied, disk full...: still one line, no traceback
         print(f"{parser.prog}: error: {e.filename or ''}: {e.strerror or e}; check the path and permissions", file=sys.stderr)
         return 2

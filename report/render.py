@@ -24,7 +24,7 @@ from markupsafe import Markup
 from core.records import ATTRIBUTION_CATEGORIES
 from core.errors import ConfigError, NoDataError
 from ingest.io import Campaign, load_campaign, load_trace_tables
-from core.atomic import write_bytes_atomic
+from core.atomic import check_staged_folder, staged_folder, write_bytes_atomic
 from core.formulas import compute_step_times
 from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
@@ -411,6 +411,14 @@ def _check_formats(formats: Sequence[str]) -> None:
         raise ConfigError(f"unknown --format {','.join(bad) or '(empty)'}; choose from {','.join(FORMATS)}")
 
 
+# A note folder (--out) holds one build's files: written as one set (core.atomic.staged_folder),
+# into a folder that is new, empty or marked as a note's by NOTE_MARKER (also the build's lock)
+NOTE_MARKER = ".report-note"
+NOTE_ENTRIES = ("summary.json", "note.md", "note.html", "note.pdf", "figures")
+NOTE_OUT_HINT = ("choose a new or empty --out (a note is written only into a folder `report build` made, so it "
+                 "never overwrites your files)")
+
+
 def build_report(source: str | Path, *, out_dir: str | Path | None = None,
                  formats: Sequence[str] = FORMATS, lang: str = DEFAULT_LANGUAGE,
                  warn: Callable[[str], None] | None = None, model: dict | None = None) -> list[Path]:
@@ -419,22 +427,29 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     is the same in every language). warn: given, a PDF that cannot be made (no WeasyPrint or
     Pango) is skipped with one line to it, the other formats written; else PdfUnavailableError.
     A language whose font is missing fails before anything is written (check_pdf_fonts).
+    out_dir must be new, empty or a note folder an earlier build made (NOTE_MARKER); the files
+    are built in a staging folder and replace the previous build's as one set, one build at a
+    time (core.atomic.staged_folder), so a stopped or concurrent build never leaves a mix.
     Returns written paths. Raises ToolError subclasses."""
     _check_formats(formats)
     language = load_language(lang)
     if "pdf" in formats:
         check_pdf_fonts(language)
-    campaign, trace_tables, note = load_note(source, model=model)
     out = Path(out_dir) if out_dir else Path(source) / "report"
-    if isinstance(note, LogsNote):
-        return write_logs_note(note, out, formats=formats, lang=language, warn=warn)
-    figures = build_figures(campaign, out, loss_floor_nats=note.model.loss_floor_nats, lang=language)
-    figures += build_evidence_figures(note, trace_tables, out, lang=language)
-    note = dataclasses.replace(note, figures=figures)
-    written = [write_bytes_atomic(out / "summary.json", render_summary_json(build_summary(note)))]
-    return written + write_note_files(out, formats=formats, warn=warn,
-                                      markdown=lambda: render_markdown(note, lang=language),
-                                      html=lambda: render_html(note, lang=language))
+    check_staged_folder(out, marker=NOTE_MARKER, hint=NOTE_OUT_HINT)  # before the long load: say it at once
+    campaign, trace_tables, note = load_note(source, model=model)
+    with staged_folder(out, marker=NOTE_MARKER, entries=NOTE_ENTRIES, hint=NOTE_OUT_HINT) as stage:
+        if isinstance(note, LogsNote):
+            written = write_logs_note(note, stage, formats=formats, lang=language, warn=warn)
+        else:
+            figures = build_figures(campaign, stage, loss_floor_nats=note.model.loss_floor_nats, lang=language)
+            figures += build_evidence_figures(note, trace_tables, stage, lang=language)
+            note = dataclasses.replace(note, figures=figures)
+            written = [write_bytes_atomic(stage / "summary.json", render_summary_json(build_summary(note)))]
+            written += write_note_files(stage, formats=formats, warn=warn,
+                                        markdown=lambda: render_markdown(note, lang=language),
+                                        html=lambda: render_html(note, lang=language))
+    return [out / Path(p).relative_to(stage) for p in written]
 
 
 def write_logs_note(note: LogsNote, out: Path, *, formats: Sequence[str], lang: Language,

@@ -446,6 +446,10 @@ def load_run_spec(out: Path, name: str):
     """<out>/<name>/spec.json as a RunSpec; its own name must be ``name``. ConfigError otherwise."""
     from runner.launch import load_json
 
+    from ingest.paths import resolve_under
+
+    for parts in ((), ("spec.json",), ("status.json",)):  # the run's folder and records stay in the campaign
+        resolve_under(out, name, *parts)
     path = out / name / "spec.json"
     raw = load_json(path)
     if raw.get("name") != name:

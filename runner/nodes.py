@@ -161,24 +161,29 @@ def refresh_env_record(out: Path, run_names: list[str]) -> None:
 
 def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     """Merge nodes' campaign directories into ``campaign_dir`` (node 0's, with campaign.json):
-    copy every file it lacks; identical files are skipped; node 0's campaign.json/env.json are
-    never replaced. Returns the copied paths (relative). Raises ConfigError listing every
-    conflict (same path, different bytes) before copying anything."""
+    copy every file it lacks of those a node's directory is expected to hold (``_node_files``:
+    env_node<K>.json, logs/, the campaign's run folders; never a symlink); identical files are
+    skipped; node 0's campaign.json/env.json are never replaced. Returns the copied paths
+    (relative). Raises ConfigError, before copying anything, listing every node directory that
+    is not one (no env_node<K>.json: /etc, a home folder), every symlink in one and every
+    conflict (same path, different bytes)."""
     problems = []
     if not (campaign_dir / "campaign.json").is_file():
         problems.append(f"{campaign_dir}: no campaign.json; the first argument is node 0's campaign directory")
     for d in node_dirs:
-        if not d.is_dir():
+        if not d.is_dir() or d.is_symlink():
             problems.append(f"{d}: not a directory; pass each node's --out directory")
+        elif not any(ENV_NODE_PATTERN.match(p.name) for p in d.iterdir()):
+            problems.append(f"{d}: not a node's campaign directory (no env_node<K>.json, which `runner all --nnodes` "
+                            "writes on every node); pass each node's --out directory")
     if problems:
         raise ConfigError("\n".join(problems))
+    meta = _load(campaign_dir / "campaign.json") or {}
+    runs = {str(n) for n in meta.get("runs", []) if isinstance(n, str)}
     plan: list[tuple[Path, Path]] = []
     planned: dict[Path, Path] = {}
     for d in node_dirs:
-        for src in sorted(p for p in d.rglob("*") if p.is_file()):
-            rel = src.relative_to(d)
-            if rel.name.endswith(".tmp") or rel.name.startswith(".runner") or (len(rel.parts) == 1 and rel.name in NODE0_FILES) or rel.parts[0] == "report":
-                continue
+        for src, rel in _node_files(d, runs, problems):
             dst = campaign_dir / rel
             if rel in planned:
                 if not filecmp.cmp(planned[rel], src, shallow=False):
@@ -196,9 +201,40 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
         with src.open("rb") as f, atomic_writer(dst) as out:
             shutil.copyfileobj(f, out, 1 << 20)
         shutil.copystat(src, dst)
-    meta = _load(campaign_dir / "campaign.json") or {}
     refresh_env_record(campaign_dir, [str(n) for n in meta.get("runs", [])])
     return [dst.relative_to(campaign_dir) for _, dst in plan]
+
+
+def _node_files(node_dir: Path, runs: set[str], problems: list[str]) -> list[tuple[Path, Path]]:
+    """(path, path relative to node_dir) of the files a node's directory is expected to hold: its
+    env_node<K>.json, logs/, and the folders of the campaign's runs (``runs``), regular files only,
+    walked without following symlinks. A symlink anywhere is a problem naming it (it could point
+    anywhere: /etc/shadow); other special files (FIFOs) and anything else are left out."""
+    out = []
+    for top, dirs, files in os.walk(node_dir):  # os.walk never descends into a symlinked folder
+        here = Path(top)
+        rel_top = here.relative_to(node_dir)
+        if rel_top.parts and rel_top.parts[0] not in runs and rel_top.parts[0] != "logs":
+            dirs.clear()
+            continue
+        for name in sorted(dirs + files):
+            path = here / name
+            rel = path.relative_to(node_dir)
+            if path.is_symlink():
+                problems.append(f"{path}: a symbolic link (to {os.readlink(path)}); a node's files are never links, "
+                                "remove it")
+            elif name in files and path.is_file() and _expected_node_file(rel, runs):
+                out.append((path, rel))
+        dirs[:] = sorted(n for n in dirs if not (here / n).is_symlink())
+    return out
+
+
+def _expected_node_file(rel: Path, runs: set[str]) -> bool:
+    if rel.name.endswith(".tmp") or rel.name.startswith("."):
+        return False
+    if len(rel.parts) == 1:
+        return bool(ENV_NODE_PATTERN.match(rel.name))
+    return rel.parts[0] in runs or rel.parts[0] == "logs"
 
 
 def placement_record(*, run: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:

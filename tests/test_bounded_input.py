@@ -112,3 +112,111 @@ def test_plan_refuses_numbers_past_any_model_or_machine():
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--global-batch 99999999999: must be in" in res.stderr and "--tokens nan" in res.stderr
     assert "--top 0" in res.stderr
+
+
+# ---- 2. paths that leave
+
+def _node_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """Node 0's campaign (the synthetic one) and node 1's folder holding its env and a rank's metrics."""
+    node0 = write_synthetic_campaign(tmp_path / "node0")
+    node1 = tmp_path / "node1"
+    (node1 / "ddp" / "metrics").mkdir(parents=True)
+    (node1 / "env_node1.json").write_text('{"schema_version": 1, "node_rank": 1}\n')
+    (node1 / "ddp" / "metrics" / "rank5.jsonl").write_text((node0 / "ddp" / "metrics" / "rank0.jsonl").read_text())
+    return node0, node1
+
+
+def test_collect_refuses_symlinks_and_folders_that_are_not_a_nodes(tmp_path):
+    node0, node1 = _node_dirs(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret\n")
+    os.symlink(secret, node1 / "ddp" / "metrics" / "rank6.jsonl")
+    os.symlink(tmp_path, node1 / "ddp" / "logs")
+    before = sorted(p.relative_to(node0) for p in node0.rglob("*"))
+    res = _cli("runner.cli", "collect", str(node0), str(node1))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "refusing to merge (nothing was copied)" in res.stderr
+    assert f"{node1 / 'ddp' / 'metrics' / 'rank6.jsonl'}: a symbolic link" in res.stderr
+    assert f"{node1 / 'ddp' / 'logs'}: a symbolic link" in res.stderr
+    for stranger in ("/etc", str(tmp_path / "node0" / "ddp")):
+        _one_error_line(_cli("runner.cli", "collect", str(node0), stranger), "not a node's campaign directory")
+    assert sorted(p.relative_to(node0) for p in node0.rglob("*")) == before  # nothing copied
+    (node1 / "ddp" / "metrics" / "rank6.jsonl").unlink()
+    (node1 / "ddp" / "logs").unlink()
+    (node1 / "notes.txt").write_text("not a node's file\n")
+    (node1 / "elsewhere").mkdir()
+    (node1 / "elsewhere" / "x.json").write_text("{}")
+    res = _cli("runner.cli", "collect", str(node0), str(node1))
+    assert res.returncode == 0 and "collected 2 file(s)" in res.stdout, (res.stdout, res.stderr)
+    assert (node0 / "ddp" / "metrics" / "rank5.jsonl").is_file() and not (node0 / "notes.txt").exists()
+    assert not (node0 / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("link", ["run", "spec.json", "status.json"])
+def test_run_folder_or_record_linked_outside_the_campaign_is_refused(tmp_path, link):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    meta = json.loads((camp / "campaign.json").read_text())
+    meta["supervision"] = {"run_timeout_s": 60, "stall_timeout_s": 30, "startup_timeout_s": 30}
+    (camp / "campaign.json").write_text(json.dumps(meta))
+    outside = tmp_path / "elsewhere"
+    (camp / "ddp").rename(outside)
+    if link == "run":
+        os.symlink(outside, camp / "ddp")
+        named = camp / "ddp"
+    else:
+        (camp / "ddp").mkdir()
+        for p in outside.iterdir():
+            os.rename(p, camp / "ddp" / p.name)
+        os.rename(camp / "ddp" / link, outside / link)
+        os.symlink(outside / link, camp / "ddp" / link)
+        named = camp / "ddp" / link
+    before = sorted(str(p) for p in outside.rglob("*"))
+    for res in (_cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), "--format", "md", timeout=300),
+                _cli("runner.cli", "all", "--resume", str(camp), timeout=120)):
+        _one_error_line(res, f"{named}: resolves to", "outside the campaign")
+    assert sorted(str(p) for p in outside.rglob("*")) == before  # nothing written there
+
+
+def test_report_out_must_be_a_note_folder_and_builds_swap_whole(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "note.md").write_text("my own notes\n")
+    res = _cli("report.cli", "build", str(camp), "--out", str(mine), "--format", "md", timeout=300)
+    _one_error_line(res, f"{mine}: a folder this tool did not make", "choose a new or empty --out")
+    assert (mine / "note.md").read_text() == "my own notes\n"
+    out = tmp_path / "out"
+    res = _cli("report.cli", "build", str(camp), "--out", str(out), "--format", "md,html", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in out.iterdir()} == {".report-note", "summary.json", "note.md", "note.html", "figures"}
+    # a second build into it replaces the whole set: the html of the first is not left beside the new md
+    res = _cli("report.cli", "build", str(camp), "--out", str(out), "--format", "md", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in out.iterdir()} == {".report-note", "summary.json", "note.md", "figures"}
+
+
+def test_concurrent_and_stopped_builds_never_mix_two_notes(tmp_path):
+    import fcntl
+    import signal
+    import time
+
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    out = tmp_path / "out"
+    assert _cli("report.cli", "build", str(camp), "--out", str(out), "--format", "md", timeout=300).returncode == 0
+    first = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with open(out / ".report-note") as lock:  # a build of another campaign holds --out
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _one_error_line(_cli("report.cli", "build", str(camp), "--out", str(out), "--format", "md", timeout=300),
+                        f"{out}: another process is writing it now")
+    proc = subprocess.Popen([sys.executable, "-m", "report.cli", "build", str(camp), "--out", str(out), "--format",
+                             "md,html"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # loading: the new set is not swapped in yet
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    if proc.returncode == 0:  # it finished first: the new set whole
+        assert "note.html" in after
+    else:
+        assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+        assert after == first  # the previous set whole
+    assert not list(out.glob(".stage-*"))
