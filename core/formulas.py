@@ -61,11 +61,21 @@ class ModelShape:
         return self.num_kv_heads * self.head_dim
 
 
+# The largest value of each model-shape field a planned or launched model may have: past anything
+# built or published (Llama 3 405B: 126 layers, hidden 16384, 128 heads, vocab 128k), far enough
+# for what-ifs, and small enough that every formula and the planner's layout search answer in
+# seconds. With the sequence length and the global batch (sequences per step): the one home of
+# these bounds for `runner plan` and the matrix.
+SHAPE_MAX = {"num_layers": 4096, "hidden_size": 1 << 20, "num_heads": 1 << 14, "num_kv_heads": 1 << 14,
+             "ffn_hidden_size": 1 << 22, "vocab_size": 1 << 24, "num_experts": 1 << 14, "moe_top_k": 1 << 14}
+MAX_SEQ_LENGTH = 1 << 24
+MAX_GLOBAL_BATCH_SIZE = 1 << 22
+
+
 def check_shape(shape: ModelShape) -> None:
-    """Raise ConfigError naming every field that makes the shape impossible."""
-    problems = [f"{k} must be >= 1, got {getattr(shape, k)}" for k in
-                ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
-                 "num_experts", "moe_top_k") if getattr(shape, k) < 1]
+    """Raise ConfigError naming every field that makes the shape impossible (< 1, or past SHAPE_MAX)."""
+    problems = [f"{k} must be in 1..{most}, got {getattr(shape, k)}" for k, most in SHAPE_MAX.items()
+                if not 1 <= getattr(shape, k) <= most]
     if not problems:
         if shape.hidden_size % shape.num_heads:
             problems.append(f"--hidden {shape.hidden_size} is not divisible by --heads {shape.num_heads}")

@@ -351,10 +351,27 @@ _NON_NEGATIVE_FIELDS = ("step", "tokens", "lr", "data_wait_s", "wall_time_s", "m
                         "mem_peak_reserved_gib", "step_entry_time_s")
 
 
+# Physical bounds of a metrics row: past them a value is a corrupt or forged file, not a
+# measurement. A step takes >= 1 us (a kernel launch) and < 1e6 s (11 days); a step reads < 2^40
+# tokens (the largest published global batches are ~2^24); no device holds 4 TiB; a rank's
+# clock (wall_time_s, data_wait_s, step_entry_time_s -- the last is Unix time, ~1.8e9 s in 2026)
+# stays under 1e10 s (the year 2286); < 1e12
+# tokens/s per row (a 100,000-GPU cluster at 10M tokens/s each).
+STEP_TIME_RANGE_S = (1e-6, 1e6)
+MAX_STEP_TOKENS = 1 << 40
+MAX_MEM_PEAK_GIB = 4096.0
+MAX_CLOCK_S = 1e10
+MAX_TOKENS_PER_S = 1e12
+_UPPER_BOUNDS = {"tokens": MAX_STEP_TOKENS, "mem_peak_allocated_gib": MAX_MEM_PEAK_GIB,
+                 "mem_peak_reserved_gib": MAX_MEM_PEAK_GIB, "wall_time_s": MAX_CLOCK_S, "data_wait_s": MAX_CLOCK_S,
+                 "step_entry_time_s": MAX_CLOCK_S}
+
+
 def step_row_problem(row: dict[str, Any]) -> str | None:
     """Why a metrics row (type-checked StepRow fields) holds an impossible number, or None.
-    Checks: step_time_s finite and > 0; the counters, times and memory finite and >= 0; loss
-    and grad_norm not negative; rank >= 0; an integer fits int64 (the tables' column type)."""
+    Checks: step_time_s finite and within STEP_TIME_RANGE_S; the counters, times and memory
+    finite, >= 0 and within _UPPER_BOUNDS; tokens / step_time_s <= MAX_TOKENS_PER_S; loss and
+    grad_norm not negative; rank >= 0; an integer fits int64 (the tables' column type)."""
     import math
 
     def bad(v: Any, *, positive: bool = False, finite: bool = True) -> bool:
@@ -367,8 +384,15 @@ def step_row_problem(row: dict[str, Any]) -> str | None:
         return v <= 0 if positive else v < 0
 
     out = [f"{k} {row[k]!r}" for k in _NON_NEGATIVE_FIELDS if k in row and bad(row[k])]
-    if bad(row.get("step_time_s"), positive=True):
-        out.insert(0, f"step_time_s {row['step_time_s']!r}")
+    out += [f"{k} {row[k]!r} (> {most:g})" for k, most in _UPPER_BOUNDS.items()
+            if row.get(k) is not None and f"{k} {row[k]!r}" not in out and row[k] > most]
+    step_s = row.get("step_time_s")
+    if bad(step_s, positive=True):
+        out.insert(0, f"step_time_s {step_s!r}")
+    elif step_s is not None and not STEP_TIME_RANGE_S[0] <= step_s <= STEP_TIME_RANGE_S[1]:
+        out.insert(0, f"step_time_s {step_s!r} (outside {STEP_TIME_RANGE_S[0]:g}..{STEP_TIME_RANGE_S[1]:g} s)")
+    elif not out and isinstance(row.get("tokens"), int) and row["tokens"] / step_s > MAX_TOKENS_PER_S:
+        out.append(f"tokens/step_time_s {row['tokens'] / step_s:.3g} (> {MAX_TOKENS_PER_S:g} tokens/s)")
     out += [f"{k} {row[k]!r}" for k in ("loss", "grad_norm") if bad(row.get(k), finite=False)]
     if bad(row.get("rank")):
         out.append(f"rank {row['rank']!r}")
@@ -480,6 +504,8 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
         problems.append(f"{root / 'env.json'} is missing: the environment section is empty")
     names = campaign.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
     bad_names = [p for n in names if (p := run_name_problem(n))]
+    twice = sorted({str(n) for n in names if names.count(n) > 1}) if not bad_names else []
+    bad_names += [f"run name {n!r} is listed twice (a run would be compared with itself)" for n in twice[:3]]
     if bad_names:  # a name is a path under the campaign: '../x' or '/etc' would read outside it
         raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad_names[:3])}; the campaign is damaged or not ours")
     rows, steps = [], []

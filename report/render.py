@@ -38,7 +38,8 @@ _PREFIXES = {-4: "p", -3: "n", -2: "µ", -1: "m", 0: "", 1: "k", 2: "M", 3: "G",
 
 
 def _missing(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
+    """None, NaN or +-inf: printed 'n/a' by every filter (a diverged loss of inf has no digits)."""
+    return x is None or (isinstance(x, float) and not math.isfinite(x))
 
 
 EN = load_language(DEFAULT_LANGUAGE)

@@ -23,8 +23,9 @@ VERSION_KEYS = ("torch", "cuda", "nccl", "deepspeed", "megatron_core")
 
 
 def _num(x: Any) -> Any:
-    """NaN -> None (JSON has no NaN); everything else unchanged."""
-    return None if isinstance(x, float) and math.isnan(x) else x
+    """NaN and +-inf -> None (JSON has neither: a diverged loss of inf is "n/a" here, as in the
+    note); everything else unchanged."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def _jsonable(x: Any) -> Any:

@@ -62,6 +62,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from core.errors import ConfigError
+from core.formulas import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, SHAPE_MAX
 from core.records import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
 from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import fault_problems
@@ -109,7 +110,15 @@ FIXED_LIMITS = {
     "adam_beta1": ("< 1", lambda v: v < 1), "adam_beta2": ("< 1", lambda v: v < 1),
     **{k: (f"<= {MAX_STEPS}", lambda v: v <= MAX_STEPS)
        for k in ("steps", "warmup_steps", "lr_warmup_steps", "profile_start_step", "profile_num_steps")},
+    # the model and the batch: core.formulas' bounds (what any machine could run)
+    **{k: (f"<= {most}", lambda v, most=most: v <= most)
+       for k, most in (*((k, SHAPE_MAX[k]) for k in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                                                      "vocab_size")),
+                       ("seq_length", MAX_SEQ_LENGTH), ("global_batch_size", MAX_GLOBAL_BATCH_SIZE))},
 }
+# Processes one CPU campaign may start per run (gloo ranks, each a Python process with the
+# model): past it a typo (world_size = 1e9), not an oversubscribed run the note can caveat
+MAX_CPU_WORLD_SIZE = 1024
 DEFAULT_PROFILE_NUM_STEPS = 8  # traced steps per run; one warm-up step precedes them
 MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
 # the run's last steps, replayed through a bare loop after the run to price the instrumentation
@@ -506,6 +515,9 @@ def resolve_matrix(
             continue
         if device == "cuda" and world > num_gpus:
             problems.append(f"{where}: world_size {world} exceeds the {num_gpus} GPU(s) found")
+        elif device == "cpu" and world > MAX_CPU_WORLD_SIZE:
+            problems.append(f"{where}: world_size {world} exceeds {MAX_CPU_WORLD_SIZE} processes, the most a CPU "
+                            "campaign starts; use a smaller world_size")
         if world % (tp * pp):
             problems.append(
                 f"{where}: tp_degree {tp} x pp_degree {pp} does not divide world_size {world}; "

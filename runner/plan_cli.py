@@ -21,7 +21,7 @@ from core.perfmodel import build_comm_model, load_assumptions, load_links
 from runner.plan import NoFitError, PlanRequest, build_plan, plan_to_dict, render_plan_text
 from runner.presets import PRESETS
 from runner.shapes import SHAPES, lookup_shape
-from core.formulas import ModelShape, check_shape
+from core.formulas import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, SHAPE_MAX, ModelShape, check_shape
 
 INTER_NODE = {"ib": "ib_ndr", "roce": "roce_400", "eth": "eth_100"}
 SHAPE_FLAGS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_kv_heads",
@@ -146,13 +146,12 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         num_tokens=args.tokens, mfu=args.mfu)
 
 
-# The largest value each integer flag may take: past anything built or published (405B: 126
-# layers, hidden 16384, 128 heads, vocab 128k, 16k GPUs), far enough for what-ifs, and small
-# enough that the layout search (divisors of layers, batch and GPUs) answers in seconds.
-INT_FLAG_MAX = {"layers": 4096, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "ffn": 1 << 22,
-                "vocab": 1 << 24, "moe_experts": 1 << 14, "moe_top_k": 1 << 14, "seq": 1 << 24, "global_batch": 1 << 22,
-                "gpus": 1 << 20, "gpus_per_node": 1024, "tp": 1 << 20, "pp": 4096, "cp": 1 << 20, "ep": 1 << 14,
-                "top": 10_000}
+# The largest value each integer flag may take: the model's from core.formulas.SHAPE_MAX, a
+# million GPUs (16k trained 405B); small enough that the layout search (divisors of layers,
+# batch and GPUs) answers in seconds.
+INT_FLAG_MAX = {**{flag: SHAPE_MAX[field] for flag, field in SHAPE_FLAGS.items()}, "seq": MAX_SEQ_LENGTH,
+                "global_batch": MAX_GLOBAL_BATCH_SIZE, "gpus": 1 << 20, "gpus_per_node": 1024, "tp": 1 << 20,
+                "pp": SHAPE_MAX["num_layers"], "cp": 1 << 20, "ep": SHAPE_MAX["num_experts"], "top": 10_000}
 # float flags: (lowest, highest) allowed, both inclusive; NaN and infinities never
 FLOAT_FLAG_RANGE = {"tokens": (1.0, 1e18), "gpu_memory_gib": (1e-3, 1e6)}
 

@@ -220,3 +220,49 @@ def test_concurrent_and_stopped_builds_never_mix_two_notes(tmp_path):
         assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
         assert after == first  # the previous set whole
     assert not list(out.glob(".stage-*"))
+
+
+# ---- 3. impossible numbers
+
+def test_impossible_numbers_become_caveats_and_na_never_an_internal_error(tmp_path):
+    import re
+
+    camp = write_synthetic_campaign(tmp_path / "camp", device_name="NVIDIA H200")
+    planted = {"ddp": {"step_time_s": 5e-324}, "zero3": {"tokens": 2**63 - 1, "mem_peak_allocated_gib": 1e308}}
+    for run, fields in planted.items():
+        path = camp / run / "metrics" / "rank0.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        rows = [dict(r, **fields) if r["step"] >= 4 else r for r in rows]
+        rows[-1]["loss"] = float("inf")  # json.dumps writes Infinity: a diverged loss
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), "--format", "md,html", timeout=300)
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert "ddp/metrics/rank0.jsonl: 8 row(s) dropped: 8 impossible values (line 5: step_time_s 5e-324 (outside" in note
+    assert "zero3/metrics/rank0.jsonl: 8 row(s) dropped: 8 impossible values (line 5: tokens 9223372036854775807" in note
+    assert not re.search(r"\d{16}", note.split("## Appendix")[0].replace("9223372036854775807", ""))
+    assert not re.search(r"\d [EPZ]\b", note)  # no exa-, peta-, zetta- figure (49.1 E tokens/s)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert summary["runs"]
+
+
+def test_duplicate_run_names_and_impossible_world_sizes_are_refused(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    meta = json.loads((camp / "campaign.json").read_text())
+    meta["runs"] = ["ddp", "zero3", "ddp"]
+    (camp / "campaign.json").write_text(json.dumps(meta))
+    _one_error_line(_cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), timeout=300),
+                    "run name 'ddp' is listed twice")
+    matrix = tmp_path / "m.toml"
+    matrix.write_text('[campaign]\nname = "x"\npreset = "tiny"\n[[runs]]\nname = "a"\nstrategy = "ddp"\n'
+                      "world_size = 1000000000\n")
+    res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "0")
+    assert res.returncode == 2 and "world_size 1000000000 exceeds 1024 processes" in res.stderr, res.stderr
+    res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "1")
+    assert res.returncode == 2 and "world_size 1000000000 exceeds the 1 GPU(s) found" in res.stderr, res.stderr
+    matrix.write_text('[campaign]\nname = "x"\npreset = "tiny"\n[fixed]\nglobal_batch_size = 1000000000\n'
+                      '[[runs]]\nname = "a"\nstrategy = "ddp"\n')
+    res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "0")
+    assert res.returncode == 2 and "global_batch_size must be <= 4194304, got 1000000000" in res.stderr
+    assert "Traceback" not in res.stderr
