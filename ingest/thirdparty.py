@@ -134,6 +134,9 @@ def find_artifacts(paths: list[str]) -> list[Path]:
                               and f.suffix not in (".parquet", ".pdf", ".html", ".png", ".svg")))  # .gz: read decompressed
         elif p.is_file():
             out.append(p)
+        elif p.exists() or p.is_symlink():  # a FIFO, a device, a socket, a dangling or looping link
+            raise NoDataError(f"{p}: not a regular file or folder (a FIFO, a device or a broken link); it is not "
+                              "read (a FIFO would wait for a writer); pass log files or folders of them")
         else:
             raise NoDataError(f"{p}: no such file or directory; pass log files or folders of them")
     if not out:

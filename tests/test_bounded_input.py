@@ -266,3 +266,35 @@ def test_duplicate_run_names_and_impossible_world_sizes_are_refused(tmp_path):
     res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "0")
     assert res.returncode == 2 and "global_batch_size must be <= 4194304, got 1000000000" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# ---- 4. tracebacks and hangs
+
+def test_deep_nesting_is_one_line_not_a_traceback(tmp_path):
+    matrix = tmp_path / "deep.toml"
+    matrix.write_text('[campaign]\nname = "x"\nz = ' + "[" * 50_000 + "]" * 50_000 + "\n")
+    for cmd in (["all", "--matrix", str(matrix), "--dry-run"],
+                ["slurm", "--nodes", "1", "--gpus-per-node", "1", "--matrix", str(matrix), "--dry-run"]):
+        _one_error_line(_cli("runner.cli", *cmd), f"{matrix}: TOML nested too deeply")
+    jsonl = tmp_path / "deep.jsonl"
+    jsonl.write_text('{"text": "ok"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    _one_error_line(_cli("runner.cli", "prepare-data", str(jsonl), "--out", str(tmp_path / "c")),
+                    f"{jsonl}:2: JSON nested too deeply")
+
+
+def test_symlink_loop_at_a_metrics_file_and_fifo_inputs(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    metrics = camp / "ddp" / "metrics"
+    (metrics / "rank1.jsonl").unlink()
+    os.symlink("rank1.jsonl", metrics / "rank1.jsonl")  # points at itself
+    assert _cli("runner.cli", "status", str(camp)).returncode == 0
+    res = _cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), "--format", "md", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "ddp/metrics/rank1.jsonl: a symlink loop; not read" in (tmp_path / "out" / "note.md").read_text()
+    res = _cli("ingest.cli", str(camp), "--out", str(tmp_path / "tables"))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    fifo = tmp_path / "input.log"
+    os.mkfifo(fifo)
+    _one_error_line(_cli("ingest.cli", str(fifo), "--out", str(tmp_path / "t2")), f"{fifo}: not a regular file")
+    _one_error_line(_cli("runner.cli", "prepare-data", str(fifo), "--out", str(tmp_path / "c")),
+                    f"{fifo}: cannot read (not a regular file (a FIFO))")
