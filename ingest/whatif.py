@@ -13,7 +13,7 @@ to what a Kineto trace records):
   latency); it lasts what it measured. A wait ends when its collective ends.
 * A collective starts on each rank at the point of that rank's chain where it started in the
   trace (mapped through the replayed chain), not before its host launch and not before the
-  previous collective of its process group on that rank ended; it ends on all its ranks when the
+  previous collective of its process group on that rank ended (when the trace names the group); it ends on all its ranks when the
   last one has started plus its transfer time (the shortest duration across its ranks: the rank
   that arrived last waited for nobody, as in ingest.attribution).
 * GPU hosts run ahead of their device except at host calls that wait for it (cuda*Synchronize):
@@ -46,6 +46,7 @@ from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, WhatIfRow
 from ingest.traces import NO_LAUNCH, WORK_CATS, RankTimeline, _measure
 
 _NEG = -(1 << 62)
+UNNAMED_GROUPS = frozenset({"gloo", "?"})  # ingest.traces' group names when the trace does not say
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +72,7 @@ class _Graph:
                  transfer_zero: bool):
         self.gid = {r: [-1] * tl.coll_end.size for r, tl in timelines.items()}
         self.size, self.transfer, self.starts, self.end = [], [], [], []
+        self.num_forced = 0
         for members in keys.values():
             g = len(self.size)
             durs = [int(timelines[r].coll_end[i] - timelines[r].coll_start[i]) for r, i in members.items()]
@@ -83,8 +85,14 @@ class _Graph:
 
     def arrive(self, g: int, rank: int, t: int) -> None:
         self.starts[g][rank] = t
-        if len(self.starts[g]) == self.size[g]:
+        if len(self.starts[g]) == self.size[g] and self.end[g] is None:
             self.end[g] = max(self.starts[g].values()) + self.transfer[g]
+
+    def force(self, g: int, t: int) -> None:
+        """End collective g with the ranks that have arrived (at least at t): its members'
+        traces give it in another order, so the others would never meet it."""
+        self.end[g] = max([t, *self.starts[g].values()]) + self.transfer[g]
+        self.num_forced += 1
 
 
 class _Rank:
@@ -116,6 +124,7 @@ class _Rank:
         self.end2: list[int | None] = [None] * len(self.s)
         self.delta, self.cut_at_sync = 0, 0
         self.group_last: dict[str, int] = {}
+        self.waiting_on: tuple[int, int] | None = None  # (collective, replayed time) this rank stalled on
         events = [(t, 0, k) for k, t in enumerate(self.s)] + [(t, 1, q) for q, t in enumerate(self.cs)]
         events += [(t, 2, j) for j, t in enumerate(self.se)]
         events.sort()
@@ -142,6 +151,7 @@ class _Rank:
                 g = self.graph.gid[self.r][q]
                 end = self.graph.end[g]
                 if end is None:
+                    self.waiting_on = (g, self.start2[k])
                     raise _Stall
                 self.end2[k] = max(self.start2[k], end + (self.e[k] - self.ce[q]))
         return self.end2[k]
@@ -164,9 +174,12 @@ class _Rank:
         elif what == 1:
             g = self.graph.gid[self.r][k]
             group = self.cgroup[k]
-            prev = self.group_last.get(group)
+            # one stream per process group serialises its collectives; a placeholder name (gloo
+            # ranges, kernels without their group) says nothing about which group ran them
+            prev = self.group_last.get(group) if group not in UNNAMED_GROUPS else None
             prev_end = self.graph.end[prev] if prev is not None else _NEG
             if prev_end is None:
+                self.waiting_on = (prev, self._anchor(self.cs[k]))
                 raise _Stall
             at = self._anchor(self.cs[k])
             launch = self.claunch[k]
@@ -219,10 +232,13 @@ def offsets_ns(timelines: Mapping[int, RankTimeline], keys: Mapping[tuple, Mappi
 
 
 def replay_step_s(timelines: Mapping[int, RankTimeline], keys: Mapping[tuple, Mapping[int, int]],
-                  offsets: Mapping[int, int], sc: Scenario) -> float | None:
-    """The mean step (s) over the ranks of the chains replayed under ``sc``: each rank's window
-    replayed end minus its start, over its number of steps. None when the replay cannot finish
-    (a rank waits for a collective another rank never reaches: collectives matched wrongly)."""
+                  offsets: Mapping[int, int], sc: Scenario) -> tuple[float | None, int]:
+    """The mean step (s) over the ranks of the chains replayed under ``sc`` (each rank's window
+    replayed end minus its start, over its number of steps), and how many collectives had to be
+    ended without all their ranks: when every rank waits for a collective another rank reaches
+    only after one it waits for itself (the traces give their collectives in different orders,
+    e.g. gloo ranges of several process groups that share one name), the earliest such
+    collective ends with the ranks that have arrived. (None, n) when nothing is left to replay."""
     graph = _Graph(timelines, keys, sc.transfer_zero)
     ranks = {r: _Rank(r, tl, offsets[r], sc, graph) for r, tl in timelines.items()}
     pending = set(ranks)
@@ -231,11 +247,16 @@ def replay_step_s(timelines: Mapping[int, RankTimeline], keys: Mapping[tuple, Ma
         for r in sorted(pending):
             if ranks[r].done():
                 pending.discard(r)
-        if (sum(ranks[r].ptr for r in pending), len(pending)) == before:
-            return None
+        if pending and (sum(ranks[r].ptr for r in pending), len(pending)) == before:
+            stalled = [ranks[r].waiting_on for r in sorted(pending) if ranks[r].waiting_on is not None]
+            open_ = [(t, g) for g, t in stalled if graph.end[g] is None]
+            if not open_:
+                return None, graph.num_forced
+            t, g = min(open_)
+            graph.force(g, t)
     per_rank = [(st.end2[-1] - st.start2[0]) / max(tl.steps.size, 1) for st, tl in
                 ((ranks[r], timelines[r]) for r in ranks) if st.s]
-    return float(np.mean(per_rank)) / 1e9 if per_rank else None
+    return (float(np.mean(per_rank)) / 1e9 if per_rank else None), graph.num_forced
 
 
 def _work_without(tl: RankTimeline, cat: str, scale: np.ndarray | None = None) -> np.ndarray:
@@ -353,14 +374,18 @@ def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[Attribu
         keys = {k: {r: i for r, i in m.items() if r in ranks} for k, m in keys.items()}
         keys = {k: m for k, m in keys.items() if m}
         offsets = offsets_ns(ranks, keys)
-        base = replay_step_s(ranks, keys, offsets, Scenario())
+        base, forced = replay_step_s(ranks, keys, offsets, Scenario())
         if base is None:
             warnings.append("the what-if replay could not finish (a rank waits for a collective another rank never "
                             "reaches in the trace); savings are not given")
         else:
+            if forced:
+                warnings.append(f"what-if replay: {forced} of {len(keys)} collectives appear in a different order on "
+                                "different ranks (several process groups under one name?); each ended with the ranks "
+                                "that had arrived, so waits around them are approximate")
             for cat, sc in (("transfer", Scenario(transfer_zero=True)), ("launch_gaps", _gaps_scenario(ranks)),
                             ("data_stall", _data_scenario(ranks)), ("skew_wait", _skew_scenario(ranks))):
-                step = replay_step_s(ranks, keys, offsets, sc)
+                step, _ = replay_step_s(ranks, keys, offsets, sc)
                 savings[cat] = base - step if step is not None else None
     method = {c: "replay" for c in savings}
     for cat, saving in _pipeline_savings(rows, pp_degree=pp_degree, num_microbatches=num_microbatches).items():

@@ -275,6 +275,10 @@ class PlantCheck:
     # what the plant measurably cost (the planted run's median step minus the reference's)
     saving_ms: float | None = None
     cost_ms: float | None = None
+    # cost_ms at equal kernels: plus how much faster the planted run's kernels ran than the
+    # reference's (traced compute; a GPU with idle gaps clocks higher), which the replay keeps
+    # fixed; saving_error is against it (0 for a compute plant: its kernels are the plant)
+    kernel_drift_ms: float | None = None
     saving_error: float | None = None
     truth: str = ""  # where planted_ms comes from (the matrix, plant_truth.json, the even split)
 
@@ -728,7 +732,9 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
     recovered = the category's ms in the traced steps minus that of the unplanted run of the
     same strategy, engine and degrees (no reference: the category's ms); traced, not rescaled (a
     planted delay is a fixed time per step). saving: the category's what-if saving minus the
-    reference's, against cost: the planted run's median (unprofiled) step minus the reference's."""
+    reference's, against cost: the planted run's median (unprofiled) step minus the reference's,
+    taken at equal kernels (kernel_drift_ms: the reference's traced compute minus the planted
+    run's; the replay holds kernel durations fixed)."""
     def layout(name: str) -> tuple | None:
         spec = by_name[name].spec if name in by_name else None
         return (spec.strategy, spec.engine, spec.world_size, spec.tp_degree, spec.pp_degree, spec.dp_degree,
@@ -756,7 +762,8 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
             predicted = ev.predict_stage_imbalance(even, a.plant["pp_layers"]) if even else None
             if predicted is not None:
                 causes.append(("pp_layers", predicted * 1e3, "imbalance", None, "even split's per-layer cost"))
-        if a.plant.get("extra_collective_bytes") and truth is not None and truth.extra_collective_s:
+        if (a.plant.get("extra_collective_bytes") and truth is not None and truth.extra_collective_s
+                and int(world_size or 1) > 1):  # on one rank an all-reduce moves nothing: nothing to find
             causes.append(("extra_collective_bytes", truth.extra_collective_s * 1e3, "transfer", None,
                            "plant_truth.json"))
         if a.plant.get("extra_matmul_gflop") and truth is not None and truth.extra_matmul_s:
@@ -770,13 +777,15 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
             saving = saved - (ref_saved or 0.0) if saved is not None else None
             cost = ((median[name] - median[ref]) * 1e3 if ref and median.get(name) is not None
                     and median.get(ref) is not None else None)
+            drift = (att[ref].traced_ms["compute"] - a.traced_ms["compute"]) if ref and cat != "compute" else 0.0
+            equal = cost + drift if cost is not None else None
             out.append(PlantCheck(run=name, cause=cause, planted_ms=planted, category=cat,
                                   reference=ref if cause != "pp_layers" else None, recovered_ms=recovered,
                                   error=recovered / planted - 1 if recovered is not None and planted > 0 else None,
                                   rank=rank, straggler_rank=(a.straggler["rank"] if a.straggler and a.straggler["named"]
                                                              else None),
-                                  saving_ms=saving, cost_ms=cost,
-                                  saving_error=saving / cost - 1 if saving is not None and cost and cost > 0 else None,
+                                  saving_ms=saving, cost_ms=cost, kernel_drift_ms=drift,
+                                  saving_error=saving / equal - 1 if saving is not None and equal and equal > 0 else None,
                                   truth=source))
     return out
 

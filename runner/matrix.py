@@ -195,7 +195,8 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
     host_delay_rank must lie in [0, world_size) (default 0, only with host_delay_ms); pp_layers
     needs pp_degree > 1, one entry >= 1 per stage, summing to num_layers, and the one-chunk-per-rank
     1F1B schedule (``schedule``: the run's resolved options.schedule, None where there is none);
-    extra_collective_bytes must be an integer > 0 and a multiple of 4 (fp32 elements);
+    extra_collective_bytes must be an integer > 0 and a multiple of 4 (fp32 elements), in a run of
+    world_size >= 2;
     extra_matmul_gflop a finite number > 0."""
     where = f"{where} plant"
     if raw is None:
@@ -234,6 +235,9 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
     if coll is not None and (isinstance(coll, bool) or not isinstance(coll, int) or coll <= 0 or coll % 4):
         problems.append(f"{where} extra_collective_bytes must be a positive multiple of 4 (bytes of an fp32 tensor),"
                         f" got {coll!r}")
+    elif coll is not None and world_size < 2:
+        problems.append(f"{where} extra_collective_bytes needs world_size >= 2: an all-reduce on one rank moves "
+                        "nothing (NCCL returns at once); plant it in a run of two or more ranks")
     gflop = raw.get("extra_matmul_gflop")
     if gflop is not None and (isinstance(gflop, bool) or not isinstance(gflop, (int, float))
                               or not math.isfinite(gflop) or gflop <= 0):

@@ -66,6 +66,8 @@ def _pp2(plant) -> dict:
     (_ddp({"extra_collective_bytes": -8}), "plant extra_collective_bytes must be a positive multiple of 4"),
     (_ddp({"extra_collective_bytes": 4096.0}), "plant extra_collective_bytes must be a positive multiple of 4"),
     (_ddp({"extra_collective_bytes": True}), "plant extra_collective_bytes must be a positive multiple of 4"),
+    (_ddp({"extra_collective_bytes": 4096}) | {"world_size": 1},
+     "plant extra_collective_bytes needs world_size >= 2: an all-reduce on one rank moves nothing"),
     (_ddp({"extra_matmul_gflop": 0}), "plant extra_matmul_gflop must be a finite number of GFLOP > 0, got 0"),
     (_ddp({"extra_matmul_gflop": float("nan")}), "plant extra_matmul_gflop must be a finite number of GFLOP > 0"),
     (_ddp({"extra_matmul_gflop": "2"}), "plant extra_matmul_gflop must be a finite number of GFLOP > 0, got '2'"),
