@@ -32,6 +32,7 @@ from ingest.parsers import HEAD_CHARS, ParseResult, detect_kind
 from ingest.parsers.dispatch import PARSED_KINDS, WHOLE_TEXT_KINDS, parse_text
 from ingest.topology import summarize_nccl_topology
 from core.records import SCHEMA_VERSION
+from core.redact import redact_text, redact_value
 
 TABLES = ("steps", "memory", "timers", "comm_topology", "collectives", "events", "env", "kernels", "stacks",
           "flops_profile", "autotuning")
@@ -249,10 +250,14 @@ def build_tables(files: list[IngestedFile]) -> dict[str, pd.DataFrame]:
         for table, packed in f.tables.items():
             parts.setdefault(table, []).append((Path(f.path).stem, packed))
     tables = {name: _table(p) for name, p in parts.items() if p}
+    if "env" in tables:  # environment dumps carry values as recorded: credentials redacted (core.redact)
+        env = tables["env"]
+        for col in env.columns[env.dtypes == object]:
+            env[col] = env[col].map(redact_value)
     tables[FILES_TABLE] = pd.DataFrame([{
         "source": f.path, "kind": f.result.kind, "kinds": ",".join(f.result.kinds), "num_records": f.num_records, "num_lines": f.result.num_lines,
-        "num_unparsed_lines": f.result.unparsed, "warnings": json.dumps(f.result.warnings),
-        "unparsed_lines": json.dumps(list(f.result.unparsed_lines)),
+        "num_unparsed_lines": f.result.unparsed, "warnings": redact_text(json.dumps(f.result.warnings)),
+        "unparsed_lines": redact_text(json.dumps(list(f.result.unparsed_lines))),
     } for f in files])
     return tables
 
@@ -390,7 +395,7 @@ def build_env_record(files: list[IngestedFile]) -> dict:
     """An env.json-shaped object (decoded into core.records.EnvRecord like env.json) from env/topology records."""
     env = {}
     for r in _env_records(files):
-        env.setdefault(r["key"], r["value"])
+        env.setdefault(r["key"], redact_value(r["value"]))
     versions = {label: env[key] for label, key in (
         ("NCCL", "nccl_version"), ("torch", "torch_version"), ("CUDA (torch build)", "cuda_build_version"),
         ("CUDA runtime", "cuda_runtime_version"), ("CUDA driver (NCCL)", "cuda_driver_version"),

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from core.records import CpuInfo, DiskInfo, EnvRecord, GpuInfo, StorageInfo
+from core.redact import redact_text
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_")
 SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -89,10 +90,12 @@ def collect_versions() -> dict[str, str | None]:
 
 
 def collect_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Allow-listed variables (NCCL_*, CUDA_*, TORCH_*, PYTORCH_*, OMP_*), secrets redacted."""
+    """Allow-listed variables (NCCL_*, CUDA_*, TORCH_*, PYTORCH_*, OMP_*), secrets redacted: by
+    name (SECRET_PATTERN: the whole value) and by value (core.redact: a URL's password, a token
+    inside an otherwise kept value such as TORCH_HUB_URL or NCCL_IB_HCA)."""
     env = os.environ if environ is None else environ
     return {
-        k: ("<redacted>" if SECRET_PATTERN.search(k) else v)
+        k: ("<redacted>" if SECRET_PATTERN.search(k) else redact_text(v))
         for k, v in sorted(env.items())
         if k.startswith(ENV_PREFIXES)
     }
@@ -141,7 +144,7 @@ def collect_env(*, launch_command: list[str], data_dir: Path) -> EnvRecord:
         gpus=gpus,
         topology=ANSI_ESCAPE.sub("", topology) if topology else None,
         versions=collect_versions(),
-        launch_command=tuple(launch_command),
+        launch_command=tuple(redact_text(a) for a in launch_command),
         tool_git_commit=collect_tool_commit(),
         env_vars=collect_env_vars(),
     )

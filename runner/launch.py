@@ -34,6 +34,7 @@ from core.errors import ConfigError
 from ingest.io import read_regular_text
 from core.atomic import atomic_writer, write_json_atomic
 from core.records import RunSpec, RunStatus, to_dict
+from core.redact import redact_text, redact_value
 from runner.progress import RECENT_STEPS, MetricsTail, ProgressReporter, summarize_progress
 from runner.nodes import NodeLaunch, launcher_log_name, spec_path_for, status_path_for
 
@@ -490,8 +491,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _write_status(run_dir, spec, status, cause, code, started, t0, cmd, diagnosis, *, path=None) -> RunStatus:
-    rs = RunStatus(run=spec.name, status=status, exit_code=code, cause=cause, started_at=started,
-                   ended_at=_now(), duration_s=time.monotonic() - t0, command=tuple(cmd),
-                   engine=spec.engine, diagnosis=diagnosis)
+    rs = RunStatus(run=spec.name, status=status, exit_code=code, cause=redact_text(cause) if cause else cause,
+                   started_at=started, ended_at=_now(), duration_s=time.monotonic() - t0,
+                   command=tuple(redact_text(a) for a in cmd), engine=spec.engine, diagnosis=redact_value(diagnosis))
     write_json_atomic(path or run_dir / "status.json", to_dict(rs))
     return rs
