@@ -15,6 +15,7 @@ import errno
 import dataclasses
 import io
 import re
+import shlex
 import json
 import os
 import stat
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
     from core.records import PlantTruth
 
 from core.errors import NoDataError, ParseError
+from core.redact import redact_value
 from ingest.paths import resolve_under, resolved, run_name_problem
 from core.atomic import write_bytes_atomic
 from core.records import (
@@ -258,7 +260,7 @@ def _read_record(path: Path, cls: type, problems: list[str]) -> dict[str, Any] |
     if bad:
         problems.append(f"{where}: does not match {cls.__name__} ({'; '.join(bad)}); file ignored")
         return None
-    return dataclasses.asdict(cls(**data))
+    return redact_value(dataclasses.asdict(cls(**data)))  # campaigns written before redaction too
 
 
 def _check_version(path: Path, data: dict[str, Any], line: int | None = None) -> None:
@@ -509,7 +511,12 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     if bad_names:  # a name is a path under the campaign: '../x' or '/etc' would read outside it
         raise ParseError(f"{root / 'campaign.json'}: {'; '.join(bad_names[:3])}; the campaign is damaged or not ours")
     rows, steps = [], []
+    live = live_runner(root)
     for name in names:
+        if live and not (root / str(name) / "status.json").is_file():
+            problems.append(f"run {name}: not finished yet; the campaign's runner is still running ({live}), so this "
+                            f"note leaves the run out; build the note again once `{shlex.join(['runner', 'status', str(root)])}` shows it done")
+            continue
         loaded = _load_run(root / str(name), str(name), problems)
         if loaded:
             rows.append(loaded[0])
@@ -528,12 +535,24 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
                           problems=problems)
 
 
+def live_runner(root: Path) -> str | None:
+    """'pid P on HOST since T' when a live runner holds campaign ``root`` (its lock,
+    runner.owner: a live pid on this host, or a lock written on another host), else None."""
+    from runner.owner import lock_path, read_lock
+
+    state = read_lock(lock_path(root))
+    return state.describe() + (" (another host)" if state.state == "foreign" else "") \
+        if state is not None and state.state in ("held", "foreign") else None
+
+
 def build_campaign(*, source: str, campaign_json: Mapping[str, Any], env_json: Mapping[str, Any], runs: pd.DataFrame,
                    steps: pd.DataFrame, problems: Sequence[str] = ()) -> Campaign:
     """A Campaign from campaign.json's and env.json's objects (decoded here, the one place:
     core.records' lenient decoders; each value of the wrong type dropped with a caveat appended to
     ``problems``, unless it is there already) and the tables. Raises KeyError when campaign.json
     has no ``fixed`` (callers check it first, with a message naming the file)."""
+    # credentials by value (core.redact), also in campaigns recorded before the runner redacted them
+    campaign_json, env_json = redact_value(campaign_json), redact_value(env_json)
     record, campaign_problems = campaign_record_from_dict(campaign_json)
     env, env_problems = env_record_from_dict(env_json)
     found = [p for p in (*env_problems, *campaign_problems) if p not in problems]

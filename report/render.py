@@ -202,6 +202,22 @@ FILTERS = {"metric_value": metric_value, "metric_delta": metric_delta, "signed_p
            "date": date, "num": num, "basename": lambda p, *, lang=EN: Path(str(p)).name}
 
 
+_MD_SPECIAL = re.compile(r"([\\`*\[\]#|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")  # "(x)" and a_b stay as they are
+
+
+def md_untrusted(v: Any, *, lang: Language = EN) -> str:
+    """Text from a file the tool did not word (a status.json ``cause``, a log line) as inert
+    Markdown: one line (newlines flattened: no heading, list or block), Markdown punctuation
+    backslash-escaped (no emphasis, image, link or code span; ``[`` escaped, so ``![x](u)`` is
+    no image and ``(`` needs none), ``&<>`` as entities (no raw HTML)
+    and ``://`` / ``www.`` broken so viewers do not autolink a URL. None -> 'n/a'."""
+    if _missing(v):
+        return _na(lang)
+    s = " ".join(str(v).split())
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", s).replace("://", ":\\/\\/").replace("www.", "www\\.")
+
+
 def _markup(html: bool) -> dict[str, Any]:
     """Inline markup the wording macros use, so one macro serves Markdown and HTML:
     strong(x) and code(x), x escaped in HTML."""
@@ -267,6 +283,8 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
     env.globals.update(gettext=gettext, _=gettext)
     env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})
     env.globals.update(_markup(html), lang=lang, categories=ATTRIBUTION_CATEGORIES)
+    # text from status files: inert Markdown in .md; in HTML plain text, which autoescape makes inert
+    env.filters["untrusted"] = functools.partial(text if html else md_untrusted, lang=lang)
     return env
 
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from core.errors import ConfigError, ToolError
+from core.redact import redact_text
 from core.records import (
     CampaignNodes, CampaignRecord, DatasetRecord, Plant, StorageInfo, SupervisionLimits, run_spec_from_dict, to_dict,
 )
@@ -207,7 +208,7 @@ def _start_campaign(out: Path, campaign: Campaign, node: NodeLaunch | None, *, m
     from runner.env import collect_env
     from core.atomic import write_json_atomic
 
-    launch_command = list(sys.orig_argv)
+    launch_command = [redact_text(a) for a in sys.orig_argv]  # a token on the command line stays out of the record
     # what the ranks actually run with (NCCL_DEBUG, flight recorder, OMP threads), not the runner's own env
     from runner.env import collect_env_vars
     from runner.launch import build_run_env
@@ -253,7 +254,8 @@ def own_campaign(out: Path, *, node_rank: int | None = None, kill: bool = False)
         orphans = find_orphans(out, stale=stale, node_rank=node_rank)
         if orphans and not kill:
             raise ToolError(f"{out}: {len(orphans)} process(es) of an earlier runner still write into this campaign "
-                            f"({describe_orphans(orphans)}); stop them with: runner all --resume {out} --kill-orphans")
+                            f"({describe_orphans(orphans)}); stop them with: "
+                            f"{shlex.join(['runner', 'all', '--resume', str(out), '--kill-orphans'])}")
         if orphans:
             left = kill_orphans(orphans)
             print(f"runner: stopped {len(orphans) - len(left)} process(es) of an earlier runner "
@@ -471,10 +473,29 @@ def run_campaign(out: Path, specs: list, supervision: SupervisionLimits, *, node
     try:
         return _run_campaign(out, specs, supervision, node=node, lock=lock, done=done)
     except OSError as e:
-        left = [s.name for s in specs if s.name not in done]
-        raise ToolError(f"{describe_error(e)}; finished runs kept: {', '.join(done) or 'none'}; not finished: "
-                        f"{', '.join(left)} (the current one marked 'interrupted' with this cause where it "
-                        f"could be written); after freeing space: runner all --resume {out}") from None
+        # what status.json says, not what this loop got to note: a run may have written 'ok' just before the error
+        kept = finished_on_disk(out, specs, node=node)
+        left = [s.name for s in specs if s.name not in kept]
+        raise ToolError(f"{describe_error(e)}; finished runs kept (final status.json): {', '.join(kept) or 'none'}; "
+                        f"not finished: {', '.join(left) or 'none'} (the current one marked 'interrupted' with this "
+                        f"cause where it could be written); after freeing space: "
+                        f"{shlex.join(['runner', 'all', '--resume', str(out)])}") from None
+
+
+def finished_on_disk(out: Path, specs: list, *, node: NodeLaunch | None = None) -> list[str]:
+    """Names of the runs whose status.json (this node's) holds a final status, in spec order;
+    a missing or unreadable file counts as not finished."""
+    from runner.launch import load_json
+
+    kept = []
+    for spec in specs:
+        path = status_path_for(out / spec.name, node)
+        try:
+            if path.is_file() and load_json(path).get("status") in FINAL_STATUSES:
+                kept.append(spec.name)
+        except (ToolError, OSError):
+            continue
+    return kept
 
 
 def _run_campaign(out: Path, specs: list, supervision: SupervisionLimits, *, node: NodeLaunch | None, lock,
@@ -545,13 +566,14 @@ def _run_campaign(out: Path, specs: list, supervision: SupervisionLimits, *, nod
             done.append(spec.name)
         if node is not None and node.node_rank == 0:
             refresh_env_record(out, [s.name for s in specs])
-    print(f"done ({statuses.count('ok')}/{len(statuses)} runs ok): report build {out}")
+    print(f"done ({statuses.count('ok')}/{len(statuses)} runs ok): {shlex.join(['report', 'build', str(out)])}")
     return 0 if "ok" in statuses else 1  # a campaign where nothing ran is a failed job
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
     copied = collect_node_dirs(args.campaign_dir, list(args.node_dirs))
-    print(f"collected {len(copied)} file(s) into {args.campaign_dir}: report build {args.campaign_dir}")
+    print(f"collected {len(copied)} file(s) into {args.campaign_dir}: "
+          f"{shlex.join(['report', 'build', str(args.campaign_dir)])}")
     return 0
 
 
@@ -660,6 +682,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def interrupted_text(args: argparse.Namespace) -> str:
+    """What SIGINT/SIGTERM stopped: a campaign's runs (``runner all`` / ``--resume``, not a dry
+    run) or a command that launches nothing (plan, status, a dry run)."""
+    if getattr(args, "func", None) is cmd_all and not getattr(args, "dry_run", False):
+        where = getattr(args, "resume", None) or getattr(args, "out", None)
+        again = shlex.join(["runner", "all", "--resume", str(where)]) if where else "runner all --resume CAMPAIGN"
+        return f"runner: interrupted; the current run was stopped and marked 'interrupted' (finish with: {again})"
+    if getattr(args, "func", None) in (cmd_status,) or getattr(args, "dry_run", False) \
+            or getattr(args, "command", None) == "plan":
+        return "runner: interrupted; nothing was launched or written (this command only reads and prints)"
+    return "runner: interrupted before it finished"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
@@ -671,8 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"runner: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(getattr(args, "interrupted", None) or "runner: interrupted; the current run was stopped and marked "
-              "'interrupted' (finish with: runner all --resume CAMPAIGN)", file=sys.stderr)
+        print(getattr(args, "interrupted", None) or interrupted_text(args), file=sys.stderr)
         return 130
     except OSError as e:  # full disk, permissions: name the file
         from runner.launch import describe_error

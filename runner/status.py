@@ -10,13 +10,14 @@ reads only.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError, NoDataError, ToolError
 from ingest.paths import check_run_name
 from runner.launch import load_json
-from runner.owner import LockState, lock_path, read_lock
+from runner.owner import LockState, describe_orphans, find_orphans, lock_path, read_lock
 from runner.progress import MetricsTail, format_rate
 
 
@@ -108,15 +109,18 @@ def render_status(root: Path, meta: dict, states: list[RunState]) -> str:
     owner = campaign_owner(root)
     if owner is not None and owner.state in ("held", "foreign"):
         lines.append(f"runner: running ({owner.describe()})")
-    elif owner is not None:
-        lines.append(f"runner: dead (its lock: {owner.describe()}); finish with: runner all --resume {root}")
-    elif any(s.state == "runner dead" for s in states):
-        lines.append(f"runner: dead (no runner holds the campaign); finish with: runner all --resume {root}")
+    elif owner is not None or any(s.state == "runner dead" for s in states):
+        # a runner killed with SIGKILL leaves its ranks writing: a plain --resume refuses to measure beside them
+        orphans = find_orphans(root, stale=owner)
+        resume = ["runner", "all", "--resume", str(root)] + (["--kill-orphans"] if orphans else [])
+        lines.append(f"runner: dead ({f'its lock: {owner.describe()}' if owner else 'no runner holds the campaign'})"
+                     + (f"; {len(orphans)} of its process(es) still run ({describe_orphans(orphans)})" if orphans else "")
+                     + f"; finish with: {shlex.join(resume)}")
     for s in states:
         steps = f"{s.num_steps_done}/{s.num_steps_total if s.num_steps_total is not None else '?'} steps"
         line = f"  {s.run:<{width}}  {s.state:<11}  {steps:>13}  {format_rate(s.tokens_per_s)}"
         lines.append(line + (f"  cause: {s.cause.splitlines()[0]}" if s.cause else ""))
     note = next((root / "report" / f"note.{ext}" for ext in ("pdf", "html", "md")
                  if (root / "report" / f"note.{ext}").is_file()), None)
-    lines.append(f"note: {note}" if note else f"note: not built yet (report build {root})")
+    lines.append(f"note: {note}" if note else f"note: not built yet ({shlex.join(['report', 'build', str(root)])})")
     return "\n".join(lines)
