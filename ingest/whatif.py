@@ -379,6 +379,10 @@ def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[Attribu
             warnings.append("the what-if replay could not finish (a rank waits for a collective another rank never "
                             "reaches in the trace); savings are not given")
         else:
+            if len(ranks) > 2 and any(k[1] in UNNAMED_GROUPS for k in keys):
+                warnings.append("what-if replay: the trace does not name the collectives' process groups (gloo "
+                                "ranges), so with more than two ranks collectives of different groups may be matched "
+                                "as one; the replayed step is approximate (compare it with the traced step)")
             if forced:
                 warnings.append(f"what-if replay: {forced} of {len(keys)} collectives appear in a different order on "
                                 "different ranks (several process groups under one name?); each ended with the ranks "

@@ -289,17 +289,20 @@ def compute_stage_balance(attribution: pd.DataFrame, *, run: str, pp_degree: int
 
 
 def predict_stage_imbalance(even: Mapping[str, Any], layers: Sequence[int]) -> float | None:
-    """Stage imbalance (s per step, slowest stage compute - mean) that a layer split ``layers``
-    would have, predicted from an evenly split run's stages (compute_stage_balance): per-layer
-    cost l = compute_0 / layers_0, the last stage's extra h = compute_last - layers_last x l;
-    stage i computes layers_i x l (+ h on the last). None when the even run gives no cost."""
+    """Stage imbalance that a layer split ``layers`` would have, as a fraction of the mean stage
+    compute ((slowest - mean) / mean), predicted from an evenly split run's stages
+    (compute_stage_balance): per-layer cost l = compute_0 / layers_0, the last stage's extra
+    h = compute_last - layers_last x l; stage i computes layers_i x l (+ h on the last). A
+    fraction, so that it carries to a run on a faster or slower machine. None when the even run
+    gives no cost."""
     computes, even_layers = even.get("stage_compute_s") or [], even.get("layers") or []
     if len(computes) != len(layers) or len(even_layers) != len(layers) or not even_layers[0]:
         return None
     per_layer = computes[0] / even_layers[0]
     head = computes[-1] - even_layers[-1] * per_layer
     predicted = [n * per_layer + (head if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
-    return max(predicted) - float(np.mean(predicted))
+    mean = float(np.mean(predicted))
+    return (max(predicted) - mean) / mean if mean > 0 else None
 
 
 def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,

@@ -32,6 +32,7 @@ from core.perfmodel import (
 from core.formulas import ModelShape, compute_model_flops_per_token
 from core.records import EnvRecord, FixedConfig, LoadedRun
 
+REFERENCE_RATE = 1e12  # FLOP/s: the rate a run's compute time is first predicted at, then scaled
 PREDICT_GPU_COUNTS = (2, 8)  # the embedded matrices' sizes (examples/matrices/{2gpu,8gpu}.toml)
 MAX_PREDICTED_TP = 8
 GIB = 2**30
@@ -82,6 +83,31 @@ class PredictedLayout:
     step_time_high_s: float | None = None
 
 
+CATEGORY_GROUPS = ("compute", "transfer", "bubble", "other")  # the calibrated model's categories
+UNCALIBRATED_ERROR = 0.5  # a leave-one-out step error beyond this marks a prediction uncalibrated
+
+
+@dataclass(frozen=True, kw_only=True)
+class CategoryCheck:
+    """One traced run predicted per category from the other runs (leave-one-out), ms per step:
+    measured from section 5 (breakdown_median_ms: compute; transfer; bubble + imbalance; the rest
+    -- host time: launch gaps, skew wait, data stall, other --, summing to the unprofiled median
+    step), predicted by core.perfmodel with the compute rate of the other runs' traced compute
+    (report.predict.choose_rate's rule), their exposed communication and bubble, and the other
+    runs' host time (same engine, else all). error: predicted / measured - 1 per category (None
+    where measured is under 1 ms) and for the step; calibrated: |step error| <= UNCALIBRATED_ERROR."""
+
+    run: str
+    measured_ms: Mapping[str, float]
+    predicted_ms: Mapping[str, float | None]
+    error: Mapping[str, float | None]
+    step_measured_ms: float
+    step_predicted_ms: float | None
+    step_error: float | None
+    calibrated: bool
+    host_from: tuple[str, ...]  # the runs whose host time was carried over
+
+
 @dataclass(frozen=True, kw_only=True)
 class PredictedSection:
     """The predicted block. reason: why there is no check or no prediction (None when both exist).
@@ -96,6 +122,9 @@ class PredictedSection:
     compile_source: str
     memory_usable_fraction: float
     reason: str | None = None
+    category_checks: tuple[CategoryCheck, ...] = ()
+    # leave-one-out error per category over category_checks: largest |error|, None without any
+    category_max_abs_error: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
 
 
 def unavailable(reason: str) -> PredictedSection:
@@ -171,8 +200,10 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
 
 
 def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[LoadedRun],
-                    summary: Sequence[Mapping[str, Any]], env: EnvRecord) -> PredictedSection:
-    """The predicted block from the note's runs and metric rows (same order)."""
+                    summary: Sequence[Mapping[str, Any]], env: EnvRecord,
+                    breakdowns: Mapping[str, Mapping[str, float]] | None = None) -> PredictedSection:
+    """The predicted block from the note's runs and metric rows (same order); breakdowns: run ->
+    section 5's breakdown_median_ms (traced runs), for the per-category checks."""
     assumptions = load_assumptions()
     shape = build_shape(fixed.model, name=str(fixed.preset or "campaign model"))
     device = "cuda" if any(r.spec.device == "cuda" for r in runs) else "cpu"
@@ -241,8 +272,68 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
         predicted_layouts = tuple(dataclasses.replace(l, step_time_low_s=l.step_time_s / (1 + max(signed)),
                                                       step_time_high_s=l.step_time_s / (1 + min(signed)))
                                   for l in predicted_layouts)
+    cat_checks = build_category_checks(shape, fixed=fixed, runs=[r for r in runs if r.status_name == "ok"],
+                                       layouts=layouts, comm=comm, per_node=per_node, measured=breakdowns or {},
+                                       speedup=assumptions.compile_speedup)
+    cat_max = {c: max((abs(k.error[c]) for k in cat_checks if k.error[c] is not None), default=None)
+               for c in CATEGORY_GROUPS} if cat_checks else {}
+    if cat_checks:
+        steps = [abs(k.step_error) for k in cat_checks if k.step_error is not None]
+        cat_max["step"] = max(steps) if steps else None
     return PredictedSection(checks=tuple(checks), max_abs_error=max(errors) if errors else None,
-                            layouts=predicted_layouts, reason=reason, **empty)
+                            layouts=predicted_layouts, reason=reason, category_checks=tuple(cat_checks),
+                            category_max_abs_error=cat_max, **empty)
+
+
+def _measured_groups(ms: Mapping[str, float]) -> dict[str, float]:
+    """Section 5's eight categories (ms) as CATEGORY_GROUPS."""
+    return {"compute": ms["compute"], "transfer": ms["transfer"], "bubble": ms["bubble"] + ms["imbalance"],
+            "other": ms["skew_wait"] + ms["launch_gaps"] + ms["data_stall"] + ms["other"]}
+
+
+def build_category_checks(shape: ModelShape, *, fixed: FixedConfig, runs: Sequence[LoadedRun],
+                          layouts: Mapping[str, Layout], comm: CommModel, per_node: int,
+                          measured: Mapping[str, Mapping[str, float]], speedup: float) -> list[CategoryCheck]:
+    """CategoryCheck per run with section 5's breakdown (``measured``: run -> breakdown_median_ms),
+    each predicted from the other such runs only."""
+    groups = {r.name: _measured_groups(measured[r.name]) for r in runs if r.name in measured}
+    rates, specs = [], {r.name: r for r in runs if r.name in groups}
+    for name, g in groups.items():
+        r = specs[name]
+        try:
+            at_ref = predict_run(shape, layouts[name], fixed=fixed, comm=comm, rate=REFERENCE_RATE,
+                                 num_gpus_per_node=per_node, memory_limit_bytes=math.inf).compute_time_s
+        except ToolError:
+            continue
+        if g["compute"] > 0:  # compute time scales as 1 / rate
+            rates.append(_Rate(run=name, engine=r.spec.engine, compiled=bool(r.compiled),
+                               rate=REFERENCE_RATE * at_ref / (g["compute"] / 1e3)))
+    out = []
+    for name, g in groups.items():
+        r = specs[name]
+        rate, _ = choose_rate(rates, engine=r.spec.engine, compiled=bool(r.compiled), exclude=name, speedup=speedup,
+                              speedup_source="")
+        peers = [n for n in groups if n != name and specs[n].spec.engine == r.spec.engine] or \
+                [n for n in groups if n != name]
+        pred: dict[str, float | None] = dict.fromkeys(CATEGORY_GROUPS)
+        if rate is not None:
+            try:
+                p = predict_run(shape, layouts[name], fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
+                                memory_limit_bytes=math.inf)
+                pred.update(compute=p.compute_time_s * 1e3, bubble=p.bubble_time_s * 1e3,
+                            transfer=(p.exposed_comm_s + p.stage_time_s - p.compute_time_s) * 1e3)
+            except ToolError:
+                pass
+        pred["other"] = float(sum(groups[n]["other"] for n in peers) / len(peers)) if peers else None
+        step = sum(pred.values()) if all(v is not None for v in pred.values()) else None
+        measured_step = sum(g.values())
+        err = {c: (pred[c] / g[c] - 1 if pred[c] is not None and g[c] >= 1.0 else None) for c in CATEGORY_GROUPS}
+        step_error = step / measured_step - 1 if step is not None and measured_step > 0 else None
+        out.append(CategoryCheck(run=name, measured_ms=g, predicted_ms=pred, error=err, step_measured_ms=measured_step,
+                                 step_predicted_ms=step, step_error=step_error,
+                                 calibrated=step_error is not None and abs(step_error) <= UNCALIBRATED_ERROR,
+                                 host_from=tuple(peers)))
+    return out
 
 
 def _strategy_of(lay: Layout) -> tuple[str, str] | None:

@@ -759,9 +759,10 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
             causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None, "matrix"))
         if a.plant.get("pp_layers") and a.stages:
             even = att[ref].stages if ref and att[ref].stages else None
-            predicted = ev.predict_stage_imbalance(even, a.plant["pp_layers"]) if even else None
-            if predicted is not None:
-                causes.append(("pp_layers", predicted * 1e3, "imbalance", None, "even split's per-layer cost"))
+            share = ev.predict_stage_imbalance(even, a.plant["pp_layers"]) if even else None
+            if share is not None:  # the split's share from the even run, at this run's total compute
+                mean = float(sum(a.stages["stage_compute_s"]) / len(a.stages["stage_compute_s"]))
+                causes.append(("pp_layers", share * mean * 1e3, "imbalance", None, "even split's per-layer cost"))
         if (a.plant.get("extra_collective_bytes") and truth is not None and truth.extra_collective_s
                 and int(world_size or 1) > 1):  # on one rank an all-reduce moves nothing: nothing to find
             causes.append(("extra_collective_bytes", truth.extra_collective_s * 1e3, "transfer", None,
@@ -941,7 +942,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                        num_params=model.num_params[0] if model.num_params else None,
                                        num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype))
     configs = tuple(build_config(r) for r in runs)
-    predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record)
+    predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record, measured={
+        b.run: dict(b.attribution.breakdown_ms) for b in evidence.rows if b.attribution is not None})
     return Note(
         campaign=campaign.name, created_at=info.created_at,
         tool_version=info.tool_version, tool_git_commit=commit,
@@ -996,12 +998,14 @@ from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below
 
 
 def build_predicted_or_reason(campaign: Campaign, fixed: FixedConfig, runs: Sequence[LoadedRun],
-                              summary: Sequence[Mapping[str, Any]], env: EnvRecord) -> Any:
-    """report.predict's block; a source it cannot model (third-party logs without a layout) gets
+                              summary: Sequence[Mapping[str, Any]], env: EnvRecord,
+                              measured: Mapping[str, Mapping[str, float]] | None = None) -> Any:
+    """report.predict's block (measured: run -> section 5's breakdown_median_ms, for the
+    per-category checks); a source it cannot model (third-party logs without a layout) gets
     the block's reason instead of a failed note."""
     from report.predict import build_predicted, unavailable
 
     try:
-        return build_predicted(campaign.source, fixed=fixed, runs=runs, summary=summary, env=env)
+        return build_predicted(campaign.source, fixed=fixed, runs=runs, summary=summary, env=env, breakdowns=measured)
     except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a field the model needs is missing or odd
         return unavailable(f"{type(e).__name__}: {e}")
