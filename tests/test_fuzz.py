@@ -36,3 +36,13 @@ def test_cli_level_mutated_campaigns():
     assert result["inputs"] >= 45 and result["ok"] > 0 and result["error"] > 0
     for key in ("traceback", "hang", "impossible_number", "outside_access"):
         assert result[key] == 0, (key, result["failures"])
+
+
+def test_hostile_inputs_no_traceback_hang_escape_or_impossible_number():
+    """Special files (FIFO, symlink loops, /dev/zero), deep TOML/JSON nesting, huge and tiny
+    numbers, gzip bombs and malformed TOML/JSON/JSONL through runner, ingest and report build
+    (a seeded slice of benchmarks/fuzz.py --only-hostile)."""
+    result = _fuzz_module().fuzz_hostile(40, random.Random(13), limit_s=20)
+    assert result["inputs"] == 40 and result["error"] > 0
+    for key in ("traceback", "hang", "escape", "impossible_number"):
+        assert result[key] == 0, (key, result["failures"])
