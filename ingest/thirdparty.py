@@ -299,10 +299,17 @@ def merge_campaign_steps(campaign, tables: dict[str, pd.DataFrame]):
 
 
 def write_thirdparty_tables(tables: dict[str, pd.DataFrame], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write each table as ``<name>.parquet`` (atomic) with schema_version in its metadata."""
+    """Write each table as ``<name>.parquet`` (atomic) with schema_version in its metadata. An
+    integer beyond int64 (a log's digits, not a count any run makes) is written as missing."""
     written = []
     for name, df in tables.items():
         df = df.copy()
+        for col in df.columns[df.dtypes == object]:  # no Parquet integer holds it: pyarrow raised OverflowError
+            huge = df[col].map(lambda v: type(v) is int and not -(2**63) <= v < 2**63)
+            if huge.any():
+                kept = df[col].where(~huge, None)
+                ints = kept.dropna().map(lambda v: type(v) is int).all()
+                df[col] = pd.array(kept.tolist(), dtype="Int64") if ints else kept
         for col in df.columns:  # mixed-type object columns (e.g. value) are written as text
             if df[col].dtype == object and df[col].map(type).nunique() > 1:
                 df[col] = df[col].map(lambda v: None if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))

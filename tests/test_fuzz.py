@@ -46,3 +46,15 @@ def test_hostile_inputs_no_traceback_hang_escape_or_impossible_number():
     assert result["inputs"] == 40 and result["error"] > 0
     for key in ("traceback", "hang", "escape", "impossible_number"):
         assert result[key] == 0, (key, result["failures"])
+
+
+def test_thirdparty_tables_take_an_integer_beyond_int64(tmp_path):
+    """Found by the hostile fuzz (seed 2381486149): a log number > 2^63 stopped ingest with
+    'internal error OverflowError'; it is written as missing."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from ingest.thirdparty import write_thirdparty_tables
+
+    write_thirdparty_tables({"steps": pd.DataFrame({"step": [1, 10**30], "x": [1.0, 2.0]})}, tmp_path)
+    assert pq.read_table(tmp_path / "steps.parquet").to_pandas()["step"].tolist()[0] == 1

@@ -161,7 +161,7 @@ def test_full_disk_names_the_file_keeps_finished_runs_and_records_the_cause(tmp_
     assert rc == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "No space left on device" in err and str(mnt / "camp") in err  # names the file
-    assert "finished runs kept: run0; not finished: run1, run2" in err
+    assert "finished runs kept (final status.json): run0; not finished: run1, run2" in err
     # run0 finished before the disk filled: intact, every step once
     assert json.loads((camp / "run0" / "status.json").read_text())["status"] == "ok"
     assert _steps(camp / "run0", 0) == list(range(400)) == _steps(Path(f"{mnt}.run0-at-end"), 0)
