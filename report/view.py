@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,7 +408,7 @@ def build_env(env: EnvRecord) -> EnvSection:
         cores_physical=cpu.cores_physical, host_memory_gib=env.host_memory_gib,
         disk_path=disk.path, disk_total_gib=disk.total_gib, disk_free_gib=disk.free_gib,
         gpus=gpus, topology=env.topology, versions=tuple(env.versions.items()),
-        launch_command=" ".join(env.launch_command) if env.launch_command else None,
+        launch_command=shlex.join(env.launch_command) if env.launch_command else None,
         tool_git_commit=env.tool_git_commit, env_vars=tuple(sorted(env.env_vars.items())),
         num_nodes=env.num_nodes, nodes=tuple(
             NodeInfo(node_rank=n.node_rank, hostname=n.hostname, cpu_model=n.cpu.model if n.cpu else None,

@@ -356,7 +356,9 @@ def _outcome(score: dict, *, interleaved: bool = False) -> dict:
     count over the file's noise as one fact, whatever the count)."""
     facts = sorted("unparsed lines over the noise" if _UNPARSED.match(m) else m
                    for m in score["missing"] + score["contradicted"]
-                   if not (interleaved and (m.startswith("kind") or m == "no records and no warning"))
+                   # interleaved with another log, a file is no longer of unknown kind as a whole
+                   if not (interleaved and (m.startswith("kind") or m == "no records and no warning"
+                                            or "unknown kind" in m))
                    )
     out = {"kinds": sorted(score["kinds"]), "facts": facts}
     if not interleaved:
