@@ -503,7 +503,9 @@ class CampaignRecord:
 PHASE_RANGES = ("data", "forward", "backward", "forward_backward", "optimizer")
 # Ranges around a planted cause's own work (Plant; runner.plants): a host delay's sleep on the
 # planted rank, the extra all-reduce after the trainer's step, the extra matmul before the forward.
-PLANT_RANGES = ("plant_host_delay", "plant_extra_collective", "plant_extra_matmul")
+PLANT_HOST_DELAY_RANGE, PLANT_EXTRA_COLLECTIVE_RANGE, PLANT_EXTRA_MATMUL_RANGE = (
+    "plant_host_delay", "plant_extra_collective", "plant_extra_matmul")
+PLANT_RANGES = (PLANT_HOST_DELAY_RANGE, PLANT_EXTRA_COLLECTIVE_RANGE, PLANT_EXTRA_MATMUL_RANGE)
 
 # Categories of a step's time on one rank; they partition the step's interval, so
 # compute + exposed_comm + bubble + data_stall + other == step interval (by construction).

@@ -32,7 +32,8 @@ from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
-from core.records import BREAKDOWN_CATEGORIES, PHASE_RANGES, KernelSummaryRow, StepBreakdownRow, TimelineSpanRow
+from core.records import (BREAKDOWN_CATEGORIES, PHASE_RANGES, PLANT_EXTRA_MATMUL_RANGE, KernelSummaryRow,
+                          StepBreakdownRow, TimelineSpanRow)
 
 # --- patterns (one table; a new kernel family is one line) -----------------------------------
 
@@ -95,8 +96,8 @@ CPU_COMM_RE = HOST_CLASS_PATTERNS[0][1]
 CPU_P2P_RE = re.compile(r"send|recv", re.I)
 DATA_RANGE = "data"
 OPTIMIZER_RANGE = "optimizer"
-# a planted extra matmul (runner.train, the matrix's plant table) is compute wherever the step runs it
-CPU_COMPUTE_RANGES = (frozenset(PHASE_RANGES) - {DATA_RANGE}) | {"plant_extra_matmul"}
+# a planted extra matmul (runner.plants, the matrix's plant table) is compute wherever the step runs it
+CPU_COMPUTE_RANGES = (frozenset(PHASE_RANGES) - {DATA_RANGE}) | {PLANT_EXTRA_MATMUL_RANGE}
 
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})

@@ -744,6 +744,7 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
     by_name = {r.name: r for r in runs}
     truths = truths or {}
     att = {b.run: b.attribution for b in rows if b.attribution is not None}
+    median = {b.run: b.median_step_time_s for b in rows}
     out = []
     for name, a in att.items():
         if not a.plant:
@@ -770,7 +771,6 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
                            "plant_truth.json"))
         if a.plant.get("extra_matmul_gflop") and truth is not None and truth.extra_matmul_s:
             causes.append(("extra_matmul_gflop", truth.extra_matmul_s * 1e3, "compute", None, "plant_truth.json"))
-        median = {b.run: b.median_step_time_s for b in rows}
         for cause, planted, cat, rank, source in causes:
             got = a.traced_ms.get(cat)
             base = att[ref].traced_ms.get(cat) if ref and cause != "pp_layers" else 0.0

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 from core.formulas import compute_square_matmul_n
-from core.records import PLANT_RANGES, PlantTruth, RunSpec
+from core.records import (PLANT_EXTRA_COLLECTIVE_RANGE, PLANT_EXTRA_MATMUL_RANGE, PLANT_HOST_DELAY_RANGE, PlantTruth,
+                          RunSpec)
 from runner.strategies import RankContext
 
-PLANT_HOST_DELAY_RANGE, PLANT_EXTRA_COLLECTIVE_RANGE, PLANT_EXTRA_MATMUL_RANGE = PLANT_RANGES
 TRUTH_NUM_WARMUP, TRUTH_NUM_TIMED = 5, 10  # iterations of each planted op per timing loop
 TRUTH_SEED = 0  # the matmul's operands come from their own generator: the run's RNG stream is untouched
 
