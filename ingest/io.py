@@ -627,12 +627,44 @@ def _text(raw, path):
 
 # A gzip file is read decompressed only while it stays within what real logs and traces give:
 # up to MAX_DECOMPRESSED_BYTES in all, and beyond the first DECOMPRESSED_FREE_BYTES at most
-# MAX_DECOMPRESSION_RATIO times the compressed bytes read so far (text logs and Kineto traces
-# compress 5-30x; a bomb of one repeated byte, 1000x). Checked as it is read, so a bomb stops
-# after DECOMPRESSED_FREE_BYTES, not after its gigabytes.
+# MAX_DECOMPRESSION_RATIO times the compressed bytes read so far. Kineto traces compress ~14x,
+# our own rank logs up to ~190x (examples/h200-2gpu/megatron-tp2: repeated NCCL lines); a bomb
+# of one repeated line ~470x, of one byte ~1000x. Checked as it is read, with the compressed
+# side read in COMPRESSED_READ_BYTES pieces (gzip reads ahead 128 KiB, which at 300x would let
+# 37 MiB through), so a bomb stops after about DECOMPRESSED_FREE_BYTES, before it is parsed.
 MAX_DECOMPRESSED_BYTES = 4 << 30
-MAX_DECOMPRESSION_RATIO = 100
-DECOMPRESSED_FREE_BYTES = 64 << 20
+MAX_DECOMPRESSION_RATIO = 300
+DECOMPRESSED_FREE_BYTES = 8 << 20
+COMPRESSED_READ_BYTES = 16 << 10
+
+
+class _SmallReads(io.RawIOBase):
+    """``raw`` read at most COMPRESSED_READ_BYTES at a time, so its position is what the
+    decompressor has taken."""
+
+    def __init__(self, raw) -> None:
+        super().__init__()
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._raw.read(min(len(buffer), COMPRESSED_READ_BYTES))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._raw.read(COMPRESSED_READ_BYTES if size < 0 else min(size, COMPRESSED_READ_BYTES))
+
+    def seek(self, offset: int, whence: int = 0) -> int:  # gzip rewinds a few bytes at a member's end
+        return self._raw.seek(offset, whence)
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._raw.tell()
 
 
 class _BoundedGzipReader(io.RawIOBase):
@@ -643,7 +675,8 @@ class _BoundedGzipReader(io.RawIOBase):
         import gzip
 
         super().__init__()
-        self._raw, self._path, self._gz, self._num_out = raw, path, gzip.GzipFile(fileobj=raw, mode="rb"), 0
+        self._raw, self._path, self._num_out = raw, path, 0
+        self._gz = gzip.GzipFile(fileobj=_SmallReads(raw), mode="rb")
 
     def readable(self) -> bool:
         return True
@@ -657,7 +690,7 @@ class _BoundedGzipReader(io.RawIOBase):
                 raise ParseError(
                     f"{self._path}: gzip expands past {format_bytes(self._num_out)} from {format_bytes(num_in)} (more than "
                     f"{MAX_DECOMPRESSION_RATIO}x or {format_bytes(MAX_DECOMPRESSED_BYTES)}): a decompression bomb, "
-                    "not a log or trace; not read further")
+                    "not a log or trace; not read further (a real file: decompress it with gunzip and pass that)")
         return num
 
     def close(self) -> None:

@@ -71,22 +71,36 @@ def test_matrix_that_is_a_device_a_fifo_or_huge_is_refused(tmp_path):
 
 def test_gzip_bomb_stops_at_the_cap_naming_the_file(tmp_path):
     from core.errors import ParseError
-    from ingest.io import DECOMPRESSED_FREE_BYTES, iter_text_blocks, open_trace_events
+    from ingest.io import DECOMPRESSED_FREE_BYTES, MAX_DECOMPRESSION_RATIO, iter_text_blocks, open_trace_events
 
     bomb = tmp_path / "rank0.log.gz"
-    line = b"NCCL INFO " + b"x" * 500 + b"\n"
-    with gzip.open(bomb, "wb", compresslevel=6) as f:  # ~80 MiB of text in well under 1 MiB
-        for _ in range((DECOMPRESSED_FREE_BYTES + (16 << 20)) // len(line)):
+    line = b"NCCL INFO " + b"x" * 1000 + b"\n"
+    num_bytes = DECOMPRESSED_FREE_BYTES + (16 << 20)
+    with gzip.open(bomb, "wb", compresslevel=9) as f:  # ~24 MiB of text in ~50 KiB: ~470x
+        for _ in range(num_bytes // len(line)):
             f.write(line)
-    assert bomb.stat().st_size < 1 << 20
+    assert bomb.stat().st_size * MAX_DECOMPRESSION_RATIO < num_bytes - len(line)
+    num_chars = 0
     with pytest.raises(ParseError, match=r"rank0\.log\.gz: gzip expands past .* a decompression bomb"):
-        for _ in iter_text_blocks(bomb):
-            pass
+        for block in iter_text_blocks(bomb):
+            num_chars += len(block)
+    # stopped while streaming, about the free allowance in (gzip's 128 KiB read-ahead would let ~37 MiB by)
+    assert DECOMPRESSED_FREE_BYTES - (1 << 20) < num_chars < DECOMPRESSED_FREE_BYTES + (2 << 20)
     trace = tmp_path / "profile_rank0.json.gz"
     with gzip.open(trace, "wb") as f:
         f.write(b'{"schemaVersion": 1, "traceEvents": [' + b" " * (DECOMPRESSED_FREE_BYTES + (8 << 20)) + b"]}")
     with pytest.raises(ParseError, match="decompression bomb"):
         list(open_trace_events(trace))
+
+
+def test_a_real_log_that_compresses_190x_is_read_whole():
+    from ingest.io import DECOMPRESSED_FREE_BYTES, iter_text_blocks
+
+    log = ROOT / "examples" / "h200-2gpu" / "megatron-tp2" / "logs" / "rank0.log.gz"
+    whole = gzip.decompress(log.read_bytes()).decode("utf-8", "replace")
+    assert len(whole) > 180 * log.stat().st_size > DECOMPRESSED_FREE_BYTES  # past the free bytes at ~190x
+    blocks = list(iter_text_blocks(log))
+    assert "\n".join(blocks) + "\n" == whole.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def test_prepare_data_refuses_a_huge_line_and_an_out_that_is_a_folder(tmp_path):
