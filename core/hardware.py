@@ -78,17 +78,80 @@ def build_hardware_table(data: dict[str, Any], *, origin: str = "hardware.toml")
     return tuple(entries)
 
 
+_USER_FILES: list[Path] = []  # set by the commands' --hardware FILE (use_hardware_file), in order given
+_TOP_KEYS = {"schema_version", "gpu", "link"}
+
+
+def merge_hardware_data(base: dict[str, Any], extra: dict[str, Any], *, origin: str) -> dict[str, Any]:
+    """``extra``'s [gpu.<id>] / [link.<id>] tables over ``base``'s: an id both have takes extra's keys
+    over base's, a new id is added; extra's ids come first, so its match patterns win.
+    Raises ConfigError naming ``origin`` for unknown top-level keys or non-table entries."""
+    problems = [f"{origin}: unknown key {k!r} (valid: {sorted(_TOP_KEYS)})" for k in sorted(set(extra) - _TOP_KEYS)]
+    merged: dict[str, Any] = {"schema_version": base.get("schema_version")}
+    for section in ("gpu", "link"):
+        ours, theirs = base.get(section) or {}, extra.get(section) or {}
+        if not isinstance(theirs, dict):
+            problems.append(f"{origin}: [{section}] must hold [{section}.<id>] tables")
+            continue
+        bad = [k for k, v in theirs.items() if not isinstance(v, dict)]
+        problems += [f"{origin}: {section}.{k} must be a table ([{section}.{k}])" for k in bad]
+        table = {k: {**ours.get(k, {}), **v} for k, v in theirs.items() if k not in bad}
+        table.update({k: v for k, v in ours.items() if k not in table})
+        merged[section] = table
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return merged
+
+
+@functools.cache
+def load_hardware_data() -> dict[str, Any]:
+    """The shipped hardware.toml with every --hardware FILE merged over it (merge_hardware_data)."""
+    data = load_hardware_toml(HARDWARE_TOML)
+    for path in _USER_FILES:
+        data = merge_hardware_data(data, load_hardware_toml(path), origin=str(path))
+    return data
+
+
+def use_hardware_file(path: str | os.PathLike[str]) -> None:
+    """Merge a user's hardware file (their GPUs and links, same format as hardware.toml) over the
+    shipped table for the rest of the process. Raises ParseError / ConfigError naming the file."""
+    _USER_FILES.append(Path(path))
+    _clear_caches()
+    try:
+        _default_table()
+        from core.perfmodel import load_links
+
+        load_links()
+    except Exception:
+        _USER_FILES.pop()
+        _clear_caches()
+        raise
+
+
+def _clear_caches() -> None:
+    load_hardware_data.cache_clear()
+    _default_table.cache_clear()
+    from core.perfmodel import load_links
+
+    load_links.cache_clear()
+
+
+def hardware_origin() -> str:
+    """The file errors in the merged table are charged to: the last --hardware FILE, else hardware.toml."""
+    return str(_USER_FILES[-1]) if _USER_FILES else str(HARDWARE_TOML)
+
+
 @functools.cache
 def _default_table() -> tuple[_Entry, ...]:
-    return build_hardware_table(load_hardware_toml(HARDWARE_TOML), origin=str(HARDWARE_TOML))
+    return build_hardware_table(load_hardware_data(), origin=hardware_origin())
 
 
 def lookup_peak(gpu_name: str | None, dtype: str | None, *, table: tuple[_Entry, ...] | None = None) -> Peak | None:
     """Dense peak FLOP/s of one ``gpu_name`` GPU for ``dtype`` ("bf16", "fp16", "tf32", "fp32").
 
     Returns None for None/empty/CPU names, unknown GPUs and dtypes the entry has no number for.
-    table: from ``build_hardware_table`` (default: the repository's hardware.toml).
-    Raises ConfigError when hardware.toml itself is invalid.
+    table: from ``build_hardware_table`` (default: hardware.toml with any --hardware FILE merged over it).
+    Raises ConfigError when the table is invalid.
     """
     if not gpu_name or not dtype:
         return None
@@ -121,6 +184,9 @@ def load_hardware_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ParseError(f"{path}: missing; restore hardware.toml from the repository") from None
+        hint = "restore hardware.toml from the repository" if Path(path) == HARDWARE_TOML else "check the path"
+        raise ParseError(f"{path}: no such file; {hint}") from None
+    except IsADirectoryError:
+        raise ParseError(f"{path}: is a directory, not a hardware TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise ParseError(f"{path}: malformed TOML ({e}); fix the file") from None

@@ -32,7 +32,7 @@ from core.formulas import (
     COLLECTIVES, ModelShape, compute_bubble_fraction, compute_bubble_ratio, compute_bus_factor,
     compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
-from core.hardware import HARDWARE_TOML, load_hardware_toml, lookup_gpu
+from core.hardware import hardware_origin, load_hardware_data, load_hardware_toml, lookup_gpu
 from core.records import EnvRecord, FixedConfig, LoadedRun, ModelConfig, RunSpec
 
 PERFMODEL_TOML = Path(files("core") / "perfmodel.toml")
@@ -56,16 +56,19 @@ class Link:
 
 
 @functools.cache
-def load_links(path: Path = HARDWARE_TOML) -> dict[str, Link]:
-    """hardware.toml's [link.<id>] tables. Raises ConfigError listing malformed entries."""
+def load_links(path: Path | None = None) -> dict[str, Link]:
+    """hardware.toml's [link.<id>] tables (path None: the shipped file with any --hardware FILE
+    merged over it). Raises ConfigError listing malformed entries."""
     links, problems = {}, []
-    for key, raw in (load_hardware_toml(path).get("link") or {}).items():
+    data = load_hardware_toml(path) if path is not None else load_hardware_data()
+    origin = path or hardware_origin()
+    for key, raw in (data.get("link") or {}).items():
         try:
             links[key] = Link(key=key, name=raw["name"], bus_bw_gbps=float(raw["bus_bw_gbps"]),
                               latency_us=float(raw["latency_us"]), scope=raw["scope"], per=raw.get("per", "gpu"),
                               source=raw["source"])
         except (KeyError, TypeError, ValueError) as e:
-            problems.append(f"{path} [link.{key}]: {e!r}; needs name, bus_bw_gbps, latency_us, scope, source")
+            problems.append(f"{origin} [link.{key}]: {e!r}; needs name, bus_bw_gbps, latency_us, scope, source")
     if problems:
         raise ConfigError("; ".join(problems))
     return links

@@ -1,5 +1,5 @@
-"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf] [--lang en|zh]` and
-`report diff OLD NEW [--out DIR] [--threshold 0.05] [--format md,html,pdf]`.
+"""`report build CAMPAIGN_DIR [--out DIR] [--format md,html,pdf] [--lang en|zh] [--hardware FILE]` and
+`report diff OLD NEW [--out DIR] [--threshold 0.05] [--format md,html,pdf] [--hardware FILE]`.
 
 CAMPAIGN_DIR (and OLD, NEW) is a campaign directory written by `runner all`, a tables
 directory written by `ingest` or a folder of third-party logs. Exit codes: 0 ok, 2 user error (one line ``report: error: ...`` on stderr, never
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--model", metavar="KEY=VALUE,...", default=None,
                        help="for a folder of logs: model shape and layout the logs do not print "
                             "(num_layers=..,hidden_size=..,seq_length=..,world_size=..); cited as --model in the note")
+    hardware_help = "your GPUs and links ([gpu.<id>], [link.<id>] as in hardware.toml), merged over the shipped table"
+    build.add_argument("--hardware", metavar="FILE", help=hardware_help)
     diff = sub.add_parser("diff", help="compare two campaigns: diff.md / diff.html / diff.pdf + diff.json")
     diff.add_argument("old", metavar="OLD", help="the baseline campaign (campaign, tables or third-party dir)")
     diff.add_argument("new", metavar="NEW", help="the campaign compared with it")
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="relative change flagged as a regression: tokens/s down, step time or memory up (default 0.05)")
     diff.add_argument("--format", default=",".join(FORMATS), metavar="FMTS",
                       help=f"comma-separated subset of {','.join(FORMATS)} (default: all)")
+    diff.add_argument("--hardware", metavar="FILE", help=hardware_help)
     return parser
 
 
@@ -67,6 +70,11 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # here, not at import: pandas, matplotlib and the view-model (torch via runner.data) cost
         # seconds that `report --help` should not pay
         from report.render import build_diff_report, build_report
+
+        if args.hardware:
+            from core.hardware import use_hardware_file
+
+            use_hardware_file(args.hardware)
 
         if args.command == "diff":
             paths = build_diff_report(args.old, args.new, out_dir=args.out, threshold=args.threshold, formats=formats)

@@ -42,6 +42,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, required=True, help="GPUs in total")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default min(gpus, 8))")
     p.add_argument("--gpu", default="h100_sxm", help="hardware.toml GPU id or device name (default h100_sxm)")
+    p.add_argument("--hardware", type=Path, metavar="FILE",
+                   help="your GPUs and links ([gpu.<id>], [link.<id>] as in hardware.toml), merged over the shipped table")
     p.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: hardware.toml memory_gib)")
     p.add_argument("--interconnect", choices=("nvlink", "pcie"), help="link inside a node (default: nvlink when the GPU has one)")
     p.add_argument("--inter-node", choices=tuple(INTER_NODE), default="ib", help="network between nodes (default ib: NDR)")
@@ -86,8 +88,10 @@ def build_shape(args: argparse.Namespace) -> ModelShape:
 
 def build_request(args: argparse.Namespace) -> PlanRequest:
     """Resolve GPU, links, calibration and defaults into a PlanRequest (ConfigError on bad input)."""
-    from core.hardware import gpu_keys, lookup_gpu
+    from core.hardware import gpu_keys, lookup_gpu, use_hardware_file
 
+    if args.hardware:
+        use_hardware_file(args.hardware)
     shape = build_shape(args)
     seq, batch = args.seq, args.global_batch
     if args.model == "gpt-125m":  # the campaign preset's fixed variables

@@ -36,8 +36,8 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """The tool installed with pip, non-editable, into a target folder (no dependencies)."""
+def source_tree(tmp_path_factory):
+    """A clean copy of the working tree's tracked and untracked-not-ignored files, symlinks kept."""
     if shutil.which("git") is None:
         pytest.skip("git is needed to copy the tracked tree")
     tmp = tmp_path_factory.mktemp("install")
@@ -53,11 +53,38 @@ def installed(tmp_path_factory):
             (src / name).symlink_to(os.readlink(REPO / name))
         elif (REPO / name).is_file():
             shutil.copy2(REPO / name, src / name)
-    target = tmp / "site"
+    return src
+
+
+@pytest.fixture(scope="module")
+def installed(source_tree, tmp_path_factory):
+    """The tool installed with pip, non-editable, into a target folder (no dependencies)."""
+    target = tmp_path_factory.mktemp("install") / "site"
     res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                          "--target", str(target), str(src)], capture_output=True, text=True, timeout=600)
+                          "--target", str(target), str(source_tree)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return target
+
+
+def test_a_wheel_built_from_the_sdist_carries_the_data_files(source_tree, tmp_path):
+    """The root's templates/ and hardware.toml reach the wheel as files through the package symlinks."""
+    import tarfile
+    import zipfile
+
+    build = ("import sys; from setuptools import build_meta as b; "
+             "print(getattr(b, sys.argv[1])(sys.argv[2]))")
+    sdist = subprocess.run([sys.executable, "-c", build, "build_sdist", str(tmp_path)], cwd=source_tree,
+                           capture_output=True, text=True, timeout=300)
+    assert sdist.returncode == 0, sdist.stderr[-3000:]
+    with tarfile.open(tmp_path / sdist.stdout.split()[-1]) as tar:
+        tar.extractall(tmp_path / "sdist", filter="data")
+    unpacked = next((tmp_path / "sdist").iterdir())
+    wheel = subprocess.run([sys.executable, "-c", build, "build_wheel", str(tmp_path)], cwd=unpacked,
+                           capture_output=True, text=True, timeout=300)
+    assert wheel.returncode == 0, wheel.stderr[-3000:]
+    names = set(zipfile.ZipFile(tmp_path / wheel.stdout.split()[-1]).namelist())
+    expected = {f"report/templates/{p.name}" for p in (REPO / "templates").iterdir()} | {"core/hardware.toml"}
+    assert expected <= names, sorted(expected - names)
 
 
 def test_installed_packages_find_their_data(installed, tmp_path):
