@@ -32,6 +32,12 @@ def campaign(tmp_path_factory) -> Path:
     return out
 
 
+def _log_tails(run_dir: Path, num_lines: int = 15) -> str:
+    """The last lines of a run's rank and launcher logs, for a failed run's assertion message."""
+    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-num_lines:])
+                     for p in sorted((run_dir / "logs").glob("*.log")))
+
+
 def _rows(run_dir: Path) -> list[dict]:
     rows = []
     for path in sorted((run_dir / "metrics").glob("rank*.jsonl")):
@@ -50,7 +56,7 @@ def _metric_table(note_md: str) -> dict[str, list[str]]:
 def test_every_run_ok_with_rows_from_every_rank(campaign):
     for name in RUNS:
         status = json.loads((campaign / name / "status.json").read_text())
-        assert status["status"] == "ok", status
+        assert status["status"] == "ok", (status["cause"], _log_tails(campaign / name))
         spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
         ranks = sorted((campaign / name / "metrics").glob("rank*.jsonl"))
         assert len(ranks) == spec.world_size >= 2
@@ -196,7 +202,8 @@ CHECKPOINT_FORMATS = {"torch-ddp": "torch.distributed.checkpoint", "deepspeed": 
 
 def test_both_data_rounds_ran_with_measured_data_wait(campaign):
     for name in RUNS + REAL_RUNS:
-        assert json.loads((campaign / name / "status.json").read_text())["status"] == "ok", name
+        status = json.loads((campaign / name / "status.json").read_text())
+        assert status["status"] == "ok", (name, status["cause"], _log_tails(campaign / name))
         spec = run_spec_from_dict(json.loads((campaign / name / "spec.json").read_text()))
         assert spec.data_round == ("real" if name.endswith("-real") else "synthetic")
         assert len(_rows(campaign / name)) == spec.world_size * spec.fixed.steps
