@@ -244,8 +244,10 @@ def _metric_table(note: str) -> list[str]:
     return rows
 
 
-def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
-    """main_fn(argv) in-process with stdout/stderr captured and a SIGALRM limit.
+def _call(main_fn, argv: list[str], *, limit_s: int, wall_limit_s: int | None = None) -> tuple[str, str, str]:
+    """main_fn(argv) in-process with stdout/stderr captured, stopped after ``limit_s`` seconds of
+    this process's CPU time (SIGPROF: the tool's own work, whatever else the machine runs) or
+    ``wall_limit_s`` of wall time (SIGALRM: a blocked wait uses no CPU; default: limit_s).
     -> (outcome: ok | error | traceback | hang, stdout, stderr)."""
     import contextlib
     import io
@@ -254,12 +256,14 @@ def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
     class Hang(BaseException):
         pass
 
-    def on_alarm(signum, frame):  # noqa: ARG001
+    def on_limit(signum, frame):  # noqa: ARG001
         raise Hang
 
     out, err = io.StringIO(), io.StringIO()
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(limit_s)
+    old_alarm = signal.signal(signal.SIGALRM, on_limit)
+    old_prof = signal.signal(signal.SIGPROF, on_limit)
+    signal.setitimer(signal.ITIMER_PROF, limit_s)
+    signal.alarm(wall_limit_s or limit_s)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main_fn(argv)
@@ -273,7 +277,9 @@ def _call(main_fn, argv: list[str], *, limit_s: int) -> tuple[str, str, str]:
         outcome = "traceback"
     finally:
         signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGALRM, old_alarm)
+        signal.signal(signal.SIGPROF, old_prof)
     if "internal error" in err.getvalue() or "Traceback" in err.getvalue():
         outcome = "traceback"
     return outcome, out.getvalue(), err.getvalue()
@@ -354,6 +360,7 @@ PLAN_FLAGS = ["--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq", "-
 # a caveat that names the file and line of a value it rejected ("impossible values (line 31: ...)", "rank0.jsonl:152:
 # not a StepRow (... got float inf); line skipped")
 QUOTING_CAVEAT = re.compile(r"impossible value|line skipped|row\(s\) dropped")
+QUOTED_INPUT = re.compile(r"'[^'\n]*'")
 IMPOSSIBLE_TEXT = re.compile(r"\d{25,}|\b\d+(?:\.\d+)?\s?[EZY] ?tokens/s|\binf(?:inity)?\b|\bnan\b", re.IGNORECASE)
 
 
@@ -524,14 +531,23 @@ def _hostile_case(box: Path, rng: random.Random, cache: dict) -> tuple[str, str,
 FIXTURE_BLOBS: list[bytes] = []
 
 
-def fuzz_hostile(n: int, rng: random.Random, *, limit_s: int = 10, on_progress=None, progress_every: int = 500) -> dict:
+def hostile_seed(base: int, index: int) -> int:
+    """The seed of hostile case ``index`` of a run seeded ``base``: any slice of the cases can be
+    run alone and gives the cases a whole run gives."""
+    return random.Random(f"{base}:{index}").randrange(2**32)
+
+
+def fuzz_hostile(n: int, rng: random.Random, *, limit_s: int = 10, wall_limit_s: int = 60, seeds=None,
+                 on_progress=None, progress_every: int = 500, keep_failures: int = 20) -> dict:
     """``n`` hostile inputs (special files, deep nesting, huge and tiny numbers, gzip bombs,
     malformed TOML/JSON/JSONL) through runner (all --dry-run, slurm --dry-run, plan,
     prepare-data, status, all --resume --dry-run), ingest and report build, in-process, each
-    under ``limit_s``. Counted: tracebacks (an exception out of main, or 'internal error'),
-    hangs (over the limit), escapes (a file written outside the case's out dir and its inputs)
-    and impossible numbers in what was printed or written (25+ digit numbers, E/Z/Y tokens/s,
-    inf, nan)."""
+    under ``limit_s`` of CPU time and ``wall_limit_s`` of wall time. Counted: tracebacks (an
+    exception out of main, or 'internal error'), hangs (over a limit), escapes (a file written
+    outside the case's out dir and its inputs) and impossible numbers in what was printed or
+    written (25+ digit numbers, E/Z/Y tokens/s, inf, nan). seeds: the cases' seeds (default: n
+    drawn from rng); a case the harness cannot build is counted under 'harness', not as an input.
+    Failures: the first ``keep_failures`` of each problem kind, each with its seed."""
     from ingest.cli import main as ingest_main
     from report.cli import main as report_main
     from runner.cli import main as runner_main
@@ -540,7 +556,9 @@ def fuzz_hostile(n: int, rng: random.Random, *, limit_s: int = 10, on_progress=N
     if not FIXTURE_BLOBS:
         FIXTURE_BLOBS.extend(p.read_bytes()[:200_000] for p in FIXTURES)
     counts = {"inputs": 0, "ok": 0, "error": 0, "traceback": 0, "hang": 0, "escape": 0, "impossible_number": 0,
-              "quoted_in_caveat": 0}
+              "quoted_in_caveat": 0, "harness": 0}
+    seeds = iter(seeds) if seeds is not None else (rng.randrange(2**32) for _ in iter(int, 1))
+    num_kept: dict[str, int] = {}
     kinds: dict[str, int] = {}
     failures = []
     cwd = os.getcwd()
@@ -553,20 +571,24 @@ def fuzz_hostile(n: int, rng: random.Random, *, limit_s: int = 10, on_progress=N
         os.chdir(tmp / "cwd")  # a relative default output (runs/...) would land here: an escape
         try:
             while counts["inputs"] < n:
-                seed = rng.randrange(2**32)
+                seed = next(seeds, None)
+                if seed is None:
+                    break
                 box = tmp / "cases" / "box"
                 shutil.rmtree(box, ignore_errors=True)
                 box.mkdir()
                 try:
                     name, cli, argv = _hostile_case(box, random.Random(seed), cache)
                 except (OSError, ValueError, UnicodeError) as e:  # the harness could not build it: not counted
-                    failures.append({"seed": seed, "harness": f"{type(e).__name__}: {e}"[:200]})
+                    counts["harness"] += 1
+                    if counts["harness"] <= keep_failures:
+                        failures.append({"seed": seed, "harness": f"{type(e).__name__}: {e}"[:200]})
                     continue
                 before = {p for p in box.rglob("*") if not p.is_relative_to(box / "out")}
                 outside_before = sorted(p.name for p in tmp.iterdir()) + sorted(os.listdir(tmp / "cwd"))
                 counts["inputs"] += 1
                 kinds[name.split(":")[0]] = kinds.get(name.split(":")[0], 0) + 1
-                outcome, stdout, stderr = _call(mains[cli], argv, limit_s=limit_s)
+                outcome, stdout, stderr = _call(mains[cli], argv, limit_s=limit_s, wall_limit_s=wall_limit_s)
                 counts[outcome] += 1
                 problems = [] if outcome in ("ok", "error") else [outcome]
                 after = {p for p in box.rglob("*") if not p.is_relative_to(box / "out")} if outcome != "hang" else before
@@ -581,20 +603,79 @@ def fuzz_hostile(n: int, rng: random.Random, *, limit_s: int = 10, on_progress=N
                 if note.is_file() and not note.is_symlink():
                     written = note.read_text(errors="replace")
                 # a caveat naming the dropped row quotes its value on purpose (file, line, value): counted apart
-                shown = "\n".join(ln for ln in (stdout + "\n" + written).splitlines() if not QUOTING_CAVEAT.search(ln))
+                # so does a warning quoting the input's text in '...' (a field name "number of nan#iterations")
+                shown = "\n".join(QUOTED_INPUT.sub("''", ln) for ln in (stdout + "\n" + written).splitlines()
+                                  if not QUOTING_CAVEAT.search(ln))
                 if IMPOSSIBLE_TEXT.search(shown):
                     counts["impossible_number"] += 1
                     problems.append(f"impossible number: {IMPOSSIBLE_TEXT.search(shown).group(0)[:40]}")
                 elif IMPOSSIBLE_TEXT.search(written + stdout):
                     counts["quoted_in_caveat"] += 1
                 if problems:
-                    failures.append({"seed": seed, "case": name, "argv": argv[:3], "problems": problems,
-                                     "stderr": stderr[-300:]})
+                    kind = problems[0].split(":")[0]
+                    num_kept[kind] = num_kept.get(kind, 0) + 1
+                    if num_kept[kind] <= keep_failures:
+                        failures.append({"seed": seed, "case": name, "argv": argv[:3], "problems": problems,
+                                         "stderr": stderr[-300:]})
                 if on_progress is not None and counts["inputs"] % progress_every == 0:
-                    on_progress({**counts, "kinds": kinds, "failures": failures[:30], "complete": False})
+                    on_progress({**counts, "kinds": kinds, "failures": failures, "complete": False})
         finally:
             os.chdir(cwd)
-    return {**counts, "kinds": kinds, "failures": failures[:30], "complete": True}
+    return {**counts, "kinds": kinds, "failures": failures, "complete": True}
+
+
+HOSTILE_LIMIT_S = {"cpu_s": 10, "wall_s": 60}
+HOSTILE_PROBLEMS = ("traceback", "hang", "escape", "impossible_number")
+
+
+def _merge_hostile(entry: dict) -> dict:
+    """The hostile entry's totals from its slices: counts summed over complete slices; complete
+    when they cover cases 0..requested-1."""
+    done = sorted((tuple(map(int, k.split(":"))), v) for k, v in entry["slices"].items() if v.get("complete"))
+    totals: dict = {}
+    kinds: dict = {}
+    failures = []
+    covered = 0
+    for (a, b), part in done:
+        if a <= covered:
+            covered = max(covered, b)
+        for k, v in part.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                totals[k] = totals.get(k, 0) + v
+        for k, v in part["kinds"].items():
+            kinds[k] = kinds.get(k, 0) + v
+        failures += part["failures"]
+    keep = ("seed", "requested", "limit", "slices")
+    return {**{k: entry[k] for k in keep}, **totals, "seconds": round(sum(p["seconds"] for _, p in done), 1),
+            "cases_covered": covered, "complete": covered >= entry["requested"], "kinds": kinds, "failures": failures}
+
+
+def _run_hostile(args) -> int:
+    if args.case_seed is not None:
+        part = fuzz_hostile(1, random.Random(), seeds=[args.case_seed], limit_s=HOSTILE_LIMIT_S["cpu_s"],
+                            wall_limit_s=HOSTILE_LIMIT_S["wall_s"])
+        print(json.dumps(part, indent=2))
+        return 1 if any(part[k] for k in HOSTILE_PROBLEMS) else 0
+    start, stop = map(int, (args.slice or f"0:{args.hostile_inputs}").split(":"))
+    result = json.loads(args.out.read_text()) if args.out.is_file() else {"seed": args.seed}
+    entry = result.get("hostile", {})
+    if entry.get("seed") != args.seed or entry.get("requested") != args.hostile_inputs or "slices" not in entry:
+        entry = {"seed": args.seed, "requested": args.hostile_inputs, "limit": HOSTILE_LIMIT_S, "slices": {}}
+    key = f"{start}:{stop}"
+    t0 = time.perf_counter()
+
+    def record(part: dict) -> None:
+        entry["slices"][key] = {**part, "seconds": round(time.perf_counter() - t0, 1)}
+        result["hostile"] = _merge_hostile(entry)
+        result.setdefault("seconds", {})["hostile"] = result["hostile"]["seconds"]
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    seeds = [hostile_seed(args.seed, i) for i in range(start, stop)]
+    part = fuzz_hostile(len(seeds), random.Random(), seeds=seeds, limit_s=HOSTILE_LIMIT_S["cpu_s"],
+                        wall_limit_s=HOSTILE_LIMIT_S["wall_s"], on_progress=record, progress_every=100)
+    record(part)
+    print(json.dumps({k: v for k, v in part.items() if k != "failures"}))
+    return 1 if any(part[k] for k in HOSTILE_PROBLEMS) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -608,23 +689,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the hostile inputs and update their entry in --out, keeping the others")
     parser.add_argument("--only-cli", action="store_true",
                         help="run only the CLI level and update its entry in --out, keeping the others")
+    parser.add_argument("--slice", metavar="A:B", default=None,
+                        help="with --only-hostile: run cases A..B-1 of --hostile-inputs and merge them into --out")
+    parser.add_argument("--case-seed", type=int, default=None,
+                        help="with --only-hostile: run the one hostile case of this seed (a failure's) and print it")
     parser.add_argument("--seed", type=int, default=20261129)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz.json")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     if args.only_hostile:
-        t0 = time.perf_counter()
-        result = json.loads(args.out.read_text()) if args.out.is_file() else {"seed": args.seed}
-
-        def record_hostile(part: dict) -> None:
-            result["hostile"] = {"seed": args.seed, "requested": args.hostile_inputs, "limit_s": 10, **part}
-            result.setdefault("seconds", {})["hostile"] = round(time.perf_counter() - t0, 1)
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-        record_hostile(fuzz_hostile(args.hostile_inputs, rng, on_progress=record_hostile, progress_every=100))
-        part = result["hostile"]
-        print(json.dumps({k: v for k, v in part.items() if k != "failures"}))
-        return 1 if any(part[k] for k in ("traceback", "hang", "escape", "impossible_number")) else 0
+        return _run_hostile(args)
     if args.only_cli:
         t0 = time.perf_counter()
         result = json.loads(args.out.read_text()) if args.out.is_file() else {"seed": args.seed}
