@@ -286,57 +286,81 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]],
     return [r for p in files for r in _read_metrics(p, problems)], problems
 
 
+# The most read of one rank's metrics JSONL, streamed line by line: a row is ~300 bytes (the
+# runner writes one per step), so a line past MAX_METRICS_LINE_BYTES is not a row and a file past
+# MAX_METRICS_FILE_BYTES (~200,000 steps) is not one run's; both are caveats, never held whole.
+MAX_METRICS_LINE_BYTES = 64 << 10
+MAX_METRICS_FILE_BYTES = 64 << 20
+
+
+def _metrics_lines(path: Path, where: str, problems: list[str]):
+    """(line number, text) of a metrics JSONL, streamed within the caps above: a longer line is
+    yielded as None (not held), the lines past the file cap are not read (one caveat naming the
+    file). OSError as raised; ParseError naming file and line when a line is not UTF-8."""
+    with open_regular(path, "rb") as f:
+        num_read, lineno = 0, 0
+        while raw := f.readline(MAX_METRICS_LINE_BYTES + 1):
+            lineno += 1
+            num_read += len(raw)
+            if len(raw) > MAX_METRICS_LINE_BYTES and not raw.endswith(b"\n"):
+                rest = b""
+                while num_read <= MAX_METRICS_FILE_BYTES and not rest.endswith(b"\n"):  # skip it, unheld
+                    rest = f.readline(1 << 20)
+                    num_read += len(rest)
+                    if not rest:
+                        break
+                yield lineno, None
+            else:
+                try:
+                    yield lineno, raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as e:
+                    raise ParseError(f"{path}:{lineno}: not UTF-8 text ({e.reason}); fix or delete the file") from None
+            if num_read > MAX_METRICS_FILE_BYTES:
+                if f.read(1):
+                    problems.append(f"{where}: larger than {format_bytes(MAX_METRICS_FILE_BYTES)}, not one run's metrics; "
+                                    f"lines after {lineno} not read (the numbers use the rows before)")
+                return
+
+
 def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    """StepRows of one rank's JSONL, validated: a row is kept only if it is a StepRow whose
+    """StepRows of one rank's JSONL, streamed (``_metrics_lines``: per-line and per-file caps,
+    a caveat naming the file when over), validated: a row is kept only if it is a StepRow whose
     numbers are possible (``step_row_problem``) and whose step is greater than every step kept
     before it (a duplicated or out-of-order row means two writers or a replay: it is dropped,
     not averaged in). Every dropped line is counted in one caveat in ``problems`` naming the
     file and the first few lines; a malformed LAST line is a crash mid-write. Never raises on
-    content; ParseError only when the file is not UTF-8."""
-    rows = []
+    content; ParseError only when a line is not UTF-8."""
+    rows: list[dict[str, Any]] = []
     where = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
+    skipped: list[str] = []
+    dropped: dict[str, list[str]] = {}  # reason -> "line N" or "line N: detail"
+    torn: tuple[int, str] | None = None  # the latest malformed line: the last one is a crash mid-write
+    last_step = -1
     try:
-        lines = read_regular_text(path).splitlines()
-    except UnicodeDecodeError as e:
-        raise ParseError(f"{path}: not UTF-8 text ({e.reason}); fix or delete the file") from None
+        for lineno, line in _metrics_lines(path, where, problems):
+            if line is not None and not line.strip():
+                continue
+            if torn is not None:
+                dropped.setdefault("malformed JSON (interleaved writers?)", []).append(f"line {torn[0]}")
+                torn = None
+            if line is None:
+                dropped.setdefault(f"longer than {format_bytes(MAX_METRICS_LINE_BYTES)}", []).append(f"line {lineno}")
+                continue
+            try:
+                data = json.loads(line)
+            except RecursionError:
+                dropped.setdefault("JSON nested too deeply", []).append(f"line {lineno}")
+                continue
+            except json.JSONDecodeError as e:
+                torn = (lineno, e.msg)
+                continue
+            _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step)
+            last_step = rows[-1]["step"] if rows else last_step
     except OSError as e:
         problems.append(f"{where}: cannot read ({e.strerror or e}); file skipped")
         return []
-    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
-    skipped: list[str] = []
-    dropped: dict[str, list[str]] = {}  # reason -> "line N" or "line N: detail"
-    last_step = -1
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except RecursionError:
-            dropped.setdefault("JSON nested too deeply", []).append(f"line {lineno}")
-            continue
-        except json.JSONDecodeError as e:
-            if lineno == last:
-                problems.append(f"{where}:{lineno}: truncated line skipped ({e.msg}; the run stopped mid-write?)")
-            else:
-                dropped.setdefault("malformed JSON (interleaved writers?)", []).append(f"line {lineno}")
-            continue
-        if not isinstance(data, dict):
-            skipped.append(f"{where}:{lineno}: expected a JSON object, got {type(data).__name__}")
-            continue
-        _check_version(path, data, lineno)
-        bad = _field_problems(StepRow, data)
-        if bad:
-            skipped.append(f"{where}:{lineno}: not a StepRow ({'; '.join(bad)})")
-            continue
-        impossible = step_row_problem(data)
-        if impossible:
-            dropped.setdefault("impossible values", []).append(f"line {lineno}: {impossible}")
-            continue
-        if data["step"] <= last_step:
-            dropped.setdefault("duplicate or out-of-order step", []).append(f"line {lineno}")
-            continue
-        last_step = data["step"]
-        rows.append(dataclasses.asdict(StepRow(**data)))
+    if torn is not None:
+        problems.append(f"{where}:{torn[0]}: truncated line skipped ({torn[1]}; the run stopped mid-write?)")
     shown = skipped[:3] + ([f"{where}: {len(skipped) - 3} more such lines"] if len(skipped) > 3 else [])
     problems.extend(f"{text}; line skipped" for text in shown)
     if dropped:
@@ -345,6 +369,28 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
                         for reason, v in dropped.items())
         problems.append(f"{where}: {num} row(s) dropped: {why}; the numbers use the {len(rows)} valid rows")
     return rows
+
+
+def _check_metrics_row(path: Path, where: str, lineno: int, data: Any, rows: list, skipped: list[str],
+                       dropped: dict[str, list[str]], last_step: int) -> None:
+    """Append the parsed line ``data`` to ``rows`` as a StepRow dict, or say in ``skipped`` /
+    ``dropped`` why not."""
+    if not isinstance(data, dict):
+        skipped.append(f"{where}:{lineno}: expected a JSON object, got {type(data).__name__}")
+        return
+    _check_version(path, data, lineno)
+    bad = _field_problems(StepRow, data)
+    if bad:
+        skipped.append(f"{where}:{lineno}: not a StepRow ({'; '.join(bad)})")
+        return
+    impossible = step_row_problem(data)
+    if impossible:
+        dropped.setdefault("impossible values", []).append(f"line {lineno}: {impossible}")
+        return
+    if data["step"] <= last_step:
+        dropped.setdefault("duplicate or out-of-order step", []).append(f"line {lineno}")
+        return
+    rows.append(dataclasses.asdict(StepRow(**data)))
 
 
 # StepRow fields that must be finite and >= 0 (step_time_s > 0); loss and grad_norm may be

@@ -103,6 +103,35 @@ def test_a_real_log_that_compresses_190x_is_read_whole():
     assert "\n".join(blocks) + "\n" == whole.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def test_metrics_jsonl_is_streamed_within_a_line_and_a_file_cap(tmp_path, monkeypatch):
+    """A metrics line past the line cap is dropped unread and counted; a file past the file cap
+    is read up to it, with one caveat naming the file; a torn last line is still a crash mid-write."""
+    import ingest.io
+    from ingest.io import MAX_METRICS_LINE_BYTES, load_metrics
+
+    camp = write_synthetic_campaign(tmp_path / "camp", failed=())
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    rows = path.read_text().splitlines()
+    num_rows = len(rows)
+    lines = rows[:2] + ['{"step": "' + "9" * (4 * MAX_METRICS_LINE_BYTES) + '"}', "{torn", *rows[2:], '{"step": 99, "ti']
+    path.write_text("\n".join(lines))
+    kept, problems = load_metrics(camp / "ddp")
+    assert [r["step"] for r in kept if r["rank"] == 0] == [json.loads(r)["step"] for r in rows]
+    assert problems == [
+        "ddp/metrics/rank0.jsonl:%d: truncated line skipped (Unterminated string starting at; the run stopped "
+        "mid-write?)" % len(lines),
+        "ddp/metrics/rank0.jsonl: 2 row(s) dropped: 1 longer than 64 KiB (line 3); 1 malformed JSON "
+        "(interleaved writers?) (line 4); the numbers use the %d valid rows" % num_rows]
+
+    path.write_text("\n".join(rows) + "\n")
+    cap = len("\n".join(rows[:5])) + 1  # the sixth line ends past it
+    monkeypatch.setattr(ingest.io, "MAX_METRICS_FILE_BYTES", cap)
+    kept, problems = load_metrics(camp / "ddp")
+    assert [r["step"] for r in kept if r["rank"] == 0] == [json.loads(r)["step"] for r in rows[:6]]
+    assert problems[0] == (f"ddp/metrics/rank0.jsonl: larger than {ingest.io.format_bytes(cap)}, not one run's "
+                           "metrics; lines after 6 not read (the numbers use the rows before)")
+
+
 def test_prepare_data_refuses_a_huge_line_and_an_out_that_is_a_folder(tmp_path):
     from runner.corpus import MAX_LINE_BYTES
 
