@@ -21,7 +21,8 @@ BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwi
 @dataclass(frozen=True, kw_only=True)
 class AttributionView:
     """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends),
-    keyed by ATTRIBUTION_KEYS: traced_ms (ms per traced step, the kernels' own time), shares (of
+    keyed by ATTRIBUTION_KEYS: traced_ms (ms per traced step, the kernels' own time; its median
+    and p90 over the traced steps: traced_median_ms, traced_p90_ms), shares (of
     the traced step), breakdown_ms (traced_ms with the profiled steps' extra host time,
     profile_host_ms, taken from launch gaps then other to reach the unprofiled median step),
     saving_ms / saving_method (ingest.whatif: what removing each cause saves per step, signed,
@@ -34,6 +35,8 @@ class AttributionView:
     breakdown_ms: Mapping[str, float | None]
     shares: Mapping[str, float | None]
     traced_ms: Mapping[str, float | None]
+    traced_median_ms: Mapping[str, float]
+    traced_p90_ms: Mapping[str, float]
     saving_ms: Mapping[str, float | None]
     saving_method: Mapping[str, str | None]
     replay_step_ms: float | None
@@ -87,6 +90,7 @@ def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size
     bandwidth = ev.compute_collective_bandwidth(collectives, run=run, commbench=commbench) if collectives is not None else []
     return AttributionView(
         breakdown_ms=s["breakdown_ms"], shares=s["shares"], traced_ms=s["traced_ms"],
+        traced_median_ms=s["traced_median_ms"], traced_p90_ms=s["traced_p90_ms"],
         saving_ms=whatif.get("saving_ms", {}), saving_method=whatif.get("method", {}),
         replay_step_ms=whatif.get("replay_step_ms"), profile_host_ms=s["profile_host_ms"],
         per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],

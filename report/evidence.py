@@ -165,8 +165,9 @@ def summarize_attribution(attribution: pd.DataFrame, *, run: str, median_step_s:
     gaps, then to skew wait (waits for a slower host), then to "other" (host time; the profiler
     slows the host, not the kernels), none below 0; what they cannot absorb, and on CPU timelines (the profiler slows every host op) all of
     it, goes to every category in proportion. Without a median, traced_ms. rescale: traced step / unprofiled median step. launch gaps: mean count
-    per rank-step, median of the per-step median gap and the largest gap (s). None when the run
-    has no rows."""
+    per rank-step, median of the per-step median gap and the largest gap (s). traced_median_ms /
+    traced_p90_ms: each category's median and 90th percentile over the traced steps (each step
+    the mean over ranks; numpy percentile, linear). None when the run has no rows."""
     df = attribution[attribution["run"] == run] if not attribution.empty else attribution
     if df.empty:
         return None
@@ -176,6 +177,9 @@ def summarize_attribution(attribution: pd.DataFrame, *, run: str, median_step_s:
     traced = float(mean["step_time_s"])
     shares = {c: float(mean[f"{c}_s"]) / traced if traced > 0 else None for c in ATTRIBUTION_KEYS}
     traced_ms = {c: float(mean[f"{c}_s"]) * 1e3 for c in ATTRIBUTION_KEYS}
+    per_step = df.groupby("step")[cols].mean()  # the mean over ranks of each traced step
+    traced_median_ms = {c: float(np.percentile(per_step[f"{c}_s"], 50)) * 1e3 for c in ATTRIBUTION_KEYS}
+    traced_p90_ms = {c: float(np.percentile(per_step[f"{c}_s"], 90)) * 1e3 for c in ATTRIBUTION_KEYS}
     host_ms = (median_step_s - traced) * 1e3 if median_step_s else 0.0
     breakdown_ms = dict(traced_ms)
     timeline = str(df["timeline"].iloc[0])
@@ -192,7 +196,8 @@ def summarize_attribution(attribution: pd.DataFrame, *, run: str, median_step_s:
         "run": run, "timeline": timeline, "num_ranks": int(df["rank"].nunique()),
         "num_steps": int(df["step"].nunique()), "traced_step_s": traced, "median_step_s": median_step_s,
         "rescale": traced / median_step_s if median_step_s else None,
-        "shares": shares, "traced_ms": traced_ms, "breakdown_ms": breakdown_ms,
+        "shares": shares, "traced_ms": traced_ms, "traced_median_ms": traced_median_ms,
+        "traced_p90_ms": traced_p90_ms, "breakdown_ms": breakdown_ms,
         "profile_host_ms": host_ms - left if timeline == "gpu" else 0.0,
         "per_rank": {int(r): {c: float(per_rank.loc[r, f"{c}_s"]) for c in ATTRIBUTION_KEYS}
                      for r in per_rank.index},

@@ -132,9 +132,12 @@ def build_summary(note: Note) -> dict[str, Any]:
             "breakdown": shares.get(m.run),
             # section 5 across ranks (report.evidence.summarize_attribution): ms per traced step, the
             # kernels' own time; the same with the profiled steps' extra host time taken out to reach
-            # the unprofiled median step; what removing each category's cause saves (ingest.whatif)
+            # the unprofiled median step; each category's median and p90 over the traced steps; what
+            # removing each category's cause saves (ingest.whatif)
             "breakdown_ms": dict(a.traced_ms) if a else None,
             "breakdown_median_ms": dict(a.breakdown_ms) if a else None,
+            "breakdown_step_p50_ms": dict(a.traced_median_ms) if a else None,
+            "breakdown_step_p90_ms": dict(a.traced_p90_ms) if a else None,
             "whatif_saving_ms": {c: a.saving_ms.get(c) for c in a.traced_ms} if a else None,
             "whatif_method": {c: a.saving_method.get(c) for c in a.traced_ms} if a else None,
             "replay_step_ms": a.replay_step_ms if a else None,
