@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
 
 from core.errors import NoDataError, ParseError
 from core.redact import redact_value
-from ingest.paths import resolve_under, resolved, run_name_problem
+from ingest.paths import check_run_inside, is_inside, resolved, run_name_problem
 from core.atomic import write_bytes_atomic
 from core.records import (
     SCHEMA_VERSION, CampaignRecord, CheckpointRecord, EnvRecord, FixedConfig, LoadedRun, ModelConfig, Plant, RunInfo,
@@ -282,8 +282,23 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]],
     """Every rank's validated StepRows of one run (``<run>/metrics/rank*.jsonl``, as the note
     reads them) and the problems found. ParseError when a file is not UTF-8."""
     problems: list[str] = []
-    files = sorted((Path(run_dir) / "metrics").glob("rank*.jsonl"))
+    files = _metrics_files(Path(run_dir), problems)
     return [r for p in files for r in _read_metrics(p, problems)], problems
+
+
+def _metrics_files(run_dir: Path, problems: list[str]) -> list[Path]:
+    """The run's metrics/rank*.jsonl that are regular files inside the run folder; a symlink
+    loop, a link out of the run or a FIFO is a caveat in ``problems``, never read."""
+    name = run_dir.name
+    files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
+    looped = [p for p in files if resolved(p) is None]
+    problems.extend(f"{name}/metrics/{p.name}: a symlink loop; not read" for p in looped)
+    outside = [p for p in files if p not in looped and not is_inside(p, run_dir)]
+    problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)
+    outside += looped
+    odd = [p for p in files if p not in outside and not is_regular_file(p)]
+    problems.extend(f"{name}/metrics/{p.name}: not a regular file (a FIFO?); not read" for p in odd)
+    return [p for p in files if p not in outside and p not in odd]
 
 
 # The most read of one rank's metrics JSONL, streamed line by line: a row is ~300 bytes (the
@@ -452,8 +467,7 @@ _POSITIVE_SPEC_FIELDS = ("world_size", "tp_degree", "pp_degree", "dp_degree", "m
 
 def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     # the run's folder and its records must stay in the campaign: a symlink out is refused (ConfigError naming it)
-    for record in ("", "spec.json", "status.json", "run_info.json", "checkpoint.json"):
-        resolve_under(run_dir.parent, name, *([record] if record else []))
+    check_run_inside(run_dir.parent, name)
     spec_path = run_dir / "spec.json"
     if not spec_path.exists():
         problems.append(f"run {name}: no {spec_path} (never started?); left out of the note")
@@ -501,15 +515,7 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     for col in CHECKPOINT_COLUMNS:
         value = ckpt[col[5:]] if ckpt else None
         row[col] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
-    files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
-    looped = [p for p in files if resolved(p) is None]
-    problems.extend(f"{name}/metrics/{p.name}: a symlink loop; not read" for p in looped)
-    outside = [p for p in files if p not in looped and not resolved(p).is_relative_to(run_dir.resolve())]
-    problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)
-    outside += looped
-    odd = [p for p in files if p not in outside and not is_regular_file(p)]
-    problems.extend(f"{name}/metrics/{p.name}: not a regular file (a FIFO?); not read" for p in odd)
-    files = [p for p in files if p not in outside and p not in odd]
+    files = _metrics_files(run_dir, problems)
     steps = [r for p in files for r in _read_metrics(p, problems)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:

@@ -58,3 +58,21 @@ def resolve_under(root: Path, *parts: str) -> Path:
     if not path.is_relative_to(base):
         raise ConfigError(f"{Path(root).joinpath(*parts)}: resolves to {path}, outside the campaign {base}; not followed")
     return path
+
+
+# The records of a run folder that the tools read; each, and the folder, must stay in the campaign.
+RUN_RECORDS = ("spec.json", "status.json", "run_info.json", "checkpoint.json")
+
+
+def check_run_inside(root: Path, name: str) -> None:
+    """The run folder ``root/name`` and its records (RUN_RECORDS) resolve inside ``root``:
+    ConfigError naming the first link that leaves (``resolve_under``) otherwise."""
+    for record in ("", *RUN_RECORDS):
+        resolve_under(root, name, *([record] if record else []))
+
+
+def is_inside(path: Path, folder: Path) -> bool:
+    """``path`` resolves (symlinks followed, no loop) to somewhere under ``folder`` resolved."""
+    target, base = resolved(path), resolved(folder)
+    return target is not None and base is not None and target.is_relative_to(base)
+

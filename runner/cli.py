@@ -5,6 +5,7 @@
     runner all --nnodes N --node-rank K --rdzv-endpoint HOST:PORT --out DIR [--print-node-commands]
     runner collect CAMPAIGN_DIR NODE_DIR...
     runner status CAMPAIGN_DIR
+    runner capacity [--matrix FILE] [--out DIR] [--dry-run]                       (runner.capacity)
     runner slurm --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]
     runner plan --model NAME|--layers L ... --seq S --global-batch B --gpus N [...]   (runner.plan_cli)
     runner commbench [--nproc N] [--device cpu|cuda] [--ops ...] [--out DIR]        (runner.commbench)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import math
 import re
 import shlex
 import shutil
@@ -47,6 +49,11 @@ GENERATED_MATRIX_DIR = Path("runs") / "matrices"  # other GPU counts: runner.def
 
 
 def count_gpus() -> int:
+    """CUDA/ROCm devices torch sees; 0 without importing torch (seconds) where the machine has no
+    GPU device node for a driver to open (/dev/nvidia<N>, ROCm's /dev/kfd, WSL's /dev/dxg)."""
+    dev = Path("/dev")
+    if not any(dev.glob("nvidia[0-9]*")) and not (dev / "kfd").exists() and not (dev / "dxg").exists():
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -60,11 +67,15 @@ def default_matrix(num_gpus: int) -> Path:
         return MATRIX_DIR / DEFAULT_MATRICES[num_gpus]
     if num_gpus < 0:
         raise ToolError(f"--gpus must be >= 0, got {num_gpus}")
-    from runner.default_matrix import write_default_matrix
+    from runner.default_matrix import GPU_PRESET_GLOBAL_BATCH, compute_default_world_size, write_default_matrix
 
     path = write_default_matrix(num_gpus, directory=GENERATED_MATRIX_DIR)
+    world = compute_default_world_size(num_gpus)
+    split = "" if world == num_gpus else (
+        f"; every layout on {world} of the {num_gpus} GPUs: the global batch ({GPU_PRESET_GLOBAL_BATCH} sequences) "
+        "splits evenly only over a power-of-two number of data-parallel ranks")
     print(f"runner: no hand-written matrix for {num_gpus} GPUs; using the generated {path} "
-          f"(DDP, ZeRO-3 and the TP x PP layouts that divide {num_gpus}; --matrix FILE for your own)", file=sys.stderr)
+          f"(DDP, ZeRO-3 and the TP x PP layouts that divide {world}{split}; --matrix FILE for your own)", file=sys.stderr)
     return path
 
 
@@ -158,11 +169,12 @@ def cmd_all(args: argparse.Namespace) -> int:
         raise ConfigError(f"--gpus {args.gpus}: must be >= 0 (0: resolve for CPU)")
     if node is not None and args.out is None:
         raise ToolError("--out DIR is required with --nnodes: every node must write into the same campaign directory")
+    raw = load_matrix(args.matrix) if args.matrix else None  # a bad --matrix is reported before GPUs are counted
     num_gpus = count_gpus() if args.gpus is None else args.gpus  # per node
     nnodes = node.nnodes if node else 1
     matrix_path = args.matrix or default_matrix(num_gpus * nnodes)
-    campaign = resolve_matrix(load_matrix(matrix_path), source=str(matrix_path), num_gpus=num_gpus * nnodes,
-                              overrides={"preset": args.preset, "steps": args.steps})
+    campaign = resolve_matrix(raw if raw is not None else load_matrix(matrix_path), source=str(matrix_path),
+                              num_gpus=num_gpus * nnodes, overrides={"preset": args.preset, "steps": args.steps})
     if node is not None:
         check_divisible(campaign.runs, nnodes=node.nnodes)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -448,10 +460,9 @@ def load_run_spec(out: Path, name: str):
     """<out>/<name>/spec.json as a RunSpec; its own name must be ``name``. ConfigError otherwise."""
     from runner.launch import load_json
 
-    from ingest.paths import resolve_under
+    from ingest.paths import check_run_inside
 
-    for parts in ((), ("spec.json",), ("status.json",)):  # the run's folder and records stay in the campaign
-        resolve_under(out, name, *parts)
+    check_run_inside(out, name)  # the run's folder and records stay in the campaign
     path = out / name / "spec.json"
     raw = load_json(path)
     if raw.get("name") != name:
@@ -570,8 +581,80 @@ def _run_campaign(out: Path, specs: list, supervision: SupervisionLimits, *, nod
     return 0 if "ok" in statuses else 1  # a campaign where nothing ran is a failed job
 
 
+CAPACITY_MATRICES = {0: "cpu-capacity.toml", 1: "1gpu-capacity.toml"}
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """Bisect the [capacity] ladder for every layout of the matrix (runner.capacity)."""
+    from runner.capacity import build_capacity_config, build_ladder, check_layouts, predict_trial_memory, \
+        build_trial_spec, run_capacity
+    from runner.model import count_gpt_params
+
+    num_gpus = count_gpus() if args.gpus is None else args.gpus
+    if args.gpus is not None and not args.dry_run:
+        raise ToolError("--gpus only applies to --dry-run (a real probe uses the GPUs it finds)")
+    matrix_path = args.matrix or MATRIX_DIR / CAPACITY_MATRICES.get(num_gpus, "1gpu-capacity.toml")
+    raw = load_matrix(matrix_path)
+    campaign = resolve_matrix(raw, source=str(matrix_path), num_gpus=num_gpus, overrides={"preset": args.preset})
+    config = build_capacity_config(raw.get("capacity"), where=str(matrix_path), device=campaign.device)
+    specs = tuple(s for s in campaign.runs if s.data_round == "synthetic" and int(s.options.get("repeat", 1)) == 1)
+    searched = [s.name for s in specs if "micro_batch_search" in s.options]
+    if searched:
+        raise ConfigError(f"{matrix_path}: run(s) {', '.join(searched)}: micro_batch_size = \"auto\" is not for the "
+                          "capacity probe; set an integer (every rung uses it)")
+    ladder = build_ladder(campaign.fixed.model, config.ladder, where=str(matrix_path))
+    check_layouts(specs, ladder, where=str(matrix_path))
+    out = args.out or Path("runs") / f"{campaign.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if args.dry_run:
+        print(f"capacity probe {campaign.name}: device {campaign.device}, {len(specs)} layout(s), {len(ladder)} rungs, "
+              f"{config.probe_steps} steps per trial ({config.probe_warmup_steps} untimed), micro-batch "
+              f"{specs[0].micro_batch_size} of {campaign.fixed.global_batch_size}"
+              + (f", budget {config.memory_budget_gib} GiB per process (RLIMIT_DATA)" if config.memory_budget_gib else ""))
+        for i, m in enumerate(ladder):
+            print(f"rung {i}: {m.num_layers} layers x hidden {m.hidden_size} ({m.num_heads} heads, ffn "
+                  f"{m.ffn_hidden_size}): {count_gpt_params(m) / 1e6:,.1f}M params")
+        for spec in specs:
+            preds = [predict_trial_memory(build_trial_spec(spec, m, rung=i, config=config)) for i, m in enumerate(ladder)]
+            print(f"- {spec.name}: {spec.strategy}/{spec.engine} world {spec.world_size} tp {spec.tp_degree} pp "
+                  f"{spec.pp_degree} dp {spec.dp_degree}; predicted GiB per rank (device + host) by rung: "
+                  + ", ".join(f"{d / 2**30:.2f}+{h / 2**30:.2f}" for _, _, d, h in preds))
+        print(f"trials: ceil(log2({len(ladder)} + 1)) = {math.ceil(math.log2(len(ladder) + 1))} per layout, into "
+              f"{out}/<layout>/rung<k>/ (one torchrun each, as `runner all` launches a run)")
+        return 0
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ToolError(f"{out}: output path exists and is not an empty directory; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    from core.atomic import write_json_atomic
+    from runner.env import collect_env
+    from runner.launch import Watchdog, run_one
+
+    env = collect_env(launch_command=[redact_text(a) for a in sys.orig_argv], data_dir=out)
+    write_json_atomic(out / "env.json", to_dict(env))
+    limit = device_name = None
+    if campaign.device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        limit, device_name = props.total_memory / 2**30, props.name
+    supervision = campaign_supervision(campaign)
+
+    def launch(spec, trial_dir: Path):
+        return run_one(spec, run_dir=trial_dir, master_port=_free_port(), watchdog=Watchdog(
+            deadline_s=supervision.run_timeout_s, stall_timeout_s=supervision.stall_timeout_s,
+            startup_timeout_s=supervision.startup_timeout_s))
+
+    print(f"capacity probe {campaign.name} -> {out} ({len(specs)} layouts, {len(ladder)} rungs)", flush=True)
+    result = run_capacity(specs, config, out=out, name=campaign.name, device=campaign.device, device_name=device_name,
+                          memory_limit_gib=config.memory_budget_gib if limit is None else limit, launch=launch)
+    print(f"done ({len(result.trials)} trials): {out / 'capacity.json'}")
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     copied = collect_node_dirs(args.campaign_dir, list(args.node_dirs))
+    if not copied:
+        raise ToolError(f"collected nothing: {', '.join(map(str, args.node_dirs))} hold(s) no file that "
+                        f"{args.campaign_dir} lacks (already collected, or the nodes' runs wrote nothing yet)")
     print(f"collected {len(copied)} file(s) into {args.campaign_dir}: "
           f"{shlex.join(['report', 'build', str(args.campaign_dir)])}")
     return 0
@@ -674,6 +757,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_sl.add_argument("--port", type=int, default=29500, help="base rendezvous port (run i uses port + i)")
     p_sl.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     p_sl.set_defaults(func=cmd_slurm)
+    p_cap = sub.add_parser("capacity", help="largest model of a size ladder each layout trains, by bisection")
+    p_cap.add_argument("--matrix", type=Path, help="matrix TOML with a [capacity] ladder (default: "
+                       "examples/matrices/cpu-capacity.toml on CPU, 1gpu-capacity.toml on GPUs)")
+    p_cap.add_argument("--out", type=Path, help="capacity folder (default: runs/<name>-<timestamp>); inside a "
+                       "campaign as <campaign>/capacity, `report build` adds a Capacity section")
+    p_cap.add_argument("--dry-run", action="store_true", help="print the ladder, layouts and predictions; run nothing")
+    p_cap.add_argument("--preset", help="model preset the ladder grows from (overrides the matrix)")
+    p_cap.add_argument("--gpus", type=int, help="with --dry-run: resolve as if this many GPUs were present")
+    p_cap.set_defaults(func=cmd_capacity)
     from runner.commbench import add_commbench_parser
     from runner.plan_cli import add_plan_parser
 
@@ -696,7 +788,9 @@ def interrupted_text(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from core.argv import parse_args
+
+    args = parse_args(build_parser(), argv)
     signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     signal.signal(signal.SIGHUP, _sigterm_to_interrupt)
     try:

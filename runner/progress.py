@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from ingest.io import open_regular
+from ingest.paths import is_inside
 
 RECENT_STEPS = 20  # step times the tokens/s median and the ETA are taken over
 
@@ -47,7 +48,9 @@ class MetricsTail:
         self._steps: set[int] = set()
 
     def _rank_files(self) -> dict[int, Path]:
-        return {int(p.stem[4:]): p for p in self._dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
+        # a link out of the run folder is not the run's (ingest.io says so in the note)
+        return {int(p.stem[4:]): p for p in self._dir.glob("rank*.jsonl")
+                if p.stem[4:].isdigit() and (not p.is_symlink() or is_inside(p, self._dir.parent))}
 
     @property
     def num_steps(self) -> int:

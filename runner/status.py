@@ -4,8 +4,9 @@ State comes from <run>/status.json when the run ended; otherwise "running" once 
 logs or metrics and a live runner holds the campaign's lock (runner.owner), "runner dead" when
 none does (the lock's pid is gone, or there is no lock: `runner all --resume` finishes it),
 "not started" before. Steps done (distinct step numbers, not lines) and tokens/s is the note's
-(measured_tokens_per_s). Run names must be plain names and status.json a JSON
-object: a damaged campaign is a ConfigError naming the file, never a traceback. This module
+(measured_tokens_per_s). Run names must be plain names, run folders and their records inside
+the campaign (a symlink out is refused, naming it) and status.json a JSON object: a damaged
+campaign is a ConfigError naming the file, never a traceback. This module
 reads only.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError, NoDataError, ToolError
-from ingest.paths import check_run_name
+from ingest.paths import check_run_inside, check_run_name
 from runner.launch import load_json
 from runner.owner import LockState, describe_orphans, find_orphans, lock_path, read_lock
 from runner.progress import MetricsTail, format_rate
@@ -89,6 +90,8 @@ def load_campaign_status(root: Path) -> tuple[dict, list[RunState]]:
     if not isinstance(names, list):
         raise ConfigError(f"{root / 'campaign.json'}: runs: expected a list of run names; the campaign is damaged")
     names = [check_run_name(n, where=str(root / "campaign.json")) for n in names]
+    for name in names:  # a run folder or record linked out of the campaign: one line naming the link
+        check_run_inside(root, name)
     fixed = meta.get("fixed")
     warmup = fixed.get("warmup_steps") if isinstance(fixed, dict) else None
     warmup = warmup if isinstance(warmup, int) and not isinstance(warmup, bool) else 0

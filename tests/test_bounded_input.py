@@ -215,9 +215,25 @@ def test_run_folder_or_record_linked_outside_the_campaign_is_refused(tmp_path, l
         named = camp / "ddp" / link
     before = sorted(str(p) for p in outside.rglob("*"))
     for res in (_cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), "--format", "md", timeout=300),
-                _cli("runner.cli", "all", "--resume", str(camp), timeout=120)):
+                _cli("runner.cli", "all", "--resume", str(camp), timeout=120),
+                _cli("runner.cli", "status", str(camp))):
         _one_error_line(res, f"{named}: resolves to", "outside the campaign")
     assert sorted(str(p) for p in outside.rglob("*")) == before  # nothing written there
+
+
+def test_runner_status_reads_no_metrics_linked_out_of_the_run(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp", failed=())
+    metrics = camp / "ddp" / "metrics"
+    res = _cli("runner.cli", "status", str(camp))
+    assert res.returncode == 0 and " 12/12 steps" in next(ln for ln in res.stdout.splitlines() if "ddp " in ln)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for p in metrics.iterdir():
+        p.rename(outside / p.name)
+        os.symlink(outside / p.name, p)
+    res = _cli("runner.cli", "status", str(camp))
+    assert res.returncode == 0, res.stderr
+    assert " 0/12 steps" in next(ln for ln in res.stdout.splitlines() if "ddp " in ln), res.stdout
 
 
 def test_report_out_must_be_a_note_folder_and_builds_swap_whole(tmp_path):
