@@ -20,6 +20,7 @@ demo: venv
 	rm -rf $(DEMO)
 	$(VENV)/bin/runner all --out $(DEMO)
 	$(VENV)/bin/report build $(DEMO)
+	@echo "commands: . $(VENV)/bin/activate puts runner, report and ingest on PATH (README: First commands)"
 
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --clean-checkout

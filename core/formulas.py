@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
+
+if TYPE_CHECKING:  # numpy is imported where used: `runner all --dry-run` and errors answer without it
+    import numpy as np
 
 FLOPS_CONVENTIONS = ("6N+12LHQT", "6N", "6N+6LHQT")
 DEFAULT_CONVENTION = "6N+12LHQT"
@@ -245,6 +247,8 @@ def compute_tokens_per_s(steps: pd.DataFrame, *, tokens_per_step: float, warmup_
     """tokens/s of one run as the metric table states it: tokens per step (global batch x seq)
     over the median of its measured steps' step time (compute_step_times: slowest rank per
     step, warm-up and profiled steps left out). None without a measured step."""
+    import numpy as np
+
     times = compute_step_times(steps, warmup_steps=warmup_steps)["step_time_s"].to_numpy(dtype=float)
     if times.size == 0:
         return None
@@ -280,6 +284,8 @@ ZIPF_EXPONENT = 1.1  # the synthetic data round's Zipf exponent (runner.data dra
 
 def compute_zipf_probs(vocab_size: int, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
     """Probabilities of ranks 1..V under Zipf(s): p_k = k^-s / sum_j j^-s (float64, shape [V])."""
+    import numpy as np
+
     ranks = np.arange(1, vocab_size + 1, dtype=np.float64)
     w = ranks ** (-exponent)
     return w / w.sum()
@@ -288,6 +294,8 @@ def compute_zipf_probs(vocab_size: int, exponent: float = ZIPF_EXPONENT) -> np.n
 def zipf_entropy_nats(vocab_size: int, exponent: float = ZIPF_EXPONENT) -> float:
     """Entropy (nats) of the synthetic token distribution, -sum p log p: the loss floor of a
     model that learns it perfectly."""
+    import numpy as np
+
     p = compute_zipf_probs(vocab_size, exponent)
     return float(-(p * np.log(p)).sum())
 

@@ -16,6 +16,7 @@ Exit codes: 0 ok, 2 user error (one line ``ingest: error: ...`` on stderr, never
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _is_campaign(paths: list[str]) -> bool:
     if len(paths) != 1 or not Path(paths[0]).is_dir():
-        return len(paths) == 1 and not Path(paths[0]).exists()  # keep today's "no such directory" error
+        return False
     root = Path(paths[0])
     return (root / "campaign.json").is_file() or (root / "runs.parquet").is_file() or not any(
         f.is_file() for f in root.rglob("*"))
@@ -100,6 +101,10 @@ def run_thirdparty(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = [p for p in args.paths if not os.path.lexists(p)]
+    if missing:
+        raise ConfigError("; ".join(f"{p}: no such file or directory" for p in missing)
+                          + "; pass a campaign directory written by `runner all`, or log files / folders")
     if len(args.paths) == 1 and (Path(args.paths[0]) / "commbench.json").is_file():  # `runner commbench --out DIR`
         rows = load_commbench(args.paths[0])
         print(f"commbench: {len(rows)} rows ({', '.join(sorted({r['op'] for r in rows}))})")

@@ -8,11 +8,12 @@ a traceback).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 
-from core.errors import ToolError
+from core.errors import NoDataError, ToolError
 from report import FORMATS
 from report.i18n import DEFAULT_LANGUAGE, available_languages
 
@@ -22,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     build = sub.add_parser("build", help="write note.md / note.html / note.pdf")
     build.add_argument("campaign_dir", metavar="CAMPAIGN_DIR", help="campaign dir (`runner all`) or tables dir (`ingest`)")
-    build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report)")
+    build.add_argument("--out", metavar="DIR", help="output directory (default: CAMPAIGN_DIR/report; for a committed "
+                       "example of the tool's checkout, runs/NAME/report in the current directory)")
     build.add_argument("--format", default=None, metavar="FMTS",
                        help=f"comma-separated subset of {','.join(FORMATS)} (default: all; without the PDF's "
                             "system libraries the default writes md and html and says how to get the PDF)")
@@ -50,8 +52,10 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from core.argv import parse_args
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     on_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None  # stop as Ctrl-C does
     try:
@@ -67,6 +71,11 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     formats = [f.strip() for f in (args.format or ",".join(FORMATS)).split(",") if f.strip()]
     notes: list[str] = []
     try:
+        sources = [args.old, args.new] if args.command == "diff" else [args.campaign_dir]
+        missing = [s for s in sources if not os.path.lexists(s)]
+        if missing:  # said before the seconds of imports below
+            raise NoDataError("; ".join(f"{s}: no such directory" for s in missing)
+                              + "; pass a campaign directory written by `runner all`, a tables directory or a folder of logs")
         # here, not at import: pandas, matplotlib and the view-model (torch via runner.data) cost
         # seconds that `report --help` should not pay
         from report.render import build_diff_report, build_report

@@ -442,7 +442,7 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
                  formats: Sequence[str] = FORMATS, lang: str = DEFAULT_LANGUAGE,
                  warn: Callable[[str], None] | None = None, model: dict | None = None) -> list[Path]:
     """Load a campaign or tables dir, write summary.json and note.<fmt> (+ figures/) into
-    out_dir (default SOURCE/report). lang: the note's language (report.i18n; summary.json
+    out_dir (default: default_note_out). lang: the note's language (report.i18n; summary.json
     is the same in every language). warn: given, a PDF that cannot be made (no WeasyPrint or
     Pango) is skipped with one line to it, the other formats written; else PdfUnavailableError.
     A language whose font is missing fails before anything is written (check_pdf_fonts).
@@ -454,7 +454,7 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
     language = load_language(lang)
     if "pdf" in formats:
         check_pdf_fonts(language)
-    out = Path(out_dir) if out_dir else Path(source) / "report"
+    out = Path(out_dir) if out_dir else default_note_out(source)
     check_staged_folder(out, marker=NOTE_MARKER, hint=NOTE_OUT_HINT)  # before the long load: say it at once
     campaign, trace_tables, note = load_note(source, model=model)
     with staged_folder(out, marker=NOTE_MARKER, entries=NOTE_ENTRIES, hint=NOTE_OUT_HINT) as stage:
@@ -498,6 +498,19 @@ def write_note_files(out: Path, *, formats: Sequence[str], warn: Callable[[str],
                     raise
                 warn(f"no PDF: {e}")
     return written
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent  # the tool's own tree (site-packages when installed)
+
+
+def default_note_out(source: str | Path) -> Path:
+    """SOURCE/report, except for a folder inside the tool's own checkout outside its ignored runs/
+    (a committed example): runs/NAME/report under the current directory, so rebuilding an
+    example's note leaves the tracked tree as it was."""
+    resolved = Path(source).resolve()
+    if resolved.is_relative_to(CHECKOUT) and not resolved.is_relative_to(CHECKOUT / "runs"):
+        return Path("runs") / resolved.name / "report"
+    return Path(source) / "report"
 
 
 def default_diff_out(old_source: str | Path, new_source: str | Path) -> Path:

@@ -50,8 +50,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from core.errors import ConfigError
 from core.atomic import umask
 from core.records import DatasetRecord, to_dict
@@ -345,6 +343,8 @@ def write_indexed_dataset(token_docs: Sequence[Sequence[int]], *, prefix: Path, 
     """Write documents of token ids as ``prefix.bin`` / ``prefix.idx`` with megatron-core's
     IndexedDatasetBuilder (one sequence per document), in place: ``prefix`` is a staging path
     (prepare_data renames the files into place once everything is built and checked)."""
+    import numpy as np  # here, not at import: `runner all --dry-run` and its errors answer without it
+
     IndexedDatasetBuilder = _megatron_indexed_dataset().IndexedDatasetBuilder
     dtype = _index_dtype(vocab_size)
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
@@ -385,6 +385,8 @@ def validate_dataset(prefix: str | Path, *, model_vocab_size: int, seq_length: i
     for p in (idx, bin_):
         if not p.is_file():
             raise ConfigError(f"{p}: not found; [data] path / --out is the prefix of <prefix>.bin and <prefix>.idx")
+    import numpy as np
+
     IndexedDataset = _megatron_indexed_dataset().IndexedDataset
     try:
         ds = IndexedDataset(str(prefix))

@@ -15,13 +15,15 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
-from core.perfmodel import build_comm_model, load_assumptions, load_links
-from runner.plan import NoFitError, PlanRequest, build_plan, plan_to_dict, render_plan_text
 from runner.presets import PRESETS
 from runner.shapes import SHAPES, lookup_shape
 from core.formulas import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, SHAPE_MAX, ModelShape, check_shape
+
+if TYPE_CHECKING:  # the planner is imported when `runner plan` runs: every other command starts without it
+    from runner.plan import PlanRequest
 
 INTER_NODE = {"ib": "ib_ndr", "roce": "roce_400", "eth": "eth_100"}
 SHAPE_FLAGS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_kv_heads",
@@ -89,6 +91,8 @@ def build_shape(args: argparse.Namespace) -> ModelShape:
 def build_request(args: argparse.Namespace) -> PlanRequest:
     """Resolve GPU, links, calibration and defaults into a PlanRequest (ConfigError on bad input)."""
     from core.hardware import gpu_keys, lookup_gpu, use_hardware_file
+    from core.perfmodel import build_comm_model, load_assumptions, load_links
+    from runner.plan import PlanRequest
 
     if args.hardware:
         use_hardware_file(args.hardware)
@@ -180,6 +184,7 @@ def check_plan_args(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from core.atomic import write_json_atomic
+    from runner.plan import NoFitError, build_plan, plan_to_dict, render_plan_text
 
     check_plan_args(args)
     req = build_request(args)

@@ -92,13 +92,15 @@ def test_ingest_with_model_flags_then_report_build_tables(tmp_path, capsys):
     assert "| NCCL | 2.21.5+cuda12.4 |" in note
 
 
-def test_raw_folder_without_shape_says_how_to_pass_it(tmp_path, capsys):
+def test_raw_folder_without_shape_says_how_to_pass_it(tmp_path, capsys, monkeypatch):
     d = folder(tmp_path, args=False)
+    monkeypatch.chdir(tmp_path)  # ingest's default out is runs/NAME/tables under the current directory
     assert report_main(["build", str(d), "--format", "md"]) == 2
     err = capsys.readouterr().err
     assert "ingest ... --model KEY=VALUE" in err and "num_layers" in err
     assert ingest_main([str(d)]) == 0  # ingest alone still writes the raw tables, with a note
     assert "note: no runs table for `report build`" in capsys.readouterr().out
+    assert (tmp_path / "runs" / d.name / "tables" / "files.parquet").is_file()
     with pytest.raises(ConfigError):
         from ingest.thirdparty import parse_model_flags
         parse_model_flags("layers=3")
