@@ -513,6 +513,13 @@ def default_note_out(source: str | Path) -> Path:
     return Path(source) / "report"
 
 
+# A diff folder (report diff --out) is kept as a note folder is (NOTE_MARKER above), with its own marker
+DIFF_MARKER = ".report-diff"
+DIFF_ENTRIES = ("diff.json", "diff.md", "diff.html", "diff.pdf")
+DIFF_OUT_HINT = ("choose a new or empty --out (a diff is written only into a folder `report diff` made, so it "
+                 "never overwrites your files)")
+
+
 def default_diff_out(old_source: str | Path, new_source: str | Path) -> Path:
     """runs/diff-OLD-vs-NEW under the current directory (OLD, NEW the folders' names): a diff is
     never written into either input (one may be a committed example or someone else's logs)."""
@@ -523,8 +530,10 @@ def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir
                       threshold: float = 0.05, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Compare two campaigns (each a campaign dir, tables dir or third-party folder): write
     diff.json (report.diff's records) and diff.<fmt> into out_dir (default runs/diff-OLD-vs-NEW).
-    threshold: relative change beyond which a worse move is flagged. Returns written paths.
-    Raises ToolError subclasses."""
+    threshold: relative change beyond which a worse move is flagged. out_dir must be new, empty
+    or a diff folder an earlier diff made (DIFF_MARKER); its files replace the previous diff's as
+    one set, one diff at a time (core.atomic.staged_folder). Returns written paths. Raises
+    ToolError subclasses."""
     from report.diff import build_diff
 
     _check_formats(formats)
@@ -534,18 +543,21 @@ def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir
         if not Path(source).is_dir():
             raise NoDataError(f"{source}: not a directory; give a campaign dir (`runner all`), a tables dir "
                               "(`ingest`) or a folder of third-party logs")
+    out = Path(out_dir) if out_dir else default_diff_out(old_source, new_source)
+    check_staged_folder(out, marker=DIFF_MARKER, hint=DIFF_OUT_HINT)  # before the long loads: say it at once
     summaries = [build_summary(load_note(source)[2]) for source in (old_source, new_source)]
     diff = build_diff(*summaries, threshold=threshold, old_source=str(old_source), new_source=str(new_source))
-    out = Path(out_dir) if out_dir else default_diff_out(old_source, new_source)
-    written = [write_bytes_atomic(out / "diff.json", render_summary_json(dataclasses.asdict(diff)))]
-    if "md" in formats:
-        written.append(write_bytes_atomic(
-            out / "diff.md", build_environment(html=False).get_template("diff.md.j2").render(diff=diff).encode()))
-    if "html" in formats or "pdf" in formats:
-        env = build_environment(html=True)
-        html = env.get_template("diff.html.j2").render(diff=diff, css=Markup(env.loader.get_source(env, "print.css")[0]))
-        if "html" in formats:
-            written.append(write_bytes_atomic(out / "diff.html", html.encode()))
-        if "pdf" in formats:
-            written.append(write_bytes_atomic(out / "diff.pdf", render_pdf(html, base_url=out)))
-    return written
+    with staged_folder(out, marker=DIFF_MARKER, entries=DIFF_ENTRIES, hint=DIFF_OUT_HINT) as stage:
+        written = [write_bytes_atomic(stage / "diff.json", render_summary_json(dataclasses.asdict(diff)))]
+        if "md" in formats:
+            written.append(write_bytes_atomic(
+                stage / "diff.md", build_environment(html=False).get_template("diff.md.j2").render(diff=diff).encode()))
+        if "html" in formats or "pdf" in formats:
+            env = build_environment(html=True)
+            html = env.get_template("diff.html.j2").render(diff=diff,
+                                                           css=Markup(env.loader.get_source(env, "print.css")[0]))
+            if "html" in formats:
+                written.append(write_bytes_atomic(stage / "diff.html", html.encode()))
+            if "pdf" in formats:
+                written.append(write_bytes_atomic(stage / "diff.pdf", render_pdf(html, base_url=stage)))
+    return [out / Path(p).relative_to(stage) for p in written]

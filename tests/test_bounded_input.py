@@ -254,6 +254,34 @@ def test_report_out_must_be_a_note_folder_and_builds_swap_whole(tmp_path):
     assert {p.name for p in out.iterdir()} == {".report-note", "summary.json", "note.md", "figures"}
 
 
+def test_report_diff_out_is_kept_as_a_note_folder_is(tmp_path):
+    """report diff --out: a stranger's folder is refused, a diff folder is replaced as one set,
+    one diff at a time (the same staged folder as report build's, its own marker)."""
+    import fcntl
+
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "diff.md").write_text("my own diff\n")
+    diff = ("report.cli", "diff", str(camp), str(camp))
+    _one_error_line(_cli(*diff, "--out", str(mine), "--format", "md", timeout=300),
+                    f"{mine}: a folder this tool did not make", "choose a new or empty --out")
+    assert (mine / "diff.md").read_text() == "my own diff\n" and {p.name for p in mine.iterdir()} == {"diff.md"}
+    out = tmp_path / "out"
+    res = _cli(*diff, "--out", str(out), "--format", "md,html", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in out.iterdir()} == {".report-diff", "diff.json", "diff.md", "diff.html"}
+    res = _cli(*diff, "--out", str(out), "--format", "md", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in out.iterdir()} == {".report-diff", "diff.json", "diff.md"}  # no html of the first
+    with open(out / ".report-diff") as lock:  # another diff holds --out
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _one_error_line(_cli(*diff, "--out", str(out), "--format", "md", timeout=300),
+                        f"{out}: another process is writing it now")
+    _one_error_line(_cli(*diff, "--out", str(tmp_path / "camp"), "--format", "md", timeout=300),
+                    "a folder this tool did not make")  # a campaign (or a note folder) is not a diff's
+
+
 def test_concurrent_and_stopped_builds_never_mix_two_notes(tmp_path):
     import fcntl
     import signal
