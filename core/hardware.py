@@ -1,4 +1,4 @@
-"""Dense peak FLOP/s per GPU and dtype, from the data file hardware.toml.
+"""Dense peak FLOP/s per GPU and dtype, and nominal links, from the data file hardware.toml.
 
 ``lookup_peak`` matches a ``torch.cuda.get_device_name()`` string against each entry's
 ``match`` regular expressions (full match, case-insensitive). An unknown GPU, a CPU, or a
@@ -119,8 +119,6 @@ def use_hardware_file(path: str | os.PathLike[str]) -> None:
     _clear_caches()
     try:
         _default_table()
-        from core.perfmodel import load_links
-
         load_links()
     except Exception:
         _USER_FILES.pop()
@@ -128,11 +126,41 @@ def use_hardware_file(path: str | os.PathLike[str]) -> None:
         raise
 
 
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """A nominal interconnect (hardware.toml [link.<id>]): bus_bw_gbps GB/s per GPU one way."""
+
+    key: str
+    name: str
+    bus_bw_gbps: float
+    latency_us: float
+    scope: str  # "intra" | "inter"
+    per: str  # "gpu" | "node"
+    source: str
+
+
+@functools.cache
+def load_links(path: Path | None = None) -> dict[str, Link]:
+    """hardware.toml's [link.<id>] tables (path None: the shipped file with any --hardware FILE
+    merged over it). Raises ConfigError listing malformed entries."""
+    links, problems = {}, []
+    data = load_hardware_toml(path) if path is not None else load_hardware_data()
+    origin = path or hardware_origin()
+    for key, raw in (data.get("link") or {}).items():
+        try:
+            links[key] = Link(key=key, name=raw["name"], bus_bw_gbps=float(raw["bus_bw_gbps"]),
+                              latency_us=float(raw["latency_us"]), scope=raw["scope"], per=raw.get("per", "gpu"),
+                              source=raw["source"])
+        except (KeyError, TypeError, ValueError) as e:
+            problems.append(f"{origin} [link.{key}]: {e!r}; needs name, bus_bw_gbps, latency_us, scope, source")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return links
+
+
 def _clear_caches() -> None:
     load_hardware_data.cache_clear()
     _default_table.cache_clear()
-    from core.perfmodel import load_links
-
     load_links.cache_clear()
 
 

@@ -32,7 +32,7 @@ from core.formulas import (
     COLLECTIVES, ModelShape, compute_bubble_fraction, compute_bubble_ratio, compute_bus_factor,
     compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
 )
-from core.hardware import hardware_origin, load_hardware_data, load_hardware_toml, lookup_gpu
+from core.hardware import Link, load_hardware_toml, load_links, lookup_gpu  # noqa: F401 - Link, load_links: re-exported
 from core.records import EnvRecord, FixedConfig, LoadedRun, ModelConfig, RunSpec
 
 PERFMODEL_TOML = Path(files("core") / "perfmodel.toml")
@@ -40,38 +40,6 @@ REFERENCE_FLOPS = 1e12  # calibration: rates are solved as efficiency x this ref
 ENGINE_OF_SHARDING = {"ddp": "torch-ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
                       "megatron": "megatron", "megatron-distopt": "megatron"}
 GRAD_BYTES = {"ddp": 2, "zero1": 2, "zero2": 2, "zero3": 2, "megatron": 4, "megatron-distopt": 4}  # Megatron: fp32 main grads
-
-
-@dataclass(frozen=True, kw_only=True)
-class Link:
-    """A nominal interconnect (hardware.toml [link.<id>]): bus_bw_gbps GB/s per GPU one way."""
-
-    key: str
-    name: str
-    bus_bw_gbps: float
-    latency_us: float
-    scope: str  # "intra" | "inter"
-    per: str  # "gpu" | "node"
-    source: str
-
-
-@functools.cache
-def load_links(path: Path | None = None) -> dict[str, Link]:
-    """hardware.toml's [link.<id>] tables (path None: the shipped file with any --hardware FILE
-    merged over it). Raises ConfigError listing malformed entries."""
-    links, problems = {}, []
-    data = load_hardware_toml(path) if path is not None else load_hardware_data()
-    origin = path or hardware_origin()
-    for key, raw in (data.get("link") or {}).items():
-        try:
-            links[key] = Link(key=key, name=raw["name"], bus_bw_gbps=float(raw["bus_bw_gbps"]),
-                              latency_us=float(raw["latency_us"]), scope=raw["scope"], per=raw.get("per", "gpu"),
-                              source=raw["source"])
-        except (KeyError, TypeError, ValueError) as e:
-            problems.append(f"{origin} [link.{key}]: {e!r}; needs name, bus_bw_gbps, latency_us, scope, source")
-    if problems:
-        raise ConfigError("; ".join(problems))
-    return links
 
 
 @dataclass(frozen=True, kw_only=True)
