@@ -264,9 +264,8 @@ def compute_stage_balance(attribution: pd.DataFrame, *, run: str, pp_degree: int
 
     Stage of rank r: r // ranks_per_stage (Megatron's rank order puts pipeline outermost).
     Per-layer cost from the first stage, l = compute_0 / layers_0 (its embedding lookup is
-    cheap); the last stage's extra (LM head + loss) h = compute_last - layers_last x l. The
-    balanced split gives the last stage n layers and the others the rest evenly, minimising
-    max(ceil((L - n)/(p - 1)) x l, n x l + h). Returns stage_compute_s, layers, split,
+    cheap); the last stage's extra (LM head + loss) h = compute_last - layers_last x l
+    (balance_layers gives the split). Returns stage_compute_s, layers, split,
     predicted_max_stage_s, imbalance_s (max - mean stage compute); None without PP or rows."""
     df = attribution[attribution["run"] == run] if not attribution.empty else attribution
     if pp_degree < 2 or df.empty or len(layers) != pp_degree:
@@ -277,37 +276,73 @@ def compute_stage_balance(attribution: pd.DataFrame, *, run: str, pp_degree: int
         stage.setdefault(int(r) // max(ranks_per_stage, 1), []).append(float(c))
     if sorted(stage) != list(range(pp_degree)):
         return None
-    compute = [float(np.mean(stage[s])) for s in range(pp_degree)]
-    total = int(sum(layers))
-    per_layer = compute[0] / layers[0] if layers[0] else None
+    out = {"stage_compute_s": [float(np.mean(stage[s])) for s in range(pp_degree)], "layers": list(layers)}
+    split, best = balance_layers(out)
+    return {**out, "split": split, "predicted_max_stage_s": best,
+            "imbalance_s": max(out["stage_compute_s"]) - float(np.mean(out["stage_compute_s"]))}
+
+
+def _layer_costs(stages: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(per-layer compute l, the last stage's extra h) in s from a run's stages: l = compute_0 /
+    layers_0, h = compute_last - layers_last x l. None without a first-stage layer."""
+    computes, layers = stages.get("stage_compute_s") or [], stages.get("layers") or []
+    if len(computes) < 2 or len(layers) != len(computes) or not layers[0]:
+        return None
+    per_layer = computes[0] / layers[0]
+    return per_layer, computes[-1] - layers[-1] * per_layer
+
+
+def balance_layers(stages: Mapping[str, Any]) -> tuple[list[int] | None, float | None]:
+    """The layer split that minimises the slowest stage with ``stages``' per-layer cost
+    (_layer_costs): the last stage gets n layers, the others the rest evenly, minimising
+    max(ceil((L - n)/(p - 1)) x l, n x l + h). -> (split, predicted slowest stage s), or (None, None)."""
+    costs = _layer_costs(stages)
+    if costs is None or costs[0] <= 0:
+        return None, None
+    per_layer, head = costs
+    p, total = len(stages["layers"]), int(sum(stages["layers"]))
     split, best = None, None
-    if per_layer:
-        head = compute[-1] - layers[-1] * per_layer
-        for n in range(1, total - pp_degree + 2):
-            rest = total - n
-            cost = max(-(-rest // (pp_degree - 1)) * per_layer, n * per_layer + head)
-            if best is None or cost < best - 1e-12:
-                base, extra = divmod(rest, pp_degree - 1)
-                split, best = [base + (1 if i < extra else 0) for i in range(pp_degree - 1)] + [n], cost
-    return {"stage_compute_s": compute, "layers": list(layers), "split": split, "predicted_max_stage_s": best,
-            "imbalance_s": max(compute) - float(np.mean(compute))}
+    for n in range(1, total - p + 2):
+        rest = total - n
+        cost = max(-(-rest // (p - 1)) * per_layer, n * per_layer + head)
+        if best is None or cost < best - 1e-12:
+            base, extra = divmod(rest, p - 1)
+            split, best = [base + (1 if i < extra else 0) for i in range(p - 1)] + [n], cost
+    return split, best
+
+
+def predict_stage_compute(stages: Mapping[str, Any], layers: Sequence[int]) -> list[float] | None:
+    """Each stage's compute (s) under the split ``layers``, from ``stages``' per-layer cost
+    (_layer_costs: stage i computes layers_i x l, the last + h). None when the split's length
+    differs or ``stages`` gives no cost."""
+    costs = _layer_costs(stages)
+    if costs is None or len(layers) != len(stages["layers"]):
+        return None
+    per_layer, head = costs
+    return [n * per_layer + (head if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
 
 
 def predict_stage_imbalance(even: Mapping[str, Any], layers: Sequence[int]) -> float | None:
     """Stage imbalance that a layer split ``layers`` would have, as a fraction of the mean stage
     compute ((slowest - mean) / mean), predicted from an evenly split run's stages
-    (compute_stage_balance): per-layer cost l = compute_0 / layers_0, the last stage's extra
-    h = compute_last - layers_last x l; stage i computes layers_i x l (+ h on the last). A
-    fraction, so that it carries to a run on a faster or slower machine. None when the even run
-    gives no cost."""
-    computes, even_layers = even.get("stage_compute_s") or [], even.get("layers") or []
-    if len(computes) != len(layers) or len(even_layers) != len(layers) or not even_layers[0]:
+    (predict_stage_compute). A fraction, so that it carries to a run on a faster or slower
+    machine. None when the even run gives no cost."""
+    predicted = predict_stage_compute(even, layers)
+    if predicted is None:
         return None
-    per_layer = computes[0] / even_layers[0]
-    head = computes[-1] - even_layers[-1] * per_layer
-    predicted = [n * per_layer + (head if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
     mean = float(np.mean(predicted))
     return (max(predicted) - mean) / mean if mean > 0 else None
+
+
+def check_stage_prediction(source: Mapping[str, Any], other: Mapping[str, Any]) -> float | None:
+    """The per-layer model's error on a run of another split: max over stages of |predicted -
+    measured| / measured, the prediction from ``source``'s stages (predict_stage_compute) for
+    ``other``'s layers against ``other``'s measured stage compute. None when not comparable."""
+    predicted = predict_stage_compute(source, other.get("layers") or [])
+    measured = other.get("stage_compute_s") or []
+    if predicted is None or len(measured) != len(predicted) or min(measured, default=0) <= 0:
+        return None
+    return max(abs(p - m) / m for p, m in zip(predicted, measured))
 
 
 def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ingest.hangs import rank_evidence
 from ingest.io import Campaign, load_plant_truths
-from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun
+from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, RunSpec
 from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
@@ -707,6 +707,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
             profile_cost_s=c.get("cost_s"), profile_cost_share=c.get("share"), export_s=c.get("export_s"),
             nccl=tuple(trace_tables.nccl.get(b["run"], ())),
         ))
+    rows = link_stage_predictions(rows, runs)
     transports = tuple(sorted({t for lines in trace_tables.nccl_transports.values() for t in lines}))
     kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
                                attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
@@ -720,6 +721,45 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
 
 
 
+
+
+def _layout_key(spec: RunSpec) -> tuple:
+    """What makes two runs the same layout for a reference: strategy, engine, degrees, micro-batch
+    size and data round (a plant may differ)."""
+    return (spec.strategy, spec.engine, spec.world_size, spec.tp_degree, spec.pp_degree, spec.dp_degree,
+            spec.micro_batch_size, spec.data_round)
+
+
+def link_stage_predictions(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun]) -> list[BreakdownRow]:
+    """Every pipeline run's balancing split as a prediction with its error: the split and its
+    slowest stage from the per-layer cost of an evenly split run of the same layout
+    (report.evidence.balance_layers; the run itself when it is even), checked on a run of that
+    layout with another split (check_stage_prediction: the largest stage error). Adds to the
+    run's stages: source_run (None: no evenly split run, the run's own stages gave the split),
+    check_run, check_layers and check_error (None: the campaign has no run of another split)."""
+    by_name = {r.name: r for r in runs}
+    stages = {b.run: b.attribution.stages for b in rows
+              if b.attribution is not None and b.attribution.stages and b.run in by_name}
+
+    def even(name: str) -> bool:
+        return len(set(stages[name]["layers"])) == 1
+
+    out = []
+    for b in rows:
+        if b.run not in stages:
+            out.append(b)
+            continue
+        peers = [n for n in stages if _layout_key(by_name[n].spec) == _layout_key(by_name[b.run].spec)]
+        source = b.run if even(b.run) else next((n for n in peers if even(n)), None)
+        linked = {**stages[b.run], "source_run": source, "check_run": None, "check_layers": None, "check_error": None}
+        if source is not None:
+            linked["split"], linked["predicted_max_stage_s"] = ev.balance_layers(stages[source])
+            check = next((n for n in peers if stages[n]["layers"] != stages[source]["layers"]), None)
+            if check is not None:
+                linked.update(check_run=check, check_layers=list(stages[check]["layers"]),
+                              check_error=ev.check_stage_prediction(stages[source], stages[check]))
+        out.append(dataclasses.replace(b, attribution=dataclasses.replace(b.attribution, stages=linked)))
+    return out
 
 
 def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
@@ -737,9 +777,7 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
     taken at equal kernels (kernel_drift_ms: the reference's traced compute minus the planted
     run's; the replay holds kernel durations fixed)."""
     def layout(name: str) -> tuple | None:
-        spec = by_name[name].spec if name in by_name else None
-        return (spec.strategy, spec.engine, spec.world_size, spec.tp_degree, spec.pp_degree, spec.dp_degree,
-                spec.data_round) if spec else None
+        return _layout_key(by_name[name].spec) if name in by_name else None
 
     by_name = {r.name: r for r in runs}
     truths = truths or {}

@@ -183,6 +183,9 @@ def test_uneven_pipeline_split_is_imbalance_with_the_split_that_fixes_it(summary
     even, uneven = _run(summary, "pp-even")["breakdown_ms"], _run(summary, "pp-uneven")["breakdown_ms"]
     assert even["imbalance"] < 0.6 * uneven["imbalance"]
     assert "would balance them" in summary["note_md"]
+    # worded as a prediction from the evenly split run, with its error on this run's own split
+    assert "from the per-layer compute of the evenly split run pp-even" in summary["note_md"]
+    assert "That per-layer model predicts the stages of pp-uneven (layers 2+6) within" in summary["note_md"]
 
 
 @pytest.mark.parametrize("name,num_microbatches", [("pp-m2", 2), ("pp-m4", 4), ("pp-even", 8)])
