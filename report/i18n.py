@@ -6,7 +6,7 @@ message id, so English needs no catalog and any message a catalog does not trans
 (a string added later, a fuzzy entry) prints in English. Other languages live in
 ``report/locale/<lang>/LC_MESSAGES/messages.po``, read directly with Babel at render time
 (no compile step to forget). ``python -m report.i18n update`` re-extracts
-``report/locale/messages.pot`` from report/templates/ and report/*.py and merges it into every
+``report/locale/messages.pot`` from templates/ and report/*.py and merges it into every
 ``.po``; ``python -m report.i18n check`` lists what each catalog leaves untranslated.
 
 Numbers: Python rounds (the same digits in every language, the digits the tests compute),
@@ -45,7 +45,7 @@ DEFAULT_LANGUAGE = "en"
 # note language -> the Babel (CLDR) locale of its numbers and dates
 BABEL_LOCALES = {"en": "en", "zh": "zh_Hans_CN"}
 # what `update` extracts: (method, glob relative to the repository root)
-EXTRACT_MAPPING = [("report/**.py", "python"), ("report/templates/**.j2", "jinja2.ext:babel_extract")]
+EXTRACT_MAPPING = [("report/**.py", "python"), ("templates/**.j2", "jinja2.ext:babel_extract")]
 EXTRACT_KEYWORDS = {"_": None, "gettext": None, "ngettext": (1, 2), "pgettext": ((1, "c"), 2),
                     "npgettext": ((1, "c"), 2, 3), "N_": None}
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sd]")
@@ -242,7 +242,7 @@ def load_language(code: str = DEFAULT_LANGUAGE) -> Language:
 
 # ---------------------------------------------------------------------------- maintenance
 def extract_template() -> Catalog:
-    """Every message of report/templates/ and report/*.py (the .pot)."""
+    """Every message of templates/ and report/*.py (the .pot)."""
     from babel.messages.extract import extract_from_dir
 
     catalog = Catalog(project="tradeoff-runner", domain=DOMAIN, charset="utf-8", fuzzy=False)
