@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import math
+import os
 import re
 import shlex
 import shutil
@@ -46,6 +47,11 @@ MATRIX_DIR = Path(__file__).resolve().parent.parent / "examples" / "matrices"
 NODE_LOCK_PATTERN = re.compile(r"\.runner_node\d+\.lock")  # runner.owner.lock_path of nodes K > 0
 DEFAULT_MATRICES = {0: "cpu.toml", 1: "1gpu.toml", 2: "2gpu.toml", 8: "8gpu.toml", 16: "2x8gpu.toml"}
 GENERATED_MATRIX_DIR = Path("runs") / "matrices"  # other GPU counts: runner.default_matrix writes one here
+
+
+def count_cpus() -> int:
+    """CPU cores this process may run on (its affinity: a container's or taskset's share)."""
+    return len(os.sched_getaffinity(0))
 
 
 def count_gpus() -> int:
@@ -174,7 +180,8 @@ def cmd_all(args: argparse.Namespace) -> int:
     nnodes = node.nnodes if node else 1
     matrix_path = args.matrix or default_matrix(num_gpus * nnodes)
     campaign = resolve_matrix(raw if raw is not None else load_matrix(matrix_path), source=str(matrix_path),
-                              num_gpus=num_gpus * nnodes, overrides={"preset": args.preset, "steps": args.steps})
+                              num_gpus=num_gpus * nnodes, overrides={"preset": args.preset, "steps": args.steps},
+                              num_cpus=count_cpus() * nnodes)  # each node as this one, as for GPUs
     if node is not None:
         check_divisible(campaign.runs, nnodes=node.nnodes)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -116,8 +116,12 @@ FIXED_LIMITS = {
                                                       "vocab_size")),
                        ("seq_length", MAX_SEQ_LENGTH), ("global_batch_size", MAX_GLOBAL_BATCH_SIZE))},
 }
-# Processes one CPU campaign may start per run (gloo ranks, each a Python process with the
-# model): past it a typo (world_size = 1e9), not an oversubscribed run the note can caveat
+# Processes a CPU run may start (gloo ranks, each a Python process with the model): at most
+# CPU_RANKS_PER_CORE per core of the machine(s) it runs on (the CPU campaign's TP2 x PP2 runs world
+# 4 on a 2-core CI machine: 2 per core; past 4 per core the ranks time-share the cores and the run
+# measures the scheduler, not the layout), and never past MAX_CPU_WORLD_SIZE (a typo, world_size =
+# 1e9, where the cores are not known)
+CPU_RANKS_PER_CORE = 4
 MAX_CPU_WORLD_SIZE = 1024
 DEFAULT_PROFILE_NUM_STEPS = 8  # traced steps per run; one warm-up step precedes them
 MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
@@ -406,11 +410,14 @@ def micro_batch_candidates(per_dp_batch: int, *, min_microbatches: int,
 
 
 def resolve_matrix(
-    raw: Mapping[str, Any], *, source: str, num_gpus: int, overrides: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any], *, source: str, num_gpus: int, overrides: Mapping[str, Any] | None = None,
+    num_cpus: int | None = None,
 ) -> Campaign:
     """Validate a parsed matrix and resolve every run.
 
-    num_gpus: GPUs on this machine (0 -> CPU preset, gloo). overrides: CLI values for
+    num_gpus: GPUs on this machine (0 -> CPU preset, gloo). num_cpus: CPU cores the runs will
+    have (None: not known; then only MAX_CPU_WORLD_SIZE bounds a CPU run's world_size, else
+    CPU_RANKS_PER_CORE per core does). overrides: CLI values for
     campaign/fixed keys (CLI > file > preset defaults). Raises ConfigError listing every
     problem, one per line.
     """
@@ -519,6 +526,10 @@ def resolve_matrix(
             continue
         if device == "cuda" and world > num_gpus:
             problems.append(f"{where}: world_size {world} exceeds the {num_gpus} GPU(s) found")
+        elif device == "cpu" and num_cpus is not None and world > CPU_RANKS_PER_CORE * num_cpus:
+            problems.append(f"{where}: world_size {world} exceeds {CPU_RANKS_PER_CORE * num_cpus} processes, "
+                            f"{CPU_RANKS_PER_CORE} per CPU core of the {num_cpus} here (more time-share the cores "
+                            "and time the scheduler, not the layout); use a smaller world_size")
         elif device == "cpu" and world > MAX_CPU_WORLD_SIZE:
             problems.append(f"{where}: world_size {world} exceeds {MAX_CPU_WORLD_SIZE} processes, the most a CPU "
                             "campaign starts; use a smaller world_size")

@@ -344,10 +344,19 @@ def test_duplicate_run_names_and_impossible_world_sizes_are_refused(tmp_path):
     matrix = tmp_path / "m.toml"
     matrix.write_text('[campaign]\nname = "x"\npreset = "tiny"\n[[runs]]\nname = "a"\nstrategy = "ddp"\n'
                       "world_size = 1000000000\n")
+    cores = len(os.sched_getaffinity(0))
     res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "0")
-    assert res.returncode == 2 and "world_size 1000000000 exceeds 1024 processes" in res.stderr, res.stderr
+    assert res.returncode == 2 and f"world_size 1000000000 exceeds {4 * cores} processes, 4 per CPU core of the " \
+        f"{cores} here" in res.stderr, res.stderr
     res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "1")
     assert res.returncode == 2 and "world_size 1000000000 exceeds the 1 GPU(s) found" in res.stderr, res.stderr
+    most = 1 << (4 * cores).bit_length() - 1  # the largest power of two allowed: it divides the batch
+    for world, refused in ((most, False), (2 * most, True)):  # world 4 (TP2 x PP2) runs on 2 cores
+        matrix.write_text('[campaign]\nname = "x"\npreset = "tiny"\n[fixed]\nglobal_batch_size = 65536\n'
+                          f'[[runs]]\nname = "a"\nstrategy = "ddp"\nworld_size = {world}\n')
+        res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "0")
+        assert res.returncode == (2 if refused else 0) and (f"world_size {world} exceeds" in res.stderr) is refused, \
+            res.stderr
     matrix.write_text('[campaign]\nname = "x"\npreset = "tiny"\n[fixed]\nglobal_batch_size = 1000000000\n'
                       '[[runs]]\nname = "a"\nstrategy = "ddp"\n')
     res = _cli("runner.cli", "all", "--matrix", str(matrix), "--dry-run", "--gpus", "0")
