@@ -185,8 +185,9 @@ def test_collect_merges_node_dirs_and_refuses_conflicts(campaign, tmp_path):
         assert (node0 / rel).read_bytes() == (node1 / rel).read_bytes()
     env = json.loads((node0 / "env.json").read_text())
     assert env["num_nodes"] == 2 and len(env["nodes"]) == 2
-    res = _cli("collect", str(node0), str(node1))  # idempotent: identical files are skipped
-    assert res.returncode == 0 and "collected 0 file(s)" in res.stdout
+    res = _cli("collect", str(node0), str(node1))  # identical files are skipped: nothing left is an error
+    assert res.returncode == 2 and res.stderr.startswith("runner: error: collected nothing: "), res.stderr
+    assert len(res.stderr.splitlines()) == 1
 
 
 def test_groups_follow_each_engines_rank_order():
