@@ -181,3 +181,27 @@ def compute_inflight_microbatches(*, stage: int, pp_degree: int, num_microbatche
     if num_virtual_stages > 1 and stage == 0:
         n *= 1 + (pp_degree - 1) / (pp_degree * num_virtual_stages)
     return n
+
+
+OFFLOADS = ("none", "optimizer", "optimizer+param")
+
+
+def compute_offloaded_fraction(*, sharding: str, offload: str) -> float:
+    """Share of a rank's model-state bytes (16 per parameter, bf16 weights and grads + 12 of fp32
+    master, m, v) that CPU offload keeps in host memory instead of on the device:
+
+    - "optimizer": the 12 bytes of fp32 master weights, momentum and variance, 12/16 (ZeRO-Offload,
+      Ren et al. 2021 section 4; DeepSpeed ``offload_optimizer``);
+    - "optimizer+param": all 16 (ZeRO-Infinity, Rajbhandari et al. 2021 section 5, DeepSpeed
+      ``offload_param`` as well; torch FSDP2 ``CPUOffloadPolicy`` keeps the sharded parameters,
+      gradients and optimizer states on the host);
+    - "none": 0.
+
+    Only the sharded scheme (zero3) offloads. Raises ConfigError for another scheme or offload."""
+    if offload not in OFFLOADS:
+        raise ConfigError(f"unknown offload {offload!r}; choose one of {', '.join(OFFLOADS)}")
+    if offload == "none":
+        return 0.0
+    if sharding != "zero3":
+        raise ConfigError(f"offload {offload!r} needs the zero3 sharding, got {sharding!r}")
+    return 12 / 16 if offload == "optimizer" else 1.0

@@ -695,6 +695,88 @@ class CommBenchRow:
     device_name: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class RankMemory:
+    """One rank's memory in a capacity trial (<trial>/memory/rank<r>.json, runner.membudget).
+
+    budget_gib: the per-process budget the probe imposed (CPU: RLIMIT_DATA set to the data
+    segment at start-up + budget_gib; None: none imposed, a GPU's own memory is the limit).
+    baseline_rss_gib: resident set right before the model is built (libraries, process group);
+    host_peak_rss_gib: the process's peak resident set (getrusage ru_maxrss) at the end.
+    mem_peak_gib: what the layout itself held at its peak: CUDA max_memory_allocated over the
+    trial; CPU host_peak_rss_gib - baseline_rss_gib. mem_measure names which."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: str
+    rank: int
+    device: str  # "cuda" | "cpu"
+    budget_gib: float | None
+    limit_mechanism: str | None  # "RLIMIT_DATA" on CPU with a budget, else None
+    baseline_rss_gib: float
+    host_peak_rss_gib: float
+    mem_peak_gib: float
+    mem_measure: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityTrial:
+    """One short trial of the capacity probe (runner.capacity): one layout at one size of the
+    ladder, its own torchrun group, classified as every run is (ok | oom | crash | ...).
+
+    mem_peak_gib: RankMemory.mem_peak_gib of every rank, in rank order; () where not all ranks
+    recorded one (a trial that did not end ok). predicted_*_gib: the memory model's bytes on the fullest rank
+    (core.perfmodel.compute_layout_memory, core.memory's offload split): device_gib = model
+    states left on the device + activations; host_gib = offloaded model states.
+    tokens_per_s: global tokens per step / median measured step time (slowest rank)."""
+
+    schema_version: int = SCHEMA_VERSION
+    layout: str  # the capacity matrix's run name
+    strategy: str
+    engine: str
+    offload: str  # "none" | "optimizer" | "optimizer+param"
+    world_size: int
+    tp_degree: int
+    pp_degree: int
+    dp_degree: int
+    rung: int  # index into CapacityResult.ladder
+    num_params: int
+    run_dir: str  # relative to the capacity folder
+    status: str  # one of RUN_STATUSES
+    cause: str | None
+    duration_s: float | None
+    mem_peak_gib: tuple[float, ...]
+    mem_measure: str | None
+    host_peak_rss_gib: tuple[float, ...]
+    tokens_per_s: float | None
+    step_time_s: float | None
+    predicted_state_gib: float
+    predicted_activation_gib: float
+    predicted_device_gib: float
+    predicted_host_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityResult:
+    """A capacity probe (capacity.json): per layout, the trials of a bisection over ``ladder``
+    (the campaign GPT's shape family, smallest first). memory_limit_gib: per process, what the
+    trials ran against (the GPU's memory, or the CPU budget); limit_kind: "gpu" | "rlimit_data"."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    created_at: str
+    device: str
+    device_name: str | None
+    memory_limit_gib: float | None
+    limit_kind: str
+    probe_steps: int
+    probe_warmup_steps: int
+    micro_batch_size: int
+    global_batch_size: int
+    ladder: tuple[ModelConfig, ...]
+    layouts: tuple[str, ...]
+    trials: tuple[CapacityTrial, ...] = ()
+
+
 def to_dict(record: Any) -> dict[str, Any]:
     """Dataclass -> JSON-ready dict (tuples become lists)."""
     return dataclasses.asdict(record)

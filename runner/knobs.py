@@ -68,6 +68,8 @@ class DDPKnobs(CommonKnobs):
 class Zero3Knobs(CommonKnobs):
     zero: dict = dataclasses.field(default_factory=dict)  # overrides of ZERO3_DEFAULTS (keys: ZERO_KEYS)
     compile: bool = False  # DeepSpeedEngine.compile(); off: graph breaks at every ZeRO-3 hook at this size
+    offload_optimizer: bool = False  # zero_optimization.offload_optimizer device "cpu": fp32 master, m, v on the host
+    offload_param: bool = False  # zero_optimization.offload_param device "cpu": parameter partitions on the host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,7 @@ class FSDP2Knobs(CommonKnobs):
     prefetch_num_blocks: int = 0  # explicit all-gather prefetch of the next k blocks; 0: FSDP2's implicit one
     reduce_every_microbatch: bool = True  # reduce-scatter per micro-batch (DeepSpeed's); False: once per step
     compile: bool | None = None  # torch.compile of each block before sharding; None -> on for CUDA
+    offload: bool = False  # CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,8 +182,9 @@ def resolve_loader_knobs(raw: Any, *, device: str, where: str) -> tuple[dict[str
 TEST_OPTION_KEYS = {"fault", "simulate_oom_above_micro_batch_size"}
 # The real data round's loader (LoaderKnobs), resolved by runner.matrix for real-round runs.
 DATA_OPTION_KEYS = {"loader"}
-# Written by the runner after a micro-batch search (never set in a matrix).
-RUNNER_OPTION_KEYS = {"micro_batch_search"}
+# Written by the runner (never set in a matrix): a micro-batch search's record; a capacity trial's
+# per-process memory budget (runner.capacity).
+RUNNER_OPTION_KEYS = {"micro_batch_search", "memory_budget_gib"}
 
 
 def valid_option_keys(strategy: str, engine: str) -> set[str]:

@@ -99,6 +99,10 @@ def build_run_env(spec: RunSpec, *, run_dir: Path, base: dict[str, str] | None =
             env.setdefault(k, v)
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron: TP comm/compute ordering
     env.setdefault("OMP_NUM_THREADS", "1")
+    if spec.device == "cpu" and spec.options.get("memory_budget_gib") is not None:
+        # a capacity trial's budget (runner.membudget): blocks >= 64 KiB mmap'd and returned at free, so
+        # the process holds what it uses, not what glibc's per-thread arenas kept from freed tensors
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     env["PYTHONUNBUFFERED"] = "1"
     if node is not None:  # the runner's node rank, recorded in placement.json (torchrun's GROUP_RANK may differ)
         env["RUNNER_NODE_RANK"] = str(node.node_rank)

@@ -135,7 +135,7 @@ MICRO_BATCH_SEARCH_MAX_CANDIDATES = 4
 MICRO_BATCH_PROBE_STEPS = 6  # per probe launch; the first MICRO_BATCH_PROBE_WARMUP are not timed
 MICRO_BATCH_PROBE_WARMUP = 3
 DATA_ROUNDS = ("synthetic", "real")
-SECTION_KEYS = {"campaign", "fixed", "data", "checkpoint", "runs"}
+SECTION_KEYS = {"campaign", "fixed", "data", "checkpoint", "runs", "capacity"}  # [capacity]: runner capacity's
 
 
 @dataclass(frozen=True, kw_only=True)

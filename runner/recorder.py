@@ -54,6 +54,7 @@ class StepRecorder:
         self._pending: _Pending | None = None
         self.step_times: dict[int, float] = {}  # step -> step_time_s of every row written
         self.losses: dict[int, float | None] = {}  # step -> loss of every row written (checkpoint restore check)
+        self.mem_peak_allocated_gib: float | None = None  # largest per-step allocator peak written (CUDA)
         self._last_end = self._mark()
 
     def _mark(self) -> torch.cuda.Event | float:
@@ -102,6 +103,8 @@ class StepRecorder:
         self._last_end = p.end
         self.step_times[p.step] = step_time_s
         self.losses[p.step] = _scalar(p.loss)
+        if p.mem_alloc_gib is not None:
+            self.mem_peak_allocated_gib = max(self.mem_peak_allocated_gib or 0.0, p.mem_alloc_gib)
         row = StepRow(
             run=self._run,
             rank=self._rank,

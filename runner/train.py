@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from core.records import FixedConfig, RunInfo, RunSpec, run_spec_from_dict, to_dict
 from runner.faults import build_fault, inject
+from runner.membudget import start_memory_budget, write_rank_memory
 from core.atomic import write_json_atomic
 from runner.matrix import LOOP_OVERHEAD_STEPS
 from runner.nodes import placement_record
@@ -144,6 +145,7 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
     enable_nvtx(spec.nsys and ctx.device.type == "cuda")
     apply_precision_knobs(spec)
     check_simulated_memory(spec)
+    budget = start_memory_budget(spec, device=ctx.device)  # capacity trials only (runner.membudget)
     trainer = build_trainer(spec, ctx=ctx)
     info = RunInfo(
         run=spec.name,
@@ -200,6 +202,9 @@ def train(spec: RunSpec, *, run_dir: Path, ctx: RankContext) -> None:
         verify_checkpoint(probe, losses=recorder.losses, lr_at=lambda s: lr_at(s, f),
                      batches=lambda s: replay_batches(spec, data, s, dp_rank=trainer.dp_rank,
                                                       dp_degree=trainer.dp_degree, device=ctx.device))
+    if budget is not None:
+        write_rank_memory(budget, run_dir=run_dir, run=spec.name, rank=ctx.rank, device=ctx.device,
+                          device_peak_gib=recorder.mem_peak_allocated_gib)
     if ctx.rank == 0 and first:
         write_json_atomic(run_dir / "run_info.json", to_dict(dataclasses.replace(info, **first)))
     if ctx.rank == 0 and truth is not None:

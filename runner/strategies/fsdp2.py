@@ -24,13 +24,17 @@ through ``F.scaled_dot_product_attention``. A "per-block" compile scope (runner.
 for CUDA) compiles each Block
 before it is sharded, so FSDP2's hooks stay eager around the compiled blocks (torchtitan's order).
 
-Deliberately not here: CPU offload, HSDP (2-D meshes), FP8 all-gather, activation checkpointing.
+CPU offload (``options.offload``): FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters,
+their gradients and AdamW's states on the host; each block's shard is copied to the device for
+its all-gather and its gradient shard back (torch FSDP2 docs), and the optimizer steps on the host.
+
+Deliberately not here: HSDP (2-D meshes), FP8 all-gather, activation checkpointing.
 """
 from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from core.records import RunSpec
@@ -65,6 +69,7 @@ class FSDP2Trainer:
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
         mp = build_mp_policy(dtype=spec.fixed.dtype, reduce_dtype=str(opts.get("reduce_dtype", spec.fixed.dtype)))
         reshard = bool(opts.get("reshard_after_forward", True))
+        offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if opts.get("offload", False) else OffloadPolicy()
         self.kernels = spec_kernels(opts, strategy=spec.strategy, engine=spec.engine, device=ctx.device.type,
                                     tp_degree=1)
         self.loss_fn = build_loss_fn(self.kernels)
@@ -72,8 +77,8 @@ class FSDP2Trainer:
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = torch.compile(block)  # hooks of fully_shard below stay outside the graph
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
         ahead = int(opts.get("prefetch_num_blocks", 0))
         if ahead > 0:  # explicit prefetch: block i's all-gather also issues blocks i+1..i+k (i-1..i-k backward)
             blocks = list(model.blocks)
@@ -82,9 +87,10 @@ class FSDP2Trainer:
                 block.set_modules_to_backward_prefetch(blocks[max(0, i - ahead) : i][::-1])
         self.model = model
         self.reduce_every_microbatch = bool(opts.get("reduce_every_microbatch", True))
+        # offloaded: the shards AdamW updates live on the host (not fused: a CUDA kernel)
         self.optimizer = build_adamw(
-            build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
-        )
+            build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec,
+            device=torch.device("cpu") if opts.get("offload", False) else ctx.device)
         self.engine_version = torch.__version__
         self.dp_rank, self.dp_degree = ctx.rank, ctx.world_size
 

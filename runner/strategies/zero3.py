@@ -20,18 +20,33 @@ from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.knobs import ZERO3_DEFAULTS
 from runner.strategies.common import build_adamw, build_param_groups, phase, set_lr
 
+def build_offload_config(options: Mapping[str, Any], *, device: str) -> dict[str, Any]:
+    """zero_optimization's offload entries for ``options.offload_optimizer`` / ``offload_param``
+    (DeepSpeed config docs, ZeRO-Offload / ZeRO-Infinity): device "cpu", pinned host buffers on CUDA.
+    {} when neither is set."""
+    out = {}
+    for key in ("offload_optimizer", "offload_param"):
+        if options.get(key, False):
+            out[key] = {"device": "cpu", "pin_memory": device == "cuda"}
+    return out
+
+
 def build_deepspeed_config(spec: RunSpec, *, zero_overrides: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSpeed JSON config for one run. train_batch_size = micro_batch_size x
-    gradient_accumulation_steps x dp_degree (DeepSpeed checks this identity itself)."""
+    gradient_accumulation_steps x dp_degree (DeepSpeed checks this identity itself). With CPU
+    offload the run's torch AdamW steps the host partitions (zero_force_ds_cpu_optimizer off:
+    DeepSpeedCPUAdam is a JIT-built extension; the update is the same AdamW)."""
     f = spec.fixed
+    offload = build_offload_config(spec.options, device=spec.device)
     return {
         "train_batch_size": f.global_batch_size,
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.num_microbatches,
         "gradient_clipping": f.grad_clip,
         "bf16": {"enabled": f.dtype == "bf16"},
-        "zero_optimization": {**ZERO3_DEFAULTS, **zero_overrides},
+        "zero_optimization": {**ZERO3_DEFAULTS, **zero_overrides, **offload},
         "zero_allow_untested_optimizer": True,  # torch AdamW, the same update as the other engines
+        **({"zero_force_ds_cpu_optimizer": False} if offload else {}),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -57,9 +72,11 @@ class Zero3Trainer:
         model = GPT(spec.fixed.model).to(ctx.device)
         self.num_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         self.num_params_position_embedding = model.wpe.weight.numel()
+        # offloaded optimizer: AdamW steps the host partitions (not fused: a CUDA kernel)
+        host = bool(spec.options.get("offload_optimizer", False))
         optimizer = build_adamw(
-            build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
-        )
+            build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec,
+            device=torch.device("cpu") if host else ctx.device)
         # kernels (runner.strategies.parity): the shared loss on the engine's logits; the blocks stay
         # eager in parity mode (NOT_TAKEN: ZeRO-3's per-module hooks under torch.compile)
         self.kernels = spec_kernels(spec.options, strategy=spec.strategy, engine=spec.engine,
