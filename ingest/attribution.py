@@ -17,8 +17,9 @@ Method (DESIGN.md "slow-run triage, per rank on the critical path"):
   matched by their order in each trace; a warning says which.
 * On each rank the exposed part of those waits (not under compute) is **skew_wait**; the rest
   of the exposed collective time is **transfer**.
-* The late rank is charged: per step, the rank the others waited for most is that step's late
-  rank; its own step is compared with the median of the others (compute, data stall, device
+* The late rank is charged: per step and process group (its name and member ranks: a TP, a DP
+  and an embedding group each have their own), the rank the group's others waited for most is
+  that group's late rank; its own step is compared with the median of the group's others (compute, data stall, device
   gaps) to say what it was doing -- "GPU busy" / "host compute" (more compute), "data" (longer
   batch fetch) or "host code" (more device-idle gaps: host code between launches, a sleep, GC).
   In the last case that many gap milliseconds of the late rank (at most the others' exposed
@@ -51,7 +52,7 @@ import numpy as np
 
 from core.formulas import COLLECTIVES, compute_bus_factor
 from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, CollectiveRow, WhatIfRow
-from ingest.traces import RankTimeline, _I64, _intersect, _measure, _union
+from ingest.traces import RankTimeline, _I64, _intersect, _measure, _minus, _union
 from ingest.whatif import compute_whatif
 
 LATE_CAUSES = ("GPU busy", "host compute", "data", "host code", "not determined")
@@ -145,7 +146,9 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     # 1. match collectives, waits per instance
     waits = {r: np.zeros(timelines[r].coll_step.size, _I64) for r in ranks}
     coll_rows: list[CollectiveRow] = []
-    late_by_step: dict[int, dict[int, int]] = {}  # step -> late rank -> summed wait it caused (ns)
+    # (step, group) -> late rank -> summed wait it caused (ns); a group is its name and member ranks
+    late_by_group: dict[tuple[int, tuple], dict[int, int]] = {}
+    coll_group_of = {r: {} for r in ranks}  # rank -> index into its coll_* arrays -> group
     num_unmatched = 0
     keys = _match(timelines)
     for (step, group, kind, seq), members in sorted(keys.items(), key=lambda kv: kv[0][:1] + kv[0][3:]):
@@ -158,8 +161,11 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         for r, i in members.items():
             waits[r][i] = durs[r] - transfer
         max_wait = max(durs.values()) - transfer
-        late_by_step.setdefault(step, {})
-        late_by_step[step][late] = late_by_step[step].get(late, 0) + max_wait
+        gkey = (str(group), tuple(sorted(members)))
+        caused = late_by_group.setdefault((int(step), gkey), {})
+        caused[late] = caused.get(late, 0) + max_wait
+        for r, i in members.items():
+            coll_group_of[r][i] = gkey
         nbytes = float(timelines[late].coll_nbytes[members[late]])
         factor = _bus_factor(kind, len(members))
         busbw = (nbytes / transfer * factor if factor and transfer > 0 and np.isfinite(nbytes) else None)
@@ -173,6 +179,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
 
     # 2. per-rank, per-step categories before the cross-rank charges
     per: dict[int, dict[str, np.ndarray]] = {}
+    group_waits: dict[tuple[int, tuple], np.ndarray] = {}  # (rank, group) -> exposed wait per step index (ns)
     for r in ranks:
         tl = timelines[r]
         c_s, c_e = tl.coll_start, tl.coll_start + waits[r]
@@ -180,13 +187,19 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         skew = _measure(_intersect(wait_set, tl.exposed_set), tl.lo, tl.hi)
         # the pipeline's drain: on a PP rank, waits in the collectives after its last P2P op
         drain = np.zeros_like(skew)
+        exposed_skew = tl.exposed_set  # where a wait is exposed and not the drain's
         if pp_degree > 1 and tl.p2p_last is not None:
             has = tl.p2p_last >= 0
             tail = (tl.p2p_last[has], tl.hi[has])
             drain = _measure(_intersect(_intersect(wait_set, tl.exposed_set), tail), tl.lo, tl.hi)
+            exposed_skew = _minus(tl.exposed_set, _union(*tail))
         per[r] = {"compute": tl.compute.copy(), "transfer": tl.exposed - skew, "skew_wait": skew - drain,
                   "pipeline": tl.pipeline_wait + drain, "launch_gaps": tl.gaps.copy(),
                   "data_stall": tl.data_stall.copy(), "other": tl.rest.copy()}
+        # the exposed waits of each process group's collectives alone, for charging each group's late rank
+        for gkey in set(coll_group_of[r].values()):
+            idx = np.array([i for i, g in coll_group_of[r].items() if g == gkey], np.int64)
+            group_waits[(r, gkey)] = _measure(_intersect(_union(c_s[idx], c_e[idx]), exposed_skew), tl.lo, tl.hi)
 
     # 3. pipeline waits: the 1F1B bubble for stages of the mean compute, then waits for a
     # stage with more compute (at most the compute gap to the slowest stage), then the rest:
@@ -202,18 +215,19 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         per[r]["imbalance"] = np.minimum(pw - per[r]["bubble"], gap)
         per[r]["skew_wait"] += pw - per[r]["bubble"] - per[r]["imbalance"]
 
-    # 4. charge the late rank of each step
+    # 4. charge the late rank of each process group in each step: a TP group, a DP group and the
+    # embedding group each have their own late rank
     index = {r: {int(k): i for i, k in enumerate(timelines[r].steps.tolist())} for r in ranks}
     cause: dict[tuple[int, int], tuple[str, int]] = {}
-    for step, caused in late_by_step.items():
-        present = [r for r in ranks if step in index[r]]
+    for (step, gkey), caused in sorted(late_by_group.items()):
+        present = [r for r in gkey[1] if step in index[r]]
         if len(present) < 2:
             continue
         late = max(caused, key=lambda r: (caused[r], -r))
-        if late not in index or step not in index[late]:
+        if late not in present:
             continue
         others = [r for r in present if r != late]
-        exposed_wait = max(int(per[r]["skew_wait"][index[r][step]]) for r in others)
+        exposed_wait = max(int(group_waits[(r, gkey)][index[r][step]]) for r in others)
         if exposed_wait <= 0:
             continue
         li = index[late][step]
@@ -231,6 +245,10 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
             moved = int(min(exposed_wait, deltas[what], per[late]["launch_gaps"][li]))
             per[late]["launch_gaps"][li] -= moved
             per[late]["skew_wait"][li] += moved
+        if (late, step) in cause:  # late in several groups at once: the larger wait names the cause
+            before, waited = cause[(late, step)]
+            label = label if exposed_wait > waited else before
+            exposed_wait += waited
         cause[(late, step)] = (label, exposed_wait)
 
     # 5. rows

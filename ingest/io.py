@@ -940,7 +940,7 @@ def _run_layout(run: Any) -> tuple[int, int]:
 
 # Bump when ingest.traces / ingest.attribution change what they compute: stored run tables
 # carry it in their fingerprint, so tables of an older analysis are recomputed, not reused.
-TRACE_ANALYSIS_VERSION = 2
+TRACE_ANALYSIS_VERSION = 3
 
 
 def _trace_inputs(run_dir: Path) -> list[tuple[str, int]]:

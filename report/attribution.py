@@ -30,7 +30,8 @@ class AttributionView:
     as recorded: the replay's own error against traced_step_s); per_rank: rank -> category -> s
     per traced step, rescale: traced step / unprofiled median step; straggler
     (compute_trace_straggler), stages (compute_stage_balance, PP runs), bandwidth
-    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table) or None."""
+    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table) or None;
+    groups: each process group's own late rank (compute_group_stragglers)."""
 
     breakdown_ms: Mapping[str, float | None]
     shares: Mapping[str, float | None]
@@ -51,6 +52,7 @@ class AttributionView:
     straggler: Mapping[str, Any] | None
     stages: Mapping[str, Any] | None
     bandwidth: tuple[Mapping[str, Any], ...]
+    groups: tuple[Mapping[str, Any], ...]
     plant: Mapping[str, Any] | None
 
 
@@ -96,7 +98,8 @@ def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size
         per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
         median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
         launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
-        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=planted)
+        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=planted,
+        groups=tuple(ev.compute_group_stragglers(collectives, run=run)) if collectives is not None else ())
 
 
 def commbench_rows(source: str) -> list[dict[str, Any]]:

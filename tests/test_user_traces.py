@@ -54,7 +54,7 @@ def test_two_ranks_give_the_campaigns_shares_and_straggler(tmp_path, campaign_dd
     row = next(ln for ln in md.split("Profiler traces")[1].splitlines() if ln.startswith("| ") and "---" not in ln
                and "Job" not in ln)
     cells = [c.strip() for c in row.strip("|").split("|")][3:11]
-    want = [f"{duration(campaign_ddp.traced_ms[k] / 1000)} / "
+    want = [f"{duration(campaign_ddp.traced_ms[k] / 1000)} (p90 {duration(campaign_ddp.traced_p90_ms[k] / 1000)}) / "
             + (f"saves {duration(campaign_ddp.saving_ms[k] / 1000)}" if campaign_ddp.saving_ms.get(k) is not None
                else "—") for k in ATTRIBUTION_CATEGORIES]
     assert cells == want
@@ -266,3 +266,48 @@ def test_unmarked_ranks_on_the_epoch_clock_are_aligned_by_start_time():
     assert sorted((a.rank, a.step) for a in att.rows) == [(0, 0), (0, 1), (1, 1)]
     assert att.collectives and {c.step for c in att.collectives} == {1}
     assert all(c.num_ranks == 2 for c in att.collectives)
+
+
+FSDP2 = ROOT / "examples" / "h200-2gpu" / "zero3-fsdp2" / "trace"
+
+
+def _as_rank(doc: dict, *, rank: int, world_size: int, group: str) -> dict:
+    """A rank's trace relabelled as rank ``rank`` of a ``world_size`` job whose collectives run in
+    process group ``group`` (every NCCL kernel's 'Process Group Name')."""
+    events = [{**e, "args": {**e["args"], "Process Group Name": group}}
+              if isinstance(e.get("args"), dict) and "Process Group Name" in e["args"] else e
+              for e in doc["traceEvents"]]
+    info = {**doc["distributedInfo"], "rank": rank, "world_size": world_size}
+    return {**doc, "traceEvents": events, "distributedInfo": info}
+
+
+def test_each_process_group_has_its_own_late_rank(tmp_path):
+    """Four ranks in two process groups: ranks 0 and 1 are the real FSDP2 pair in group "0";
+    ranks 2 and 3 the same pair with their roles swapped (rank 2 is the real rank 1) in group
+    "1". Each group's late rank is named on its own, and both late ranks are charged in each step
+    (a per-step late rank over all groups names only one)."""
+    real = {r: json.loads(gzip.decompress((FSDP2 / f"profile_rank{r}.json.gz").read_bytes())) for r in (0, 1)}
+    _, _, note = load_note(ROOT / "examples" / "h200-2gpu")
+    late = next(b.attribution for b in note.evidence.rows if b.run == "zero3-fsdp2").straggler["rank"]
+    copy_of = {0: 0, 1: 1, 2: 1, 3: 0}
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for rank, src in copy_of.items():
+        doc = _as_rank(real[src], rank=rank, world_size=4, group="0" if rank < 2 else "1")
+        (folder / f"profile_rank{rank}.json").write_text(json.dumps(doc))
+    _, _, note = load_note(folder)
+    (t,) = note.traces
+    groups = {g["group"]: g for g in t.attribution.groups}
+    assert set(groups) == {"0", "1"} and all(g["num_ranks"] == 2 for g in groups.values())
+    want = {"0": late, "1": next(r for r, src in copy_of.items() if r >= 2 and src == late)}
+    assert {k: g["rank"] for k, g in groups.items()} == want
+    assert groups["0"]["wait_ms_median"] == pytest.approx(groups["1"]["wait_ms_median"], rel=1e-6)
+    md = Path(build_report(folder, out_dir=tmp_path / "out", formats=["md"])[0]).read_text()
+    assert "Each process group has its own late rank" in md
+    # both late ranks are charged in every step, the same wait each (the attribution rows)
+    _, tables, _ = load_thirdparty_jobs(folder)
+    rows = tables["attribution"]
+    assert set(rows[rows["late"]]["rank"]) == set(want.values())
+    assert rows[rows["late"]].groupby("rank").size().tolist() == [2, 2]
+    waits = rows[rows["late"]].groupby("step")["late_caused_wait_s"].agg(["min", "max"])
+    assert (waits["min"] == waits["max"]).all()
