@@ -1230,3 +1230,31 @@ def write_commbench_table(rows: list[dict[str, Any]], out_dir: str | os.PathLike
     sink = pa.BufferOutputStream()
     pq.write_table(table.replace_schema_metadata(kv), sink)
     return write_bytes_atomic(Path(out_dir) / COMMBENCH_TABLE, sink.getvalue().to_pybytes())
+
+
+CAPACITY_PATH = Path("capacity") / "capacity.json"  # `runner capacity --out <campaign>/capacity`
+
+
+def load_capacity(source: str | os.PathLike[str]) -> tuple[Any, list[str]]:
+    """The campaign's capacity probe (<campaign>/capacity/capacity.json, runner.capacity) as a
+    core.records.CapacityResult, and caveats; (None, []) without one. A file that is not a valid
+    CapacityResult is left out with one caveat naming the file and its first wrong fields."""
+    from core.records import CapacityResult, record_from_dict, record_problems
+
+    path = Path(source) / CAPACITY_PATH
+    if path.is_symlink():
+        return None, [f"{CAPACITY_PATH}: a symlink; not followed"]
+    if not path.is_file():
+        return None, []
+    try:
+        data = _read_json(path)
+        if isinstance(data, dict):
+            _check_version(path, data)
+    except ParseError as e:
+        return None, [str(e)]
+    bad = record_problems(CapacityResult, data)
+    if bad:
+        return None, [f"{CAPACITY_PATH}: does not match CapacityResult ({'; '.join(bad[:3])}"
+                      + (f"; {len(bad) - 3} more" if len(bad) > 3 else "") + "); the Capacity section is left out"]
+    result, _ = record_from_dict(CapacityResult, redact_value(data), where=str(CAPACITY_PATH))
+    return result, []

@@ -382,6 +382,8 @@ class Note:
     interval_method: str = INTERVAL_METHOD
     parity_tolerance: float = THRESHOLDS["parity_tolerance"]
     triage: Any = None  # report.triage.TriageSection: failed runs (campaigns) or the folder's jobs (logs)
+    capacity: Any = None  # report.capacity.CapacitySection: the campaign's capacity probe, if it has one
+    capacity_problems: tuple[str, ...] = ()  # why a capacity probe's file was left out
 
 
 def _py(value: Any) -> Any:
@@ -1014,10 +1016,27 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         parity_tolerance={**THRESHOLDS, **(thresholds or {})}["parity_tolerance"],
         resolved_config=build_resolved_config(campaign.campaign_json, runs),
         triage=TriageSection(runs=build_triage_runs(runs, failed_at_step=failed_at_step)),
-        predicted=predicted,
+        predicted=predicted, **build_capacity(campaign.source),
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.dataset, env=env_record, runs=runs, summary=summary, steps=campaign.steps,
             thresholds=thresholds))
+
+
+def build_capacity(source: Any) -> dict[str, Any]:
+    """Note fields ``capacity`` / ``capacity_problems`` from <campaign>/capacity/capacity.json
+    (ingest.io.load_capacity; report.capacity); nothing for a source without one."""
+    from core.formulas import count_params
+    from core.perfmodel import build_shape
+    from ingest.io import load_capacity
+    from report.capacity import build_capacity_section
+
+    if not isinstance(source, (str, Path)):
+        return {}
+    result, problems = load_capacity(source)
+    if result is None:
+        return {"capacity_problems": tuple(problems)} if problems else {}
+    sizes = tuple(count_params(build_shape(m, name=f"rung{i}")) for i, m in enumerate(result.ladder))
+    return {"capacity": build_capacity_section(result, num_params_by_rung=sizes)}
 
 
 def _why(evidence: EvidenceSection, parity: Sequence[Any], findings: Sequence[Finding]) -> dict[str, Any]:

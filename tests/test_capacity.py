@@ -180,3 +180,65 @@ def test_probe_finds_the_boundary_under_a_real_budget(tmp_path, capsys):
     # ZeRO-3 at the larger rung holds less per rank than DDP would: its states are halved
     assert got[("zero3-fsdp2", 1)]["predicted_state_gib"] == pytest.approx(
         16 * 6_884_608 / 2 / 2**30, rel=0.02)
+
+
+def _trial(layout, rung, params, status, *, tps=None, peak=(), offload="none", engine="deepspeed", pred=1.0):
+    from core.records import CapacityTrial
+
+    return CapacityTrial(layout=layout, strategy="zero3" if engine != "torch-ddp" else "ddp", engine=engine,
+                         offload=offload, world_size=1, tp_degree=1, pp_degree=1, dp_degree=1, rung=rung,
+                         num_params=params, run_dir=f"{layout}/rung{rung}", status=status,
+                         cause="CUDA out of memory" if status == "oom" else None, duration_s=10.0,
+                         mem_peak_gib=peak, mem_measure="cuda max_memory_allocated" if peak else None,
+                         host_peak_rss_gib=(), tokens_per_s=tps, step_time_s=None, predicted_state_gib=pred,
+                         predicted_activation_gib=0.0, predicted_device_gib=pred if offload == "none" else 0.1,
+                         predicted_host_gib=0.0 if offload == "none" else pred)
+
+
+def test_note_capacity_section_prints_the_recorded_trials(tmp_path):
+    """Largest measured per layout, predicted fit, offload's step-time ratio: each from capacity.json."""
+    import dataclasses
+
+    from core.atomic import write_json_atomic
+    from core.records import CapacityResult, ModelConfig, to_dict
+    from report.cli import main as report_main
+    from tests.synthetic_campaign import write_synthetic_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "c", device_name="NVIDIA H100 80GB HBM3")
+    base = ModelConfig(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, seq_length=1024,
+                       vocab_size=50257, padded_vocab_size=50304)
+    ladder = (base, dataclasses.replace(base, num_layers=24, hidden_size=1024, num_heads=16, ffn_hidden_size=4096))
+    p0, p1 = count_gpt_params(ladder[0]), count_gpt_params(ladder[1])
+    result = CapacityResult(
+        name="cap", created_at="2026-01-01T00:00:00+00:00", device="cuda", device_name="NVIDIA H100 80GB HBM3",
+        memory_limit_gib=79.2, limit_kind="gpu", probe_steps=3, probe_warmup_steps=1, micro_batch_size=1,
+        global_batch_size=8, ladder=ladder, layouts=("zero3", "zero3-offload"), trials=(
+            _trial("zero3", 0, p0, "ok", tps=400_000.0, peak=(2.5,), pred=2.0),
+            _trial("zero3", 1, p1, "oom", pred=90.0),
+            _trial("zero3-offload", 0, p0, "ok", tps=100_000.0, peak=(0.5,), offload="optimizer+param", pred=2.0),
+            _trial("zero3-offload", 1, p1, "ok", tps=50_000.0, peak=(0.9,), offload="optimizer+param", pred=90.0)))
+    write_json_atomic(camp / "capacity" / "capacity.json", to_dict(result))
+    out = tmp_path / "note"
+    assert report_main(["build", str(camp), "--out", str(out), "--format", "md,html"]) == 0
+    md = (out / "note.md").read_text(encoding="utf-8")
+    assert "| zero3 | deepspeed | none | 1 × 1 × 1 | 124 M | 124 M | 400 k | 2.50 GiB | 355 M: oom |" in md
+    # predicted: the offloaded states live on the host, so 354M fits the GPU by the model too
+    assert "| zero3-offload | deepspeed | optimizer+param | 1 × 1 × 1 | 355 M (top of the ladder) | 355 M | 50 k |" in md
+    assert ("zero3-offload at 124 M: 100 k tokens/s against 400 k for zero3, 4.00× the step time, largest trained"
+            " +230 M parameters beyond it") in md
+    assert "| zero3 | 124 M | ok | 2.50 GiB | 2.00 GiB | +25.0% |" in md
+    html = (out / "note.html").read_text(encoding="utf-8")
+    assert "Capacity: the largest model each layout trains" in html and "4.00×" in html
+
+
+def test_a_damaged_capacity_file_is_one_line_in_the_note(tmp_path):
+    from report.cli import main as report_main
+    from tests.synthetic_campaign import write_synthetic_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "c")
+    (camp / "capacity").mkdir()
+    (camp / "capacity" / "capacity.json").write_text('{"name": 3}', encoding="utf-8")
+    assert report_main(["build", str(camp), "--out", str(tmp_path / "n"), "--format", "md"]) == 0
+    md = (tmp_path / "n" / "note.md").read_text(encoding="utf-8")
+    assert "Capacity probe not shown: capacity/capacity.json: does not match CapacityResult (" in md
+    assert "### Capacity" not in md
