@@ -640,6 +640,8 @@ class CollectiveRow:
     among the step's collectives of that group and kind; nbytes: nccl-tests' size (None when
     the trace does not say); late_rank: the rank that arrived last (shortest duration);
     transfer_s: that rank's duration; max_wait_s: the longest wait of another rank;
+    exposed_wait_s: the longest such wait where it was exposed (not under compute) and not the
+    pipeline's drain: what the late rank is charged for (None in tables of an older analysis);
     busbw_gbps: nbytes / transfer_s x bus factor (nccl-tests doc/PERFORMANCE.md), GB/s."""
 
     schema_version: int = SCHEMA_VERSION
@@ -654,6 +656,7 @@ class CollectiveRow:
     transfer_s: float
     max_wait_s: float
     busbw_gbps: float | None
+    exposed_wait_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -145,9 +145,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     ranks = sorted(timelines)
     # 1. match collectives, waits per instance
     waits = {r: np.zeros(timelines[r].coll_step.size, _I64) for r in ranks}
-    coll_rows: list[CollectiveRow] = []
-    # (step, group) -> late rank -> summed wait it caused (ns); a group is its name and member ranks
-    late_by_group: dict[tuple[int, tuple], dict[int, int]] = {}
+    matched: list[tuple] = []  # (step, group, kind, seq, members, late, transfer ns, max wait ns)
     coll_group_of = {r: {} for r in ranks}  # rank -> index into its coll_* arrays -> group
     num_unmatched = 0
     keys = _match(timelines)
@@ -160,19 +158,8 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         transfer = durs[late]
         for r, i in members.items():
             waits[r][i] = durs[r] - transfer
-        max_wait = max(durs.values()) - transfer
-        gkey = (str(group), tuple(sorted(members)))
-        caused = late_by_group.setdefault((int(step), gkey), {})
-        caused[late] = caused.get(late, 0) + max_wait
-        for r, i in members.items():
-            coll_group_of[r][i] = gkey
-        nbytes = float(timelines[late].coll_nbytes[members[late]])
-        factor = _bus_factor(kind, len(members))
-        busbw = (nbytes / transfer * factor if factor and transfer > 0 and np.isfinite(nbytes) else None)
-        coll_rows.append(CollectiveRow(
-            run=run, step=int(step), group=str(group), kind=kind, seq=int(seq), num_ranks=len(members),
-            nbytes=None if not np.isfinite(nbytes) else int(nbytes), late_rank=int(late),
-            transfer_s=transfer / 1e9, max_wait_s=max_wait / 1e9, busbw_gbps=busbw))
+            coll_group_of[r][i] = (str(group), tuple(sorted(members)))  # a group: its name and member ranks
+        matched.append((step, group, kind, seq, members, late, transfer, max(durs.values()) - transfer))
     if num_unmatched:
         warnings.append(f"{num_unmatched} collective(s) were seen on one rank only (the others' traces lack them); "
                         "their time counts as transfer")
@@ -180,6 +167,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     # 2. per-rank, per-step categories before the cross-rank charges
     per: dict[int, dict[str, np.ndarray]] = {}
     group_waits: dict[tuple[int, tuple], np.ndarray] = {}  # (rank, group) -> exposed wait per step index (ns)
+    charged: dict[int, np.ndarray] = {}  # rank -> per collective instance: its exposed wait outside the drain (ns)
     for r in ranks:
         tl = timelines[r]
         c_s, c_e = tl.coll_start, tl.coll_start + waits[r]
@@ -196,10 +184,29 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
         per[r] = {"compute": tl.compute.copy(), "transfer": tl.exposed - skew, "skew_wait": skew - drain,
                   "pipeline": tl.pipeline_wait + drain, "launch_gaps": tl.gaps.copy(),
                   "data_stall": tl.data_stall.copy(), "other": tl.rest.copy()}
+        # each collective's wait where it is exposed and not the drain's: what its late rank is charged for
+        charged[r] = _measure(exposed_skew, c_s, c_e)
         # the exposed waits of each process group's collectives alone, for charging each group's late rank
         for gkey in set(coll_group_of[r].values()):
             idx = np.array([i for i, g in coll_group_of[r].items() if g == gkey], np.int64)
             group_waits[(r, gkey)] = _measure(_intersect(_union(c_s[idx], c_e[idx]), exposed_skew), tl.lo, tl.hi)
+
+    # the matched collectives' rows, and per (step, group) the wait each late rank caused
+    coll_rows: list[CollectiveRow] = []
+    late_by_group: dict[tuple[int, tuple], dict[int, int]] = {}  # (step, group) -> late rank -> wait caused (ns)
+    for step, group, kind, seq, members, late, transfer, max_wait in matched:
+        exposed_wait = max(int(charged[r][i]) for r, i in members.items() if r != late)
+        if exposed_wait > 0:
+            caused = late_by_group.setdefault((int(step), coll_group_of[late][members[late]]), {})
+            caused[late] = caused.get(late, 0) + exposed_wait
+        nbytes = float(timelines[late].coll_nbytes[members[late]])
+        factor = _bus_factor(kind, len(members))
+        busbw = (nbytes / transfer * factor if factor and transfer > 0 and np.isfinite(nbytes) else None)
+        coll_rows.append(CollectiveRow(
+            run=run, step=int(step), group=str(group), kind=kind, seq=int(seq), num_ranks=len(members),
+            nbytes=None if not np.isfinite(nbytes) else int(nbytes), late_rank=int(late),
+            transfer_s=transfer / 1e9, max_wait_s=max_wait / 1e9, exposed_wait_s=exposed_wait / 1e9,
+            busbw_gbps=busbw))
 
     # 3. pipeline waits: the 1F1B bubble for stages of the mean compute, then waits for a
     # stage with more compute (at most the compute gap to the slowest stage), then the rest:

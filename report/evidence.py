@@ -260,22 +260,28 @@ def compute_trace_straggler(attribution: pd.DataFrame, *, run: str, min_fraction
 
 def compute_group_stragglers(collectives: pd.DataFrame, *, run: str) -> list[dict]:
     """Each process group's own late rank, from the run's matched collectives (ingest.attribution
-    CollectiveRow: group, num_ranks, step, late_rank, max_wait_s). Per group and step, the late
-    rank is the one whose late arrivals caused the largest summed wait; the group's straggler is
-    the rank late in most of its steps. wait_ms_median / wait_ms_p90: over the group's steps, the
-    wait that rank caused (0 in steps where another was late; numpy percentile, linear). Rows
-    sorted by median wait, largest first; [] without collectives."""
+    CollectiveRow: group, num_ranks, step, late_rank, exposed_wait_s -- the wait it caused where
+    exposed and not the pipeline's drain; max_wait_s in tables without it). Per group and step,
+    the late rank is the one whose late arrivals caused the largest summed wait; the group's
+    straggler is the rank late in most of its steps. wait_ms_median / wait_ms_p90: over the
+    group's steps, the wait that rank caused (0 in steps where another was late; numpy
+    percentile, linear). Groups where nobody made another wait are left out. Rows sorted by
+    median wait, largest first; [] without collectives."""
     df = collectives[collectives["run"] == run] if not collectives.empty else collectives
     if df.empty:
         return []
+    wait = "exposed_wait_s" if "exposed_wait_s" in df and df["exposed_wait_s"].notna().all() else "max_wait_s"
     out = []
     for (group, num_ranks), g in df.groupby(["group", "num_ranks"], sort=False):
-        caused = g.groupby(["step", "late_rank"])["max_wait_s"].sum().reset_index()
-        per_step = caused.sort_values(["max_wait_s", "late_rank"], ascending=[False, True]).drop_duplicates("step")
+        caused = g.groupby(["step", "late_rank"])[wait].sum().reset_index()
+        caused = caused[caused[wait] > 0]
+        if caused.empty:
+            continue
+        per_step = caused.sort_values([wait, "late_rank"], ascending=[False, True]).drop_duplicates("step")
         counts = per_step.groupby("late_rank").size().sort_values(ascending=False, kind="stable")
         rank = int(counts.index[0])
         steps = sorted(g["step"].unique().tolist())
-        mine = per_step[per_step["late_rank"] == rank].set_index("step")["max_wait_s"]
+        mine = per_step[per_step["late_rank"] == rank].set_index("step")[wait]
         waits = np.array([float(mine.get(st, 0.0)) for st in steps])
         out.append({"group": str(group), "num_ranks": int(num_ranks), "rank": rank, "late_steps": int(counts[rank]),
                     "num_steps": len(steps), "wait_ms_median": float(np.percentile(waits, 50)) * 1e3,
