@@ -143,10 +143,15 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
     spans: TimelineSpanRow columns (run, rank, step, category, start_s, end_s). -> SVG bytes."""
     _ = gettext
     present = [r for r in runs if (spans["run"] == r).any()]
-    num_rows = sum(int(spans.loc[spans["run"] == r, "rank"].nunique()) for r in present)
+    rows_per_run = [max(1, int(spans.loc[spans["run"] == r, "rank"].nunique())) for r in present]
+    num_rows = sum(rows_per_run)
     height_in = min(0.9 + 0.32 * max(1, num_rows) + 0.45 * len(present), MAX_TIMELINE_HEIGHT_IN)
-    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, height_in),
-                             squeeze=False, sharex=True, layout="constrained")
+    # each run's panel as tall as its ranks need (a 4-rank run twice a 2-rank one), and the rank
+    # labels no taller than a lane, so they never overprint when many rows share the height
+    row_pt = (height_in - 0.9 - 0.45 * len(present)) * 72 / max(1, num_rows)
+    label_pt = max(4.0, min(9.0, 0.75 * row_pt))
+    fig, axes = plt.subplots(len(present) or 1, 1, figsize=(6.0, height_in), squeeze=False, sharex=True,
+                             layout="constrained", height_ratios=rows_per_run or None)
     for ax, run in zip(axes[:, 0], present):
         df = spans[spans["run"] == run]
         # spans narrower than MIN_SPAN_FRACTION of the step are not drawn: thousands of
@@ -161,7 +166,8 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
                 ax.broken_barh(list(zip(c["start_s"] * 1e3, (c["end_s"] - c["start_s"]) * 1e3)), lane,
                                facecolors=CATEGORY_COLORS.get(cat, "black"))
         step = int(df["step"].iloc[0])
-        ax.set_yticks(range(len(ranks)), [_(N_("rank %(rank)s")) % {"rank": k} for k in ranks])
+        ax.set_yticks(range(len(ranks)), [_(N_("rank %(rank)s")) % {"rank": k} for k in ranks], fontsize=label_pt)
+        ax.set_ylim(-0.5, len(ranks) - 0.5)
         ax.set_title(_(N_("%(run)s (step %(step)s)")) % {"run": run, "step": step}, fontsize=8, loc="left")
         ax.grid(alpha=0.3, axis="x")
     axes[-1, 0].set_xlabel(_(N_("ms from the step's start")))

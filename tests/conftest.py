@@ -54,3 +54,41 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 _BEFORE = pytest.StashKey[set]()
+
+
+# ---------------------------------------------------------------- campaigns and notes shared by tests
+# Built once per session and read by every test that needs them; a test that would change one
+# copies it first.
+
+@pytest.fixture(scope="session")
+def demo_campaign(tmp_path_factory) -> Path:
+    """What `make demo` makes: `runner all` on this CPU machine's default matrix (the real engines
+    over gloo, the tiny preset), then `report build` (md, html, pdf) into CAMPAIGN/report."""
+    import sys
+
+    out = tmp_path_factory.mktemp("demo") / "camp"
+    res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def example_note(tmp_path_factory):
+    """name -> the folder of a committed example's note (note.md, note.html, summary.json,
+    figures/), built once per session with report.render.build_report."""
+    from report.render import build_report
+
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            out = tmp_path_factory.mktemp(f"note-{name}") / "report"
+            build_report(ROOT / "examples" / name, out_dir=out, formats=("md", "html"))
+            built[name] = out
+        return built[name]
+
+    return build

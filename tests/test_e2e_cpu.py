@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +19,9 @@ RUNS = ("ddp", "zero3", "zero3-fsdp2", "tp2-pp2")
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("e2e") / "camp"
-    res = subprocess.run([sys.executable, "-m", "runner.cli", "all", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(out)],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return out
+def campaign(demo_campaign) -> Path:
+    """The demo campaign (conftest: `runner all` on the CPU default matrix, then `report build`)."""
+    return demo_campaign
 
 
 def _log_tails(run_dir: Path, num_lines: int = 15) -> str:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,12 +20,9 @@ LAYOUTS = {"ddp": ("torch-ddp", 1, 1, 2), "zero3": ("deepspeed", 1, 1, 2), "zero
 
 
 @pytest.fixture(scope="module")
-def note_md(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("twogpu")
-    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(EXAMPLE), "--out", str(out), "--format", "md"],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    return (out / "note.md").read_text()
+def note_md(example_note) -> str:
+    """The example's note, built once per session (conftest)."""
+    return (example_note("h200-2gpu") / "note.md").read_text()
 
 
 def _rows(run: str) -> dict[int, list[dict]]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +20,9 @@ FORMATS = {"ddp": "torch.distributed.checkpoint", "zero3-deepspeed": "deepspeed"
 
 
 @pytest.fixture(scope="module")
-def note_md(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("engines")
-    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(EXAMPLE), "--out", str(out), "--format", "md"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    return (out / "note.md").read_text()
+def note_md(example_note) -> str:
+    """The example's note, built once per session (conftest)."""
+    return (example_note("h200-1gpu-engines") / "note.md").read_text()
 
 
 def _median_step_s(run: str) -> float:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +16,9 @@ H200_BF16_DENSE_FLOPS = 989.4e12  # NVIDIA H200 SXM datasheet: 1,979 TFLOPS bf16
 
 
 @pytest.fixture(scope="module")
-def note_md(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("h200note")
-    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(EXAMPLE), "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert {p.name for p in out.iterdir()} >= {"note.md", "note.html", "note.pdf"}
-    return (out / "note.md").read_text()
+def note_md(example_note) -> str:
+    """The example's note, built once per session (conftest); the PDF is laid out by test_layout."""
+    return (example_note("h200-1gpu") / "note.md").read_text()
 
 
 def test_gpu_campaign_is_real_and_complete():

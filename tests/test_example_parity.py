@@ -4,8 +4,6 @@ parity table names the class that keeps the eager engines apart."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _build(name: str, out: Path) -> dict:
-    rep = subprocess.run([sys.executable, "-m", "report.cli", "build", str(REPO / "examples" / name), "--out", str(out),
-                          "--format", "md"], capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert rep.returncode == 0, rep.stderr
-    return {r["run"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
+def _summary_runs(note: Path) -> dict:
+    return {r["run"]: r for r in json.loads((note / "summary.json").read_text())["runs"]}
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory) -> dict:
-    return _build("h200-1gpu-parity", tmp_path_factory.mktemp("parity"))
+def parity(example_note) -> dict:
+    """summary.json's runs of the example's note, built once per session (conftest)."""
+    return _summary_runs(example_note("h200-1gpu-parity"))
 
 
 def test_benchmark_result_is_the_campaign_summary(parity):
@@ -40,15 +36,15 @@ def test_parity_table_names_the_eager_engines_elementwise_kernels(parity):
         assert set(run["parity"]["ms_per_token"]) >= {"gemm", "attention", "loss", "optimizer", "elementwise"}
 
 
-def test_deepspeed_knob_and_data_round_campaign_rebuilds(tmp_path):
-    runs = _build("h200-1gpu-parity-data", tmp_path)
+def test_deepspeed_knob_and_data_round_campaign_rebuilds(example_note):
+    runs = _summary_runs(example_note("h200-1gpu-parity-data"))
     assert {"ddp", "ddp-real", "zero3-deepspeed", "zero3-deepspeed-persistent"} <= set(runs)
     assert runs["ddp-real"]["data_wait_median_s"] > runs["ddp"]["data_wait_median_s"]
     # two engines at equal math: the reference lies between them, so both are named, DeepSpeed above
     assert runs["zero3-deepspeed"]["parity"]["reason"].startswith("elementwise +")
     assert runs["ddp"]["parity"]["reason"].startswith("elementwise -")
     # the knob run is compared with the default-knob run of its layout, engine and data round
-    note = (tmp_path / "note.md").read_text()
+    note = (example_note("h200-1gpu-parity-data") / "note.md").read_text()
     assert ("**zero3-deepspeed-persistent** vs zero3-deepspeed (DeepSpeed; `zero.stage3_param_persistence_threshold`"
             " 1000000 → 100000000)") in note
     assert "**zero3-deepspeed-persistent-real** vs zero3-deepspeed-real" in note

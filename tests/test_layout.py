@@ -1,8 +1,16 @@
 """The note as a reader meets it: the PDF's pages and the HTML in a real browser.
 
-Each committed example (examples/h200-1gpu, examples/h200-2gpu) is rendered once per module;
-the PDF is laid out by WeasyPrint from the same note.html and print.css `report build` uses
-(render_pdf), and its layout tree is kept so that the checks can name the box at fault:
+The demo campaign (`runner all` on this CPU machine, as `make demo` makes it) and every committed
+example under examples/ are rendered once per session (conftest: demo_campaign, example_note,
+shared with the tests that read the same notes); the PDF is laid out by WeasyPrint from the same
+note.html and print.css `report build` uses (render_pdf), and its layout tree is kept so that the
+checks can name the box at fault:
+
+- nothing runs past the right edge of the page's text block: no table, figure or line of text;
+- no two labels of a figure overprint each other (the figures' SVG text, measured with the font
+  the figures are drawn in);
+- no literal Markdown reaches the reader: no backtick or ``**`` outside code, in the HTML text
+  or on the PDF's pages;
 
 - no figure is taller than the page's text block or runs past its foot, and its caption is
   on the same page;
@@ -12,7 +20,8 @@ the PDF is laid out by WeasyPrint from the same note.html and print.css `report 
   the last page of a section (the next page starts with a heading) or of the note;
 - every HTML table has a ``<thead>``;
 - the HTML in headless Chromium (Debian package ``chromium``) at 1280 px: a screenshot is
-  taken, every ``<img>`` loaded, no error reached the page (script or resource).
+  taken, every ``<img>`` loaded, no error reached the page (script or resource), no table or
+  figure wider than the window.
 
 Chromium and pdftoppm tests skip (with how to install) only where the binary is absent;
 .ci/run installs both.
@@ -20,8 +29,10 @@ Chromium and pdftoppm tests skip (with how to install) only where the binary is 
 from __future__ import annotations
 
 import collections
+import html
 import html.parser
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -30,10 +41,9 @@ from pathlib import Path
 
 import pytest
 
-from report.render import build_report
-
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ("h200-1gpu", "h200-2gpu")
+EXAMPLES = tuple(sorted(p.name for p in (ROOT / "examples").iterdir() if (p / "campaign.json").is_file()))
+NOTES = ("demo", *EXAMPLES)
 MIN_FILL = 0.2  # a page holds at least a fifth of its text block, unless it ends a section
 MM = 96 / 25.4  # CSS px per mm (WeasyPrint lays out in CSS px)
 PAGE_MARGIN_TOP_MM, PAGE_MARGIN_BOTTOM_MM = 16, 14  # templates/print.css @page
@@ -48,14 +58,17 @@ class Rendered:
     pages: list  # WeasyPrint page objects, in order
 
 
-@pytest.fixture(scope="module", params=EXAMPLES)
+@pytest.fixture(scope="module", params=NOTES)
 def rendered(request, tmp_path_factory) -> Rendered:
+    """The note's folder (shared: read it, write nothing into it) and its PDF, laid out here."""
     import weasyprint
 
-    out = tmp_path_factory.mktemp(request.param)
-    build_report(ROOT / "examples" / request.param, out_dir=out, formats=("md", "html"))
+    if request.param == "demo":
+        out = request.getfixturevalue("demo_campaign") / "report"
+    else:
+        out = request.getfixturevalue("example_note")(request.param)
     document = weasyprint.HTML(filename=str(out / "note.html"), base_url=str(out)).render()
-    pdf = out / "note.pdf"
+    pdf = tmp_path_factory.mktemp(f"pdf-{request.param}") / "note.pdf"
     document.write_pdf(pdf)
     return Rendered(out=out, pdf=pdf, pages=document.pages)
 
@@ -101,9 +114,129 @@ def test_no_figure_is_taller_than_the_page_and_its_caption_stays_with_it(rendere
                 src = box.element.get("src")
                 assert box.margin_height() <= bottom - top, (number, src, box.margin_height(), bottom - top)
                 assert box.position_y + box.margin_height() <= bottom + 0.5, (number, src, "runs past the foot")
-    assert images >= 3  # loss, step time, and at least one profiler figure
+    # every figure of the note was laid out (a hang campaign has no profiler figure: two)
+    assert images == (rendered.out / "note.html").read_text().count("<img ") >= 2
     split = [sorted(p) for p in figure_pages.values() if len(p) > 1]
     assert not split, f"a figure and its caption on different pages: {split}"
+
+
+# ------------------------------------------------------------------ PDF: the right edge
+def test_nothing_runs_past_the_right_edge_of_the_text_block(rendered):
+    from weasyprint.formatting_structure import boxes as B
+
+    bad = []
+    for number, page in enumerate(rendered.pages, start=1):
+        left = page._page_box.content_box_x()
+        right = left + page._page_box.width
+        for box, _ in _walk(page._page_box):
+            if isinstance(box, (B.TableBox, B.ReplacedBox, B.TextBox)):
+                end = box.position_x + box.margin_width()
+                if end > right + 1:
+                    what = box.element.get("src") if isinstance(box, B.ReplacedBox) else _label(box)
+                    bad.append(f"page {number}: {type(box).__name__} {end - right:.0f} px past the edge: {what}")
+    assert not bad, "\n".join(dict.fromkeys(bad))
+
+
+# ------------------------------------------------------------------ figures: overprinted labels
+def _label_corners(attrs: dict, text: str, font) -> list[tuple[float, float]]:
+    """The four corners of an SVG <text>'s box (matplotlib: x, y baseline, text-anchor, rotate)."""
+    size = float(re.search(r"font-size:\s*([\d.]+)px", attrs["style"]).group(1))
+    width = font.getlength(text) * size / font.size
+    x, y = float(attrs["x"]), float(attrs["y"])
+    anchor = re.search(r"text-anchor:\s*(\w+)", attrs["style"])
+    x0 = x - {"start": 0, "middle": width / 2, "end": width}[anchor.group(1) if anchor else "start"]
+    ascent, descent = 0.76 * size, 0.24 * size  # DejaVu Sans
+    corners = [(x0, y - ascent), (x0 + width, y - ascent), (x0 + width, y + descent), (x0, y + descent)]
+    rotate = re.search(r"rotate\((-?[\d.]+)", attrs.get("transform", ""))
+    angle = math.radians(float(rotate.group(1))) if rotate else 0.0
+    cos, sin = math.cos(angle), math.sin(angle)
+    return [(x + (cx - x) * cos - (cy - y) * sin, y + (cx - x) * sin + (cy - y) * cos) for cx, cy in corners]
+
+
+def _overlap(a: list, b: list, *, slack: float = 0.5) -> bool:
+    """Whether two convex quadrilaterals overlap by more than ``slack`` along every separating axis."""
+    for quad in (a, b):
+        for i in range(4):
+            (x1, y1), (x2, y2) = quad[i], quad[(i + 1) % 4]
+            nx, ny = y2 - y1, x1 - x2
+            norm = math.hypot(nx, ny) or 1.0
+            pa = [(px * nx + py * ny) / norm for px, py in a]
+            pb = [(px * nx + py * ny) / norm for px, py in b]
+            if min(max(pa), max(pb)) - max(min(pa), min(pb)) <= slack:
+                return False
+    return True
+
+
+def overprinted_labels(svg: str) -> list[tuple[str, str]]:
+    """Pairs of text labels of a matplotlib SVG (svg.fonttype none) whose boxes overlap."""
+    import matplotlib
+    from PIL import ImageFont
+
+    font = ImageFont.truetype(str(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"), 100)
+    labels = []
+    for match in re.finditer(r"<text ([^>]*)>([^<]*)</text>", svg):
+        attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', match.group(1)))
+        text = html.unescape(match.group(2))
+        if text.strip() and "x" in attrs and "y" in attrs:
+            labels.append((text, _label_corners(attrs, text, font)))
+    return [(a, b) for i, (a, qa) in enumerate(labels) for b, qb in labels[i + 1:] if _overlap(qa, qb)]
+
+
+def test_overprint_check_sees_labels_that_collide():
+    style = 'style="font-size: 9px; text-anchor: end"'
+    close = f'<text {style} x="30" y="50">rank 0</text><text {style} x="30" y="45">rank 1</text>'
+    apart = f'<text {style} x="30" y="50">rank 0</text><text {style} x="30" y="38">rank 1</text>'
+    slanted = ('<text style="font-size: 9px; text-anchor: end" x="50" y="60" transform="rotate(-35 50 60)">zero3-fsdp2</text>'
+               '<text style="font-size: 9px; text-anchor: end" x="70" y="60" transform="rotate(-35 70 60)">tp2-pp2</text>')
+    assert overprinted_labels(close) == [("rank 0", "rank 1")]
+    assert overprinted_labels(apart) == [] and overprinted_labels(slanted) == []
+
+
+def test_no_figure_label_overprints_another(rendered):
+    bad = {}
+    for svg in sorted((rendered.out / "figures").glob("*.svg")):
+        pairs = overprinted_labels(svg.read_text())
+        if pairs:
+            bad[svg.name] = pairs[:5]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------ literal Markdown
+MARKDOWN = re.compile(r"`|\*\*")
+
+
+class _ProseText(html.parser.HTMLParser):
+    """The text of an HTML page outside <code>, <pre>, <script> and <style>."""
+
+    def __init__(self):
+        super().__init__()
+        self.skip = 0
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.skip += tag in ("code", "pre", "script", "style")
+
+    def handle_endtag(self, tag):
+        self.skip -= tag in ("code", "pre", "script", "style") and self.skip > 0
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.parts.append(data)
+
+
+def test_no_literal_markdown_in_the_html_or_the_pdf(rendered):
+    parser = _ProseText()
+    parser.feed((rendered.out / "note.html").read_text())
+    in_html = [m.string[max(0, m.start() - 40):m.end() + 40] for m in
+               (MARKDOWN.search(" ".join(p.split())) for p in parser.parts) if m]
+    from weasyprint.formatting_structure import boxes as B
+
+    in_pdf = []
+    for number, page in enumerate(rendered.pages, start=1):
+        for box, ancestors in _walk(page._page_box):
+            if isinstance(box, B.TextBox) and MARKDOWN.search(box.text) and not {"code", "pre"} & set(ancestors):
+                in_pdf.append(f"page {number}: {box.text[:80]}")
+    assert not in_html and not in_pdf, {"html": in_html[:10], "pdf": in_pdf[:10]}
 
 
 # ------------------------------------------------------------------ PDF: tables
@@ -223,7 +356,13 @@ window.addEventListener("error", function (e) {
 window.addEventListener("load", function () {
   var imgs = Array.prototype.slice.call(document.images);
   var tables = Array.prototype.slice.call(document.querySelectorAll("table"));
+  var width = document.documentElement.clientWidth;
+  var wide = Array.prototype.slice.call(document.querySelectorAll("table, img, figure, pre, svg")).filter(function (e) {
+    return e.getBoundingClientRect().right > width + 1;
+  }).map(function (e) { return e.tagName + ": " + (e.getAttribute("src") || e.textContent || "").trim().slice(0, 60); });
   var result = {
+    overflow: wide,
+    scroll_width: document.documentElement.scrollWidth,
     images: imgs.length,
     not_loaded: imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); }).map(function (i) { return i.getAttribute("src"); }),
     tables: tables.length,
@@ -250,16 +389,17 @@ def test_html_note_in_headless_chromium(rendered, tmp_path):
     from PIL import Image
 
     note = (rendered.out / "note.html").read_text()
-    probe = rendered.out / "note-probe.html"  # beside note.html: figures/ resolves the same way
-    probe.write_text(note.replace("<head>", "<head>\n" + PROBE, 1))
+    probe = tmp_path / "note-probe.html"  # the shared note folder is not written into: <base> resolves figures/
+    probe.write_text(note.replace("<head>", f'<head>\n<base href="{rendered.out.as_uri()}/">\n' + PROBE, 1))
     res = _chromium(["--virtual-time-budget=10000", "--dump-dom", probe.as_uri()], tmp_path / "profile")
     assert res.returncode == 0, res.stderr[-2000:]
     match = re.search(r'<pre id="layout-probe">(.*?)</pre>', res.stdout, re.S)
     assert match, res.stderr[-2000:]
     result = json.loads(html.unescape(match.group(1)))
     assert result["width"] == 1280
-    assert result["images"] >= 3 and not result["not_loaded"], result
-    assert result["tables"] >= 5 and result["no_thead"] == 0, result
+    assert not result["overflow"] and result["scroll_width"] <= 1280, result["overflow"]
+    assert result["images"] == note.count("<img ") >= 2 and not result["not_loaded"], result
+    assert result["tables"] == note.count("<table") >= 3 and result["no_thead"] == 0, result
     assert not result["errors"], result["errors"]
 
     shot = tmp_path / "note.png"
