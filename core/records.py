@@ -611,6 +611,9 @@ class AttributionRow:
 # note's order; WhatIfRow.category is one of them.
 ATTRIBUTION_CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall",
                           "other")
+# a WhatIfRow category beside ATTRIBUTION_CATEGORIES: every collective at `runner commbench`'s
+# measured time for its op, size and group size, instead of at zero
+TRANSFER_AT_COMMBENCH = "transfer_at_commbench"
 
 
 @dataclass(frozen=True, kw_only=True)

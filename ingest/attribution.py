@@ -45,8 +45,9 @@ beyond seconds, and any rescaling to unprofiled steps (report.evidence).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -131,11 +132,12 @@ def _gap_sizes(tl: RankTimeline, i: int) -> np.ndarray:
 
 
 def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_degree: int,
-                        num_microbatches: int) -> Attribution:
+                        num_microbatches: int, commbench: Sequence[Mapping[str, Any]] = ()) -> Attribution:
     """Attribute every analysed step of every rank (see the module doc).
 
     timelines: rank -> RankTimeline (ingest.traces); pp_degree, num_microbatches: the run's
-    pipeline stages p and micro-batches per step m (bubble = mean stage compute x (p-1)/m).
+    pipeline stages p and micro-batches per step m (bubble = mean stage compute x (p-1)/m);
+    commbench: `runner commbench` rows for the what-if at its bandwidth (ingest.whatif).
     Returns Attribution; times in seconds. Raises ValueError for pp_degree or
     num_microbatches < 1.
     """
@@ -281,6 +283,6 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
                 launch_gap_max_s=float(gaps.max()) / 1e9 if gaps.size else None,
                 late=label is not None, late_cause=label, late_caused_wait_s=caused / 1e9))
     whatif, more = compute_whatif(timelines, rows, keys, run=run, pp_degree=pp_degree,
-                                  num_microbatches=num_microbatches)
+                                  num_microbatches=num_microbatches, commbench=commbench)
     return Attribution(rows=tuple(rows), collectives=tuple(coll_rows), warnings=tuple(warnings + more),
                        whatif=tuple(whatif))

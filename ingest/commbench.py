@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from core.formulas import COLLECTIVES, compute_bus_factor
 from ingest.parsers import ParseResult
@@ -68,3 +71,23 @@ def _row_problem(row: Any) -> str | None:
         if row[key] < 0 or (key in _POSITIVE and row[key] <= 0):
             return f"{key}: must be positive, got {row[key]}"
     return None
+
+
+def compute_bench_time_s(rows: Sequence[Mapping[str, Any]], *, op: str, nbytes: float,
+                         num_ranks: int) -> float | None:
+    """The time (s) `runner commbench` measured for ``op`` of ``nbytes`` over ``num_ranks`` ranks:
+    linear in bytes between the two measured sizes around it (latency + bytes / bandwidth, the
+    alpha-beta model), below the smallest size that size's time, above the largest that time
+    scaled by bytes. rows: CommBenchRow dicts (op, nbytes, world_size, time_us). None when no row
+    has this op at this world size, or nbytes is not a positive number."""
+    if not (nbytes > 0 and math.isfinite(nbytes)):
+        return None
+    points = sorted((float(r["nbytes"]), float(r["time_us"])) for r in rows
+                    if r.get("op") == op and int(r.get("world_size") or 0) == num_ranks
+                    and r.get("nbytes") and r.get("time_us"))
+    if not points:
+        return None
+    sizes, times = zip(*points)
+    if nbytes >= sizes[-1]:
+        return times[-1] * nbytes / sizes[-1] / 1e6
+    return float(np.interp(nbytes, sizes, times)) / 1e6

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
 
     from core.records import PlantTruth
 
-from core.errors import NoDataError, ParseError
+from core.errors import NoDataError, ParseError, ToolError
 from core.redact import redact_value
 from ingest.paths import check_run_inside, is_inside, resolved, run_name_problem
 from core.atomic import write_bytes_atomic
@@ -940,13 +940,17 @@ def _run_layout(run: Any) -> tuple[int, int]:
 
 # Bump when ingest.traces / ingest.attribution change what they compute: stored run tables
 # carry it in their fingerprint, so tables of an older analysis are recomputed, not reused.
-TRACE_ANALYSIS_VERSION = 3
+TRACE_ANALYSIS_VERSION = 4
 
 
 def _trace_inputs(run_dir: Path) -> list[tuple[str, int]]:
-    """The files a run's trace tables are computed from, as (name under the run, bytes)."""
+    """The files a run's trace tables are computed from, as (name under the run, bytes): its
+    traces and rank logs, and the campaign's `runner commbench` results (the what-if at
+    commbench's bandwidth), named ../commbench/<file>."""
     paths = [*(run_dir / "trace").glob("profile_*rank*.json*"), *(run_dir / "logs").glob("rank*.log*")]
-    return sorted((f"{p.parent.name}/{p.name}", p.stat().st_size) for p in paths if is_regular_file(p))
+    found = sorted((f"{p.parent.name}/{p.name}", p.stat().st_size) for p in paths if is_regular_file(p))
+    bench = run_dir.parent / "commbench" / COMMBENCH_JSON
+    return found + ([(f"../commbench/{COMMBENCH_JSON}", bench.stat().st_size)] if is_regular_file(bench) else [])
 
 
 def trace_tables_fingerprint(run_dir: str | os.PathLike[str], *, pp_degree: int, num_microbatches: int) -> dict:
@@ -1001,7 +1005,14 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
         spans += result.spans
         warnings += [f"{name}/trace/{path.name}: {w}" for w in result.warnings]
     if timelines:
-        att = compute_attribution(timelines, run=name, pp_degree=pp_degree, num_microbatches=num_microbatches)
+        bench: list[dict[str, Any]] = []
+        if is_regular_file(root / "commbench" / COMMBENCH_JSON):
+            try:
+                bench = load_commbench(root / "commbench")
+            except ToolError as e:
+                warnings.append(f"commbench: {e}; the what-if at its bandwidth is left out")
+        att = compute_attribution(timelines, run=name, pp_degree=pp_degree, num_microbatches=num_microbatches,
+                                  commbench=bench)
         attributed += att.rows
         collectives += att.collectives
         whatif += att.whatif

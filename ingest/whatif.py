@@ -24,7 +24,8 @@ to what a Kineto trace records):
   collectives it shares with a rank of known offset (a collective ends at once on all its ranks).
 
 What-ifs, one cause removed at a time, each replayed and compared with the replay of the trace
-as recorded: transfer at zero; launch gaps (the host time the device waited for, outside batch
+as recorded: transfer at zero (and, with `runner commbench` results, at commbench's measured time
+for each collective's op, size and group size); launch gaps (the host time the device waited for, outside batch
 fetches, removed where it waited); data stall (batch fetches take no time); skew_wait (per step,
 each rank's launch-gap time beyond the median of the other ranks' is removed where its device
 waited for it). Pipeline bubble and imbalance are analytic
@@ -39,10 +40,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, WhatIfRow
+from core.records import ATTRIBUTION_CATEGORIES, TRANSFER_AT_COMMBENCH, AttributionRow, WhatIfRow
+from ingest.commbench import compute_bench_time_s
 from ingest.traces import NO_LAUNCH, WORK_CATS, RankTimeline, _measure
 
 _NEG = -(1 << 62)
@@ -56,6 +59,7 @@ class Scenario:
     (a host range that takes no time) or all at t0 == t1; disjoint, sorted by t0."""
 
     transfer_zero: bool = False
+    transfer_ns: Sequence[int | None] | None = None  # per collective (``keys`` order): its transfer instead
     ignore_launch: bool = False
     work: Mapping[int, np.ndarray] | None = None
     host_cuts: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None
@@ -69,7 +73,7 @@ class _Graph:
     """Collective instances: members, transfer time, starts and end (ns, common clock)."""
 
     def __init__(self, timelines: Mapping[int, RankTimeline], keys: Mapping[tuple, Mapping[int, int]],
-                 transfer_zero: bool):
+                 transfer_zero: bool, transfer_ns: Sequence[int | None] | None = None):
         self.gid = {r: [-1] * tl.coll_end.size for r, tl in timelines.items()}
         self.size, self.transfer, self.starts, self.end = [], [], [], []
         self.num_forced = 0
@@ -77,7 +81,8 @@ class _Graph:
             g = len(self.size)
             durs = [int(timelines[r].coll_end[i] - timelines[r].coll_start[i]) for r, i in members.items()]
             self.size.append(len(members))
-            self.transfer.append(0 if transfer_zero else min(durs))
+            override = transfer_ns[g] if transfer_ns is not None else None
+            self.transfer.append(0 if transfer_zero else override if override is not None else min(durs))
             self.starts.append({})
             self.end.append(None)
             for r, i in members.items():
@@ -239,7 +244,7 @@ def replay_step_s(timelines: Mapping[int, RankTimeline], keys: Mapping[tuple, Ma
     only after one it waits for itself (the traces give their collectives in different orders,
     e.g. gloo ranges of several process groups that share one name), the earliest such
     collective ends with the ranks that have arrived. (None, n) when nothing is left to replay."""
-    graph = _Graph(timelines, keys, sc.transfer_zero)
+    graph = _Graph(timelines, keys, sc.transfer_zero, sc.transfer_ns)
     ranks = {r: _Rank(r, tl, offsets[r], sc, graph) for r, tl in timelines.items()}
     pending = set(ranks)
     while pending:
@@ -337,6 +342,19 @@ def _gaps_scenario(timelines: Mapping[int, RankTimeline]) -> Scenario:
                     host_cuts={r: _gap_cuts(tl) for r, tl in timelines.items() if tl.timeline != "cpu"})
 
 
+def _bench_transfers_ns(timelines: Mapping[int, RankTimeline], keys: Mapping[tuple, Mapping[int, int]],
+                        commbench: Sequence[Mapping[str, Any]]) -> list[int | None]:
+    """Per matched collective (``keys`` order): commbench's time for its op, bytes (the trace's)
+    and number of ranks, in ns; None where there is no measurement or no byte count."""
+    out: list[int | None] = []
+    for (_step, _group, kind, _seq), members in keys.items():
+        r, i = next(iter(members.items()))
+        t = compute_bench_time_s(commbench, op=kind, nbytes=float(timelines[r].coll_nbytes[i]),
+                                 num_ranks=len(members))
+        out.append(None if t is None else int(round(t * 1e9)))
+    return out
+
+
 def _pipeline_savings(rows: Sequence[AttributionRow], *, pp_degree: int, num_microbatches: int) -> dict[str, float]:
     """Analytic 1F1B savings (s per step): bubble -> the traced bubble; imbalance ->
     (m + p - 1) / m x (slowest rank's compute - mean compute)."""
@@ -353,14 +371,19 @@ def _pipeline_savings(rows: Sequence[AttributionRow], *, pp_degree: int, num_mic
 
 def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[AttributionRow],
                    keys: Mapping[tuple, Mapping[int, int]], *, run: str, pp_degree: int,
-                   num_microbatches: int) -> tuple[list[WhatIfRow], list[str]]:
+                   num_microbatches: int, commbench: Sequence[Mapping[str, Any]] = ()
+                   ) -> tuple[list[WhatIfRow], list[str]]:
     """One WhatIfRow per ATTRIBUTION_CATEGORIES entry for the run, and warnings.
 
     timelines: rank -> RankTimeline with its replay chain (steps aligned across ranks, as
     ingest.attribution uses them); rows: the run's AttributionRow (spent_s, pipeline); keys: the
     matched collectives, (step, group, kind, seq) -> {rank: index}. Savings are replayed
     (module doc) except bubble and imbalance (analytic); None for compute and other, and for
-    every replayed category when the replay cannot finish (a warning says so)."""
+    every replayed category when the replay cannot finish (a warning says so). With
+    ``commbench`` rows (`runner commbench`, ingest.commbench), one more row, category
+    TRANSFER_AT_COMMBENCH: every collective replayed at the time commbench measured for its op,
+    size and group size (compute_bench_time_s) instead of its traced transfer (a collective
+    without a measurement keeps its own; a warning counts them)."""
     rows = [row for row in rows if row.run == run]
     if not rows:
         return [], []
@@ -391,9 +414,22 @@ def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[Attribu
                             ("data_stall", _data_scenario(ranks)), ("skew_wait", _skew_scenario(ranks))):
                 step, _ = replay_step_s(ranks, keys, offsets, sc)
                 savings[cat] = base - step if step is not None else None
+            bench = _bench_transfers_ns(ranks, keys, commbench) if commbench else []
+            if any(t is not None for t in bench):
+                step, _ = replay_step_s(ranks, keys, offsets, Scenario(transfer_ns=bench))
+                savings[TRANSFER_AT_COMMBENCH] = base - step if step is not None else None
+                missing = sum(t is None for t in bench)
+                if missing:
+                    warnings.append(f"what-if at commbench's bandwidth: {missing} of {len(bench)} collectives have no "
+                                    "commbench measurement of their op at their group size and keep their traced "
+                                    "transfer")
     method = {c: "replay" for c in savings}
     for cat, saving in _pipeline_savings(rows, pp_degree=pp_degree, num_microbatches=num_microbatches).items():
         savings[cat], method[cat] = saving, "analytic"
     out = [WhatIfRow(run=run, category=c, spent_s=spent[c], saving_s=savings.get(c), method=method.get(c),
                      replay_step_s=base, traced_step_s=traced) for c in ATTRIBUTION_CATEGORIES]
+    if TRANSFER_AT_COMMBENCH in savings:
+        out.append(WhatIfRow(run=run, category=TRANSFER_AT_COMMBENCH, spent_s=spent["transfer"],
+                             saving_s=savings[TRANSFER_AT_COMMBENCH], method="replay", replay_step_s=base,
+                             traced_step_s=traced))
     return out, warnings

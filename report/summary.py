@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from core.records import TRANSFER_AT_COMMBENCH
 from report.view import Note
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: campaign caveats once at the top level, not in every run
@@ -114,6 +115,7 @@ def build_summary(note: Note) -> dict[str, Any]:
     attributed = {b.run: b.attribution for b in note.evidence.rows if b.attribution is not None}
     campaign_caveats, caveats, caveat_refs = build_run_caveats(note)
     parity = {p.run: p for p in note.parity}
+    health = {h.run: h for h in note.health.runs} if note.health is not None else {}
     runs = []
     for m in note.metrics:
         a = attributed.get(m.run)
@@ -129,6 +131,7 @@ def build_summary(note: Note) -> dict[str, Any]:
             "mem_peak_reserved_gib": _num(m.mem_peak_reserved_gib),
             "data_wait_median_s": _num(m.data_wait_median_s),
             "loss_first": _num(m.loss_first), "loss_last": _num(m.loss_last),
+            "health": _health(health.get(m.run)),
             "breakdown": shares.get(m.run),
             # section 5 across ranks (report.evidence.summarize_attribution): ms per traced step, the
             # kernels' own time; the same with the profiled steps' extra host time taken out to reach
@@ -140,6 +143,8 @@ def build_summary(note: Note) -> dict[str, Any]:
             "breakdown_step_p90_ms": dict(a.traced_p90_ms) if a else None,
             "whatif_saving_ms": {c: a.saving_ms.get(c) for c in a.traced_ms} if a else None,
             "whatif_method": {c: a.saving_method.get(c) for c in a.traced_ms} if a else None,
+            # every collective at `runner commbench`'s time for its op, size and group size (None: no commbench)
+            "whatif_transfer_at_commbench_ms": a.saving_ms.get(TRANSFER_AT_COMMBENCH) if a else None,
             "replay_step_ms": a.replay_step_ms if a else None,
             "straggler": ({"rank": a.straggler["rank"], "host": a.straggler["host"],
                            "late_ms_median": a.straggler["late_ms_median"]}
@@ -175,11 +180,25 @@ def build_summary(note: Note) -> dict[str, Any]:
                      "interval": [g.ci_low, g.ci_high] if g.ci_low is not None else None,
                      "interval_method": note.interval_method, "representative": g.representative}
                     for g in note.repeats],
+        # the training-health rule report.health applied (report.rules.THRESHOLDS)
+        "health_rule": dataclasses.asdict(note.health.rule) if note.health is not None else None,
         "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
                      for f in (*note.findings, *(note.data_round.findings if note.data_round else ()))],
         # report.predict: leave-one-out checks on these runs and predicted (not measured) layouts
         "predicted": dataclasses.asdict(note.predicted) if note.predicted is not None else None,
     })
+
+
+def _health(h: Any) -> dict[str, Any] | None:
+    """A report.health.RunHealth as the record's ``health``: the verdict, why, and the flagged steps."""
+    if h is None:
+        return None
+    return {"verdict": h.verdict, "reasons": list(h.reasons), "loss_spike_steps": list(h.spike_steps),
+            "diverged_at_step": h.diverged_at_step, "divergence": h.divergence,
+            "grad_norm_recorded": h.grad_norm_recorded, "grad_norm_explosion_steps": list(h.explosion_steps),
+            "loss_spikes": [dataclasses.asdict(s) for s in h.spikes],
+            "grad_norm_explosions": [dataclasses.asdict(e) for e in h.explosions],
+            "rank_step_times": [dataclasses.asdict(r) for r in h.rank_step_times]}
 
 
 def _kernels(p: Any) -> dict[str, Any] | None:

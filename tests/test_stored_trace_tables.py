@@ -26,6 +26,7 @@ def test_tables_of_other_inputs_are_not_used(tmp_path):
 
     run = tmp_path / "ddp"
     shutil.copytree(EXAMPLE / "ddp", run)
+    shutil.copytree(EXAMPLE / "commbench", tmp_path / "commbench")  # the what-if at its bandwidth reads it
     row = next(r for r in io.load_campaign(EXAMPLE).runs.to_dict("records") if r["run"] == "ddp")
     pp_degree, num_microbatches = io._run_layout(row)
     fingerprint = io.trace_tables_fingerprint(run, pp_degree=pp_degree, num_microbatches=num_microbatches)
@@ -36,3 +37,7 @@ def test_tables_of_other_inputs_are_not_used(tmp_path):
     assert io.read_trace_tables(run / io.RUN_TABLES_DIR, inputs=changed) is None
     assert io.read_trace_tables(run / io.RUN_TABLES_DIR,
                                 inputs={**fingerprint, "analysis": io.TRACE_ANALYSIS_VERSION + 1}) is None
+    shutil.rmtree(tmp_path / "commbench")  # tables computed with commbench are not those of a campaign without it
+    (run / "logs" / "rank0.log").write_bytes((EXAMPLE / "ddp" / "logs" / "rank0.log").read_bytes())
+    assert io.read_trace_tables(run / io.RUN_TABLES_DIR, inputs=io.trace_tables_fingerprint(
+        run, pp_degree=pp_degree, num_microbatches=num_microbatches)) is None
