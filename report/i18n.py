@@ -104,14 +104,27 @@ class MessageList(str):
         return self
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _html_param(value: Any, escape: Any) -> Any:
+    """A data parameter for HTML: escaped, its Markdown code spans (`runner commbench`, as the
+    Markdown note shows them) as <code> rather than literal backticks."""
+    if not isinstance(value, str) or hasattr(value, "__html__") or "`" not in value:
+        return value  # already markup (a translated Message) or nothing to convert
+    return escape("").join(escape("<code>{}</code>").format(part) if i % 2 else escape.escape(part)
+                           for i, part in enumerate(_CODE_SPAN.split(value)))
+
+
 def translate(value: Any, lang: "Language", *, escape: Any = None) -> Any:
     """A Message / MessageList in ``lang`` (recursively); anything else unchanged. ``escape``:
     markupsafe.Markup for HTML (the translated message is trusted markup, data parameters are
-    escaped by Markup's %), None for plain text."""
+    escaped by Markup's %, their Markdown code spans made <code>), None for plain text."""
     if isinstance(value, Message):
         text = lang.gettext(value.msgid)
         if escape is not None:
             text = escape(text)
+            return text % {k: _html_param(translate(v, lang, escape=escape), escape) for k, v in value.params.items()}
         return text % {k: translate(v, lang, escape=escape) for k, v in value.params.items()}
     if isinstance(value, MessageList):
         sep = lang.pgettext("list separator", value.sep)

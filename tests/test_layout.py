@@ -443,3 +443,19 @@ def test_step_time_labels_slant_only_when_they_would_collide(runs, slanted):
     steps = pd.DataFrame([dict(run=r, step=s, step_time_s=0.1 + 0.001 * s) for r in runs for s in range(5)])
     svg = render_step_time_figure(steps, runs=runs).decode()
     assert ("rotate(-35" in svg) is slanted
+
+
+def test_a_code_span_in_a_messages_data_becomes_code_in_html_only():
+    """An error quoted in the note (`runner commbench` in a ConfigError) reads as code in the HTML,
+    as the Markdown note shows it; its other characters stay escaped."""
+    from markupsafe import Markup
+
+    from report.i18n import Message, N_, load_language, translate
+
+    EN = load_language()
+
+    message = Message(N_("%(how)s; this run cannot be modelled: %(error)s"), how="x",
+                      error="no `runner commbench` table <b>")
+    assert translate(message, EN, escape=Markup) == Markup(
+        "x; this run cannot be modelled: no <code>runner commbench</code> table &lt;b&gt;")
+    assert translate(message, EN) == "x; this run cannot be modelled: no `runner commbench` table <b>"
