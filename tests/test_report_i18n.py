@@ -104,6 +104,15 @@ def test_catalogs_load_without_bad_translations():
         assert load_language(code).problems == (), code
 
 
+@pytest.mark.parametrize("code", [c for c in available_languages() if c != "en"])
+def test_every_message_of_the_templates_and_code_is_translated(code):
+    """A message added to a template or marked in report/ without its translation prints in
+    English in that language's note: `python -m report.i18n update`, then translate it."""
+    from report.i18n import untranslated
+
+    assert untranslated(code) == []
+
+
 def test_bad_or_missing_translations_print_in_english():
     catalog = Catalog(locale="zh_Hans_CN")
     catalog.add("Run %(run)s crashed", "运行 %(name)s 崩溃")  # wrong placeholder: would fail at render time
