@@ -177,3 +177,74 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
     if not present:
         axes[0, 0].text(0.5, 0.5, _(N_("no profiler timeline")), ha="center", va="center", transform=axes[0, 0].transAxes)
     return _svg(fig)
+
+
+# the health figures' panels: at most this tall in all (one landscape A4 page with its caption)
+MAX_HEALTH_HEIGHT_IN = 8.0
+
+
+def render_health_figure(curves: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
+    """Loss (top) and gradient norm (bottom, log scale) vs step, one line per run; flagged loss
+    spikes and gradient explosions as red markers, non-finite values as red ticks on the top edge.
+    curves: report.health.compute_flagged_curves columns (run, step, loss, loss_non_finite, spike,
+    grad_norm, grad_norm_non_finite, explosion). runs: line order. -> SVG bytes."""
+    _ = gettext
+    fig, (ax_loss, ax_grad) = plt.subplots(2, 1, figsize=(6.0, 4.6), sharex=True, layout="constrained")
+    present = [r for r in runs if (curves["run"] == r).any()]
+    flagged_label = {"loss": _(N_("loss spike (flagged)")), "grad": _(N_("gradient explosion (flagged)"))}
+    for run in present:
+        df = curves[curves["run"] == run]
+        line, = ax_loss.plot(df["step"], df["loss"], label=str(run), linewidth=1.1)
+        ax_grad.plot(df["step"], df["grad_norm"], linewidth=1.1, color=line.get_color())
+        for ax, flag, value, non_finite, key in ((ax_loss, "spike", "loss", "loss_non_finite", "loss"),
+                                                 (ax_grad, "explosion", "grad_norm", "grad_norm_non_finite", "grad")):
+            hit = df[df[flag].astype(bool) & df[value].notna()]
+            if not hit.empty:
+                ax.scatter(hit["step"], hit[value], s=22, facecolors="none", edgecolors="tab:red", linewidths=1.2,
+                           zorder=3, label=flagged_label.pop(key, None))
+            bad = df[df[non_finite].astype(bool)]
+            if not bad.empty:  # a value off the scale: a tick on the top edge
+                ax.scatter(bad["step"], [1.0] * len(bad), marker="|", s=60, color="tab:red",
+                           transform=ax.get_xaxis_transform(), clip_on=False, zorder=3)
+    ax_loss.set_ylabel(_(N_("loss (nats)")))
+    ax_grad.set_ylabel(_(N_("gradient norm")))
+    ax_grad.set_xlabel(_(N_("step")))
+    if curves["grad_norm"].notna().any():
+        ax_grad.set_yscale("log")
+    else:
+        ax_grad.text(0.5, 0.5, _(N_("gradient norm not recorded")), ha="center", va="center",
+                     transform=ax_grad.transAxes)
+    for ax in (ax_loss, ax_grad):
+        ax.grid(alpha=0.3)
+    if present:
+        fig.legend(fontsize=7, loc="outside right upper", frameon=False)
+    else:
+        ax_loss.text(0.5, 0.5, _(N_("no run reported a loss")), ha="center", va="center", transform=ax_loss.transAxes)
+    return _svg(fig)
+
+
+def render_rank_step_time_figure(rank_times: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
+    """Per-rank step time vs step, one panel per run, one line per rank.
+    rank_times: report.health.compute_rank_step_times columns (run, rank, step, step_time_s; the
+    measured steps). runs: panel order. -> SVG bytes."""
+    _ = gettext
+    present = [r for r in runs if (rank_times["run"] == r).any()]
+    height_in = min(0.8 + 1.0 * max(1, len(present)), MAX_HEALTH_HEIGHT_IN)
+    fig, axes = plt.subplots(max(1, len(present)), 1, figsize=(6.0, height_in), squeeze=False, sharex=True,
+                             layout="constrained")
+    for ax, run in zip(axes[:, 0], present):
+        df = rank_times[rank_times["run"] == run]
+        steps = range(int(df["step"].min()), int(df["step"].max()) + 1)
+        for rank, g in df.groupby("rank"):
+            # every step on the axis: a left-out (profiled) step is a gap in the line, not a slope across it
+            ms = g.set_index("step")["step_time_s"].reindex(steps) * 1e3
+            ax.plot(ms.index, ms.to_numpy(), linewidth=0.9, label=_(N_("rank %(rank)s")) % {"rank": rank})
+        ax.set_title(str(run), fontsize=8, loc="left")
+        ax.grid(alpha=0.3)
+        if df["rank"].nunique() > 1:
+            ax.legend(fontsize=6, loc="upper right", frameon=False, ncol=min(4, int(df["rank"].nunique())))
+    axes[-1, 0].set_xlabel(_(N_("step")))
+    fig.supylabel(_(N_("step time (ms)")), fontsize=9)
+    if not present:
+        axes[0, 0].text(0.5, 0.5, _(N_("no measured steps")), ha="center", va="center", transform=axes[0, 0].transAxes)
+    return _svg(fig)

@@ -29,7 +29,9 @@ from core.formulas import compute_step_times
 from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
 from report.summary import build_summary, render_summary_json
-from report.figures import render_breakdown_figure, render_timeline_figure, write_figures
+from report.figures import (render_breakdown_figure, render_health_figure, render_rank_step_time_figure,
+                             render_timeline_figure, write_figures)
+from report.health import compute_flagged_curves, compute_rank_step_times
 from report.view import Figure, Note, build_note
 
 TEMPLATES_DIR = Path(files("report") / "templates")  # package data (pyproject.toml), found through the package
@@ -371,6 +373,24 @@ def build_evidence_figures(note: Note, trace_tables, out_dir: Path, *, lang: Lan
             Figure(kind="timeline", path=timeline.relative_to(out_dir).as_posix()))
 
 
+def build_health_figures(campaign: Campaign, note: Note, out_dir: Path, *, lang: Language = EN) -> Note:
+    """The training-health figures (loss and gradient norm with the flagged steps; per-rank step
+    time), from the same report.health tables the health section was built from; the note with
+    them in ``health.figures``."""
+    if note.health is None or not note.health.runs:
+        return note
+    runs = [h.run for h in note.health.runs]
+    curves = compute_flagged_curves(campaign.steps, note.health.rule)
+    health = write_bytes_atomic(out_dir / "figures" / "health.svg",
+                                render_health_figure(curves, runs=runs, gettext=lang.gettext))
+    ranks = write_bytes_atomic(out_dir / "figures" / "rank_step_time.svg", render_rank_step_time_figure(
+        compute_rank_step_times(campaign.steps, warmup_steps=campaign.campaign.fixed.warmup_steps), runs=runs,
+        gettext=lang.gettext))
+    figures = (Figure(kind="health", path=health.relative_to(out_dir).as_posix()),
+               Figure(kind="rank_step_time", path=ranks.relative_to(out_dir).as_posix()))
+    return dataclasses.replace(note, health=dataclasses.replace(note.health, figures=figures))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LogsNote:
     """A folder of logs that is not one training job: its jobs side by side, failures first."""
@@ -463,7 +483,7 @@ def build_report(source: str | Path, *, out_dir: str | Path | None = None,
         else:
             figures = build_figures(campaign, stage, loss_floor_nats=note.model.loss_floor_nats, lang=language)
             figures += build_evidence_figures(note, trace_tables, stage, lang=language)
-            note = dataclasses.replace(note, figures=figures)
+            note = build_health_figures(campaign, dataclasses.replace(note, figures=figures), stage, lang=language)
             written = [write_bytes_atomic(stage / "summary.json", render_summary_json(build_summary(note)))]
             written += write_note_files(stage, formats=formats, warn=warn,
                                         markdown=lambda: render_markdown(note, lang=language),

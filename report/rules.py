@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from core.records import LoadedRun, RunSpec
+from report.health import RunHealth
 from report.i18n import N_
 
 THRESHOLDS: dict[str, float] = {
@@ -39,6 +40,19 @@ THRESHOLDS: dict[str, float] = {
     # run's non-communication time per token are ignored (classes of a few microseconds)
     "parity_tolerance": 0.10,
     "parity_min_share": 0.01,
+    # training health (report.health): a loss spike is a loss above the median of the up to
+    # loss_spike_window_steps finite losses before it (at least loss_spike_min_window_steps) by more
+    # than loss_spike_k robust SDs (1.4826 x MAD) and by more than loss_spike_min_nats; the
+    # committed GPU campaigns' healthy runs reach 2.8 robust SDs and 0.02 nats
+    "loss_spike_window_steps": 20,
+    "loss_spike_min_window_steps": 5,
+    "loss_spike_k": 6.0,
+    "loss_spike_min_nats": 0.1,
+    # a run diverged when a loss is non-finite or above its first step's loss by more than this
+    "loss_diverge_nats": 1.0,
+    # a gradient norm explodes when non-finite or above this multiple of the median norm of the
+    # loss_spike_window_steps steps before it (the committed healthy runs reach 3.0x)
+    "grad_norm_explode_multiple": 10.0,
 }
 
 
@@ -181,6 +195,7 @@ def build_findings(
     ranked: Sequence[bool] | None = None,
     loss_curves: Mapping[str, Mapping[int, float]] | None = None,
     loss_from_step: int = 0,
+    health: Sequence[RunHealth] = (),
 ) -> list[Finding]:
     """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
     NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: the campaign's runs
@@ -188,16 +203,41 @@ def build_findings(
     thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
     agreement (default all; a campaign with data rounds ranks its first round's runs, whose
     data and losses compare like for like). loss_curves: run -> step -> loss (rule_loss compares
-    every common step from ``loss_from_step``, the first measured one, not only the last)."""
+    every common step from ``loss_from_step``, the first measured one, not only the last).
+    health: report.health records; an unhealthy run is neither ranked nor in the loss agreement
+    (rule_unhealthy says why)."""
     t = {**THRESHOLDS, **(thresholds or {})}
     ranked = [True] * len(summary_rows) if ranked is None else list(ranked)
+    unhealthy = {h.run for h in health if h.verdict == "unhealthy"}
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name == "ok"]
-    ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked) if s.status_name == "ok" and k]
+    ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked)
+                 if s.status_name == "ok" and k and r["run"] not in unhealthy]
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name != "ok"]
     failed_at_step = {s["run"]: s.get("failed_at_step") for s in summary_rows}
-    return (rule_fastest(ranked_ok, t) + rule_partial(partial_rows) + rule_failed(run_rows, failed_at_step=failed_at_step)
+    return (rule_fastest(ranked_ok, t) + rule_unhealthy(health, t) + rule_partial(partial_rows)
+            + rule_failed(run_rows, failed_at_step=failed_at_step)
             + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves, from_step=loss_from_step)
             + rule_straggler(summary_rows, t))
+
+
+def rule_unhealthy(health: Sequence[RunHealth], t: Mapping[str, float]) -> list[Finding]:
+    """One ``excluded_unhealthy`` finding per run whose training was unhealthy (report.health):
+    its speed numbers are shown, marked, and never ranked. Evidence: reasons (HEALTH_REASONS),
+    diverged_at_step, divergence, divergence_loss, loss_first (nats), the first gradient
+    explosion's step, norm and ratio to the median before it (None where none), and the
+    thresholds loss_diverge_nats and grad_norm_explode_multiple."""
+    out = []
+    for h in health:
+        if h.verdict != "unhealthy":
+            continue
+        boom = h.explosions[0] if h.explosions else None
+        out.append(Finding(kind="excluded_unhealthy", runs=(h.run,), evidence={
+            "reasons": h.reasons, "diverged_at_step": h.diverged_at_step, "divergence": h.divergence,
+            "divergence_loss": h.divergence_loss, "loss_first": h.loss_first,
+            "explosion_step": boom.step if boom else None, "explosion_non_finite": boom.non_finite if boom else None,
+            "explosion_grad_norm": boom.grad_norm if boom else None, "explosion_ratio": boom.ratio if boom else None,
+            "loss_diverge_nats": t["loss_diverge_nats"], "grad_norm_explode_multiple": t["grad_norm_explode_multiple"]}))
+    return out
 
 
 def rule_straggler(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:

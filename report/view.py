@@ -30,6 +30,7 @@ from report.i18n import N_
 from report.placement import RunPlacement, compute_placements
 from report.attribution import AttributionView, build_attribution, commbench_rows, run_plant
 from report.engines import EngineGroup, build_engine_groups
+from report.health import HealthSection, build_health_section
 from report.parity import (
     INTERVAL_METHOD, ParityRow, RepeatGroup, build_parity_rows, build_repeat_groups, kernels_mode, ranked_runs,
     ranking_mode, rule_parity, rule_repeat_spread, run_repeat,
@@ -187,6 +188,8 @@ class MetricRow:
     ckpt_save_s: float | None = None
     ckpt_load_s: float | None = None
     ckpt_size_bytes: int | None = None
+    # report.health: the loss diverged or the gradient norm exploded; the speed numbers are not ranked
+    unhealthy: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,6 +348,7 @@ class ExecutiveSummary:
     # the most beyond what it would gain the winner, (category, ms per step), from section 5's what-ifs
     why: tuple[tuple[str, float], ...] = ()
     kernels_match: bool | None = None  # both runs passed the kernel-parity check (report.parity)
+    unhealthy: tuple[str, ...] = ()  # runs left out of the ranking for their training health (report.health)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,6 +388,7 @@ class Note:
     triage: Any = None  # report.triage.TriageSection: failed runs (campaigns) or the folder's jobs (logs)
     capacity: Any = None  # report.capacity.CapacitySection: the campaign's capacity probe, if it has one
     capacity_problems: tuple[str, ...] = ()  # why a capacity probe's file was left out
+    health: HealthSection | None = None  # loss spikes, divergence, gradient norm, per-rank step time (report.health)
 
 
 def _py(value: Any) -> Any:
@@ -942,6 +947,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         s["failed_at_step"] = (
             None if s["status"] == "ok" else compute_failed_at_step(steps_by_run.get(r.name, campaign.steps.iloc[0:0])))
     failed_at_step = {s["run"]: s["failed_at_step"] for s in summary}
+    health = build_health_section(campaign.steps, [r.name for r in runs], warmup_steps=fixed.warmup_steps,
+                                  thresholds={**THRESHOLDS, **(thresholds or {})})
     rows = tuple(
         MetricRow(run=s["run"], status=s["status"], partial=s["status"] != "ok" and s["num_steps_measured"] > 0,
                   failed_at_step=s["failed_at_step"], num_steps_measured=s["num_steps_measured"],
@@ -956,7 +963,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                                              r.info.loop_overhead_num_steps if r.info else None),
                   ckpt_save_s=_opt_float(r.checkpoint.save_s) if r.checkpoint else None,
                   ckpt_load_s=_opt_float(r.checkpoint.load_s) if r.checkpoint else None,
-                  ckpt_size_bytes=r.checkpoint.bytes_written if r.checkpoint else None)
+                  ckpt_size_bytes=r.checkpoint.bytes_written if r.checkpoint else None,
+                  unhealthy=r.name in health.unhealthy)
         for s, r in zip(summary, runs))
     env = build_env(env_record)
     gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)
@@ -973,7 +981,8 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
                    if curve is not None else None)
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
-                                    loss_curves=loss_curves, loss_from_step=fixed.warmup_steps or 0, ranked=ranked))
+                                    loss_curves=loss_curves, loss_from_step=fixed.warmup_steps or 0, ranked=ranked,
+                                    health=health.runs))
     evidence = build_evidence(trace_tables, campaign, runs, summary, findings)
     parity = build_parity_rows(trace_tables.kernels if trace_tables is not None else None, runs,
                                timelines={b.run: b.timeline for b in evidence.rows}, thresholds=thresholds)
@@ -1011,12 +1020,13 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
             repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
                                None),
             unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs)),
+            unhealthy=tuple(health.unhealthy),
             **_why(evidence, parity, findings)),
         parity=parity, repeats=repeats,
         parity_tolerance={**THRESHOLDS, **(thresholds or {})}["parity_tolerance"],
         resolved_config=build_resolved_config(campaign.campaign_json, runs),
         triage=TriageSection(runs=build_triage_runs(runs, failed_at_step=failed_at_step)),
-        predicted=predicted, **build_capacity(campaign.source),
+        predicted=predicted, health=health, **build_capacity(campaign.source),
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.dataset, env=env_record, runs=runs, summary=summary, steps=campaign.steps,
             thresholds=thresholds))

@@ -1,0 +1,310 @@
+"""Training health: loss spikes, divergence, gradient-norm explosions and per-rank step times.
+
+Step rows in (StepRow columns, all runs), frozen records out: a reviewer checks these before
+trusting any speed number, so a run found unhealthy is marked in the metric table and never
+ranked (report.rules). The rule and its thresholds (report.rules.THRESHOLDS ``loss_spike_*``,
+``loss_diverge_nats``, ``grad_norm_explode_multiple``) are carried in ``HealthRule`` so the note
+states them.
+
+Non-finite values: the tables hold NaN both for "not recorded" (a pipeline stage that computes
+no loss, DeepSpeed with offload and its grad norm) and for a NaN the trainer produced. A NaN is
+read as the trainer's only where the rank recorded a finite value at an earlier step and none
+from that step to its last row (a NaN loss poisons the weights: every later step is NaN too);
++-inf is always non-finite. Deliberately not here: wording, plotting, file access.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from core.formulas import select_measured
+
+# the MAD of a normal sample times this is its standard deviation (Rousseeuw & Croux 1993; the
+# Hampel filter's scale)
+MAD_TO_SD = 1.4826
+HEALTH_VERDICTS = ("healthy", "unhealthy", "not_recorded")
+# why a run is unhealthy (the template words each)
+HEALTH_REASONS = ("loss_non_finite", "loss_above_start", "grad_norm_non_finite", "grad_norm_explosion")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthRule:
+    """The thresholds the health rule applied (report.rules.THRESHOLDS), for the note to state.
+
+    A loss spike at step t: loss_t - median > max(spike_k x robust SD, spike_min_nats), median
+    and robust SD (1.4826 x MAD) over the up to window_steps finite losses before t (at least
+    min_window_steps of them). Divergence: a non-finite loss, or a loss above the run's first
+    by more than diverge_nats. Explosion: a non-finite gradient norm, or one above
+    grad_norm_explode_multiple x the median of the window before it."""
+
+    window_steps: int
+    min_window_steps: int
+    spike_k: float
+    spike_min_nats: float
+    diverge_nats: float
+    grad_norm_explode_multiple: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossSpike:
+    """One flagged step: loss (nats, mean over the ranks reporting it), the median and robust
+    SD of the window before it, excess_nats = loss - rolling_median."""
+
+    step: int
+    loss: float
+    rolling_median: float
+    robust_sd: float
+    excess_nats: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradExplosion:
+    """One flagged step: non_finite (a rank's norm was inf/NaN), else grad_norm (max over
+    ranks) above the median of the window before it; ratio = grad_norm / rolling_median."""
+
+    step: int
+    non_finite: bool
+    grad_norm: float | None
+    rolling_median: float | None
+    ratio: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankStepTime:
+    """One rank's step time over the measured steps (warm-up and profiled steps left out):
+    median and p90 (numpy.percentile, linear), max, in seconds."""
+
+    rank: int
+    num_steps: int
+    median_s: float
+    p90_s: float
+    max_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunHealth:
+    """One run's health. verdict: HEALTH_VERDICTS ("not_recorded": no loss and no gradient norm
+    in its rows); reasons: HEALTH_REASONS that made it unhealthy; loss_first / loss_last /
+    loss_max (nats, finite steps); diverged_at_step with divergence "non_finite" |
+    "above_start" and divergence_loss (None when NaN); grad_norm_recorded False where no rank
+    recorded one (DeepSpeed with offload); rank_step_times per rank, slowest median first."""
+
+    run: str
+    verdict: str
+    reasons: tuple[str, ...]
+    num_loss_steps: int
+    loss_first: float | None
+    loss_last: float | None
+    loss_max: float | None
+    spikes: tuple[LossSpike, ...]
+    diverged_at_step: int | None
+    divergence: str | None
+    divergence_loss: float | None
+    grad_norm_recorded: bool
+    grad_norm_median: float | None
+    grad_norm_max: float | None
+    explosions: tuple[GradExplosion, ...]
+    rank_step_times: tuple[RankStepTime, ...]
+
+    @property
+    def spike_steps(self) -> tuple[int, ...]:
+        return tuple(s.step for s in self.spikes)
+
+    @property
+    def explosion_steps(self) -> tuple[int, ...]:
+        return tuple(e.step for e in self.explosions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthSection:
+    """The note's training-health block: the rule, one RunHealth per run with rows (campaign
+    order), and its figures (report.view.Figure, added when they are drawn)."""
+
+    rule: HealthRule
+    runs: tuple[RunHealth, ...]
+    figures: tuple = ()
+
+    @property
+    def unhealthy(self) -> dict[str, RunHealth]:
+        return {h.run: h for h in self.runs if h.verdict == "unhealthy"}
+
+
+def build_health_rule(thresholds: Mapping[str, float]) -> HealthRule:
+    """HealthRule from report.rules.THRESHOLDS (with any overrides)."""
+    return HealthRule(window_steps=int(thresholds["loss_spike_window_steps"]),
+                      min_window_steps=int(thresholds["loss_spike_min_window_steps"]),
+                      spike_k=float(thresholds["loss_spike_k"]), spike_min_nats=float(thresholds["loss_spike_min_nats"]),
+                      diverge_nats=float(thresholds["loss_diverge_nats"]),
+                      grad_norm_explode_multiple=float(thresholds["grad_norm_explode_multiple"]))
+
+
+def _trainer_non_finite(rows: pd.DataFrame, column: str) -> pd.Series:
+    """Per row: the value is inf, or NaN on a rank that recorded a finite value earlier and no
+    finite value from this step on (see the module docstring). rows: one run, sorted by step."""
+    v = rows[column].to_numpy(dtype=float)
+    finite = pd.Series(np.isfinite(v), index=rows.index)
+    by_rank = finite.groupby(rows["rank"])
+    seen_before = by_rank.cumsum() - finite > 0
+    # finite values at this row or later on the rank: a reversed cumulative sum
+    finite_after = finite[::-1].groupby(rows["rank"][::-1]).cumsum()[::-1] > 0
+    return pd.Series(np.isinf(v), index=rows.index) | (pd.Series(np.isnan(v), index=rows.index)
+                                                       & seen_before & ~finite_after)
+
+
+def compute_health_curves(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (run, step), all steps: loss = mean over ranks of the finite losses (NaN: none),
+    loss_non_finite (any rank's loss non-finite, _trainer_non_finite), grad_norm = max over ranks
+    of the finite norms, grad_norm_non_finite likewise, grad_norm_recorded (any rank recorded
+    one, finite or not). steps: StepRow columns. Columns run, step, loss, loss_non_finite,
+    grad_norm, grad_norm_non_finite, grad_norm_recorded."""
+    cols = ["run", "step", "loss", "loss_non_finite", "grad_norm", "grad_norm_non_finite", "grad_norm_recorded"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    parts = []
+    for _, rows in steps.sort_values(["run", "step", "rank"], kind="stable").groupby("run", sort=False):
+        df = rows[["run", "step", "rank"]].copy()
+        for c in ("loss", "grad_norm"):
+            v = rows[c].astype(float)
+            df[f"{c}_non_finite"] = _trainer_non_finite(rows, c)
+            df[c] = v.where(np.isfinite(v))
+        df["grad_norm_recorded"] = df["grad_norm"].notna() | df["grad_norm_non_finite"]
+        parts.append(df)
+    rows = pd.concat(parts)
+    return rows.groupby(["run", "step"], as_index=False, sort=False).agg(
+        loss=("loss", "mean"), loss_non_finite=("loss_non_finite", "any"), grad_norm=("grad_norm", "max"),
+        grad_norm_non_finite=("grad_norm_non_finite", "any"),
+        grad_norm_recorded=("grad_norm_recorded", "any"))[cols]
+
+
+def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_steps: int
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Median and MAD of the up to ``window_steps`` values before each position (the value
+    itself excluded; NaNs skipped); NaN where fewer than ``min_window_steps`` are finite.
+    values: 1-D float array in step order. Returns (median, mad), each values' shape."""
+    n = len(values)
+    if n == 0:
+        return np.array([]), np.array([])
+    padded = np.concatenate([np.full(window_steps, np.nan), np.asarray(values, dtype=float)])
+    views = np.lib.stride_tricks.sliding_window_view(padded[:-1], window_steps)  # row t: values[t-W:t]
+    count = np.sum(~np.isnan(views), axis=1)
+    with warnings.catch_warnings():  # an all-NaN window is NaN, as intended
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(views, axis=1)
+        mad = np.nanmedian(np.abs(views - median[:, None]), axis=1)
+    short = count < max(1, min_window_steps)
+    median[short], mad[short] = np.nan, np.nan
+    return median, mad
+
+
+def compute_loss_spikes(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
+    """One run's curve (compute_health_curves rows, step order) with columns rolling_median,
+    robust_sd (MAD_TO_SD x MAD over the window of finite losses before each step) and spike
+    (HealthRule's test). The window slides over the steps that have a finite loss."""
+    out = curve.copy()
+    finite = out["loss"].notna()
+    values = out.loc[finite, "loss"].to_numpy(dtype=float)
+    median, mad = compute_trailing_stats(values, window_steps=rule.window_steps,
+                                         min_window_steps=rule.min_window_steps)
+    out["rolling_median"], out["robust_sd"] = np.nan, np.nan
+    out.loc[finite, "rolling_median"], out.loc[finite, "robust_sd"] = median, MAD_TO_SD * mad
+    limit = np.maximum(rule.spike_k * out["robust_sd"], rule.spike_min_nats)
+    out["spike"] = (out["loss"] - out["rolling_median"] > limit).fillna(False).astype(bool)
+    return out
+
+
+def compute_grad_explosions(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
+    """One run's curve with columns grad_rolling_median (median of the finite norms in the
+    window before each step) and explosion (non-finite, or above grad_norm_explode_multiple x
+    that median)."""
+    out = curve.copy()
+    finite = out["grad_norm"].notna()
+    median, _ = compute_trailing_stats(out.loc[finite, "grad_norm"].to_numpy(dtype=float),
+                                       window_steps=rule.window_steps, min_window_steps=rule.min_window_steps)
+    out["grad_rolling_median"] = np.nan
+    out.loc[finite, "grad_rolling_median"] = median
+    high = (out["grad_norm"] > rule.grad_norm_explode_multiple * out["grad_rolling_median"]).fillna(False)
+    out["explosion"] = (high | out["grad_norm_non_finite"]).astype(bool)
+    return out
+
+
+def compute_rank_step_times(steps: pd.DataFrame, *, warmup_steps: int) -> pd.DataFrame:
+    """Per measured (run, rank, step) (core.formulas.select_measured: warm-up and profiled steps
+    left out): columns run, rank, step, step_time_s."""
+    measured = select_measured(steps, warmup_steps=warmup_steps)
+    return measured[["run", "rank", "step", "step_time_s"]].sort_values(["run", "rank", "step"]).reset_index(drop=True)
+
+
+def _none(x: float) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def compute_flagged_curves(steps: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
+    """compute_health_curves with, per run, compute_loss_spikes' and compute_grad_explosions'
+    columns (rolling_median, robust_sd, spike, grad_rolling_median, explosion); step order."""
+    curves = compute_health_curves(steps)
+    if curves.empty:
+        return curves.assign(rolling_median=[], robust_sd=[], spike=[], grad_rolling_median=[], explosion=[])
+    return pd.concat([compute_grad_explosions(compute_loss_spikes(c.sort_values("step"), rule), rule)
+                      for _, c in curves.groupby("run", sort=False)], ignore_index=True)
+
+
+def summarize_run_health(run: str, curve: pd.DataFrame, rank_times: pd.DataFrame, rule: HealthRule) -> RunHealth:
+    """One run's RunHealth from its compute_flagged_curves rows and compute_rank_step_times rows."""
+    losses = curve["loss"].dropna()
+    first = _none(losses.iloc[0]) if len(losses) else None
+    spikes = tuple(LossSpike(step=int(r.step), loss=float(r.loss), rolling_median=float(r.rolling_median),
+                             robust_sd=float(r.robust_sd), excess_nats=float(r.loss - r.rolling_median))
+                   for r in curve[curve["spike"]].itertuples())
+    non_finite = curve.loc[curve["loss_non_finite"], "step"]
+    above = curve.loc[curve["loss"] > first + rule.diverge_nats, "step"] if first is not None else pd.Series([], dtype=int)
+    diverged_at, divergence = None, None
+    if len(non_finite) or len(above):
+        nf, ab = (int(non_finite.min()) if len(non_finite) else None), (int(above.min()) if len(above) else None)
+        diverged_at, divergence = min((s, k) for s, k in ((nf, "non_finite"), (ab, "above_start")) if s is not None)
+    divergence_loss = None
+    if diverged_at is not None:
+        at = curve[curve["step"] == diverged_at].iloc[0]
+        divergence_loss = _none(at["loss"]) if divergence == "above_start" else None
+    explosions = tuple(GradExplosion(step=int(r.step), non_finite=bool(r.grad_norm_non_finite),
+                                     grad_norm=None if r.grad_norm_non_finite else _none(r.grad_norm),
+                                     rolling_median=_none(r.grad_rolling_median),
+                                     ratio=None if r.grad_norm_non_finite else _none(r.grad_norm / r.grad_rolling_median))
+                       for r in curve[curve["explosion"]].itertuples())
+    reasons = tuple(k for k, hit in (
+        ("loss_non_finite", divergence == "non_finite"), ("loss_above_start", divergence == "above_start"),
+        ("grad_norm_non_finite", any(e.non_finite for e in explosions)),
+        ("grad_norm_explosion", any(not e.non_finite for e in explosions))) if hit)
+    recorded = bool(curve["grad_norm_recorded"].any())
+    norms = curve["grad_norm"].dropna()
+    has_any = len(losses) or curve["loss_non_finite"].any() or recorded
+    verdict = "not_recorded" if not has_any else "unhealthy" if reasons else "healthy"
+    ranks = []
+    for rank, g in rank_times.groupby("rank"):
+        t = g["step_time_s"].to_numpy(dtype=float)
+        ranks.append(RankStepTime(rank=int(rank), num_steps=len(t), median_s=float(np.percentile(t, 50, method="linear")),
+                                  p90_s=float(np.percentile(t, 90, method="linear")), max_s=float(t.max())))
+    return RunHealth(
+        run=run, verdict=verdict, reasons=reasons, num_loss_steps=int(len(losses)), loss_first=first,
+        loss_last=_none(losses.iloc[-1]) if len(losses) else None, loss_max=_none(losses.max()) if len(losses) else None,
+        spikes=spikes, diverged_at_step=diverged_at, divergence=divergence, divergence_loss=divergence_loss,
+        grad_norm_recorded=recorded, grad_norm_median=_none(norms.median()) if len(norms) else None,
+        grad_norm_max=_none(norms.max()) if len(norms) else None, explosions=explosions,
+        rank_step_times=tuple(sorted(ranks, key=lambda r: (-r.median_s, r.rank))))
+
+
+def build_health_section(steps: pd.DataFrame, runs: Sequence[str], *, warmup_steps: int,
+                         thresholds: Mapping[str, float]) -> HealthSection:
+    """HealthSection for ``runs`` (campaign order; a run without step rows is left out).
+    steps: StepRow columns, all runs; thresholds: report.rules.THRESHOLDS with overrides."""
+    rule = build_health_rule(thresholds)
+    curves = compute_flagged_curves(steps, rule)
+    rank_times = compute_rank_step_times(steps, warmup_steps=warmup_steps) if not steps.empty else None
+    by_run = dict(tuple(curves.groupby("run", sort=False))) if not curves.empty else {}
+    times = dict(tuple(rank_times.groupby("run", sort=False))) if rank_times is not None else {}
+    empty = pd.DataFrame(columns=["run", "rank", "step", "step_time_s"])
+    return HealthSection(rule=rule, runs=tuple(summarize_run_health(r, by_run[r], times.get(r, empty), rule)
+                                               for r in runs if r in by_run))
