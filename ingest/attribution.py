@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from core.formulas import COLLECTIVES, compute_bus_factor
+from core.formulas import COLLECTIVES, compute_bubble_ratio, compute_bus_factor
 from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, CollectiveRow, WhatIfRow
 from ingest.traces import RankTimeline, _I64, _intersect, _measure, _minus, _union
 from ingest.whatif import compute_whatif
@@ -215,7 +215,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     # a peer late for other reasons (host code, data), i.e. skew
     means = {r: float(per[r]["compute"].mean()) for r in ranks if per[r]["compute"].size}
     mean_compute = float(np.mean(list(means.values()))) if means else 0.0
-    implied = mean_compute * (pp_degree - 1) / num_microbatches if pp_degree > 1 else 0.0
+    implied = mean_compute * compute_bubble_ratio(pp_degree=pp_degree, num_microbatches=num_microbatches)
     slowest = max(means.values(), default=0.0)
     for r in ranks:
         pw = per[r]["pipeline"]

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from core.formulas import compute_bubble_ratio
 from core.records import ATTRIBUTION_CATEGORIES, TRANSFER_AT_COMMBENCH, AttributionRow, WhatIfRow
 from ingest.commbench import compute_bench_time_s
 from ingest.traces import NO_LAUNCH, WORK_CATS, RankTimeline, _measure
@@ -364,9 +365,9 @@ def _pipeline_savings(rows: Sequence[AttributionRow], *, pp_degree: int, num_mic
     for row in rows:
         by_rank.setdefault(row.rank, []).append(row.compute_s)
     means = [float(np.mean(v)) for v in by_rank.values()]
-    m, p = num_microbatches, pp_degree
+    slots = 1 + compute_bubble_ratio(pp_degree=pp_degree, num_microbatches=num_microbatches)  # (m + p - 1) / m
     return {"bubble": float(np.mean([row.bubble_s for row in rows])),
-            "imbalance": (m + p - 1) / m * (max(means) - float(np.mean(means)))}
+            "imbalance": slots * (max(means) - float(np.mean(means)))}
 
 
 def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[AttributionRow],
