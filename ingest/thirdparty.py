@@ -384,12 +384,15 @@ def _env_records(files: list[IngestedFile]) -> list[dict]:
 def count_params(*, num_layers: int, hidden_size: int, ffn_hidden_size: int, vocab_size: int, seq_length: int,
                  learned_positions: bool) -> tuple[int, int]:
     """(parameters, position-embedding parameters) of a GPT (Megatron-LM / GPT-2 layout: biases,
-    two LayerNorms per layer plus a final one, tied input/output embedding counted once).
-    Per layer: 4H^2 + 4H (QKV + projection) + 2HF + F + H (MLP) + 4H (LayerNorms)."""
-    h, f = hidden_size, ffn_hidden_size
-    per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
-    pos = seq_length * h if learned_positions else 0
-    return num_layers * per_layer + vocab_size * h + 2 * h + pos, pos
+    two LayerNorms per layer plus a final one, tied input/output embedding counted once):
+    core.formulas.count_params. Per layer: 4H^2 + 4H (QKV + projection) + 2HF + F + H (MLP) + 4H
+    (LayerNorms); the head count does not change it."""
+    from core.formulas import ModelShape, count_params as count_shape_params
+
+    shape = ModelShape(name="log", num_layers=num_layers, hidden_size=hidden_size, num_heads=1, num_kv_heads=1,
+                       ffn_hidden_size=ffn_hidden_size, vocab_size=vocab_size,
+                       max_position_embeddings=seq_length if learned_positions else None)
+    return count_shape_params(shape), seq_length * hidden_size if learned_positions else 0
 
 
 def _topology_text(files: list[IngestedFile]) -> str | None:

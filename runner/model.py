@@ -110,10 +110,10 @@ def count_params(model: nn.Module) -> int:
 
 
 def count_gpt_params(cfg: ModelConfig) -> int:
-    """Closed-form parameter count of ``GPT(cfg)`` (tied embedding once, padded vocab).
+    """Closed-form parameter count of ``GPT(cfg)`` (tied embedding once, padded vocab):
+    core.formulas.count_params of its shape (core.perfmodel.build_shape). Per block: 4H^2+4H
+    (attention qkv+proj with biases) + 2HF+F+H (MLP) + 4H (two LayerNorms)."""
+    from core.formulas import count_params as count_shape_params
+    from core.perfmodel import build_shape
 
-    Per block: 4H^2+4H (attention qkv+proj with biases) + 2HF+F+H (MLP) + 4H (two LayerNorms).
-    """
-    h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    per_block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
-    return cfg.padded_vocab_size * h + cfg.seq_length * h + cfg.num_layers * per_block + 2 * h
+    return count_shape_params(build_shape(cfg, name="runner.model.GPT"))
