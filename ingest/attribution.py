@@ -53,7 +53,8 @@ import numpy as np
 
 from core.formulas import COLLECTIVES, compute_bubble_ratio, compute_bus_factor
 from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, CollectiveRow, WhatIfRow
-from ingest.traces import RankTimeline, _I64, _intersect, _measure, _minus, _union
+from ingest.intervals import I64, intersect, measure, minus, union
+from ingest.traces import RankTimeline
 from ingest.whatif import compute_whatif
 
 LATE_CAUSES = ("GPU busy", "host compute", "data", "host code", "not determined")
@@ -127,7 +128,7 @@ def _align_unmarked_steps(timelines: Mapping[int, RankTimeline]) -> tuple[dict[i
 def _gap_sizes(tl: RankTimeline, i: int) -> np.ndarray:
     """Durations (ns) of the device-idle gaps inside step i's window."""
     lo, hi = int(tl.lo[i]), int(tl.hi[i])
-    s, e = _intersect(tl.gap_set, (np.array([lo], _I64), np.array([hi], _I64)))
+    s, e = intersect(tl.gap_set, (np.array([lo], I64), np.array([hi], I64)))
     return e - s
 
 
@@ -146,7 +147,7 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     timelines, warnings = _align_unmarked_steps(timelines)
     ranks = sorted(timelines)
     # 1. match collectives, waits per instance
-    waits = {r: np.zeros(timelines[r].coll_step.size, _I64) for r in ranks}
+    waits = {r: np.zeros(timelines[r].coll_step.size, I64) for r in ranks}
     matched: list[tuple] = []  # (step, group, kind, seq, members, late, transfer ns, max wait ns)
     coll_group_of = {r: {} for r in ranks}  # rank -> index into its coll_* arrays -> group
     num_unmatched = 0
@@ -173,25 +174,25 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
     for r in ranks:
         tl = timelines[r]
         c_s, c_e = tl.coll_start, tl.coll_start + waits[r]
-        wait_set = _union(c_s, c_e)
-        skew = _measure(_intersect(wait_set, tl.exposed_set), tl.lo, tl.hi)
+        wait_set = union(c_s, c_e)
+        skew = measure(intersect(wait_set, tl.exposed_set), tl.lo, tl.hi)
         # the pipeline's drain: on a PP rank, waits in the collectives after its last P2P op
         drain = np.zeros_like(skew)
         exposed_skew = tl.exposed_set  # where a wait is exposed and not the drain's
         if pp_degree > 1 and tl.p2p_last is not None:
             has = tl.p2p_last >= 0
             tail = (tl.p2p_last[has], tl.hi[has])
-            drain = _measure(_intersect(_intersect(wait_set, tl.exposed_set), tail), tl.lo, tl.hi)
-            exposed_skew = _minus(tl.exposed_set, _union(*tail))
+            drain = measure(intersect(intersect(wait_set, tl.exposed_set), tail), tl.lo, tl.hi)
+            exposed_skew = minus(tl.exposed_set, union(*tail))
         per[r] = {"compute": tl.compute.copy(), "transfer": tl.exposed - skew, "skew_wait": skew - drain,
                   "pipeline": tl.pipeline_wait + drain, "launch_gaps": tl.gaps.copy(),
                   "data_stall": tl.data_stall.copy(), "other": tl.rest.copy()}
         # each collective's wait where it is exposed and not the drain's: what its late rank is charged for
-        charged[r] = _measure(exposed_skew, c_s, c_e)
+        charged[r] = measure(exposed_skew, c_s, c_e)
         # the exposed waits of each process group's collectives alone, for charging each group's late rank
         for gkey in set(coll_group_of[r].values()):
             idx = np.array([i for i, g in coll_group_of[r].items() if g == gkey], np.int64)
-            group_waits[(r, gkey)] = _measure(_intersect(_union(c_s[idx], c_e[idx]), exposed_skew), tl.lo, tl.hi)
+            group_waits[(r, gkey)] = measure(intersect(union(c_s[idx], c_e[idx]), exposed_skew), tl.lo, tl.hi)
 
     # the matched collectives' rows, and per (step, group) the wait each late rank caused
     coll_rows: list[CollectiveRow] = []

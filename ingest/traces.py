@@ -34,6 +34,7 @@ import numpy as np
 
 from core.records import (BREAKDOWN_CATEGORIES, PHASE_RANGES, PLANT_EXTRA_MATMUL_RANGE, KernelSummaryRow,
                           StepBreakdownRow, TimelineSpanRow)
+from ingest.intervals import EMPTY, I64, clip, intersect, measure, merge_gaps, minus, tile, union, union_of
 
 # --- patterns (one table; a new kernel family is one line) -----------------------------------
 
@@ -508,113 +509,6 @@ def _comm_args(args: dict[str, Any]) -> tuple[str, float, float, str]:
     return str(args.get("Process Group Name")), num("In msg nelems"), num("Out msg nelems"), str(args.get("dtype"))
 
 
-# --- interval algebra on int64 nanoseconds (sorted, disjoint, half-open [s, e)) ------------------
-
-_I64 = np.int64
-_EMPTY = (np.zeros(0, _I64), np.zeros(0, _I64))
-_NEG, _POS = np.iinfo(np.int64).min // 4, np.iinfo(np.int64).max // 4
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge possibly overlapping intervals into sorted disjoint ones (touching ones fuse)."""
-    keep = ends > starts
-    if not keep.all():
-        starts, ends = starts[keep], ends[keep]
-    if starts.size == 0:
-        return _EMPTY
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(s.size, bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, s.size - 1)
-    return s[first], reach[last]
-
-
-def _union_of(*sets: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    return _union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
-
-
-def _intersect(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Intersection of two sorted disjoint interval sets (a sweep over the 4 boundary kinds)."""
-    if a[0].size == 0 or b[0].size == 0:
-        return _EMPTY
-    pos = np.concatenate([a[0], b[0], a[1], b[1]])
-    delta = np.concatenate([np.ones(a[0].size + b[0].size, np.int8), -np.ones(a[1].size + b[1].size, np.int8)])
-    order = np.lexsort((delta, pos))  # at equal positions ends (-1) first: half-open intervals
-    pos, depth = pos[order], np.cumsum(delta[order])
-    both = np.flatnonzero(depth[:-1] == 2)
-    return _union(pos[both], pos[both + 1])
-
-
-def _complement(a: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    s = np.concatenate([[_NEG], a[1]]).astype(_I64)
-    e = np.concatenate([a[0], [_POS]]).astype(_I64)
-    keep = e > s
-    return s[keep], e[keep]
-
-
-def _minus(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    if a[0].size == 0 or b[0].size == 0:
-        return a
-    return _intersect(a, _complement(b))
-
-
-def _measure(a: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """|a ∩ [lo_i, hi_i)| for each window i (ns), vectorised: F(hi) - F(lo), F(t) = |a ∩ (-inf, t)|."""
-    lo, hi = np.asarray(lo, _I64), np.asarray(hi, _I64)
-    s, e = a
-    if s.size == 0:
-        return np.zeros(lo.shape, _I64)
-    cum = np.concatenate([[0], np.cumsum(e - s)])
-
-    def f(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(s, t, side="right") - 1
-        ic = np.maximum(i, 0)
-        inside = np.clip(t - s[ic], 0, e[ic] - s[ic])
-        return np.where(i >= 0, cum[ic] + inside, 0)
-
-    return np.maximum(f(hi) - f(lo), 0)
-
-
-def _clip(a: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    return _intersect(a, (np.array([lo], _I64), np.array([hi], _I64)))
-
-
-def _merge_gaps(a: tuple[np.ndarray, np.ndarray], max_spans: int) -> tuple[np.ndarray, np.ndarray]:
-    """Merge gaps shorter than a doubling threshold (1 us, 2 us, ...) until <= max_spans spans."""
-    s, e = a
-    gap = 1000
-    while s.size > max(max_spans, 1):
-        s, e = _union(s, e + gap)
-        e = e - gap
-        gap *= 2
-    return s, e
-
-
-def _tile(s: np.ndarray, e: np.ndarray, cat: np.ndarray, max_spans: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Coarsen a tiling (contiguous segments, one category each) to <= max_spans segments:
-    segments shorter than a doubling threshold (1 us, 2 us, ...) are absorbed by the segment
-    before them, then equal neighbours fuse. The result still tiles the same span exactly;
-    each category's share moves by at most the threshold per absorbed segment (display only)."""
-    thr = 0
-    while True:
-        if s.size:
-            fuse = np.zeros(s.size, bool)
-            fuse[1:] = cat[1:] == cat[:-1]
-            keep = np.flatnonzero(~fuse)
-            s, e, cat = s[keep], np.append(e[keep[1:] - 1], e[-1]), cat[keep]
-        if s.size <= max(max_spans, 1):
-            return s, e, cat
-        thr = thr * 2 or 1000
-        keep = (e - s) >= thr
-        keep[0] = True
-        idx = np.flatnonzero(keep)
-        s, e, cat = s[idx], np.append(e[idx[1:] - 1], e[-1]), cat[idx]
-
-
 # --- analysis -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -766,7 +660,7 @@ def _last_end(a: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarray) 
     s, e = a
     j = np.searchsorted(s, hi, side="left") - 1
     ok = (j >= 0) & (e[np.maximum(j, 0)] > lo) if s.size else np.zeros(lo.size, bool)
-    return np.where(ok, np.minimum(e[np.maximum(j, 0)] if s.size else lo, hi), -1).astype(_I64)
+    return np.where(ok, np.minimum(e[np.maximum(j, 0)] if s.size else lo, hi), -1).astype(I64)
 
 
 def _coll_order(c_step: np.ndarray, c_start: np.ndarray) -> np.ndarray:
@@ -781,13 +675,13 @@ def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.n
                    base_us: float) -> RankTimeline:
     """covered: everything that is not a gap (busy device / running host op, data, pipeline
     waits); gaps = windows minus covered."""
-    windows = _union(lo, hi)
-    gap_set = _minus(windows, covered)
+    windows = union(lo, hi)
+    gap_set = minus(windows, covered)
     length = hi - lo
-    exposed = _measure(exposed_set, lo, hi)
-    pipeline_wait = _measure(pipeline_set, lo, hi)
-    data_stall = _measure(data_set, lo, hi)
-    gaps = _measure(gap_set, lo, hi)
+    exposed = measure(exposed_set, lo, hi)
+    pipeline_wait = measure(pipeline_set, lo, hi)
+    data_stall = measure(data_set, lo, hi)
+    gaps = measure(gap_set, lo, hi)
     rest = length - compute - exposed - pipeline_wait - data_stall - gaps
     assert (rest >= 0).all(), "attribution partition broke"
     c_step, c_group, c_kind, c_bytes, c_start, c_end = coll
@@ -800,14 +694,14 @@ def _rank_timeline(*, timeline: str, steps: np.ndarray, lo: np.ndarray, hi: np.n
 
 
 def _ns(us: np.ndarray, base: float) -> np.ndarray:
-    return np.rint((us - base) * NS_PER_US).astype(_I64)
+    return np.rint((us - base) * NS_PER_US).astype(I64)
 
 
 def _profiler_steps(c: _Collected) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
     """ProfilerStep#k ranges of the training thread (the thread holding most of them): step
     numbers, starts and ends (us, float), sorted by start; one range per step number."""
     if not c.steps:
-        return np.zeros(0, _I64), np.zeros(0), np.zeros(0), None
+        return np.zeros(0, I64), np.zeros(0), np.zeros(0), None
     tids = [t for *_, t in c.steps]
     tid = max(set(tids), key=tids.count)
     seen: dict[int, tuple[float, float]] = {}
@@ -815,7 +709,7 @@ def _profiler_steps(c: _Collected) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         if t == tid and k not in seen:
             seen[k] = (s, e)
     rows = sorted(seen.items(), key=lambda kv: kv[1][0])
-    return (np.array([k for k, _ in rows], _I64), np.array([v[0] for _, v in rows]),
+    return (np.array([k for k, _ in rows], I64), np.array([v[0] for _, v in rows]),
             np.array([v[1] for _, v in rows]), tid)
 
 
@@ -1004,13 +898,13 @@ def _span_rows(*, run: str, rank: int, step: int, lo: int, hi: int,
                sets: dict[str, tuple[np.ndarray, np.ndarray]], max_spans: int) -> tuple[TimelineSpanRow, ...]:
     assert set(sets) == {*BREAKDOWN_CATEGORIES, "hidden_comm"}, sorted(sets)
     # the five categories tile [lo, hi); hidden_comm is an overlay on compute
-    clipped = [(i, _clip(sets[c], lo, hi)) for i, c in enumerate(BREAKDOWN_CATEGORIES)]
+    clipped = [(i, clip(sets[c], lo, hi)) for i, c in enumerate(BREAKDOWN_CATEGORIES)]
     ts = np.concatenate([a for _, (a, _) in clipped])
     te = np.concatenate([b for _, (_, b) in clipped])
     tc = np.concatenate([np.full(a.size, i) for i, (a, _) in clipped])
     order = np.argsort(ts, kind="stable")
-    hidden = _merge_gaps(_clip(sets["hidden_comm"], lo, hi), max_spans // 4)
-    ts, te, tc = _tile(ts[order], te[order], tc[order], max_spans - hidden[0].size)
+    hidden = merge_gaps(clip(sets["hidden_comm"], lo, hi), max_spans // 4)
+    ts, te, tc = tile(ts[order], te[order], tc[order], max_spans - hidden[0].size)
     rows = [TimelineSpanRow(run=run, rank=rank, step=step, category=BREAKDOWN_CATEGORIES[c], start_s=a, end_s=b)
             for a, b, c in zip(((ts - lo) / 1e9).tolist(), ((te - lo) / 1e9).tolist(), tc.tolist())]
     rows += [TimelineSpanRow(run=run, rank=rank, step=step, category="hidden_comm", start_s=a, end_s=b)
@@ -1152,7 +1046,7 @@ def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans:
                     f"({n} periods, one every {period_ms:.3g} ms"
                     + (", the last one not analysed as with marks)" if len(c.g_ts) else ")"))
             own: list[str] = []
-            result = _steps_breakdown(c, np.arange(n, dtype=_I64), split.step_s, split.step_e, split.tid, run=run,
+            result = _steps_breakdown(c, np.arange(n, dtype=I64), split.step_s, split.step_e, split.tid, run=run,
                                       rank=rank, pp_degree=pp_degree, max_spans=max_spans, warnings=own)
             own = [w.replace("ProfilerStep(s)", "step(s)").replace("ProfilerStep", "step") for w in own]
             return dataclasses.replace(result, warnings=tuple(warnings + [said] + own), step_split=split.method,
@@ -1193,7 +1087,7 @@ def _whole_trace_breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int
     h_tid = np.frombuffer(c.h_tid, np.int64)
     tid = int(np.bincount(h_tid).argmax()) if h_tid.size else 0
     lo, hi = float(starts.min()), float(ends.max()) + 1.0  # launches are points: keep the last inside
-    step_k, step_s, step_e = np.zeros(1, _I64), np.array([lo]), np.array([hi])
+    step_k, step_s, step_e = np.zeros(1, I64), np.array([lo]), np.array([hi])
     own: list[str] = []
     result = _steps_breakdown(c, step_k, step_s, step_e, tid, run=run, rank=rank, pp_degree=pp_degree,
                               max_spans=max_spans, warnings=own)
@@ -1239,7 +1133,7 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     ev_step, ts_us, dur_us, name = sic[in_step], g_ts[in_step], g_dur[in_step], g_name[in_step]
     base = float(ts_us.min())
     start = _ns(ts_us, base)
-    end = start + np.maximum(np.rint(dur_us * NS_PER_US).astype(_I64), 0)
+    end = start + np.maximum(np.rint(dur_us * NS_PER_US).astype(I64), 0)
 
     names = c.names.names
     is_comm = np.array([bool(COMM_KERNEL_RE.match(n)) for n in names], bool)
@@ -1249,7 +1143,7 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
 
     # analysed steps: those that launched at least one GPU event, in step order
     used = np.unique(ev_step)
-    first = np.full(step_k.size, np.iinfo(np.int64).max, _I64)
+    first = np.full(step_k.size, np.iinfo(np.int64).max, I64)
     np.minimum.at(first, ev_step, start)
     # Step k ends when its last GPU event ends (where the recorder's CUDA end event sits) and
     # starts where step k-1 ended, so the idle gap while the host builds step k's batch belongs
@@ -1258,7 +1152,7 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     # The last analysed step ends where the dropped step's GPU work starts (if later), so the
     # window is HTA's: the GPU idle while the host fetched the dropped step's batch is counted
     # in it, balancing the first step's own fetch, which precedes the trace's first kernel.
-    last = np.full(step_k.size, np.iinfo(np.int64).min, _I64)
+    last = np.full(step_k.size, np.iinfo(np.int64).min, I64)
     np.maximum.at(last, ev_step, end)
     hi = np.maximum.accumulate(last[used])
     if in_next.any():
@@ -1269,35 +1163,35 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
         missing = sorted(set(step_k.tolist()) - set(step_k[used].tolist()))
         warnings.append(f"ProfilerStep(s) {missing} launched no GPU event; not analysed")
 
-    A = _union(start, end)
+    A = union(start, end)
     cm = is_compute[name]
-    C = _union(start[cm], end[cm])
+    C = union(start[cm], end[cm])
     mm = is_comm[name]
-    M = _union(start[mm], end[mm])
-    MC = _union_of(M, C)
+    M = union(start[mm], end[mm])
+    MC = union_of(M, C)
     # host data-loading ranges (any thread; the runner annotates them on the training thread)
     data_id = c.names.ids.get(DATA_RANGE)
     h_name = np.frombuffer(c.h_name, np.int64)
     dm = (h_name == data_id) if data_id is not None else np.zeros(h_name.size, bool)
     d_ts = np.frombuffer(c.h_ts, np.float64)[dm]
-    D = _union(_ns(d_ts, base), _ns(d_ts + np.frombuffer(c.h_dur, np.float64)[dm], base))
-    DA = _intersect(D, A)
+    D = union(_ns(d_ts, base), _ns(d_ts + np.frombuffer(c.h_dur, np.float64)[dm], base))
+    DA = intersect(D, A)
 
     length = hi - lo
-    compute = _measure(C, lo, hi)
-    exposed_all = _measure(MC, lo, hi) - compute
-    hidden = _measure(M, lo, hi) + compute - _measure(MC, lo, hi)
-    busy = _measure(A, lo, hi)
+    compute = measure(C, lo, hi)
+    exposed_all = measure(MC, lo, hi) - compute
+    hidden = measure(M, lo, hi) + compute - measure(MC, lo, hi)
+    busy = measure(A, lo, hi)
     idle = length - busy
-    data_stall = _measure(D, lo, hi) - _measure(DA, lo, hi)
+    data_stall = measure(D, lo, hi) - measure(DA, lo, hi)
     bubble = np.zeros_like(length)
     span_sets: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    exposed_set = _minus(M, C)
-    idle_set_data = _minus(D, A)
+    exposed_set = minus(M, C)
+    idle_set_data = minus(D, A)
     if pp_degree > 1:
         pm = is_p2p[name]
-        P = _union(start[pm], end[pm])
-        p2p_exposed = _measure(_union_of(P, C), lo, hi) - compute
+        P = union(start[pm], end[pm])
+        p2p_exposed = measure(union_of(P, C), lo, hi) - compute
         # R: from the first to the last compute kernel inside each window
         cs, ce = C
         i0 = np.searchsorted(ce, lo, side="right")
@@ -1306,16 +1200,16 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
         r0 = np.where(ok, np.maximum(cs[np.minimum(i0, cs.size - 1)] if cs.size else lo, lo), lo)
         r1 = np.where(ok, np.minimum(ce[np.maximum(i1, 0)] if cs.size else lo, hi), lo)
         r1 = np.maximum(r1, r0)
-        idle_r = (r1 - r0) - _measure(A, r0, r1)
-        stall_r = _measure(D, r0, r1) - _measure(DA, r0, r1)
+        idle_r = (r1 - r0) - measure(A, r0, r1)
+        stall_r = measure(D, r0, r1) - measure(DA, r0, r1)
         bubble = p2p_exposed + idle_r - stall_r
         exposed_comm = exposed_all - p2p_exposed
-        R = _union(r0[ok], r1[ok])
-        bubble_set = _union_of(_minus(P, C), _minus(_minus(R, A), D))
-        exposed_set = _minus(exposed_set, P)
+        R = union(r0[ok], r1[ok])
+        bubble_set = union_of(minus(P, C), minus(minus(R, A), D))
+        exposed_set = minus(exposed_set, P)
     else:
         exposed_comm = exposed_all
-        bubble_set = _EMPTY
+        bubble_set = EMPTY
     other = length - compute - exposed_comm - bubble - data_stall
     assert (other >= 0).all() and (idle >= 0).all() and (data_stall >= 0).all(), "partition broke"
 
@@ -1324,7 +1218,7 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
                       idle=idle, num_kernels=num_kernels)
     # pipeline waits for the cross-rank pass: exposed P2P kernels only (a receive waits on the
     # device); idle between kernels inside the step is host launch time there, as elsewhere
-    p2p_wait = _minus(_union(start[is_p2p[name]], end[is_p2p[name]]), C) if pp_degree > 1 else _EMPTY
+    p2p_wait = minus(union(start[is_p2p[name]], end[is_p2p[name]]), C) if pp_degree > 1 else EMPTY
     # collectives for the cross-rank pass: comm kernels (P2P ones are pipeline traffic on PP ranks)
     coll_mask = is_comm[name] & (~is_p2p[name] if pp_degree > 1 else True)
     orig = np.flatnonzero(in_step)[coll_mask]
@@ -1335,10 +1229,10 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     used_pos = np.searchsorted(used, ev_step[coll_mask])
     rank_tl = _rank_timeline(
         timeline="gpu", steps=step_k[used], lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
-        pipeline_set=p2p_wait, data_set=idle_set_data, covered=_union_of(A, D),
+        pipeline_set=p2p_wait, data_set=idle_set_data, covered=union_of(A, D),
         coll=(step_k[used][used_pos], groups, kinds, nbytes, start[coll_mask], end[coll_mask]), base_us=base)
     launch_us = launch[in_step]
-    launch_ns = np.full(launch_us.size, NO_LAUNCH, _I64)
+    launch_ns = np.full(launch_us.size, NO_LAUNCH, I64)
     launch_ns[~np.isnan(launch_us)] = _ns(launch_us[~np.isnan(launch_us)], base)
     nc = np.flatnonzero(~coll_mask)
     nc = nc[np.lexsort((-end[nc], start[nc]))]
@@ -1357,10 +1251,10 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
                         np.where(has_p2p > 0, WORK_CATS.index("pipeline"), WORK_CATS.index("other")))
         work += list(zip(start[nc][first_of].tolist(), c_end.tolist(), cats.tolist(),
                          launch_ns[nc][first_of].tolist()))
-    blk = _minus(exposed_set, _union(start[nc], end[nc]))
+    blk = minus(exposed_set, union(start[nc], end[nc]))
     s_ts = np.frombuffer(c.s_ts, np.float64)
     sync_s = _ns(s_ts, base)
-    sync_e = sync_s + np.rint(np.frombuffer(c.s_dur, np.float64) * NS_PER_US).astype(_I64)
+    sync_e = sync_s + np.rint(np.frombuffer(c.s_dur, np.float64) * NS_PER_US).astype(I64)
     c_order = _coll_order(step_k[used][used_pos], start[coll_mask])
     replay = _replay_input(lo=lo, hi=hi, work=work, waits=_wait_items(blk, rank_tl.coll_end, 2_000),
                            coll_launch=launch_ns[coll_mask][c_order], sync=(sync_s, sync_e), data=D)
@@ -1370,10 +1264,10 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
                            dur_ns=end - start, num_steps=len(rows))
     j = _median_index(length)
     lo_j, hi_j = int(lo[j]), int(hi[j])
-    window = (np.array([lo_j], _I64), np.array([hi_j], _I64))
-    sets = {"compute": C, "hidden_comm": _intersect(M, C), "exposed_comm": exposed_set,
+    window = (np.array([lo_j], I64), np.array([hi_j], I64))
+    sets = {"compute": C, "hidden_comm": intersect(M, C), "exposed_comm": exposed_set,
             "bubble": bubble_set, "data_stall": idle_set_data}
-    sets["other"] = _minus(window, _union_of(C, exposed_set, bubble_set, idle_set_data))
+    sets["other"] = minus(window, union_of(C, exposed_set, bubble_set, idle_set_data))
     spans = _span_rows(run=run, rank=rank, step=int(step_k[used[j]]), lo=lo_j, hi=hi_j, sets=sets,
                        max_spans=max_spans)
     return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="gpu", warnings=tuple(warnings),
@@ -1385,7 +1279,7 @@ def _cpu_replay_input(lo: np.ndarray, hi: np.ndarray, *, wait: tuple[np.ndarray,
                       coll_end: np.ndarray) -> ReplayInput:
     """A CPU rank's windows tiled into replay items: exposed collective waits, then each class's
     set in priority order, the rest "other" (host ops outside the phases)."""
-    windows = _union(lo, hi)
+    windows = union(lo, hi)
     sets = [wait, *(st for _, st in classes)]
     cuts = np.unique(np.concatenate([windows[0], windows[1], *(a for st in sets for a in st)]))
     a, b = cuts[:-1], cuts[1:]
@@ -1421,7 +1315,7 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     h_tid, h_name = np.frombuffer(c.h_tid, np.int64), np.frombuffer(c.h_name, np.int64)
     h_annot = np.frombuffer(c.h_annot, np.int8).astype(bool)
     start = _ns(h_ts, base)
-    end = start + np.maximum(np.rint(h_dur * NS_PER_US).astype(_I64), 0)
+    end = start + np.maximum(np.rint(h_dur * NS_PER_US).astype(I64), 0)
     names = c.names.names
     name_comm = np.array([bool(CPU_COMM_RE.search(n)) for n in names], bool)
     name_p2p = name_comm & np.array([bool(CPU_P2P_RE.search(n)) for n in names], bool)
@@ -1435,28 +1329,28 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     ops_t = on_t & ~h_annot
     comm_t = on_t & name_comm[h_name]
     comm_bg = ~on_t & name_comm[h_name]
-    B = _union(np.concatenate([start[ops_t], start[comm_t]]), np.concatenate([end[ops_t], end[comm_t]]))
-    bg = _union(start[comm_bg], end[comm_bg])
-    comm = _union_of(_union(start[comm_t], end[comm_t]), _minus(bg, B))
+    B = union(np.concatenate([start[ops_t], start[comm_t]]), np.concatenate([end[ops_t], end[comm_t]]))
+    bg = union(start[comm_bg], end[comm_bg])
+    comm = union_of(union(start[comm_t], end[comm_t]), minus(bg, B))
     p2p_t, p2p_bg = comm_t & name_p2p[h_name], comm_bg & name_p2p[h_name]
-    P = _union_of(_union(start[p2p_t], end[p2p_t]), _minus(_union(start[p2p_bg], end[p2p_bg]), B))
+    P = union_of(union(start[p2p_t], end[p2p_t]), minus(union(start[p2p_bg], end[p2p_bg]), B))
     dm = on_t & h_annot & name_data[h_name]
-    D = _union(start[dm], end[dm])
+    D = union(start[dm], end[dm])
     fm = on_t & h_annot & name_fbo[h_name]
-    F = _union(start[fm], end[fm])
+    F = union(start[fm], end[fm])
 
-    comm_nd = _minus(comm, D)
-    bubble_set = _minus(P, D) if pp_degree > 1 else _EMPTY
-    exposed_set = _minus(comm_nd, bubble_set)
-    compute_set = _minus(_minus(F, D), comm)
+    comm_nd = minus(comm, D)
+    bubble_set = minus(P, D) if pp_degree > 1 else EMPTY
+    exposed_set = minus(comm_nd, bubble_set)
+    compute_set = minus(minus(F, D), comm)
     length = hi - lo
-    data_stall = _measure(D, lo, hi)
-    bubble = _measure(bubble_set, lo, hi)
-    exposed = _measure(exposed_set, lo, hi)
-    compute = _measure(compute_set, lo, hi)
+    data_stall = measure(D, lo, hi)
+    bubble = measure(bubble_set, lo, hi)
+    exposed = measure(exposed_set, lo, hi)
+    compute = measure(compute_set, lo, hi)
     other = length - compute - exposed - bubble - data_stall
-    hidden = _measure(_intersect(bg, B), lo, hi)
-    idle = length - _measure(B, lo, hi)
+    hidden = measure(intersect(bg, B), lo, hi)
+    idle = length - measure(B, lo, hi)
     assert (other >= 0).all(), "partition broke"
 
     op_start = start[ops_t]
@@ -1476,7 +1370,7 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     cnames = [names[n] for n in h_name[cm][ok].tolist()]
     rank_tl = _rank_timeline(
         timeline="cpu", steps=step_k, lo=lo, hi=hi, compute=compute, exposed_set=exposed_set,
-        pipeline_set=bubble_set, data_set=D, covered=_union_of(B, comm, D, F),
+        pipeline_set=bubble_set, data_set=D, covered=union_of(B, comm, D, F),
         coll=(step_k[ci[ok]], ["gloo"] * len(cnames), [collective_kind(n) for n in cnames],
               np.full(len(cnames), np.nan), cs[ok], ce[ok]), base_us=base)
     rank_tl = dataclasses.replace(rank_tl, p2p_last=_last_end(P, lo, hi) if pp_degree > 1 else None,
@@ -1496,7 +1390,7 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     # ops inside the trainers' "optimizer" phase range (runner.strategies.common.phase) are optimizer
     # time whatever their name (a single-tensor AdamW's aten::lerp_), except communication
     om = on_t & h_annot & np.array([n == OPTIMIZER_RANGE for n in names] or [False], bool)[h_name]
-    opt_s, opt_e = _union(start[om], end[om])
+    opt_s, opt_e = union(start[om], end[om])
     j = np.searchsorted(opt_s, s_t, side="right") - 1
     in_opt = (j >= 0) & (s_t < opt_e[np.maximum(j, 0)]) if opt_s.size else np.zeros(s_t.size, bool)
     self_ns, op_class = _host_self_times(s_t, e_t, h_name[idx].tolist(), name_classes)
@@ -1506,10 +1400,10 @@ def _cpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
                                                                                    np.flatnonzero(keep)])
     j = _median_index(length)
     lo_j, hi_j = int(lo[j]), int(hi[j])
-    window = (np.array([lo_j], _I64), np.array([hi_j], _I64))
-    sets = {"compute": compute_set, "hidden_comm": _intersect(bg, B), "exposed_comm": exposed_set,
+    window = (np.array([lo_j], I64), np.array([hi_j], I64))
+    sets = {"compute": compute_set, "hidden_comm": intersect(bg, B), "exposed_comm": exposed_set,
             "bubble": bubble_set, "data_stall": D}
-    sets["other"] = _minus(window, _union_of(compute_set, exposed_set, bubble_set, D))
+    sets["other"] = minus(window, union_of(compute_set, exposed_set, bubble_set, D))
     spans = _span_rows(run=run, rank=rank, step=int(step_k[j]), lo=lo_j, hi=hi_j, sets=sets, max_spans=max_spans)
     return TraceBreakdown(steps=rows, kernels=kernels, spans=spans, timeline="cpu", warnings=tuple(warnings),
                           rank_timeline=rank_tl)

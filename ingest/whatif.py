@@ -47,7 +47,8 @@ import numpy as np
 from core.formulas import compute_bubble_ratio
 from core.records import ATTRIBUTION_CATEGORIES, TRANSFER_AT_COMMBENCH, AttributionRow, WhatIfRow
 from ingest.commbench import compute_bench_time_s
-from ingest.traces import NO_LAUNCH, WORK_CATS, RankTimeline, _measure
+from ingest.intervals import measure
+from ingest.traces import NO_LAUNCH, WORK_CATS, RankTimeline
 
 _NEG = -(1 << 62)
 UNNAMED_GROUPS = frozenset({"gloo", "?"})  # ingest.traces' group names when the trace does not say
@@ -297,7 +298,7 @@ def _gap_cuts(tl: RankTimeline, per_step: np.ndarray | None = None) -> tuple[np.
     prev = np.append(ri.start[:1], ri.end[:-1])
     waited = (ri.kind == 0) & (ri.launch != NO_LAUNCH) & (ri.launch > prev)
     gap = np.where(waited, np.maximum(ri.start - prev, 0), 0)
-    gap = np.maximum(gap - _measure((ri.data_start, ri.data_end), prev, np.maximum(ri.start, prev)), 0)
+    gap = np.maximum(gap - measure((ri.data_start, ri.data_end), prev, np.maximum(ri.start, prev)), 0)
     amount = gap.astype(np.float64)
     if per_step is not None:
         total = np.bincount(ri.step, weights=amount, minlength=tl.steps.size)[ri.step]
