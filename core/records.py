@@ -89,7 +89,9 @@ class Plant:
     exposed transfer. extra_matmul_gflop: every rank runs one extra square matmul of about this
     many GFLOP (2 n^3, n from core.formulas.compute_square_matmul_n; the run's dtype) every step
     before the forward (a ``plant_extra_matmul`` range): compute. The truth of the last two is
-    timed apart from the traced steps (PlantTruth). Checked by runner.matrix."""
+    timed apart from the traced steps (PlantTruth). lr_spike_factor: the learning rate of step
+    lr_spike_step (0-based) times this factor, on every rank (a known perturbation of training
+    for the health check, report.health). Checked by runner.matrix."""
 
     host_delay_ms: float | None = None
     host_delay_rank: int | None = None  # set whenever host_delay_ms is
@@ -97,6 +99,8 @@ class Plant:
     pp_layers: tuple[int, ...] | None = None
     extra_collective_bytes: int | None = None
     extra_matmul_gflop: float | None = None
+    lr_spike_step: int | None = None  # set together with lr_spike_factor
+    lr_spike_factor: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,10 @@ import pandas as pd
 from core.formulas import select_measured
 
 # the MAD of a normal sample times this is its standard deviation (Rousseeuw & Croux 1993; the
-# Hampel filter's scale)
+# Hampel filter's scale). The loss's noise is read from its step-to-step differences (their MAD
+# x MAD_TO_SD / sqrt 2: the difference of two independent draws has twice the variance), so a
+# falling loss's trend does not widen it (Donoho & Johnstone 1994 estimate noise the same way,
+# from the MAD of the finest wavelet details)
 MAD_TO_SD = 1.4826
 HEALTH_VERDICTS = ("healthy", "unhealthy", "not_recorded")
 # why a run is unhealthy (the template words each)
@@ -35,9 +38,9 @@ HEALTH_REASONS = ("loss_non_finite", "loss_above_start", "grad_norm_non_finite",
 class HealthRule:
     """The thresholds the health rule applied (report.rules.THRESHOLDS), for the note to state.
 
-    A loss spike at step t: loss_t - median > max(spike_k x robust SD, spike_min_nats), median
-    and robust SD (1.4826 x MAD) over the up to window_steps finite losses before t (at least
-    min_window_steps of them). Divergence: a non-finite loss, or a loss above the run's first
+    A loss spike at step t: loss_t - median > max(spike_k x noise SD, spike_min_nats), over the up
+    to window_steps finite losses before t (at least min_window_steps of them): their median, and
+    the noise SD = 1.4826 x MAD of their step-to-step differences / sqrt 2. Divergence: a non-finite loss, or a loss above the run's first
     by more than diverge_nats. Explosion: a non-finite gradient norm, or one above
     grad_norm_explode_multiple x the median of the window before it."""
 
@@ -51,8 +54,8 @@ class HealthRule:
 
 @dataclass(frozen=True, kw_only=True)
 class LossSpike:
-    """One flagged step: loss (nats, mean over the ranks reporting it), the median and robust
-    SD of the window before it, excess_nats = loss - rolling_median."""
+    """One flagged step: loss (nats, mean over the ranks reporting it), the median and noise SD
+    (HealthRule) of the window before it, excess_nats = loss - rolling_median."""
 
     step: int
     loss: float
@@ -182,9 +185,10 @@ def compute_health_curves(steps: pd.DataFrame) -> pd.DataFrame:
 
 def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_steps: int
                            ) -> tuple[np.ndarray, np.ndarray]:
-    """Median and MAD of the up to ``window_steps`` values before each position (the value
-    itself excluded; NaNs skipped); NaN where fewer than ``min_window_steps`` are finite.
-    values: 1-D float array in step order. Returns (median, mad), each values' shape."""
+    """Median of the up to ``window_steps`` values before each position (the value itself
+    excluded; NaNs skipped) and the MAD of their step-to-step differences; NaN where fewer than
+    ``min_window_steps`` are finite. values: 1-D float array in step order. Returns
+    (median, diff_mad), each values' shape."""
     n = len(values)
     if n == 0:
         return np.array([]), np.array([])
@@ -194,7 +198,8 @@ def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_
     with warnings.catch_warnings():  # an all-NaN window is NaN, as intended
         warnings.simplefilter("ignore", RuntimeWarning)
         median = np.nanmedian(views, axis=1)
-        mad = np.nanmedian(np.abs(views - median[:, None]), axis=1)
+        diffs = np.diff(views, axis=1)
+        mad = np.nanmedian(np.abs(diffs - np.nanmedian(diffs, axis=1)[:, None]), axis=1)
     short = count < max(1, min_window_steps)
     median[short], mad[short] = np.nan, np.nan
     return median, mad
@@ -202,15 +207,16 @@ def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_
 
 def compute_loss_spikes(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
     """One run's curve (compute_health_curves rows, step order) with columns rolling_median,
-    robust_sd (MAD_TO_SD x MAD over the window of finite losses before each step) and spike
-    (HealthRule's test). The window slides over the steps that have a finite loss."""
+    robust_sd (the noise SD: MAD_TO_SD x the MAD of the step-to-step differences in the window of
+    finite losses before each step / sqrt 2) and spike (HealthRule's test). The window slides
+    over the steps that have a finite loss."""
     out = curve.copy()
     finite = out["loss"].notna()
     values = out.loc[finite, "loss"].to_numpy(dtype=float)
     median, mad = compute_trailing_stats(values, window_steps=rule.window_steps,
                                          min_window_steps=rule.min_window_steps)
     out["rolling_median"], out["robust_sd"] = np.nan, np.nan
-    out.loc[finite, "rolling_median"], out.loc[finite, "robust_sd"] = median, MAD_TO_SD * mad
+    out.loc[finite, "rolling_median"], out.loc[finite, "robust_sd"] = median, MAD_TO_SD * mad / np.sqrt(2)
     limit = np.maximum(rule.spike_k * out["robust_sd"], rule.spike_min_nats)
     out["spike"] = (out["loss"] - out["rolling_median"] > limit).fillna(False).astype(bool)
     return out

@@ -42,8 +42,8 @@ THRESHOLDS: dict[str, float] = {
     "parity_min_share": 0.01,
     # training health (report.health): a loss spike is a loss above the median of the up to
     # loss_spike_window_steps finite losses before it (at least loss_spike_min_window_steps) by more
-    # than loss_spike_k robust SDs (1.4826 x MAD) and by more than loss_spike_min_nats; the
-    # committed GPU campaigns' healthy runs reach 2.8 robust SDs and 0.02 nats
+    # than loss_spike_k SDs of their step-to-step noise and by more than loss_spike_min_nats; the
+    # committed GPU campaigns' healthy runs reach 2.7 SDs and 0.02 nats
     "loss_spike_window_steps": 20,
     "loss_spike_min_window_steps": 5,
     "loss_spike_k": 6.0,

@@ -92,7 +92,7 @@ FIXED_KEYS = MODEL_KEYS | {
 RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options",
             "plant", "kernels"}
 PLANT_KEYS = {"host_delay_ms", "host_delay_rank", "data_delay_ms", "pp_layers", "extra_collective_bytes",
-              "extra_matmul_gflop"}
+              "extra_matmul_gflop", "lr_spike_step", "lr_spike_factor"}
 DTYPES = ("bf16", "fp32")
 # [fixed] key -> (type, minimum); bool is rejected where a number is expected
 FIXED_TYPES: dict[str, tuple[type, float | None]] = {
@@ -193,7 +193,7 @@ def _delay_ms(raw: Mapping[str, Any], key: str, where: str, problems: list[str])
 
 
 def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_layers: int,
-                schedule: str | None = None) -> tuple[Plant | None, list[str]]:
+                schedule: str | None = None, steps: int | None = None) -> tuple[Plant | None, list[str]]:
     """A run's ``plant`` table -> (Plant or None, problems, one line each naming the field).
 
     host_delay_rank must lie in [0, world_size) (default 0, only with host_delay_ms); pp_layers
@@ -201,7 +201,8 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
     1F1B schedule (``schedule``: the run's resolved options.schedule, None where there is none);
     extra_collective_bytes must be an integer > 0 and a multiple of 4 (fp32 elements), in a run of
     world_size >= 2;
-    extra_matmul_gflop a finite number > 0."""
+    extra_matmul_gflop a finite number > 0; lr_spike_step a step in [0, steps) and lr_spike_factor a
+    finite number > 0, both or neither."""
     where = f"{where} plant"
     if raw is None:
         return None, []
@@ -246,13 +247,24 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
     if gflop is not None and (isinstance(gflop, bool) or not isinstance(gflop, (int, float))
                               or not math.isfinite(gflop) or gflop <= 0):
         problems.append(f"{where} extra_matmul_gflop must be a finite number of GFLOP > 0, got {gflop!r}")
+    spike_step, spike_factor = raw.get("lr_spike_step"), raw.get("lr_spike_factor")
+    if (spike_step is None) != (spike_factor is None):
+        problems.append(f"{where} lr_spike_step and lr_spike_factor go together (the step whose learning rate is"
+                        " multiplied, and by how much); set both or neither")
+    if spike_step is not None and (isinstance(spike_step, bool) or not isinstance(spike_step, int) or spike_step < 0
+                                   or (steps is not None and spike_step >= steps)):
+        problems.append(f"{where} lr_spike_step must be a step in [0, {steps}) (0-based), got {spike_step!r}")
+    if spike_factor is not None and (isinstance(spike_factor, bool) or not isinstance(spike_factor, (int, float))
+                                     or not math.isfinite(spike_factor) or spike_factor <= 0):
+        problems.append(f"{where} lr_spike_factor must be a finite number > 0, got {spike_factor!r}")
     if problems:
         return None, problems
-    if host is None and data is None and layers is None and coll is None and gflop is None:
+    if host is None and data is None and layers is None and coll is None and gflop is None and spike_step is None:
         return None, problems
     return Plant(host_delay_ms=host, host_delay_rank=rank if host is not None else None, data_delay_ms=data,
                  pp_layers=layers, extra_collective_bytes=coll,
-                 extra_matmul_gflop=float(gflop) if gflop is not None else None), []
+                 extra_matmul_gflop=float(gflop) if gflop is not None else None, lr_spike_step=spike_step,
+                 lr_spike_factor=float(spike_factor) if spike_factor is not None else None), []
 
 
 def _data_rounds(value: Any, *, source: str) -> tuple[tuple[str, ...], list[str]]:
@@ -567,7 +579,7 @@ def resolve_matrix(
         raw_options = lay["run"].get("options")
         plant, plant_problems = build_plant(
             plant_raw, where=where, world_size=lay["world"], pp_degree=pp, num_layers=model.num_layers,
-            schedule=raw_options.get("schedule") if isinstance(raw_options, dict) else None)
+            schedule=raw_options.get("schedule") if isinstance(raw_options, dict) else None, steps=values["steps"])
         problems += plant_problems
         uneven = isinstance(plant_raw, dict) and plant_raw.get("pp_layers") is not None
         if model.num_layers % pp and not uneven:

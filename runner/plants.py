@@ -39,6 +39,13 @@ def planted_delays_s(spec: RunSpec, *, rank: int) -> tuple[float, float]:
     return data, host
 
 
+def planted_lr_factor(spec: RunSpec, *, step: int) -> float:
+    """The factor the run's plant multiplies step ``step``'s learning rate by (1.0 unplanted)."""
+    plant = spec.plant
+    hit = plant is not None and plant.lr_spike_step == step and plant.lr_spike_factor is not None
+    return plant.lr_spike_factor if hit else 1.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlantWork:
     """The extra per-step work of a run's plant on one rank, its tensors allocated once (so a

@@ -36,7 +36,8 @@ from runner.data import BatchPrefetcher, RealBatches, SampleOrder, SyntheticBatc
 from runner.recorder import StepRecorder, open_metrics_file
 from runner.strategies import RankContext, build_trainer
 from runner.plants import (PLANT_EXTRA_COLLECTIVE_RANGE, PLANT_EXTRA_MATMUL_RANGE, PLANT_HOST_DELAY_RANGE,
-                            PlantWork, build_plant_truth, build_plant_work, planted_delays_s, time_plant_work)
+                            PlantWork, build_plant_truth, build_plant_work, planted_delays_s, planted_lr_factor,
+                            time_plant_work)
 from runner.strategies.common import enable_nvtx, phase, plant_range
 
 
@@ -337,7 +338,7 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
             if data_delay_s:  # planted: the fetch takes longer, in the loop, so the step waits for it
                 time.sleep(data_delay_s)
         data_wait_s = time.perf_counter() - t0
-        lr = lr_at(step, f)
+        lr = lr_at(step, f) * planted_lr_factor(spec, step=step)  # planted: a known perturbation of training
         inject(fault, point="step", step=step, rank=ctx.rank, device=ctx.device)
         if host_delay_s:  # planted: host time on the training thread right before the forward
             with plant_range(PLANT_HOST_DELAY_RANGE):

@@ -41,7 +41,7 @@ def _pp2(plant) -> dict:
 @pytest.mark.parametrize(("run", "fragment"), [
     (_ddp({"host_delay": 5}), "run 1 ('p') plant: unknown key 'host_delay' (valid: data_delay_ms,"
                               " extra_collective_bytes, extra_matmul_gflop, host_delay_ms, host_delay_rank,"
-                              " pp_layers)"),
+                              " lr_spike_factor, lr_spike_step, pp_layers)"),
     (_ddp({"host_delay_ms": -1}), "plant host_delay_ms must be a finite number of milliseconds >= 0, got -1"),
     (_ddp({"data_delay_ms": float("nan")}), "data_delay_ms must be a finite number of milliseconds >= 0, got nan"),
     (_ddp({"data_delay_ms": float("inf")}), "plant data_delay_ms must be a finite number"),
