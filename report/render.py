@@ -337,9 +337,21 @@ def check_pdf_fonts(lang: Language) -> None:
                           f"with --format md,html")
 
 
+# WeasyPrint lays out the whole document before it writes a page: ~1 GB of memory per MB of a
+# note's HTML, ~2 min per MB on one core (benchmarks/results/report_scale.json: 1,000 runs, 2.4 MB,
+# 1.5 GB). A note's HTML is ~90 KB; past this (~400 runs) the PDF is not laid out.
+MAX_PDF_HTML_BYTES = 1 << 20
+
+
 def render_pdf(html: str, *, base_url: Path) -> bytes:
     """HTML -> PDF bytes with WeasyPrint; relative figure paths resolve against base_url.
-    Raises PdfUnavailableError when WeasyPrint or its system libraries are missing."""
+    Raises PdfUnavailableError when WeasyPrint or its system libraries are missing, or when the
+    HTML is larger than MAX_PDF_HTML_BYTES (its layout would need gigabytes)."""
+    num_bytes = len(html.encode())
+    if num_bytes > MAX_PDF_HTML_BYTES:
+        raise PdfUnavailableError(
+            f"the HTML is {num_bytes / 2**20:.1f} MiB, more than the {MAX_PDF_HTML_BYTES >> 20} MiB a PDF is laid out "
+            "from (about 1 GB of memory per MB); print the HTML from a browser, or use --format md,html")
     try:
         import weasyprint
     except (ImportError, OSError) as e:
@@ -379,7 +391,7 @@ def build_health_figures(campaign: Campaign, note: Note, out_dir: Path, *, lang:
     them in ``health.figures``."""
     if note.health is None or not note.health.runs:
         return note
-    runs = [h.run for h in note.health.runs]
+    runs = [h.run for h in sorted(note.health.runs, key=lambda h: h.verdict != "unhealthy")]  # flagged first
     curves = compute_flagged_curves(campaign.steps, note.health.rule)
     health = write_bytes_atomic(out_dir / "figures" / "health.svg",
                                 render_health_figure(curves, runs=runs, gettext=lang.gettext))

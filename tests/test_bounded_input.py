@@ -132,6 +132,26 @@ def test_metrics_jsonl_is_streamed_within_a_line_and_a_file_cap(tmp_path, monkey
                            "metrics; lines after 6 not read (the numbers use the rows before)")
 
 
+def test_health_figures_of_a_large_campaign_draw_a_bounded_number_of_runs():
+    """One panel (rank step times) or legend entry (loss) per run made a figure of thousands of
+    runs take minutes; the first runs given (flagged first, by the caller) are drawn, in order."""
+    import pandas as pd
+
+    from report.figures import (MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS, render_health_figure,
+                                render_rank_step_time_figure)
+
+    runs = [f"run{i:03d}" for i in range(60)]
+    rows = [{"run": r, "rank": k, "step": s, "step_time_s": 0.1 + 0.01 * k} for r in runs for k in (0, 1)
+            for s in range(3, 8)]
+    svg = render_rank_step_time_figure(pd.DataFrame(rows), runs=runs[::-1]).decode()
+    assert [r for r in runs if f">{r}<" in svg] == runs[::-1][:MAX_RANK_STEP_TIME_PANELS][::-1]
+    curves = pd.DataFrame([{"run": r, "step": s, "loss": 5.0 - 0.1 * s, "loss_non_finite": False, "spike": False,
+                            "grad_norm": 1.0, "grad_norm_non_finite": False, "explosion": False}
+                           for r in runs for s in range(3, 8)])
+    svg = render_health_figure(curves, runs=runs).decode()
+    assert [r for r in runs if f">{r}<" in svg] == runs[:MAX_HEALTH_FIGURE_RUNS]
+
+
 def test_prepare_data_refuses_a_huge_line_and_an_out_that_is_a_folder(tmp_path):
     from runner.corpus import MAX_LINE_BYTES
 
