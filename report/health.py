@@ -40,9 +40,10 @@ class HealthRule:
 
     A loss spike at step t: loss_t - median > max(spike_k x noise SD, spike_min_nats), over the up
     to window_steps finite losses before t (at least min_window_steps of them): their median, and
-    the noise SD = 1.4826 x MAD of their step-to-step differences / sqrt 2. Divergence: a non-finite loss, or a loss above the run's first
-    by more than diverge_nats. Explosion: a non-finite gradient norm, or one above
-    grad_norm_explode_multiple x the median of the window before it."""
+    the noise SD = 1.4826 x MAD of their step-to-step differences / sqrt 2. Divergence: a
+    non-finite loss, or a loss above the run's first by more than diverge_nats. Explosion: a
+    non-finite gradient norm, or one above grad_norm_explode_multiple x the median of the window
+    before it."""
 
     window_steps: int
     min_window_steps: int
@@ -60,7 +61,7 @@ class LossSpike:
     step: int
     loss: float
     rolling_median: float
-    robust_sd: float
+    noise_sd_nats: float
     excess_nats: float
 
 
@@ -207,7 +208,7 @@ def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_
 
 def compute_loss_spikes(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
     """One run's curve (compute_health_curves rows, step order) with columns rolling_median,
-    robust_sd (the noise SD: MAD_TO_SD x the MAD of the step-to-step differences in the window of
+    noise_sd_nats (the noise SD: MAD_TO_SD x the MAD of the step-to-step differences in the window of
     finite losses before each step / sqrt 2) and spike (HealthRule's test). The window slides
     over the steps that have a finite loss."""
     out = curve.copy()
@@ -215,9 +216,9 @@ def compute_loss_spikes(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
     values = out.loc[finite, "loss"].to_numpy(dtype=float)
     median, mad = compute_trailing_stats(values, window_steps=rule.window_steps,
                                          min_window_steps=rule.min_window_steps)
-    out["rolling_median"], out["robust_sd"] = np.nan, np.nan
-    out.loc[finite, "rolling_median"], out.loc[finite, "robust_sd"] = median, MAD_TO_SD * mad / np.sqrt(2)
-    limit = np.maximum(rule.spike_k * out["robust_sd"], rule.spike_min_nats)
+    out["rolling_median"], out["noise_sd_nats"] = np.nan, np.nan
+    out.loc[finite, "rolling_median"], out.loc[finite, "noise_sd_nats"] = median, MAD_TO_SD * mad / np.sqrt(2)
+    limit = np.maximum(rule.spike_k * out["noise_sd_nats"], rule.spike_min_nats)
     out["spike"] = (out["loss"] - out["rolling_median"] > limit).fillna(False).astype(bool)
     return out
 
@@ -250,10 +251,10 @@ def _none(x: float) -> float | None:
 
 def compute_flagged_curves(steps: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
     """compute_health_curves with, per run, compute_loss_spikes' and compute_grad_explosions'
-    columns (rolling_median, robust_sd, spike, grad_rolling_median, explosion); step order."""
+    columns (rolling_median, noise_sd_nats, spike, grad_rolling_median, explosion); step order."""
     curves = compute_health_curves(steps)
     if curves.empty:
-        return curves.assign(rolling_median=[], robust_sd=[], spike=[], grad_rolling_median=[], explosion=[])
+        return curves.assign(rolling_median=[], noise_sd_nats=[], spike=[], grad_rolling_median=[], explosion=[])
     return pd.concat([compute_grad_explosions(compute_loss_spikes(c.sort_values("step"), rule), rule)
                       for _, c in curves.groupby("run", sort=False)], ignore_index=True)
 
@@ -263,7 +264,7 @@ def summarize_run_health(run: str, curve: pd.DataFrame, rank_times: pd.DataFrame
     losses = curve["loss"].dropna()
     first = _none(losses.iloc[0]) if len(losses) else None
     spikes = tuple(LossSpike(step=int(r.step), loss=float(r.loss), rolling_median=float(r.rolling_median),
-                             robust_sd=float(r.robust_sd), excess_nats=float(r.loss - r.rolling_median))
+                             noise_sd_nats=float(r.noise_sd_nats), excess_nats=float(r.loss - r.rolling_median))
                    for r in curve[curve["spike"]].itertuples())
     non_finite = curve.loc[curve["loss_non_finite"], "step"]
     above = curve.loc[curve["loss"] > first + rule.diverge_nats, "step"] if first is not None else pd.Series([], dtype=int)
