@@ -178,19 +178,26 @@ def render_timeline_figure(spans: pd.DataFrame, *, runs: list[str], gettext: Get
         axes[0, 0].text(0.5, 0.5, _(N_("no profiler timeline")), ha="center", va="center", transform=axes[0, 0].transAxes)
     return _svg(fig)
 
+# runs drawn, the first of ``runs`` (the caller puts the flagged ones first): past these a
+# campaign of thousands of runs took minutes per figure (a panel or legend entry each) and no
+# reader could tell its lines apart
+MAX_HEALTH_FIGURE_RUNS = 20
+MAX_RANK_STEP_TIME_PANELS = 8
 
 
 def render_health_figure(curves: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
     """Loss (top) and gradient norm (bottom, log scale) vs step, one line per run; flagged loss
     spikes and gradient explosions as red markers, non-finite values as red ticks on the top edge.
     curves: report.health.compute_flagged_curves columns (run, step, loss, loss_non_finite, spike,
-    grad_norm, grad_norm_non_finite, explosion). runs: line order. -> SVG bytes."""
+    grad_norm, grad_norm_non_finite, explosion). runs: line order; the first MAX_HEALTH_FIGURE_RUNS
+    in ``curves`` are drawn. -> SVG bytes."""
     _ = gettext
     fig, (ax_loss, ax_grad) = plt.subplots(2, 1, figsize=(6.0, 4.6), sharex=True, layout="constrained")
-    present = [r for r in runs if (curves["run"] == r).any()]
+    by_run = dict(tuple(curves.groupby("run", sort=False)))  # one pass, not one scan per run
+    present = [r for r in runs if r in by_run][:MAX_HEALTH_FIGURE_RUNS]
     flagged_label = {"loss": _(N_("loss spike (flagged)")), "grad": _(N_("gradient explosion (flagged)"))}
     for run in present:
-        df = curves[curves["run"] == run]
+        df = by_run[run]
         line, = ax_loss.plot(df["step"], df["loss"], label=str(run), linewidth=1.1)
         ax_grad.plot(df["step"], df["grad_norm"], linewidth=1.1, color=line.get_color())
         for ax, flag, value, non_finite, key in ((ax_loss, "spike", "loss", "loss_non_finite", "loss"),
@@ -223,14 +230,16 @@ def render_health_figure(curves: pd.DataFrame, *, runs: list[str], gettext: Gett
 def render_rank_step_time_figure(rank_times: pd.DataFrame, *, runs: list[str], gettext: Gettext = _identity) -> bytes:
     """Per-rank step time vs step, one panel per run, one line per rank.
     rank_times: report.health.compute_rank_step_times columns (run, rank, step, step_time_s; the
-    measured steps). runs: panel order. -> SVG bytes."""
+    measured steps). runs: panel order; the first MAX_RANK_STEP_TIME_PANELS with steps are drawn.
+    -> SVG bytes."""
     _ = gettext
-    present = [r for r in runs if (rank_times["run"] == r).any()]
+    by_run = dict(tuple(rank_times.groupby("run", sort=False)))
+    present = [r for r in runs if r in by_run][:MAX_RANK_STEP_TIME_PANELS]
     height_in = min(0.8 + 1.0 * max(1, len(present)), MAX_TIMELINE_HEIGHT_IN)  # one page with its caption
     fig, axes = plt.subplots(max(1, len(present)), 1, figsize=(6.0, height_in), squeeze=False, sharex=True,
                              layout="constrained")
     for ax, run in zip(axes[:, 0], present):
-        df = rank_times[rank_times["run"] == run]
+        df = by_run[run]
         steps = range(int(df["step"].min()), int(df["step"].max()) + 1)
         for rank, g in df.groupby("rank"):
             # every step on the axis: a left-out (profiled) step is a gap in the line, not a slope across it
