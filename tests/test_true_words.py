@@ -113,7 +113,7 @@ def test_note_during_a_live_run_does_not_say_runner_stopped(tmp_path):
 
 
 @pytest.mark.parametrize("argv, patch", [
-    (["plan", "--model", "gpt-125m", "--gpus", "8"], ("runner.plan_cli", "build_plan")),
+    (["plan", "--model", "gpt-125m", "--gpus", "8"], ("runner.plan", "build_plan")),  # plan_cli imports it when plan runs
     (["all", "--dry-run", "--gpus", "1"], ("runner.cli", "load_matrix")),
     (["all", "--resume", "CAMP", "--dry-run"], ("runner.cli", "load_campaign_meta")),
 ])
