@@ -419,13 +419,15 @@ _NON_NEGATIVE_FIELDS = ("step", "tokens", "lr", "data_wait_s", "wall_time_s", "m
 # tokens (the largest published global batches are ~2^24); no device holds 4 TiB; a rank's
 # clock (wall_time_s, data_wait_s, step_entry_time_s -- the last is Unix time, ~1.8e9 s in 2026)
 # stays under 1e10 s (the year 2286); < 1e12
-# tokens/s per row (a 100,000-GPU cluster at 10M tokens/s each).
+# tokens/s per row (a 100,000-GPU cluster at 10M tokens/s each); a step number stays under 1e9
+# (30 years of 1-second steps; the matrix allows 1e7 steps).
 STEP_TIME_RANGE_S = (1e-6, 1e6)
+MAX_STEP_NUMBER = 10**9
 MAX_STEP_TOKENS = 1 << 40
 MAX_MEM_PEAK_GIB = 4096.0
 MAX_CLOCK_S = 1e10
 MAX_TOKENS_PER_S = 1e12
-_UPPER_BOUNDS = {"tokens": MAX_STEP_TOKENS, "mem_peak_allocated_gib": MAX_MEM_PEAK_GIB,
+_UPPER_BOUNDS = {"step": MAX_STEP_NUMBER, "tokens": MAX_STEP_TOKENS, "mem_peak_allocated_gib": MAX_MEM_PEAK_GIB,
                  "mem_peak_reserved_gib": MAX_MEM_PEAK_GIB, "wall_time_s": MAX_CLOCK_S, "data_wait_s": MAX_CLOCK_S,
                  "step_entry_time_s": MAX_CLOCK_S}
 

@@ -60,6 +60,8 @@ def si(x: float | None, unit: str = "", digits: int = 3, *, lang: Language = EN)
     """SI-prefixed, ``digits`` significant digits: 855166464, 'FLOP' -> '855 MFLOP'; None -> 'n/a'."""
     if _missing(x):
         return _na(lang)
+    if x != 0 and not 1e-12 <= abs(x) < 1e21:  # past the prefixes (p..E): '1.00e308', never '1e+290 E'
+        return sci(x, digits, lang=lang) + (f" {unit}" if unit else "")
     exp3 = 0 if x == 0 else max(min(math.floor(math.log10(abs(x)) / 3), 6), -4)
     mantissa = float(f"{x / 1000 ** exp3:.{digits}g}")
     if abs(mantissa) >= 1000 and exp3 < 6:  # rounding carried into the next prefix

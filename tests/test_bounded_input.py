@@ -354,6 +354,27 @@ def test_impossible_numbers_become_caveats_and_na_never_an_internal_error(tmp_pa
     assert summary["runs"]
 
 
+def test_a_forged_step_number_and_a_huge_finite_loss_are_no_internal_error(tmp_path):
+    """Found by the hostile fuzz (seeds 1410025769, 3906313271): a metrics row of step 2^63-1
+    stopped the note in the per-rank step-time figure (a 9e18-step axis), a loss of 1e308 in the
+    health table's number format ('1e+290 E', then babel's InvalidOperation)."""
+    from report.render import si
+
+    camp = write_synthetic_campaign(tmp_path / "camp", failed=())
+    for run, field, value in (("ddp", "step", 2**63 - 1), ("zero3", "loss", 1e308)):
+        path = camp / run / "metrics" / "rank1.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        rows[-1][field] = value
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _cli("report.cli", "build", str(camp), "--out", str(tmp_path / "out"), "--format", "md", timeout=300)
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert "ddp/metrics/rank1.jsonl: 1 row(s) dropped: 1 impossible values (line 12: step 9223372036854775807 " \
+        "(> 1e+09))" in note
+    assert "6.21 → 5.00e307" in note and "e+2" not in note  # the mean over ranks; never "5e+289 E"
+    assert (si(1e308, "tokens/s"), si(5e-324), si(2.5e20), si(0.0)) == ("1.00e308 tokens/s", "4.94e-324", "250 E", "0")
+
+
 def test_duplicate_run_names_and_impossible_world_sizes_are_refused(tmp_path):
     camp = write_synthetic_campaign(tmp_path / "camp")
     meta = json.loads((camp / "campaign.json").read_text())
