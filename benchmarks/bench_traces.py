@@ -82,7 +82,8 @@ def build_trace(source: Path, dest: Path, min_bytes: int) -> dict:
 CHILD_OURS = """
 import json, sys, time
 from ingest.io import open_trace_events
-from ingest.traces import TraceReadCounts, compute_step_breakdown
+from ingest.trace_reader import TraceReadCounts
+from ingest.traces import compute_step_breakdown
 t = time.perf_counter()
 counts = TraceReadCounts()
 r = compute_step_breakdown(open_trace_events(sys.argv[1], counts=counts, lean=True), run="bench", rank=0, pp_degree=1)

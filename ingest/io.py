@@ -849,12 +849,12 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool =
     """Yield the events of a Chrome trace file (torch.profiler / Kineto, NCCL profiler plugin,
     pasted fragments), streamed: gzip is detected by its magic bytes (1f 8b), not by the name.
 
-    counts: an ``ingest.traces.TraceReadCounts`` to receive events read, items skipped and
+    counts: an ``ingest.trace_reader.TraceReadCounts`` to receive events read, items skipped and
     truncation. lean: skip flow events and cpu_op args (``iter_trace_events``). Raises ParseError if the file cannot be opened or is a corrupt gzip stream.
     """
     import gzip
 
-    from ingest.traces import iter_trace_events
+    from ingest.trace_reader import iter_trace_events
 
     try:
         raw = open_regular(path, "rb")
@@ -872,7 +872,7 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool =
 
 def write_lean_trace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> tuple[int, int]:
     """Write the torch.profiler (Kineto) trace ``src`` (plain or gzip) to ``dst`` (gzip) holding
-    only what the step breakdown reads (``ingest.traces.iter_trace_events`` with lean=True):
+    only what the step breakdown reads (``ingest.trace_reader.iter_trace_events`` with lean=True):
     the document's header fields in their order, and of its events the complete ones (ph "X")
     of the categories kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver and
     user_annotation, plus cpu_op for a trace without CUDA devices. Section 5's numbers from
@@ -881,7 +881,7 @@ def write_lean_trace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     ``src`` is unreadable or is not a Kineto trace document."""
     import gzip
 
-    from ingest.traces import _LEAN_CATS
+    from ingest.trace_reader import _LEAN_CATS
 
     try:
         with open_regular(src, "rb") as raw:

@@ -170,7 +170,7 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
     if kind == "chrome_trace":
         from ingest.io import open_trace_events
         from ingest.parsers.chrome_trace import parse_chrome_trace
-        from ingest.traces import TraceReadCounts
+        from ingest.trace_reader import TraceReadCounts
 
         counts = TraceReadCounts()
         parsed = parse_chrome_trace(open_trace_events(path, counts=counts, lean=True), source=source, head=head,

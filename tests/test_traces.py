@@ -1,4 +1,4 @@
-"""ingest.traces: streaming trace reader, GPU/CPU step breakdown (exact numbers, partition
+"""ingest.trace_reader and ingest.traces: streaming trace reader, GPU/CPU step breakdown (exact numbers, partition
 property against a brute-force per-microsecond model), real CPU gloo traces."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from core.errors import ParseError
 from ingest.io import open_trace_events
 from core.records import BREAKDOWN_CATEGORIES, KERNEL_CLASSES
-from ingest.traces import TraceReadCounts, compute_step_breakdown, iter_trace_events
+from ingest.trace_reader import TraceReadCounts, iter_trace_events
+from ingest.traces import compute_step_breakdown
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 TRACES = Path(__file__).parent / "fixtures" / "traces"
@@ -411,7 +412,7 @@ def test_lean_reading_falls_back_and_reports_a_cut():
 def test_lean_reader_matches_full_reader_at_any_chunk_boundary(case, chunk, indent, gpu, data, monkeypatch):
     """Events cut by chunk ends, headers cut by chunk ends, any indentation: the same events
     (monkeypatch only sets a module constant, the same kind of value for every example)."""
-    import ingest.traces as traces
+    import ingest.trace_reader as traces
 
     _, _, _, ev = case
     ev = ev + [X("cpu_op", "aten::mm", 1.5, 2.0, **{"Input Dims": [[1, 2]], "Concrete": '{"ph": "X", "cat": "kernel"}'}),
@@ -428,7 +429,7 @@ def test_lean_reader_matches_full_reader_at_any_chunk_boundary(case, chunk, inde
 
 
 def test_lean_reader_skips_a_malformed_event_without_buffering_the_rest(monkeypatch):
-    import ingest.traces as traces
+    import ingest.trace_reader as traces
 
     monkeypatch.setattr(traces, "_LEAN_CHUNK_BYTES", 64)
     monkeypatch.setattr(traces, "_LEAN_MAX_EVENT_CHARS", 256)

@@ -71,7 +71,7 @@ def pg_signature(info: dict[str, Any]) -> str | None:
 
 def parse_chrome_trace(events: Iterable[dict[str, Any]], *, source: str, head: str, read_counts: Any) -> TraceParse:
     """One Chrome trace -> TraceParse. events: its events (streamed, consumed once); head: the first
-    characters of its text; read_counts: the ``ingest.traces.TraceReadCounts`` the reader fills
+    characters of its text; read_counts: the ``ingest.trace_reader.TraceReadCounts`` the reader fills
     (events read, items skipped, truncation). Never raises on content."""
     from ingest.traces import compute_step_breakdown
 
