@@ -317,7 +317,9 @@ def test_concurrent_and_stopped_builds_never_mix_two_notes(tmp_path):
                         f"{out}: another process is writing it now")
     proc = subprocess.Popen([sys.executable, "-m", "report.cli", "build", str(camp), "--out", str(out), "--format",
                              "md,html"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # loading: the new set is not swapped in yet
+    deadline = time.monotonic() + 120  # stop it once it is writing its staged set (its SIGTERM handler is set by
+    while proc.poll() is None and not list(out.glob(".stage-*")) and time.monotonic() < deadline:  # then): a
+        time.sleep(0.01)  # fixed sleep hit an interpreter still importing on a loaded machine (killed, exit -15)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
