@@ -1,7 +1,9 @@
 """End-to-end tests of the torch-native TP+PP engine against the DDP baseline.
 
-Real torchrun launches on CPU/gloo with the tiny preset (no mocks): DDP on 2 processes, and
-TP+PP as (tp=2, pp=2) on 4, (tp=2, pp=1) on 2, (tp=1, pp=2) on 2 processes, all dp=1.
+Real torchrun launches on CPU/gloo with the tiny preset (no mocks): DDP on 2 processes and TP+PP
+as (tp=2, pp=2) on 4 are the demo campaign's runs (conftest.demo_campaign, shared); (tp=2, pp=1)
+and (tp=1, pp=2) on 2 processes are launched here from the demo's TP2 x PP2 spec (the same fixed
+variables and micro-batch split, no profiler window), all dp=1.
 
 Tolerance. Every run starts from the same weights (same seed, whole GPT built then cut) and
 sees the same tokens, so in fp32 the only differences are summation order: TP splits the
@@ -15,6 +17,7 @@ step 0's grad_norm by 1.3% and step 1's loss by 1.8e-4 relative.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.records import FixedConfig, RunSpec, to_dict
+from core.records import FixedConfig, RunSpec, run_spec_from_dict, to_dict
 from runner.model import GPT, count_gpt_params, count_params
 from runner.presets import PRESETS, build_model_config
 from runner.strategies import RankContext, build_trainer
@@ -66,17 +69,26 @@ def _launch(run_dir: Path, spec: RunSpec) -> list[list[dict]]:
     ]
 
 
+def _rows_per_rank(run_dir: Path, world_size: int) -> list[list[dict]]:
+    return [[json.loads(line) for line in (run_dir / "metrics" / f"rank{r}.jsonl").read_text().splitlines()]
+            for r in range(world_size)]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, list[list[dict]]]:
+def runs(demo_campaign, tmp_path_factory) -> dict[str, list[list[dict]]]:
     root = tmp_path_factory.mktemp("tp_pp_torch")
-    out = {"ddp": _launch(root / "ddp", _spec(name="ddp", strategy="ddp", engine="torch-ddp",
-                                               world_size=2, tp=1, pp=1, mbs=4))}
-    for name, (tp, pp) in LAYOUTS.items():
-        # mbs 8 -> 2 micro-batches (>= pp for 1F1B); fewer schedule steps keeps the test fast.
-        out[name] = _launch(root / name, _spec(name=name, strategy="tp_pp", engine="torch",
-                                               world_size=tp * pp, tp=tp, pp=pp, mbs=8))
+    out = {}
+    for name, run in (("ddp", "ddp"), ("tp2pp2", "tp2-pp2")):
+        spec = run_spec_from_dict(json.loads((demo_campaign / run / "spec.json").read_text()))
+        out[name] = _rows_per_rank(demo_campaign / run, spec.world_size)
+        out[name + "/info"] = json.loads((demo_campaign / run / "run_info.json").read_text())
+    base = run_spec_from_dict(json.loads((demo_campaign / "tp2-pp2" / "spec.json").read_text()))
+    for name in ("tp2pp1", "tp1pp2"):
+        tp, pp = LAYOUTS[name]
+        spec = dataclasses.replace(base, name=name, world_size=tp * pp, tp_degree=tp, pp_degree=pp, plant=None,
+                                   fixed=dataclasses.replace(base.fixed, profile_num_steps=0, profile_start_step=0))
+        out[name] = _launch(root / name, spec)
         out[name + "/info"] = json.loads((root / name / "run_info.json").read_text())
-    out["ddp/info"] = json.loads((root / "ddp" / "run_info.json").read_text())
     return out
 
 
