@@ -61,7 +61,8 @@ def test_five_layouts_ran_on_two_h200s_with_only_the_layout_changed():
 
 def test_note_metric_table_traces_to_the_jsonl_of_both_ranks(note_md):
     table = {}
-    for line in note_md.split("## 4. ", 1)[1].split("\n\n", 2)[1].splitlines():
+    metric_table = "| Run | Status |" + note_md.split("## 4. ", 1)[1].split("| Run | Status |", 1)[1].split("\n\n", 1)[0]
+    for line in metric_table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] in LAYOUTS:
             table[cells[0]] = cells
