@@ -264,7 +264,8 @@ def test_one_number_one_home(tmp_path):
         rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines()[2:] if ln.startswith("| ")]
         return {r[0]: r for r in rows}
 
-    header = md.split("## 4. Metrics", 1)[1].split("\n| ", 1)[1].split("\n", 1)[0]
+    header = md.split("## 4. Metrics", 1)[1].split("\n| Run | Status |", 1)[1].split("\n", 1)[0]
+    header = " Run | Status |" + header
     comm_col = [c.strip() for c in ("| " + header).strip("|").split("|")].index("Comm time (traced)")
     metrics = table("| Run | Status |")
     for name, r in runs.items():

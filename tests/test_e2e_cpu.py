@@ -39,8 +39,8 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def _metric_table(note_md: str) -> dict[str, list[str]]:
     section = note_md.split("## 4. Metrics", 1)[1].split("## 5.", 1)[0]
-    lines = section.split("\n\n", 2)[1].splitlines()  # the first table (section 4 holds more below it)
-    table = [ln for ln in lines if ln.startswith("| ")][1:]  # drop header
+    lines = ("| Run | Status |" + section.split("| Run | Status |", 1)[1].split("\n\n", 1)[0]).splitlines()
+    table = [ln for ln in lines if ln.startswith("| ")][1:]  # the metric table (section 4 holds more), header dropped
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in table]
     return {c[0]: c for c in cells if c[0] in RUNS}
 

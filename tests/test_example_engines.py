@@ -60,7 +60,8 @@ def test_every_engine_restores_its_own_sharded_checkpoint_to_the_same_loss():
 
 def test_note_tables_and_engine_groups_trace_to_the_jsonl(note_md):
     table = {}
-    for line in note_md.split("## 4. ", 1)[1].split("\n\n", 2)[1].splitlines():
+    metric_table = "| Run | Status |" + note_md.split("## 4. ", 1)[1].split("| Run | Status |", 1)[1].split("\n\n", 1)[0]
+    for line in metric_table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] in ENGINES:
             table[cells[0]] = cells
