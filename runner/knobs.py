@@ -62,6 +62,7 @@ class DDPKnobs(CommonKnobs):
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
     compile: bool | None = None  # torch.compile of the DDP-wrapped model; None -> on for CUDA
+    overlap_grad_reduce: bool = True  # bucketed all-reduce during backward; False: one flat all-reduce after it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +78,7 @@ class FSDP2Knobs(CommonKnobs):
     reshard_after_forward: bool = True  # free gathered parameters after forward (ZeRO-3); False: keep to backward
     reduce_dtype: str | None = None  # "bf16" | "fp32"; None -> the campaign dtype (DeepSpeed's default)
     prefetch_num_blocks: int = 0  # explicit all-gather prefetch of the next k blocks; 0: FSDP2's implicit one
+    prefetch: bool = True  # all-gathers issued ahead of their block; False: none, each waits for its block
     reduce_every_microbatch: bool = True  # reduce-scatter per micro-batch (DeepSpeed's); False: once per step
     compile: bool | None = None  # torch.compile of each block before sharding; None -> on for CUDA
     offload: bool = False  # CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host
@@ -88,6 +90,7 @@ class MegatronKnobs(CommonKnobs):
     grad_reduce_in_fp32: bool = True
     use_distributed_optimizer: bool | None = None  # None -> on when dp_degree > 1
     init: str = "runner"  # "runner" (the torch engines' exact weights) | "megatron"
+    overlap_param_gather: bool = False  # distributed optimizer's all-gather in the next forward (needs it on)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +111,33 @@ KNOBS: dict[tuple[str, str], type] = {
     ("tp_pp", "megatron"): MegatronKnobs,
     ("tp_pp", "torch"): TorchTPPPKnobs,
 }
+
+# Each engine's overlap switches: knob ("zero.key" inside ``zero``) -> its value with the overlap
+# off (runner.matrix's ``overlap`` pairs run a twin with these set; every other knob the same).
+# torch TP+PP has none: its DP all-reduce already runs after the schedule (runner.strategies.tp_pp_torch)
+# and the pipeline's p2p is the schedule's own.
+OVERLAP_SWITCHES: dict[tuple[str, str], dict[str, Any]] = {
+    ("ddp", "torch-ddp"): {"overlap_grad_reduce": False},
+    ("zero3", "deepspeed"): {"zero.overlap_comm": False},
+    ("zero3", "fsdp2"): {"prefetch": False, "prefetch_num_blocks": 0},
+    ("tp_pp", "megatron"): {"overlap_grad_reduce": False, "overlap_param_gather": False},
+}
+
+
+def build_overlap_off(strategy: str, engine: str, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Resolved ``options`` with the engine's overlap switches off (OVERLAP_SWITCHES); None for
+    an engine without one."""
+    switches = OVERLAP_SWITCHES.get((strategy, engine))
+    if switches is None:
+        return None
+    out = dict(options)
+    for key, value in switches.items():
+        if key.startswith("zero."):
+            out["zero"] = {**out.get("zero", {}), key.removeprefix("zero."): value}
+        else:
+            out[key] = value
+    return out
+
 
 # DeepSpeed zero_optimization keys a run may set (DeepSpeedZeroConfig), with their types.
 ZERO_KEYS: dict[str, type] = {
@@ -184,7 +214,8 @@ TEST_OPTION_KEYS = {"fault", "simulate_oom_above_micro_batch_size"}
 DATA_OPTION_KEYS = {"loader"}
 # Written by the runner (never set in a matrix): a micro-batch search's record; a capacity trial's
 # per-process memory budget (runner.capacity).
-RUNNER_OPTION_KEYS = {"micro_batch_search", "memory_budget_gib"}
+# An overlap pair's twin (runner.matrix) names the run it pairs with: ``overlap_off_of``.
+RUNNER_OPTION_KEYS = {"micro_batch_search", "memory_budget_gib", "overlap_off_of"}
 
 
 def valid_option_keys(strategy: str, engine: str) -> set[str]:
@@ -229,6 +260,12 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
                 problems.append(f"{where}: 'zero.{k}' must be {ZERO_KEYS[k].__name__}, got {v!r}")
             elif k in ZERO_MINIMUMS and v < ZERO_MINIMUMS[k]:
                 problems.append(f"{where}: 'zero.{k}' must be >= {ZERO_MINIMUMS[k]}, got {v!r}")
+    if given.get("prefetch") is False and given.get("prefetch_num_blocks", 0) > 0:
+        problems.append(f"{where}: 'prefetch' false turns every all-gather prefetch off; drop prefetch_num_blocks"
+                        f" ({given['prefetch_num_blocks']}) or set prefetch = true")
+    if given.get("overlap_param_gather") is True and given.get("use_distributed_optimizer") is False:
+        problems.append(f"{where}: 'overlap_param_gather' needs use_distributed_optimizer (its all-gather is the"
+                        " one overlapped); drop it or set use_distributed_optimizer = true")
     if "init" in given and given["init"] not in ("runner", "megatron"):
         problems.append(f"{where}: 'init' must be 'runner' or 'megatron', got {given['init']!r}")
     for key, valid_values in (("schedule", PP_SCHEDULES), ("reduce_dtype", REDUCE_DTYPES)):

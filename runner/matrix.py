@@ -13,7 +13,10 @@ Format::
                           indexed dataset) or sources (raw files), tokenizer, text_key; neither:
                           the default corpus (Python's standard library), built at launch
     [checkpoint]          checkpoint cost (CheckpointConfig): enabled, step, verify_steps, dir, keep
-    [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree,
+                          overlap_pairs (bool, default false: every run whose engine has overlap
+                          switches, runner.knobs.OVERLAP_SWITCHES, gets a twin with them off)
+    [[runs]]              name, strategy, engine, world_size, tp_degree, pp_degree, overlap ("pair":
+                          this run gets the twin; "single": not, whatever overlap_pairs says),
                           micro_batch_size (int | "auto": searched by the runner), [runs.options]
                           (engine knobs, runner.knobs; options.loader: the real round's DataLoader),
                           plant (a deliberately injected slowdown, below), kernels (overrides
@@ -38,6 +41,10 @@ round is ``<name>-real``; both share RunSpec.layout = name. With ``repeats = N >
 layout runs N times per round in interleaved order (all layouts once, then all again: a slow
 drift of the machine spreads over every layout instead of biasing one), named ``<name>-r<k>``
 (``<name>-r<k>-real``), ``options.repeat = k``, RunSpec.layout = name.
+
+An overlap pair: the twin of layout ``<name>`` is layout ``<name>-no-overlap`` with the same spec
+but the engine's overlap switches off (runner.knobs.build_overlap_off) and ``options.overlap_off_of
+= <name>``; it runs right after its partner in every round and repeat.
 
 The resolved kernel choices of every run are in ``options.kernels`` (runner.strategies.parity);
 in parity mode ``options.compile`` / ``options.fused_adamw`` follow them and a run may not set them.
@@ -66,12 +73,14 @@ from core.formulas import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, SHAPE_MAX
 from core.records import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
 from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import fault_problems
-from runner.knobs import DATA_OPTION_KEYS, check_layout_knobs, resolve_knobs, resolve_loader_knobs
+from runner.knobs import (
+    DATA_OPTION_KEYS, build_overlap_off, check_layout_knobs, resolve_knobs, resolve_loader_knobs,
+)
 from runner.presets import PRESETS, build_model_config
 from runner.kernels import KERNEL_MODES, apply_engine_knobs, liger_available, resolve_kernels
 
 CAMPAIGN_KEYS = {"name", "preset", "world_size", "run_timeout_s", "stall_timeout_s", "startup_timeout_s",
-                 "collective_timeout_s", "nsys", "kernels", "repeats"}
+                 "collective_timeout_s", "nsys", "kernels", "repeats", "overlap_pairs"}
 # Knobs parity mode fixes for every engine (runner.strategies.parity); a run may set them only
 # under kernels = "engine-best".
 PARITY_FIXED_KNOBS = ("compile", "fused_adamw")
@@ -90,7 +99,9 @@ FIXED_KEYS = MODEL_KEYS | {
     "weight_decay", "adam_beta1", "adam_beta2", "grad_clip", "data", "profile_start_step", "profile_num_steps",
 }
 RUN_KEYS = {"name", "strategy", "engine", "world_size", "tp_degree", "pp_degree", "micro_batch_size", "options",
-            "plant", "kernels"}
+            "plant", "kernels", "overlap"}
+OVERLAP_MODES = ("pair", "single")  # a run's ``overlap``: run a no-overlap twin beside it, or not
+NO_OVERLAP_SUFFIX = "-no-overlap"
 PLANT_KEYS = {"host_delay_ms", "host_delay_rank", "data_delay_ms", "pp_layers", "extra_collective_bytes",
               "extra_matmul_gflop", "lr_spike_step", "lr_spike_factor"}
 DTYPES = ("bf16", "fp32")
@@ -494,6 +505,10 @@ def resolve_matrix(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         problems.append(f"{source} [campaign] repeats must be an integer >= 1, got {repeats!r}")
         repeats = 1
+    overlap_pairs = camp.get("overlap_pairs", False)
+    if not isinstance(overlap_pairs, bool):
+        problems.append(f"{source} [campaign] overlap_pairs must be true or false, got {overlap_pairs!r}")
+        overlap_pairs = False
     liger = liger_available() if device == "cuda" else False
     nsys = camp.get("nsys", False)
     if not isinstance(nsys, bool):
@@ -641,10 +656,19 @@ def resolve_matrix(
         if loader_raw is not None and "real" not in rounds and not round_problems:
             problems.append(f"{where} options: 'loader' applies to the real data round only; add \"real\" to "
                             "[fixed] data or drop it")
-        layout = lay["run"]["name"]
-        for data_round in rounds:
-          for k in range(1, repeats + 1):
-            run_options = dict(options) | ({"loader": loader} if data_round == "real" else {}) | (
+        variants = [(lay["run"]["name"], options)]
+        overlap = lay["run"].get("overlap", "pair" if overlap_pairs else "single")
+        off = build_overlap_off(lay["strategy"], lay["engine"], options)
+        if overlap not in OVERLAP_MODES:
+            problems.append(f"{where} overlap must be one of {', '.join(OVERLAP_MODES)}, got {overlap!r}")
+        elif overlap == "pair" and off is None and "overlap" in lay["run"]:
+            problems.append(f"{where} overlap = \"pair\": engine '{lay['engine']}' of strategy '{lay['strategy']}' has"
+                            " no overlap switch to turn off; drop overlap")
+        elif overlap == "pair" and off is not None:
+            variants.append((lay["run"]["name"] + NO_OVERLAP_SUFFIX, off | {"overlap_off_of": lay["run"]["name"]}))
+        for (layout, variant_options), data_round, k in (
+                (v, r, k) for r in rounds for k in range(1, repeats + 1) for v in variants):
+            run_options = dict(variant_options) | ({"loader": loader} if data_round == "real" else {}) | (
                 {"repeat": k} if repeats > 1 else {})
             specs.append(RunSpec(
                 campaign=str(camp.get("name", "campaign")),

@@ -1,10 +1,16 @@
 """DDP baseline [torch DistributedDataParallel]: every rank holds the whole model and
-optimizer; gradients are all-reduced in buckets overlapped with backward."""
+optimizer; gradients are all-reduced in buckets overlapped with backward.
+
+``options.overlap_grad_reduce = false`` turns that overlap off: every micro-batch's backward runs
+under ``no_sync`` and the summed gradients are averaged after the last backward by one all-reduce
+of all of them flattened into one buffer (the same sum, none of it hidden behind backward)."""
 from __future__ import annotations
 
 import contextlib
 
 import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from core.records import RunSpec
@@ -59,6 +65,7 @@ class DDPTrainer:
         self.optimizer = build_adamw(
             build_param_groups(model.named_parameters(), weight_decay=spec.fixed.weight_decay), spec, device=ctx.device
         )
+        self.overlap_grad_reduce = bool(spec.options.get("overlap_grad_reduce", True))
         self.engine_version = torch.__version__
         self.dp_rank = ctx.rank
         self.dp_degree = ctx.world_size
@@ -67,13 +74,15 @@ class DDPTrainer:
         n = len(microbatches)
         total = torch.zeros((), device=self.ctx.device)
         for i, (inputs, labels) in enumerate(microbatches):
-            # all-reduce only on the last micro-batch (gradient accumulation)
-            sync = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()
+            # all-reduce only on the last micro-batch (gradient accumulation); never with overlap off
+            sync = contextlib.nullcontext() if i == n - 1 and self.overlap_grad_reduce else self.model.no_sync()
             with sync:
                 with phase("forward"), autocast(self.spec, self.ctx.device):
                     loss = self.forward(inputs, labels) / n
                 with phase("backward"):
                     loss.backward()
+                    if i == n - 1 and not self.overlap_grad_reduce:
+                        self._all_reduce_after_backward()
             total += loss.detach()
         with phase("optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.fixed.grad_clip)
@@ -82,6 +91,17 @@ class DDPTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(loss=total, grad_norm=grad_norm)
 
+
+    @torch.no_grad()
+    def _all_reduce_after_backward(self) -> None:
+        """Average the gradients over the ranks with one all-reduce of one flat buffer (DDP's
+        average: sum / world size), after backward has finished."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat.div_(self.ctx.world_size)
+        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(synced)
 
     def save_checkpoint(self, path) -> None:
         """Model + AdamW state via torch distributed checkpoint (replicas deduplicated). Collective."""

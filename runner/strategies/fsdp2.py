@@ -24,6 +24,13 @@ through ``F.scaled_dot_product_attention``. A "per-block" compile scope (runner.
 for CUDA) compiles each Block
 before it is sharded, so FSDP2's hooks stay eager around the compiled blocks (torchtitan's order).
 
+Prefetch (the layout's overlap switch): by default FSDP2 issues the next block's all-gather in
+backward before the current block's (implicit), ``prefetch_num_blocks`` k > 0 issues k blocks'
+in forward and backward (explicit); ``prefetch = false`` issues none (each module's backward
+prefetch list names only itself, which turns the implicit one off), so each all-gather starts
+when its block does. Forward has no implicit prefetch to turn off; on a GPU the host may still
+issue block i+1's all-gather while block i's kernels run.
+
 CPU offload (``options.offload``): FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters,
 their gradients and AdamW's states on the host; each block's shard is copied to the device for
 its all-gather and its gradient shard back (torch FSDP2 docs), and the optimizer steps on the host.
@@ -80,7 +87,12 @@ class FSDP2Trainer:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
         ahead = int(opts.get("prefetch_num_blocks", 0))
-        if ahead > 0:  # explicit prefetch: block i's all-gather also issues blocks i+1..i+k (i-1..i-k backward)
+        if not opts.get("prefetch", True):
+            # overlap off: an empty list leaves FSDP2's implicit backward prefetch on; a module naming
+            # itself replaces it with a no-op (its own all-gather has already finished by then)
+            for module in (*model.blocks, model):
+                module.set_modules_to_backward_prefetch([module])
+        elif ahead > 0:  # explicit prefetch: block i's all-gather also issues blocks i+1..i+k (i-1..i-k backward)
             blocks = list(model.blocks)
             for i, block in enumerate(blocks):
                 block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + ahead])

@@ -352,7 +352,9 @@ class MegatronTPPPTrainer:
         use_dist_opt = bool(opts.get("use_distributed_optimizer", False))
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=bool(opts.get("grad_reduce_in_fp32", True)),
-            overlap_grad_reduce=bool(opts.get("overlap_grad_reduce", True)), use_distributed_optimizer=use_dist_opt
+            overlap_grad_reduce=bool(opts.get("overlap_grad_reduce", True)), use_distributed_optimizer=use_dist_opt,
+            # the distributed optimizer's parameter all-gather in the next forward's pre-hooks
+            **({"overlap_param_gather": True} if opts.get("overlap_param_gather", False) else {}),
         )
         self.model = DistributedDataParallel(self.config, ddp_config, model)
         # what Megatron-LM's training.setup_model_and_optimizer wires into the config
