@@ -29,8 +29,8 @@ from core.formulas import compute_step_times
 from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
 from report.summary import build_summary, render_summary_json
-from report.figures import (render_breakdown_figure, render_health_figure, render_rank_step_time_figure,
-                             render_timeline_figure, write_figures)
+from report.figures import (MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS, render_breakdown_figure,
+                            render_health_figure, render_rank_step_time_figure, render_timeline_figure, write_figures)
 from report.health import compute_flagged_curves, compute_rank_step_times
 from report.view import Figure, Note, build_note
 
@@ -394,11 +394,13 @@ def build_health_figures(campaign: Campaign, note: Note, out_dir: Path, *, lang:
     if note.health is None or not note.health.runs:
         return note
     runs = [h.run for h in sorted(note.health.runs, key=lambda h: h.verdict != "unhealthy")]  # flagged first
-    curves = compute_flagged_curves(campaign.steps, note.health.rule)
+    steps = campaign.steps  # of the runs drawn only (per-run tables: the same rows as the section's)
+    curves = compute_flagged_curves(steps[steps["run"].isin(runs[:MAX_HEALTH_FIGURE_RUNS])], note.health.rule)
     health = write_bytes_atomic(out_dir / "figures" / "health.svg",
                                 render_health_figure(curves, runs=runs, gettext=lang.gettext))
     ranks = write_bytes_atomic(out_dir / "figures" / "rank_step_time.svg", render_rank_step_time_figure(
-        compute_rank_step_times(campaign.steps, warmup_steps=campaign.campaign.fixed.warmup_steps), runs=runs,
+        compute_rank_step_times(steps[steps["run"].isin(runs[:MAX_RANK_STEP_TIME_PANELS])],
+                                warmup_steps=campaign.campaign.fixed.warmup_steps), runs=runs,
         gettext=lang.gettext))
     figures = (Figure(kind="health", path=health.relative_to(out_dir).as_posix()),
                Figure(kind="rank_step_time", path=ranks.relative_to(out_dir).as_posix()))
