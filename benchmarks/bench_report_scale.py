@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="steps per run (the tiny preset's)")
     parser.add_argument("--formats", default=None, help="report build --format (default: the command's own)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report_scale.json")
+    parser.add_argument("--commit", default=None, help="the tool's commit measured (recorded with the rows)")
     args = parser.parse_args(argv)
     result = json.loads(args.out.read_text()) if args.out.is_file() else {}
     result.update({"benchmark": "report build against the run count", "steps_per_run": args.steps,
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             camp = synthesize_campaign(Path(tmp) / f"scale{num_runs}", num_runs=num_runs, steps=args.steps)
             synth_s = time.perf_counter() - t0
             disk = sum(p.stat().st_size for p in camp.rglob("*") if p.is_file())
-            row = {"num_runs": num_runs, "campaign_bytes": disk, "synthesize_s": round(synth_s, 1),
+            row = {"num_runs": num_runs, "commit": args.commit, "campaign_bytes": disk, "synthesize_s": round(synth_s, 1),
                    "load_average_before": [round(x, 2) for x in os.getloadavg()],
                    **time_report_build(camp, Path(tmp) / "note", formats=args.formats)}
             row["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
