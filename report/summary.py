@@ -184,6 +184,8 @@ def build_summary(note: Note) -> dict[str, Any]:
         "health_rule": dataclasses.asdict(note.health.rule) if note.health is not None else None,
         "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
                      for f in (*note.findings, *(note.data_round.findings if note.data_round else ()))],
+        # report.overlap: each layout with its overlap switches on and off (s; see its module docstring)
+        "overlap_pairs": ([dataclasses.asdict(p) for p in note.overlap.pairs] if note.overlap is not None else None),
         # report.predict: leave-one-out checks on these runs and predicted (not measured) layouts
         "predicted": dataclasses.asdict(note.predicted) if note.predicted is not None else None,
     })

@@ -31,6 +31,7 @@ from report.placement import RunPlacement, compute_placements
 from report.attribution import AttributionView, build_attribution, commbench_rows, run_plant
 from report.engines import EngineGroup, build_engine_groups
 from report.health import HealthSection, build_health_section
+from report.overlap import OverlapSection, build_overlap_section
 from report.parity import (
     INTERVAL_METHOD, ParityRow, RepeatGroup, build_parity_rows, build_repeat_groups, kernels_mode, ranked_runs,
     ranking_mode, rule_parity, rule_repeat_spread, run_repeat,
@@ -389,6 +390,7 @@ class Note:
     capacity: Any = None  # report.capacity.CapacitySection: the campaign's capacity probe, if it has one
     capacity_problems: tuple[str, ...] = ()  # why a capacity probe's file was left out
     health: HealthSection | None = None  # loss spikes, divergence, gradient norm, per-rank step time (report.health)
+    overlap: OverlapSection | None = None  # overlap pairs: switches on and off, measured and predicted (report.overlap)
 
 
 def _py(value: Any) -> Any:
@@ -1027,6 +1029,10 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         resolved_config=build_resolved_config(campaign.campaign_json, runs),
         triage=TriageSection(runs=build_triage_runs(runs, failed_at_step=failed_at_step)),
         predicted=predicted, health=health, **build_capacity(campaign.source),
+        overlap=build_overlap_section(
+            runs, step_times_s={m.run: (m.step_time_median_s, m.step_time_p90_s) for m in rows},
+            attribution={b.run: b.attribution for b in evidence.rows if b.attribution is not None},
+            noise_multiple={**THRESHOLDS, **(thresholds or {})}["noise_multiple"]),
         data_round=build_data_round_section(
             fixed=fixed, dataset=info.dataset, env=env_record, runs=runs, summary=summary, steps=campaign.steps,
             thresholds=thresholds))
