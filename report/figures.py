@@ -84,8 +84,9 @@ def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str], gettex
     step_time_s (max over ranks, measured steps). runs: order of the boxes. -> SVG bytes."""
     _ = gettext
     fig, ax = plt.subplots(figsize=(6.0, 3.2))
-    present = [r for r in runs if (step_times["run"] == r).any()]
-    data = [step_times.loc[step_times["run"] == r, "step_time_s"].to_numpy() for r in present]
+    by_run = {r: g["step_time_s"].to_numpy() for r, g in step_times.groupby("run", sort=False)}  # one pass
+    present = [r for r in runs if r in by_run]
+    data = [by_run[r] for r in present]
     if data:
         ax.boxplot(data, tick_labels=present, showfliers=False, widths=0.5)
         if _labels_collide(present, width_in=6.0):
