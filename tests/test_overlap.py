@@ -27,7 +27,7 @@ world_size = 2
 overlap_pairs = true
 
 [fixed]
-steps = 14
+steps = 10
 warmup_steps = 2
 profile_start_step = 4
 profile_num_steps = 3
@@ -36,13 +36,18 @@ profile_num_steps = 3
 name = "ddp"
 strategy = "ddp"
 options = { bucket_cap_mb = 1 }
+
+[[runs]]
+name = "fsdp2"
+strategy = "zero3"
+engine = "fsdp2"
 """
 PAIR = ("ddp", "ddp-no-overlap")
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory) -> Path:
-    """`runner all` on the DDP pair, then `report build` (about 30 s on two cores)."""
+    """`runner all` on the DDP and FSDP2 pairs, then `report build`."""
     root = tmp_path_factory.mktemp("overlap")
     (root / "m.toml").write_text(MATRIX)
     out = root / "c"
@@ -130,6 +135,25 @@ def test_overlap_off_moves_the_all_reduce_after_backward(campaign):
     assert all(d > 0 for d in off), off  # the twin's one flat all-reduce waits for all of it
 
 
+def _prefetched_all_gathers(run_dir: Path) -> int:
+    """FSDP all-gathers rank 0 issued inside a backward-prefetch range, over the traced steps."""
+    with gzip.open(run_dir / "trace" / "profile_rank0.json.gz", "rt") as fp:
+        events = [e for e in json.load(fp)["traceEvents"] if e.get("ph") == "X"]
+    prefetch = [e for e in events if str(e["name"]).startswith("FSDP::backward_prefetch")]
+    return sum(1 for a in events if str(a["name"]).startswith("FSDP::all_gather (") and any(
+        p["tid"] == a["tid"] and p["ts"] <= a["ts"] < p["ts"] + p["dur"] for p in prefetch))
+
+
+def test_fsdp2_prefetch_off_issues_no_all_gather_ahead(campaign):
+    assert json.loads((campaign / "fsdp2-no-overlap" / "status.json").read_text())["status"] == "ok"
+    # 4 blocks resharded after forward: each backward prefetches the next blocks' all-gathers (3 traced steps)
+    assert _prefetched_all_gathers(campaign / "fsdp2") >= 3 * 3
+    assert _prefetched_all_gathers(campaign / "fsdp2-no-overlap") == 0
+    a, b = ([json.loads(ln)["loss"] for ln in (campaign / n / "metrics" / "rank0.jsonl").read_text().splitlines()]
+            for n in ("fsdp2", "fsdp2-no-overlap"))
+    np.testing.assert_allclose(b, a, rtol=1e-5)
+
+
 def _pair_row(note_md: str) -> list[str]:
     section = note_md.split("### Overlap measured", 1)[1].split("\n## ", 1)[0]
     rows = [ln for ln in section.splitlines() if ln.startswith("| ddp / ddp-no-overlap |")]
@@ -160,8 +184,9 @@ def test_note_pair_row_equals_recomputation(campaign):
     verdict = ("no saving" if saved <= max(noise) else "within" if saved <= most + max(noise) else "beyond")
     assert cells[8].startswith(verdict), (cells[8], saved, most, noise)
     record = json.loads((campaign / "report" / "summary.json").read_text())["overlap_pairs"]
-    assert [(p["run"], p["twin"], p["switches"]) for p in record] == [("ddp", "ddp-no-overlap",
-                                                                        [["overlap_grad_reduce", "True", "False"]])]
+    assert [(p["run"], p["twin"], p["switches"]) for p in record] == [
+        ("ddp", "ddp-no-overlap", [["overlap_grad_reduce", "True", "False"]]),
+        ("fsdp2", "fsdp2-no-overlap", [["prefetch", "True", "False"]])]
     assert record[0]["step_time_saved_s"] == pytest.approx(saved)
     assert record[0]["predicted_most_saved_s"] == pytest.approx(most)
     assert "<h3>Overlap measured: each switch off and on</h3>" in (campaign / "report" / "note.html").read_text()
