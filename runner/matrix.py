@@ -289,6 +289,25 @@ def _data_rounds(value: Any, *, source: str) -> tuple[tuple[str, ...], list[str]
     return tuple(r for r in DATA_ROUNDS if r in rounds), []
 
 
+def build_overlap_variants(run: Mapping[str, Any], *, strategy: str, engine: str, options: dict[str, Any],
+                           overlap_pairs: bool, where: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """A run's (layout name, resolved options): itself, then its no-overlap twin where the run's
+    ``overlap`` (default "pair" under ``[campaign] overlap_pairs``) asks for one and its engine has
+    overlap switches (runner.knobs.OVERLAP_SWITCHES); and problems, one line each (an unknown mode;
+    a run that asks for a pair its engine cannot make)."""
+    name = run["name"]
+    overlap = run.get("overlap", "pair" if overlap_pairs else "single")
+    off = build_overlap_off(strategy, engine, options)
+    if overlap not in OVERLAP_MODES:
+        return [(name, options)], [f"{where} overlap must be one of {', '.join(OVERLAP_MODES)}, got {overlap!r}"]
+    if overlap == "pair" and off is None and "overlap" in run:
+        return [(name, options)], [f"{where} overlap = \"pair\": engine '{engine}' of strategy '{strategy}' has no"
+                                   " overlap switch to turn off; drop overlap"]
+    if overlap == "pair" and off is not None:
+        return [(name, options), (name + NO_OVERLAP_SUFFIX, off | {"overlap_off_of": name})], []
+    return [(name, options)], []
+
+
 def run_name(layout: str, data_round: str) -> str:
     """A run's name: the layout's for the synthetic round, ``<layout>-<round>`` otherwise."""
     return layout if data_round == "synthetic" else f"{layout}-{data_round}"
@@ -656,16 +675,9 @@ def resolve_matrix(
         if loader_raw is not None and "real" not in rounds and not round_problems:
             problems.append(f"{where} options: 'loader' applies to the real data round only; add \"real\" to "
                             "[fixed] data or drop it")
-        variants = [(lay["run"]["name"], options)]
-        overlap = lay["run"].get("overlap", "pair" if overlap_pairs else "single")
-        off = build_overlap_off(lay["strategy"], lay["engine"], options)
-        if overlap not in OVERLAP_MODES:
-            problems.append(f"{where} overlap must be one of {', '.join(OVERLAP_MODES)}, got {overlap!r}")
-        elif overlap == "pair" and off is None and "overlap" in lay["run"]:
-            problems.append(f"{where} overlap = \"pair\": engine '{lay['engine']}' of strategy '{lay['strategy']}' has"
-                            " no overlap switch to turn off; drop overlap")
-        elif overlap == "pair" and off is not None:
-            variants.append((lay["run"]["name"] + NO_OVERLAP_SUFFIX, off | {"overlap_off_of": lay["run"]["name"]}))
+        variants, overlap_problems = build_overlap_variants(lay["run"], strategy=lay["strategy"], engine=lay["engine"],
+                                                            options=options, overlap_pairs=overlap_pairs, where=where)
+        problems += overlap_problems
         for (layout, variant_options), data_round, k in (
                 (v, r, k) for r in rounds for k in range(1, repeats + 1) for v in variants):
             run_options = dict(variant_options) | ({"loader": loader} if data_round == "real" else {}) | (
