@@ -260,7 +260,8 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
                 problems.append(f"{where}: 'zero.{k}' must be {ZERO_KEYS[k].__name__}, got {v!r}")
             elif k in ZERO_MINIMUMS and v < ZERO_MINIMUMS[k]:
                 problems.append(f"{where}: 'zero.{k}' must be >= {ZERO_MINIMUMS[k]}, got {v!r}")
-    if given.get("prefetch") is False and given.get("prefetch_num_blocks", 0) > 0:
+    ahead = given.get("prefetch_num_blocks", 0)
+    if given.get("prefetch") is False and isinstance(ahead, int) and not isinstance(ahead, bool) and ahead > 0:
         problems.append(f"{where}: 'prefetch' false turns every all-gather prefetch off; drop prefetch_num_blocks"
                         f" ({given['prefetch_num_blocks']}) or set prefetch = true")
     if given.get("overlap_param_gather") is True and given.get("use_distributed_optimizer") is False:

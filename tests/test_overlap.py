@@ -205,3 +205,20 @@ def test_verdict_rule(saved_s, most_s, noise_s, verdict):
     from report.overlap import judge_overlap
 
     assert judge_overlap(saved_s=saved_s, most_s=most_s, noise_s=noise_s) == verdict
+
+
+@pytest.mark.parametrize("strategy, engine, options, line", [
+    ("zero3", "fsdp2", {"prefetch": False, "prefetch_num_blocks": 2},
+     "w: 'prefetch' false turns every all-gather prefetch off; drop prefetch_num_blocks (2) or set prefetch = true"),
+    ("zero3", "fsdp2", {"prefetch": False, "prefetch_num_blocks": "2"}, "w: 'prefetch_num_blocks' must be int, got '2'"),
+    ("ddp", "torch-ddp", {"overlap_grad_reduce": "off"}, "w: 'overlap_grad_reduce' must be bool, got 'off'"),
+    ("tp_pp", "megatron", {"overlap_param_gather": True, "use_distributed_optimizer": False},
+     "w: 'overlap_param_gather' needs use_distributed_optimizer (its all-gather is the one overlapped); drop it or"
+     " set use_distributed_optimizer = true"),
+    ("tp_pp", "torch", {"overlap_grad_reduce": False}, "w: unknown key 'overlap_grad_reduce' (valid: "),
+])
+def test_overlap_knob_problems_are_one_line_each(strategy, engine, options, line):
+    from runner.knobs import resolve_knobs
+
+    _, problems = resolve_knobs(strategy, engine, options, device="cuda", dp_degree=2, where="w")
+    assert len(problems) == 1 and problems[0].startswith(line), problems
