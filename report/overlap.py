@@ -41,9 +41,10 @@ class OverlapPair:
     exposed_comm_*_s: transfer + skew wait per traced step (s), None where the run has no
     attribution; exposed_comm_hidden_s = off - on. predicted_most_saved_s: the twin's what-if
     saving for its transfer (s per traced step; None: no what-if), predicted_method its
-    method ("replay" | "analytic"), bound_share = step_time_saved_s / predicted_most_saved_s (how much
-    of what overlap could save it saved; None without both, or a bound <= 0). noise_s: the larger p90 - median step time of the two runs
-    (s). verdict: one of OVERLAP_VERDICTS (module docstring)."""
+    method ("replay" | "analytic"); bound_share = step_time_saved_s / predicted_most_saved_s (how
+    much of what overlap could save it saved; None without both, or a bound <= 0). noise_s: the
+    larger p90 - median step time of the two runs x noise_multiple (s). verdict: one of
+    OVERLAP_VERDICTS (module docstring)."""
 
     layout: str
     run: str
@@ -122,7 +123,7 @@ def build_overlap_section(runs: Sequence[LoadedRun], *, step_times_s: Mapping[st
         if run is None:
             unpaired.append(twin.name)
             continue
-        (on_s, on_p90), (off_s, off_p90) = step_times_s.get(run.name, (None, None)), step_times_s.get(twin.name, (None, None))
+        (on_s, on_p90), (off_s, off_p90) = (step_times_s.get(n, (None, None)) for n in (run.name, twin.name))
         spreads = [p - m for m, p in ((on_s, on_p90), (off_s, off_p90)) if m is not None and p is not None]
         noise = noise_multiple * max(spreads) if spreads else None
         att_on, att_off = attribution.get(run.name), attribution.get(twin.name)
