@@ -1,9 +1,11 @@
 """Suite-wide fixtures and checks.
 
 ``--clean-checkout`` (what `make test` passes): the suite must leave the checkout as it found it.
-Before the first test and after the last, the untracked files git does not ignore and every file
-under the ignored output folders (runs/, notes/, build/, dist/) are listed; a path that appeared
-fails the session, naming it. Tests write into their tmp_path (or chdir there) instead.
+Before the first test and after the last, the untracked files git does not ignore, every file
+under the ignored output folders (runs/, notes/, build/, dist/) and the tracked files that differ
+from the index (git status) are listed; a path that appeared fails the session, naming it. Tests
+write into their tmp_path (or chdir there) instead. (In a tree others edit during the run, their
+new files show up too: the check is for a checkout only the suite touches, as in CI.)
 Caches of the test tools themselves (.hypothesis/, .pytest_cache/, __pycache__/) are not outputs.
 """
 from __future__ import annotations
@@ -24,10 +26,12 @@ def pytest_addoption(parser):
 
 
 def list_checkout_outputs(root: Path) -> set[str]:
-    """Untracked, not ignored paths (git) plus every file under root's ignored output folders."""
-    res = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "-z"], cwd=root, capture_output=True,
-                         timeout=120)
-    found = {p for p in res.stdout.decode(errors="replace").split("\0") if p} if res.returncode == 0 else set()
+    """Untracked, not ignored paths and modified tracked ones (git) plus every file under root's
+    ignored output folders."""
+    found: set[str] = set()
+    for argv in (["git", "ls-files", "--others", "--exclude-standard", "-z"], ["git", "diff", "--name-only", "-z"]):
+        res = subprocess.run(argv, cwd=root, capture_output=True, timeout=120)
+        found |= {p for p in res.stdout.decode(errors="replace").split("\0") if p} if res.returncode == 0 else set()
     for name in OUTPUT_DIRS:
         for top, _, files in os.walk(root / name):
             found.update((Path(top) / f).relative_to(root).as_posix() for f in files)
