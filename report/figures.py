@@ -251,6 +251,9 @@ def render_rank_step_time_figure(rank_times: pd.DataFrame, *, runs: list[str], g
             ax.plot(ms.index, ms.to_numpy(), linewidth=0.9, label=_(N_("rank %(rank)s")) % {"rank": rank})
         ax.set_title(str(run), fontsize=8, loc="left")
         ax.grid(alpha=0.3)
+        # a short panel (eight runs share the page's height) holds three y labels without overprinting
+        ax.locator_params(axis="y", nbins=3)
+        ax.tick_params(axis="y", labelsize=7)
         if df["rank"].nunique() > 1:
             ax.legend(fontsize=6, loc="upper right", frameon=False, ncol=min(4, int(df["rank"].nunique())))
     axes[-1, 0].set_xlabel(_(N_("step")))
