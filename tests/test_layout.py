@@ -44,6 +44,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = tuple(sorted(p.name for p in (ROOT / "examples").iterdir() if (p / "campaign.json").is_file()))
 NOTES = ("demo", *EXAMPLES)
+SCREENSHOTS = ("demo", "h200-2gpu")  # Chromium paints print.css's page (not blank): the same for every note
 MIN_FILL = 0.2  # a page holds at least a fifth of its text block, unless it ends a section
 MM = 96 / 25.4  # CSS px per mm (WeasyPrint lays out in CSS px)
 PAGE_MARGIN_TOP_MM, PAGE_MARGIN_BOTTOM_MM = 16, 14  # templates/print.css @page
@@ -53,6 +54,7 @@ CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) 
 
 @dataclass
 class Rendered:
+    name: str  # "demo" or the example's folder name
     out: Path  # report build's output dir (note.html, figures/)
     pdf: Path
     pages: list  # WeasyPrint page objects, in order
@@ -70,7 +72,7 @@ def rendered(request, tmp_path_factory) -> Rendered:
     document = weasyprint.HTML(filename=str(out / "note.html"), base_url=str(out)).render()
     pdf = tmp_path_factory.mktemp(f"pdf-{request.param}") / "note.pdf"
     document.write_pdf(pdf)
-    return Rendered(out=out, pdf=pdf, pages=document.pages)
+    return Rendered(name=request.param, out=out, pdf=pdf, pages=document.pages)
 
 
 def _walk(box, ancestors=()):
@@ -402,6 +404,8 @@ def test_html_note_in_headless_chromium(rendered, tmp_path):
     assert result["tables"] == note.count("<table") >= 3 and result["no_thead"] == 0, result
     assert not result["errors"], result["errors"]
 
+    if rendered.name not in SCREENSHOTS:
+        return
     shot = tmp_path / "note.png"
     res = _chromium([f"--screenshot={shot}", (rendered.out / "note.html").as_uri()], tmp_path / "profile2")
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
