@@ -50,7 +50,7 @@ def test_knobs_resolved_into_the_spec_with_expert_defaults():
     d, z, t = camp.runs
     assert {sp.options.pop("kernels")["mode"] for sp in (d, z, t)} == {"parity"}  # runner.kernels, tests/test_parity_cpu.py
     assert d.options == {"tf32": False, "fused_adamw": False, "bucket_cap_mb": 25, "gradient_as_bucket_view": True,
-                         "static_graph": False, "compile": False}
+                         "static_graph": False, "overlap_grad_reduce": True, "compile": False}
     assert z.options["zero"] == {**ZERO3_DEFAULTS, "overlap_comm": False}
     assert t.options == {"tf32": False, "fused_adamw": False, "schedule": "1F1B", "virtual_stages": 1, "compile": False}
     gpu = resolve_matrix(_matrix({"name": "d", "strategy": "ddp"},
