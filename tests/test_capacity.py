@@ -7,8 +7,6 @@ import json
 import math
 
 import pytest
-import torch
-import torch.distributed as dist
 
 from core.errors import ConfigError
 from core.memory import compute_offloaded_fraction
@@ -112,9 +110,38 @@ def test_offload_keeps_states_off_the_device_in_the_prediction(tmp_path, capsys)
     assert off[2] == pytest.approx(fsdp2[1])  # the device keeps the activations only
 
 
-def _one_rank_group(port: int) -> None:
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+# One rank of a real engine, in its own process: DeepSpeed and FSDP2 patch process-wide state
+# (torch functions, environment variables) that later tests in the same process would inherit.
+_OFFLOAD_TRAIN = """
+import json, math, os, socket, sys
+import torch
+import torch.distributed as dist
+from runner.matrix import resolve_matrix
+from runner.strategies import RankContext, build_trainer
+
+engine, options = sys.argv[1], json.loads(sys.argv[2])
+raw = {"campaign": {"name": "off", "preset": "tiny"},
+       "runs": [{"name": "z", "strategy": "zero3", "engine": engine, "world_size": 1, "options": options}]}
+spec = resolve_matrix(raw, source="m", num_gpus=0).runs[0]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+try:
+    trainer = build_trainer(spec, ctx=RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+    if engine == "deepspeed":
+        offloaded = bool(trainer.engine.zero_offload_optimizer() and trainer.engine.zero_offload_param())
+    else:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        offloaded = isinstance(trainer.model._get_fsdp_state()._fsdp_param_group.offload_policy, CPUOffloadPolicy)
+    x = torch.randint(0, 1000, (4, spec.fixed.model.seq_length))
+    out = trainer.train_step([(x, x)], lr=1e-3)
+    print(json.dumps({"offloaded": offloaded, "loss": float(out.loss),
+                      "grad_norm": None if out.grad_norm is None else float(out.grad_norm)}))
+finally:
+    dist.destroy_process_group()
+"""
 
 
 @pytest.mark.parametrize("engine,options", [
@@ -124,38 +151,17 @@ def _one_rank_group(port: int) -> None:
 ])
 def test_offload_engines_train_on_cpu(engine, options):
     """The real engines take their CPU offload path (one rank, gloo) and train a step."""
-    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    from runner.matrix import resolve_matrix
-    from runner.strategies import RankContext, build_trainer
-
-    raw = {"campaign": {"name": "off", "preset": "tiny"},
-           "runs": [{"name": "z", "strategy": "zero3", "engine": engine, "world_size": 1, "options": options}]}
-    spec = resolve_matrix(raw, source="m", num_gpus=0).runs[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(port)}.items():
-        import os
-
-        os.environ.setdefault(k, v)
-    _one_rank_group(port)
-    try:
-        trainer = build_trainer(spec, ctx=RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
-        if engine == "deepspeed":
-            assert trainer.engine.zero_offload_optimizer() and trainer.engine.zero_offload_param()
-        else:
-            from torch.distributed.fsdp import CPUOffloadPolicy
-
-            assert isinstance(trainer.model._get_fsdp_state()._fsdp_param_group.offload_policy, CPUOffloadPolicy)
-        x = torch.randint(0, 1000, (4, spec.fixed.model.seq_length))
-        out = trainer.train_step([(x, x)], lr=1e-3)
-        assert math.isfinite(float(out.loss))
-        if engine == "fsdp2":  # DeepSpeed's offload path leaves its engine's global grad norm unset (None)
-            assert float(out.grad_norm) > 0
-    finally:
-        dist.destroy_process_group()
+    res = subprocess.run([sys.executable, "-c", _OFFLOAD_TRAIN, engine, json.dumps(options)], capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["offloaded"] and math.isfinite(out["loss"])
+    if engine == "fsdp2":  # DeepSpeed's offload path leaves its engine's global grad norm unset (None)
+        assert out["grad_norm"] > 0
 
 
 def test_probe_finds_the_boundary_under_a_real_budget(tmp_path, capsys):
