@@ -200,6 +200,11 @@ def compute_mfu(
     return float(tokens_per_s) * float(flops_per_token) / (num_gpus * float(peak_flops))
 
 
+def is_finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite: what a numeric config field must be."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _is_missing(value: object) -> bool:
     """None, NaN or pandas.NA (whose comparison has no truth value)."""
     if value is None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -38,6 +37,7 @@ from core.records import (
 from runner.membudget import BUDGET_KEY
 from runner.model import count_gpt_params
 from runner.tune import load_probe_tokens_per_s
+from core.formulas import is_finite_number
 
 GIB = 1024**3
 CAPACITY_FILE = "capacity.json"
@@ -87,8 +87,7 @@ def build_capacity_config(raw: Any, *, where: str, device: str) -> CapacityConfi
         problems.append(f"{where} [capacity] probe_steps ({steps}) must exceed probe_warmup_steps ({warm}), or no "
                         "step is timed")
     budget = raw.get("memory_budget_gib")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or not math.isfinite(budget) or budget <= 0):
+    if budget is not None and (not is_finite_number(budget) or budget <= 0):
         problems.append(f"{where} [capacity] memory_budget_gib: must be a number > 0, got {budget!r}")
     elif device == "cpu" and budget is None:
         problems.append(f"{where} [capacity] memory_budget_gib: required on CPU (a per-process limit for the probe "

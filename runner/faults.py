@@ -16,10 +16,10 @@ Deliberately tiny: the training loop calls ``inject(point, step)`` at three poin
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
+from core.formulas import is_finite_number
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ def fault_problems(raw: Any, *, world_size: int, steps: int) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
             problems.append(f"options.fault {key} must be an integer in [0, {bound}) ({name} {bound}), got {value!r}")
     seconds = raw.get("seconds", 0.0)
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+    if not is_finite_number(seconds) or seconds < 0:
         problems.append(f"options.fault seconds must be a finite number >= 0, got {seconds!r}")
     return problems
 

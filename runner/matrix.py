@@ -69,7 +69,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from core.errors import ConfigError
-from core.formulas import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, SHAPE_MAX
+from core.formulas import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, SHAPE_MAX, is_finite_number
 from core.records import STRATEGY_ENGINES, FixedConfig, Plant, RunSpec
 from runner.corpus import DataSourceConfig, build_data_source_config
 from runner.faults import fault_problems
@@ -197,7 +197,7 @@ def _delay_ms(raw: Mapping[str, Any], key: str, where: str, problems: list[str])
     value = raw.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not is_finite_number(value) or value < 0:
         problems.append(f"{where} {key} must be a finite number of milliseconds >= 0, got {value!r}")
         return None
     return float(value)
@@ -255,8 +255,7 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
         problems.append(f"{where} extra_collective_bytes needs world_size >= 2: an all-reduce on one rank moves "
                         "nothing (NCCL returns at once); plant it in a run of two or more ranks")
     gflop = raw.get("extra_matmul_gflop")
-    if gflop is not None and (isinstance(gflop, bool) or not isinstance(gflop, (int, float))
-                              or not math.isfinite(gflop) or gflop <= 0):
+    if gflop is not None and (not is_finite_number(gflop) or gflop <= 0):
         problems.append(f"{where} extra_matmul_gflop must be a finite number of GFLOP > 0, got {gflop!r}")
     spike_step, spike_factor = raw.get("lr_spike_step"), raw.get("lr_spike_factor")
     if (spike_step is None) != (spike_factor is None):
@@ -265,8 +264,7 @@ def build_plant(raw: Any, *, where: str, world_size: int, pp_degree: int, num_la
     if spike_step is not None and (isinstance(spike_step, bool) or not isinstance(spike_step, int) or spike_step < 0
                                    or (steps is not None and spike_step >= steps)):
         problems.append(f"{where} lr_spike_step must be a step in [0, {steps}) (0-based), got {spike_step!r}")
-    if spike_factor is not None and (isinstance(spike_factor, bool) or not isinstance(spike_factor, (int, float))
-                                     or not math.isfinite(spike_factor) or spike_factor <= 0):
+    if spike_factor is not None and (not is_finite_number(spike_factor) or spike_factor <= 0):
         problems.append(f"{where} lr_spike_factor must be a finite number > 0, got {spike_factor!r}")
     if problems:
         return None, problems
@@ -597,7 +595,7 @@ def resolve_matrix(
     for key in timeouts:
         if key in camp:
             value = camp[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if not is_finite_number(value) or value <= 0:
                 problems.append(f"{source} [campaign] {key} must be a positive, finite number of seconds, got {value!r}")
             else:
                 timeouts[key] = float(value)
