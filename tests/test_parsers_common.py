@@ -103,6 +103,16 @@ def test_normaliser_attaches_own_line_timestamp_to_next_line():
     ]
 
 
+def test_normaliser_reads_a_tab_as_a_cell_gap_and_never_as_a_wrap():
+    """A tab reads as the 2+ spaces the table grammars split on; a line holding one is not taken for
+    a hard wrap although its length is a terminal width (its width on a terminal is not its length)."""
+    header = " " * 8 + "\t".join(["GPU0"] * 40)[:152]  # 160 characters: a wrap width
+    text = "\n".join([header, "GPU0\tX\tNV12", "GPU1\tNV12\tX"])
+    assert [(n, b[:12]) for n, b, _, _ in iter_lines(text)] == [(1, "GPU0  GPU0  "), (2, "GPU0  X  NV1"), (3, "GPU1  NV12  ")]
+    wrapped = "\n".join(["x" * 80, "tail", "x" * 79])  # a line of the width without tabs: rejoined
+    assert [(n, len(b)) for n, b, _, _ in iter_lines(wrapped)] == [(1, 84), (3, 79)]
+
+
 def test_detect_kind_ignores_names_and_unknown_text():
     assert detect_kind("hello world\nnothing here\n") is None
     result = parse_text("hello\n\nworld\n", source="x.nccl.log")

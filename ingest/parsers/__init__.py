@@ -301,7 +301,9 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
                 continue
             yield held[0], held[1]
             held[1] = None
-        if len(raw) == width and raw[-2:] != "  ":  # (padded with blanks to the width: a table row, not a wrap)
+        # (padded with blanks to the width: a table row, not a wrap; a tab: the line's width on a terminal
+        # is not its length, so a length equal to the width is chance)
+        if len(raw) == width and raw[-2:] != "  " and "\t" not in raw:
             held[0], held[1], held[2] = lineno, raw, width
         else:
             yield lineno, raw
@@ -361,6 +363,8 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
             line = raw.rstrip()
             if not line:
                 continue
+            if "\t" in line:  # a tab is a gap between cells or words: read as the 2+ spaces the grammars split on
+                line = line.replace("\t", "  ")
             rank = ts = None
             if line[0] in starts or line.find("/", 0, 40) >= 0:
                 m = prefix(line)
