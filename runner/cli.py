@@ -9,6 +9,7 @@
     runner slurm --nodes N --gpus-per-node G [--partition P] [--time HH:MM:SS] [--dry-run]
     runner plan --model NAME|--layers L ... --seq S --global-batch B --gpus N [...]   (runner.plan_cli)
     runner commbench [--nproc N] [--device cpu|cuda] [--ops ...] [--out DIR]        (runner.commbench)
+    runner search --model PRESET --gpus N [--budget MIN] [--top K] [--dry-run] --out DIR  (runner.search)
 
 Resolves the matrix (embedded default picked by the GPUs found), records the environment
 and launches one torchrun per run, in order, into a campaign directory; on several nodes
@@ -775,8 +776,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_cap.set_defaults(func=cmd_capacity)
     from runner.commbench import add_commbench_parser
     from runner.plan_cli import add_plan_parser
+    from runner.search_cli import add_search_parser
 
     add_plan_parser(sub)
+    add_search_parser(sub)
     add_commbench_parser(sub)
     return parser
 
