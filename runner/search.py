@@ -80,6 +80,7 @@ class SearchRequest:
     budget_s: float
     top_k: int
     kernels: tuple[str, ...]
+    max_trials: int | None = None
     faults: Mapping[str, str] = dataclasses.field(default_factory=dict)  # candidate -> runner.faults kind
 
     @property
@@ -363,16 +364,17 @@ def plan_search(req: SearchRequest, *, name: str, out: Path | None = None):
 
 
 def order(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Tried first (by measured step), then untried by their latest prediction, then pruned."""
+    """Tried first (by measured step), then untried by their latest prediction (ties: the larger
+    micro-batch, as runner.plan.rank_layouts), then failed trials, then pruned."""
     def key(c: Candidate):
         pred = c.after or c.before
         if c.measured_step_ms is not None:
-            return (0, c.measured_step_ms, c.name)
+            return (0, c.measured_step_ms, 0, c.name)
         if c.state in ("pruned",):
-            return (3, c.before.step_ms if c.before else math.inf, c.name)
+            return (3, c.before.step_ms if c.before else math.inf, 0, c.name)
         if c.state != "untried":
-            return (2, c.trial_index or 0, c.name)
-        return (1, pred.step_ms if pred else math.inf, c.name)
+            return (2, c.trial_index or 0, 0, c.name)
+        return (1, round(pred.step_ms, 9) if pred else math.inf, -c.micro_batch_size, c.name)
     return sorted(candidates, key=key)
 
 
@@ -559,6 +561,9 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
             if not untried:
                 stop_reason = "every runnable candidate was tried"
                 break
+            if req.max_trials is not None and len(tried) >= req.max_trials:
+                stop_reason = f"--max-trials {req.max_trials} reached"
+                break
             mean_trial = (sum(c.trial_wall_s or 0 for c in tried) / len(tried)) if tried else 0.0
             if tried and elapsed + mean_trial > req.budget_s:
                 stop_reason = f"budget: {elapsed:.0f} s spent + a trial's {mean_trial:.0f} s > {req.budget_s:.0f} s"
@@ -577,8 +582,9 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                     break
             nxt = dataclasses.replace(nxt, trial_index=len(tried) + 1)
         t0 = time.monotonic()
-        status, cause = launch(out, specs[nxt.name], [specs[c.name] for c in candidates if c.trial_index is not None
-                                                      and c.name != nxt.name] + [specs[nxt.name]])
+        tried = sorted([c for c in candidates if c.trial_index is not None and c.name != nxt.name] + [nxt],
+                       key=lambda c: c.trial_index)
+        status, cause = launch(out, specs[nxt.name], [specs[c.name] for c in tried])
         wall = time.monotonic() - t0
         measured = load_trial(out / nxt.name, warmup_steps=specs[nxt.name].fixed.warmup_steps) if status == "ok" else {}
         done = dataclasses.replace(nxt, state=status, reason=cause if status != "ok" else None, trial_wall_s=wall,

@@ -33,6 +33,7 @@ def add_search_parser(sub: argparse._SubParsersAction) -> None:
                    "parity,engine-best on GPUs; parity on CPU, where the two are the same)")
     p.add_argument("--budget", type=float, default=10.0, help="wall-clock minutes for the trials (default 10)")
     p.add_argument("--top", type=int, default=3, help="candidates run before the first refit (default 3)")
+    p.add_argument("--max-trials", type=int, help="stop after this many trials (default: the budget decides)")
     p.add_argument("--fault", action="append", default=[], metavar="CANDIDATE:KIND",
                    help=f"plant a fault ({', '.join(FAULT_KINDS)}) in that candidate's trial, rank 0 (tests the "
                         "search's failure handling)")
@@ -51,7 +52,8 @@ def build_search_request(args: argparse.Namespace):
     problems = []
     if args.model not in PRESETS:
         problems.append(f"--model {args.model!r}: unknown preset; choose one of {', '.join(PRESETS)}")
-    for flag, value, most in (("--gpus", args.gpus, 1024), ("--nodes", args.nodes, 128), ("--top", args.top, 1000)):
+    for flag, value, most in (("--gpus", args.gpus, 1024), ("--nodes", args.nodes, 128), ("--top", args.top, 1000),
+                              ("--max-trials", 1 if args.max_trials is None else args.max_trials, 100_000)):
         if not 1 <= value <= most:
             problems.append(f"{flag} {value}: must be in 1..{most}")
     if not (math.isfinite(args.budget) and 0 < args.budget <= 7 * 24 * 60):
@@ -94,7 +96,7 @@ def build_search_request(args: argparse.Namespace):
         peak_flops=gpu.flops[PRESETS[args.model].dtype] if gpu else None,
         memory_gib=args.memory_gib or (gpu.memory_gib if gpu else None),
         usable_fraction=load_assumptions().memory_usable_fraction, budget_s=args.budget * 60.0, top_k=args.top,
-        kernels=kernels, faults=faults)
+        kernels=kernels, max_trials=args.max_trials, faults=faults)
 
 
 def detect_gpu_name() -> str | None:

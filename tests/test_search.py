@@ -1,0 +1,164 @@
+"""`runner search`: the candidate table and its memory pruning (checked against core.memory's
+formulas evaluated here, apart from the search's path through core.perfmodel), a real tiny CPU
+search on 2 gloo ranks with a planted failing trial, its resume after an interruption, and bad
+input."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core import memory as mem
+from core.formulas import ModelShape
+from core.hardware import lookup_gpu
+from core.perfmodel import load_assumptions
+from runner.presets import PRESETS, pad_vocab
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 2**30
+
+
+def runner(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def table_rows(text: str) -> dict[str, str]:
+    """candidate name -> its table line."""
+    return {m.group(1): line for line in text.splitlines() if (m := re.match(r"\s*\d+ (\S+)\s", line))}
+
+
+def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int) -> float:
+    """Peak bytes of gpt-125m on one GPU (one stage, dp 1), from core.memory's formulas: model
+    states + 12 layers of activations (flash attention: scores never stored) + the output layer."""
+    p = PRESETS["gpt-125m"]
+    shape = ModelShape(name="gpt-125m", num_layers=p.num_layers, hidden_size=p.hidden_size, num_heads=p.num_heads,
+                       num_kv_heads=p.num_heads, ffn_hidden_size=p.ffn_hidden_size,
+                       vocab_size=pad_vocab(p.vocab_size, max_tp_degree=1), max_position_embeddings=p.seq_length)
+    params = mem.compute_stage_params(shape, stage=0, layers=(p.num_layers,), tp_degree=1)
+    state = mem.compute_model_state_bytes(params, sharding=sharding, dp_degree=1)
+    act = p.num_layers * mem.compute_activation_bytes_per_layer(
+        shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size, recompute="selective")
+    out = mem.compute_output_activation_bytes(shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size,
+                                              logits_bytes=logits_bytes)
+    return (state + act + out) / GIB
+
+
+def test_dry_run_prunes_by_memory_on_one_gpu():
+    """gpt-125m on one H100: memory decides between micro-batch and engine. The eager DeepSpeed
+    loss keeps 10 bytes per logit, the compiled DDP one 4: at micro-batch 128 DDP fits, ZeRO-3 on
+    DeepSpeed does not; full recomputation is pruned as unrunnable; nothing is launched."""
+    r = runner("search", "--model", "gpt-125m", "--gpus", "1", "--gpu", "h100_sxm", "--dry-run", "--out",
+               "/nonexistent/search", timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = table_rows(r.stdout)
+    limit_gib = lookup_gpu("h100_sxm").memory_gib * load_assumptions().memory_usable_fraction
+    assert f"memory limit {limit_gib:.2f} GiB per rank" in r.stdout
+    ddp = gpt125m_peak_gib(micro_batch_size=128, sharding="ddp", logits_bytes=4)
+    ds = gpt125m_peak_gib(micro_batch_size=128, sharding="zero3", logits_bytes=10)
+    assert ddp < limit_gib < ds  # the case is one where memory decides
+    assert f"{ddp:9.3f}" in rows["ddp-dp1-mb128"] and rows["ddp-dp1-mb128"].endswith("untried")
+    assert f"{ds:9.3f}" in rows["zero3-ds-dp1-mb128"]
+    assert (f"pruned (predicted {ds:.2f} GiB on its fullest rank > {limit_gib:.2f} GiB usable"
+            in rows["zero3-ds-dp1-mb128"])
+    small = gpt125m_peak_gib(micro_batch_size=16, sharding="zero3", logits_bytes=10)
+    assert f"{small:9.3f}" in rows["zero3-ds-dp1-mb16"] and "pruned" not in rows["zero3-ds-dp1-mb16"]
+    assert "no activation-recomputation switch" in rows["ddp-dp1-mb16-full"]
+    assert not Path("/nonexistent/search").exists()
+    # every candidate is listed once: runnable ones with a prediction, pruned ones with a reason
+    assert all(("pruned (" in line) or line.endswith("untried") for line in rows.values())
+
+
+def test_dry_run_does_not_import_torch():
+    code = ("import sys; from runner.cli import main; main(['search', '--model', 'tiny', '--gpus', '4', '--device', "
+            "'cpu', '--dry-run', '--out', '/nonexistent/x']); assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "torch-tp2-pp2-dp1-mb" in r.stdout and "megatron' needs CUDA" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope", "--gpus", "2"], "--model 'nope': unknown preset"),
+    (["--model", "tiny", "--gpus", "0", "--device", "cpu"], "--gpus 0: must be in 1..1024"),
+    (["--model", "tiny", "--gpus", "2", "--device", "cpu", "--budget", "nan"], "--budget nan: must be minutes"),
+    (["--model", "tiny", "--gpus", "2", "--device", "cpu", "--fault", "x"], "--fault 'x': must be CANDIDATE:KIND"),
+    (["--model", "gpt-125m", "--gpus", "1", "--gpu", "h2000"], "--gpu 'h2000': unknown"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = runner("search", *args, "--dry-run", "--out", "/nonexistent/x", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"runner: error: {r.stderr.strip().split('error: ', 1)[1]}"]
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_out_that_is_another_directory_is_refused(tmp_path):
+    (tmp_path / "other.txt").write_text("x")
+    r = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--out", str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "not a search directory" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def cpu_search(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, str]:
+    """A real search: tiny preset, 2 gloo ranks, 3 trials, the first one planted to crash."""
+    out = tmp_path_factory.mktemp("search") / "s"
+    plan = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--dry-run", "--out", str(out),
+                  timeout=60)
+    first = next(iter(table_rows(plan.stdout)))  # the first trial: the best predicted candidate
+    r = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--top", "3", "--max-trials", "3",
+               "--fault", f"{first}:crash", "--out", str(out))
+    return out, r, first
+
+
+def test_cpu_search_survives_a_failing_trial(cpu_search):
+    out, r, first = cpu_search
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads((out / "search.json").read_text())
+    assert data["tried"][0] == first and len(data["tried"]) == 3
+    by_name = {c["name"]: c for c in data["candidates"]}
+    assert by_name[first]["state"] == "crash"
+    ok = [by_name[n] for n in data["tried"][1:]]
+    assert all(c["state"] == "ok" and c["measured_step_ms"] > 0 for c in ok)
+    assert all(c["measured_step_p10_ms"] <= c["measured_step_ms"] <= c["measured_step_p90_ms"] for c in ok)
+    assert all(len(c["measured_mem_peak_gib"]) == 2 for c in ok)  # one peak per rank
+    assert data["choice"] == min(ok, key=lambda c: c["measured_step_ms"])["name"]
+    # one progress line per trial, with its state and the best so far
+    lines = [line for line in r.stdout.splitlines() if line.startswith("trial ")]
+    assert len(lines) == 3 and " crash " in lines[0] and "no trial ok yet" in lines[0]
+    assert all("best so far" in line for line in lines[1:])
+    # a normal campaign directory: campaign.json lists the trials, each with its spec and status
+    meta = json.loads((out / "campaign.json").read_text())
+    assert meta["runs"] == data["tried"]
+    assert json.loads((out / first / "status.json").read_text())["status"] == "crash"
+    # every candidate is in search.json: tried, pruned with a reason, untried with a refit prediction
+    assert {c["state"] for c in data["candidates"]} >= {"ok", "crash", "pruned", "untried"}
+    assert all(c["reason"] for c in data["candidates"] if c["state"] == "pruned")
+    untried = [c for c in data["candidates"] if c["state"] == "untried"]
+    assert untried and all(c["after"] and c["after"]["rate_from"].startswith("refit") for c in untried)
+
+
+def test_interrupted_search_resumes(cpu_search, tmp_path):
+    """The second trial marked interrupted (what SIGINT leaves): a new start on the same --out
+    keeps the first and third trials and runs the second again."""
+    src, r, _ = cpu_search
+    assert r.returncode == 0
+    out = tmp_path / "s"
+    shutil.copytree(src, out)
+    data = json.loads((out / "search.json").read_text())
+    second, third = data["tried"][1], data["tried"][2]
+    status = json.loads((out / second / "status.json").read_text())
+    (out / second / "status.json").write_text(json.dumps(status | {"status": "interrupted"}))
+    r2 = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--top", "3", "--max-trials", "3",
+                "--out", str(out))
+    assert r2.returncode == 0, r2.stdout[-3000:] + r2.stderr[-3000:]
+    log = (out / "search-runner.log").read_text()
+    assert f"{third}: already ok, kept" in log
+    assert (out / second / "attempt-1").is_dir()  # the interrupted attempt is archived, the run made again
+    again = json.loads((out / "search.json").read_text())
+    assert again["tried"] == data["tried"]
+    assert json.loads((out / "campaign.json").read_text())["runs"] == data["tried"]
+    assert {c["name"]: c["state"] for c in again["candidates"]}[second] == "ok"
