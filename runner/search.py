@@ -12,8 +12,9 @@ usable share of the device memory (perfmodel.toml [memory] usable_fraction: the 
 The rest are ranked by predicted step time (core.perfmodel.predict_run at a prior compute rate: the
 GPU's dense peak x perfmodel.toml's efficiency, or CPU_PRIOR_RATE_FLOPS on CPU). The top K run as
 trials of one campaign (warm-up, a short profiler window, then measured steps for a median and a
-spread), launched by runner.cli.run_campaign one at a time, so a failed, OOM or hung trial is
-recorded like any run and the next one starts. After every trial each finished trial's compute
+spread), each launched by the campaign's own resume (`runner all --resume <out>` once the trial is
+listed in campaign.json), so a failed, OOM or hung trial is recorded like any run and the next one
+starts. After every trial each finished trial's compute
 rate is solved (core.perfmodel.solve_rate, as runner.calibrate and the note do), the untried
 candidates are re-predicted with the rate of their engine and kernels mode (else their kernels
 mode, else all trials) and re-ranked, and the best untried one runs while the budget lasts and the
@@ -647,52 +648,52 @@ def load_previous(out: Path, req: SearchRequest) -> dict[str, Any]:
 
 def campaign_launcher(out: Path, *, campaign, req: SearchRequest, matrix: Path):
     """launch(out, spec, tried_specs) -> (status, cause): the trial as a run of the campaign in
-    ``out`` (campaign.json lists the tried runs), through runner.cli.run_campaign, its output in
-    <out>/search-runner.log."""
+    ``out``: its spec.json and campaign.json (listing the tried runs) written, then the campaign's
+    own resume (`runner all --resume out`, a process of its own) runs what has no final status;
+    its output goes to <out>/search-runner.log."""
+    import datetime as dt
+    import subprocess
+    import sys
+
     from core.atomic import write_json_atomic
     from core.records import CampaignRecord, SupervisionLimits, to_dict
+    from core.redact import redact_text
     from runner import __version__
-    from runner.cli import own_campaign, run_campaign
-    from runner.launch import load_json
 
-    t = TRIAL_TIMEOUTS_S[req.device]
-    supervision = SupervisionLimits(**t)
+    supervision = SupervisionLimits(**TRIAL_TIMEOUTS_S[req.device])
     state: dict[str, Any] = {}
 
     def launch(out: Path, spec, tried: Sequence[Any]) -> tuple[str, str | None]:
-        import datetime as dt
-        import sys
-
-        from core.redact import redact_text
-
-        if "env" not in state:
+        if "commit" not in state:
             env_path = out / "env.json"
-            if env_path.is_file():
-                state["env"] = load_json(env_path)
-            else:
+            if not env_path.is_file():
                 from runner.env import collect_env
 
-                env = collect_env(launch_command=[redact_text(a) for a in sys.orig_argv], data_dir=out)
-                write_json_atomic(env_path, to_dict(env))
-                state["env"] = to_dict(env)
+                write_json_atomic(env_path, to_dict(collect_env(
+                    launch_command=[redact_text(a) for a in sys.orig_argv], data_dir=out)))
+            state["commit"] = json.loads(env_path.read_text(encoding="utf-8")).get("tool_git_commit")
         run_dir = out / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / "spec.json").is_file():
             write_json_atomic(run_dir / "spec.json", to_dict(spec))
         meta = CampaignRecord(
             name=campaign.name, created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            tool_version=__version__, tool_git_commit=state["env"].get("tool_git_commit"), matrix_path=str(matrix),
+            tool_version=__version__, tool_git_commit=state["commit"], matrix_path=str(matrix),
             launch_command=tuple(redact_text(a) for a in sys.orig_argv), device=campaign.device,
             supervision=supervision, fixed=campaign.fixed, runs=tuple(s.name for s in tried))
         write_json_atomic(out / "campaign.json", to_dict(meta))
-        lock = own_campaign(out)
-        try:
-            with open(out / "search-runner.log", "a", encoding="utf-8") as f, contextlib.redirect_stdout(f):
-                run_campaign(out, [spec], supervision, lock=lock)
-        finally:
-            lock.release()
+        deadline = sum(TRIAL_TIMEOUTS_S[req.device].values())  # the run's own watchdogs fire first
+        with open(out / "search-runner.log", "a", encoding="utf-8") as log:
+            try:
+                subprocess.run([sys.executable, "-m", "runner.cli", "all", "--resume", str(out)], stdout=log,
+                               stderr=subprocess.STDOUT, timeout=deadline, check=False)
+            except subprocess.TimeoutExpired:
+                pass  # status.json says what the runner recorded; none: a timeout below
         path = run_dir / "status.json"
-        data = load_json(path) if path.is_file() else {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "timeout", f"no status.json after {deadline:.0f} s"
         return str(data.get("status", "crash")), data.get("cause")
 
     return launch

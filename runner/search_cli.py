@@ -101,13 +101,9 @@ def build_search_request(args: argparse.Namespace):
 
 def detect_gpu_name() -> str | None:
     """The first CUDA device's name, or None without one (imports torch: not in a dry run)."""
-    from runner.cli import count_gpus
-
-    if count_gpus() == 0:
-        return None
     import torch
 
-    return torch.cuda.get_device_name(0)
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -121,9 +117,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(render_header(req, candidates) + render_table(candidates, req), end="")
         return 0
     if req.device == "cuda":
-        from runner.cli import count_gpus
+        import torch
 
-        found = count_gpus()
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < req.num_gpus // req.num_nodes:
             raise ConfigError(f"--gpus {req.num_gpus}: {found} GPU(s) found here; use --device cpu or fewer GPUs")
         if req.num_nodes > 1:
