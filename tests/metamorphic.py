@@ -82,7 +82,8 @@ def tabs_to_spaces(text: str) -> str | None:
 
 
 _PLAIN_INT = re.compile(r"(?<![\w.,:/\-])(\d{4,})(?![\w.,:/\-]|\.\d)")
-_GROUPED_INT = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+)(?![\w,]|\.\d)")
+# (not after ':' or '-', not before '-': a timestamp's ",123" milliseconds, a CPU list "0-55,112-167")
+_GROUPED_INT = re.compile(r"(?<![\w.,:\-])(\d{1,3}(?:,\d{3})+)(?![\w,\-]|\.\d)")
 
 
 def thousands_on(text: str) -> str | None:

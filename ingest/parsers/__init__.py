@@ -70,6 +70,12 @@ def rule(name: str, pattern: str, table: str | None, *cols: Col, **const: object
     return Rule(name, re.compile(pattern), table, tuple(cols), tuple(const.items()))
 
 
+# A printed integer with or without thousands separators ("5856", "5,856"): every grammar that reads a
+# count, size or step as text reads it with this, and to_int / to_num take the separators out.
+INT = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
+NUM = rf"(?:{INT}(?:\.\d*)?|\.\d+)"  # the same with an optional fraction ("12,646", "12646.5", ".5")
+
+
 def to_num(text: str) -> float:
     """'5,856' -> 5856.0; raises ValueError on anything else."""
     return float(text.replace(",", ""))

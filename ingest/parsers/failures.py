@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, put_field, rule, run_parsers, to_gib
+from ingest.parsers import INT, Col, LineParser, ParseResult, apply_rule, match_rules, put_field, rule, run_parsers, to_gib, to_int
 
 _GLOG = re.compile(
     r"\[?(?P<sev>[EWIF])(?P<date>\d{3,4})?(?: (?P<time>\d\d:\d\d:\d\d\.\d+))?(?: \d+)? (?P<loc>[\w./]+:\d+)\] (?P<msg>.*)"
@@ -50,8 +50,8 @@ _LINE_RULES = (
     rule("exception_raised", r"Exception raised from \S+ at ", None),
     rule("rule_line", r"(?:={20,}|-{20,})$", None),
     rule("agent_failed", r"(?:.*\]\s?)?(?:ERROR:[\w.]+:)?" + re.escape(_EXITED) + r"(?P<code>-?\d+)\) local_rank: (?P<lr>\d+) "
-         r"\(pid: (?P<pid>\d+)\) of binary: (?P<detail>.*)", "events",
-         Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", int)),
+         rf"\(pid: (?P<pid>{INT})\) of binary: (?P<detail>.*)", "events",
+         Col("code", "exitcode", int), Col("lr", "local_rank", int), Col("pid", "pid", to_int)),
     # DeepSpeed's launcher (launcher/launch.py sigkill_handler): "[ERROR] ... ['python', ...] exits with return code = 1"
     rule("launcher_exit", r".*\] (?P<detail>.*)" + _DS_EXIT + r"(?P<code>-?\d+)$", "events", Col("code", "exitcode", int)),
     rule("closing_signal", r"(?:.*\]\s?)?" + _CLOSING + r"(?P<pid>\d+) closing signal (?P<detail>\w+)", "events",

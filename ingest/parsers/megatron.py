@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import ParseResult, StepRowParser, put_field, run_parsers, slug, to_int, to_num
+from ingest.parsers import INT, ParseResult, StepRowParser, put_field, run_parsers, slug, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
-_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?(?:samples/sec: (?P<sps>[\d.]+) \| )?(?:Training epoch \d+, )?iteration\s+(?P<step>\d+)/\s*(?P<total>\d+) \|(?P<rest>.*)$")
+_ITER = re.compile(r"(?:\[(?P<ts>[\d\-: .]+)\] )?(?:samples/sec: (?P<sps>[\d.]+) \| )?(?:Training epoch \d+, )?"
+                   rf"iteration\s+(?P<step>{INT})/\s*(?P<total>{INT}) \|(?P<rest>.*)$")
 # NeMo Automodel's rows: "ts | LEVEL | logger | epoch=0 step=1070 loss=2.5004 lr=2.6e-05 grad_norm=0.12 .."
 _KV_ROW = re.compile(r"(?:.* \| )?(?:epoch=\d+ )?step=(?P<step>\d+)(?P<rest>(?: \w+=\S+)+)$")
 _KV_FIELDS = {"loss": ("loss", to_num, 1), "lr": ("lr", to_num, 1), "grad_norm": ("grad_norm", to_num, 1),
@@ -84,10 +85,10 @@ class MegatronParser(StepRowParser):
         self._unknown: set[str] = set()
 
     def _iteration(self, lineno: int, m: re.Match, ts, rank) -> bool:
-        step = int(m.group("step"))
+        step = to_int(m.group("step"))
         row = self._step_row(rank, step, lineno)
         row["time"] = m.group("ts") or ts
-        row["num_steps_total"] = int(m.group("total"))
+        row["num_steps_total"] = to_int(m.group("total"))
         if m.group("sps"):  # gpt-neox puts the throughput first
             row["samples_per_s"] = float(m.group("sps"))
         for seg in m.group("rest").split("|"):

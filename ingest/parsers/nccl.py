@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers
+from ingest.parsers import INT, NUM, Col, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_int, to_num
 from ingest.parsers.failures import FailureScanner
 
 _HEADER = re.compile(r"(?:\[(?P<ts>[\d\-: .T]+)\] )?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\](?: (?P<loc>[\w./\-]+:\d+))?$")
@@ -160,12 +160,12 @@ _COLL = re.compile(
     r"op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])?"
 )
 _TEST_ROW = rule(  # an nccl-tests result row: out-of-place then in-place time and bandwidths
-    "nccl_tests", r"(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?:(?P<root>-?\d+)\s+)?(?P<t>[\d.]+)\s+"
-    r"(?P<alg>[\d.]+)\s+(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$",
-    "collectives", Col("size", "size_b", I), Col("count", "count", I), Col("type", "dtype", S), Col("redop", "redop", S),
-    Col("root", "root", I), Col("t", "time_us", F), Col("alg", "alg_bw_gbps", F), Col("bus", "bus_bw_gbps", F),
-    Col("t2", "time_in_place_us", F), Col("alg2", "alg_bw_in_place_gbps", F), Col("bus2", "bus_bw_in_place_gbps", F))
-_TEST_RANK = re.compile(r"Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
+    "nccl_tests", rf"(?P<size>{INT})\s+(?P<count>{INT})\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?:(?P<root>-?\d+)\s+)?(?P<t>{NUM})\s+"
+    rf"(?P<alg>[\d.]+)\s+(?P<bus>[\d.]+)\s+(?P<wrong>\S+)\s+(?P<t2>{NUM})\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)$",
+    "collectives", Col("size", "size_b", to_int), Col("count", "count", to_int), Col("type", "dtype", S), Col("redop", "redop", S),
+    Col("root", "root", I), Col("t", "time_us", to_num), Col("alg", "alg_bw_gbps", F), Col("bus", "bus_bw_gbps", F),
+    Col("t2", "time_in_place_us", to_num), Col("alg2", "alg_bw_in_place_gbps", F), Col("bus2", "bus_bw_in_place_gbps", F))
+_TEST_RANK = re.compile(rf"Rank\s+(?P<rank>\d+)(?: Group\s+\d+)? Pid\s+(?P<pid>{INT}) on\s+(?P<host>\S+) device\s+(?P<dev>\d+) \[(?P<bus>[^\]]+)\] (?P<name>.+)$")
 
 
 # NCCL's topology dump (graph/topo.cc ncclTopoPrint) pasted without its "host:pid:tid [dev] NCCL INFO" heads
