@@ -355,6 +355,56 @@ class LoadedRun:
         return self.info.compile if self.info is not None else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """One run's measured summary (report.metrics.summarize_runs), the note's metric-table row.
+
+    Times in seconds, memory in GiB (max over ranks and measured steps), MFU and shares as
+    fractions; None where not measured (never 0). status: a RUN_STATUSES value, "unfinished"
+    (no status.json) or "unknown" (any other value); failed_at_step: the first step not completed
+    by every rank (0-based), None for runs that ended ok or wrote no rows."""
+
+    run: str
+    status: str
+    failed_at_step: int | None = None
+    num_steps_measured: int = 0
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    tokens_per_step: int | None = None  # global batch x sequence length
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None  # per process on CPU
+    flops_per_token: float | None = None  # the note's convention
+    mfu: float | None = None  # the note's convention
+    mfu_6n: float | None = None
+    mfu_causal: float | None = None
+    mem_peak_allocated_gib: float | None = None
+    mem_peak_reserved_gib: float | None = None
+    data_wait_median_s: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    num_params: int | None = None
+    # the rank that enters the step last (report.metrics.compute_straggler)
+    straggler_rank: int | None = None
+    straggler_lag_median_s: float | None = None
+    straggler_last_share: float | None = None
+    # instrumented loop vs a bare train_step loop over the run's last steps (RunInfo), or None
+    loop_overhead_fraction: float | None = None
+    loop_overhead_num_steps: int | None = None
+    # (max - min) / median of rank 0's step times over those same steps: an estimate inside it is not resolved
+    loop_overhead_spread: float | None = None
+    # checkpoint.json (runner.checkpoint): save / restore seconds and bytes written, None without one
+    ckpt_save_s: float | None = None
+    ckpt_load_s: float | None = None
+    ckpt_size_bytes: int | None = None
+    # report.health: the loss diverged or the gradient norm exploded; the speed numbers are not ranked
+    unhealthy: bool = False
+
+    @property
+    def partial(self) -> bool:
+        """Numbers from a run that did not end ok: shown, never ranked."""
+        return self.status != "ok" and self.num_steps_measured > 0
+
+
 # ---------------------------------------------------------------- env.json (runner.env)
 
 

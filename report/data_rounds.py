@@ -19,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from core.formulas import select_measured
-from core.records import DatasetRecord, EnvRecord, FixedConfig, LoadedRun, RunSpec
+from core.records import DatasetRecord, EnvRecord, FixedConfig, LoadedRun, RunSpec, RunSummary
+from report.metrics import compute_step_spread
 from report.rules import THRESHOLDS, Finding, rule_loss
 
 DATA_THRESHOLDS: dict[str, float] = {
@@ -121,17 +122,12 @@ def _num(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and v != v) else v
 
 
-def _spread(s: Mapping[str, Any]) -> float | None:
-    med, p90 = s.get("step_time_median_s"), s.get("step_time_p90_s")
-    return (p90 - med) / med if med and p90 is not None else None
-
-
-def build_round_rows(runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, Any]],
+def build_round_rows(runs: Sequence[LoadedRun], summary: Sequence[RunSummary],
                      shares: Mapping[str, float | None]) -> list[RoundRow]:
     """Pair each layout's synthetic and real runs (RunSpec.layout and data_round; campaigns from
-    before rounds read as synthetic). summary: report.metrics summary rows (same order) with
-    ``mfu``; shares: run -> data_wait_share."""
-    by_layout: dict[str, dict[str, tuple[RunSpec, Mapping]]] = {}
+    before rounds read as synthetic). summary: report.metrics.summarize_runs records (same
+    order); shares: run -> data_wait_share."""
+    by_layout: dict[str, dict[str, tuple[RunSpec, RunSummary]]] = {}
     for r, s in zip(runs, summary):
         by_layout.setdefault(r.spec.layout or r.name, {})[r.spec.data_round or "synthetic"] = (r.spec, s)
     rows = []
@@ -139,15 +135,15 @@ def build_round_rows(runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, A
         if "real" not in rounds:
             continue
         (rr, rs), syn = rounds["real"], rounds.get("synthetic")
-        sr, ss = syn if syn else (None, {})
+        sr, ss = syn if syn else (None, None)
         loader = rr.options.get("loader") or {}
-        t_syn, t_real = _num(ss.get("tokens_per_s")), _num(rs.get("tokens_per_s"))
-        m_syn, m_real = _num(ss.get("mfu")), _num(rs.get("mfu"))
-        noises = [x for x in (_spread(ss), _spread(rs)) if x is not None]
+        t_syn, t_real = (ss.tokens_per_s if ss else None), rs.tokens_per_s
+        m_syn, m_real = (ss.mfu if ss else None), rs.mfu
+        noises = [x for x in (compute_step_spread(ss) if ss else None, compute_step_spread(rs)) if x is not None]
         rows.append(RoundRow(
             layout=layout, strategy=rr.strategy, engine=rr.engine, synthetic_run=sr.name if sr else None, real_run=rr.name,
-            synthetic_data_wait_median_s=_num(ss.get("data_wait_median_s")),
-            real_data_wait_median_s=_num(rs.get("data_wait_median_s")),
+            synthetic_data_wait_median_s=ss.data_wait_median_s if ss else None,
+            real_data_wait_median_s=rs.data_wait_median_s,
             synthetic_data_wait_share=shares.get(sr.name) if sr else None,
             real_data_wait_share=shares.get(rr.name),
             synthetic_tokens_per_s=t_syn, real_tokens_per_s=t_real,
@@ -159,16 +155,16 @@ def build_round_rows(runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, A
     return rows
 
 
-def rule_data_stall(summary: Sequence[Mapping[str, Any]], shares: Mapping[str, float | None],
+def rule_data_stall(summary: Sequence[RunSummary], shares: Mapping[str, float | None],
                     t: Mapping[str, float]) -> list[Finding]:
     """Runs whose data wait is at least ``data_stall_min_share`` of their measured step time."""
     out = []
     for s in summary:
-        share = shares.get(s["run"])
+        share = shares.get(s.run)
         if share is not None and share >= t["data_stall_min_share"]:
-            out.append(Finding(kind="data_stall", runs=(s["run"],), threshold=t["data_stall_min_share"], evidence={
-                "data_wait_share": share, "data_wait_median_s": _num(s.get("data_wait_median_s")),
-                "step_time_median_s": _num(s.get("step_time_median_s"))}))
+            out.append(Finding(kind="data_stall", runs=(s.run,), threshold=t["data_stall_min_share"], evidence={
+                "data_wait_share": share, "data_wait_median_s": s.data_wait_median_s,
+                "step_time_median_s": s.step_time_median_s}))
     return out
 
 
@@ -225,7 +221,7 @@ def build_storage_rows(env: EnvRecord) -> list[StorageRow]:
 
 
 def build_data_round_section(*, fixed: FixedConfig, dataset: DatasetRecord | None, env: EnvRecord,
-                             runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, Any]],
+                             runs: Sequence[LoadedRun], summary: Sequence[RunSummary],
                              steps: pd.DataFrame, thresholds: Mapping[str, float] | None = None) -> DataRoundSection:
     """The section from campaign.json's fixed variables and dataset record, env.json, the runs'
     records, the metric summary (same order as runs) and the step rows."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.records import STRATEGY_ENGINES, LoadedRun, ModelConfig
+from core.records import STRATEGY_ENGINES, LoadedRun, ModelConfig, RunSummary
 from report.memory import GIB, compute_model_state_bytes, compute_param_numels
 from report.rules import THRESHOLDS, Finding, layout_key, rule_engine_gap
 
@@ -67,7 +67,7 @@ class EngineGroup:
     finding: Finding
 
 
-def _row(run: LoadedRun, s: Mapping[str, Any], b: Mapping[str, Any] | None, *, dtype: str,
+def _row(run: LoadedRun, s: RunSummary | None, b: Mapping[str, Any] | None, *, dtype: str,
          param_numels: list[int] | None,
          fastest_tps: float | None, gpu_memory_gib: float | None, baseline: bool) -> EngineRow:
     spec = run.spec
@@ -78,8 +78,8 @@ def _row(run: LoadedRun, s: Mapping[str, Any], b: Mapping[str, Any] | None, *, d
             tp_degree=int(spec.tp_degree), pp_degree=int(spec.pp_degree), dp_degree=int(spec.dp_degree),
             options=spec.options, param_numels=param_numels)
     states_gib = states.total_bytes / GIB if states else None
-    alloc, reserved = s.get("mem_peak_allocated_gib"), s.get("mem_peak_reserved_gib")
-    tps = s.get("tokens_per_s")
+    alloc, reserved = (s.mem_peak_allocated_gib, s.mem_peak_reserved_gib) if s else (None, None)
+    tps = s.tokens_per_s if s else None
     step = b.get("step_time_s") if b else None
 
     def share(cat: str) -> float | None:
@@ -87,8 +87,8 @@ def _row(run: LoadedRun, s: Mapping[str, Any], b: Mapping[str, Any] | None, *, d
 
     return EngineRow(
         run=run.name, engine=spec.engine, baseline=baseline, tokens_per_s=tps,
-        ratio_to_fastest=fastest_tps / tps if fastest_tps and tps else None, mfu=s.get("mfu"),
-        step_time_median_s=s.get("step_time_median_s"), mem_peak_allocated_gib=alloc, mem_peak_reserved_gib=reserved,
+        ratio_to_fastest=fastest_tps / tps if fastest_tps and tps else None, mfu=s.mfu if s else None,
+        step_time_median_s=s.step_time_median_s if s else None, mem_peak_allocated_gib=alloc, mem_peak_reserved_gib=reserved,
         model_states_bytes=states.total_bytes if states else None,
         model_states_gib=states_gib, model_states_bytes_per_param=states.total_bytes_per_param if states else None,
         model_states_formula=states.formula if states else None, model_states_source=states.source if states else None,
@@ -102,7 +102,7 @@ def _row(run: LoadedRun, s: Mapping[str, Any], b: Mapping[str, Any] | None, *, d
         layout_cost_share=(share("transfer") + share("bubble") + share("imbalance")) if b and step else None)
 
 
-def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[LoadedRun],
+def build_engine_groups(summary_rows: Sequence[RunSummary], run_rows: Sequence[LoadedRun],
                         breakdown_rows: Sequence[Mapping[str, Any]], *, dtype: str, gpu_memory_gib: float | None,
                         model: ModelConfig | None = None,
                         thresholds: Mapping[str, float] | None = None) -> tuple[EngineGroup, ...]:
@@ -113,7 +113,7 @@ def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seq
     fixed model shape (parameter shapes for DeepSpeed's persistent parameters), or None."""
     t = {**THRESHOLDS, **(thresholds or {})}
     findings = rule_engine_gap(summary_rows, run_rows, breakdown_rows, t, engines=STRATEGY_ENGINES)
-    summary = {s["run"]: s for s in summary_rows}
+    summary = {s.run: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
     by_run = {r.name: r for r in run_rows}
     numels = compute_param_numels(model) if model else None
@@ -123,7 +123,7 @@ def build_engine_groups(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seq
         if f.kind == "engine_single":
             runs = [r for r in runs if r.status_name == "ok"] or runs
         fastest = f.evidence["engines"][0][2] if f.kind != "engine_single" else None
-        rows = [_row(r, summary.get(r.name, {}), traced.get(r.name), dtype=dtype, param_numels=numels,
+        rows = [_row(r, summary.get(r.name), traced.get(r.name), dtype=dtype, param_numels=numels,
                      fastest_tps=fastest,
                      gpu_memory_gib=gpu_memory_gib, baseline=False) for r in runs]
         base = f.evidence.get("baseline")

@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from core.records import KERNEL_CLASSES, LoadedRun
+from core.records import KERNEL_CLASSES, LoadedRun, RunSummary
 from report.rules import THRESHOLDS, Finding
 
 NON_COMM_CLASSES = tuple(c for c in KERNEL_CLASSES if c != "comm")
@@ -188,10 +188,10 @@ def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
     return max(0.0, mean - half), mean + half
 
 
-def build_repeat_groups(runs: Sequence[LoadedRun], summary: Sequence[Mapping[str, Any]]) -> tuple[RepeatGroup, ...]:
+def build_repeat_groups(runs: Sequence[LoadedRun], summary: Sequence[RunSummary]) -> tuple[RepeatGroup, ...]:
     """Groups of repeated runs (runs with ``options.repeat``) that ended ok with a tokens/s, by
     (layout, data round, kernels mode), in campaign order of first appearance."""
-    tps = {s["run"]: s.get("tokens_per_s") for s in summary}
+    tps = {s.run: s.tokens_per_s for s in summary}
     keyed: dict[tuple[str, str, str], list[str]] = {}
     for r in runs:
         if run_repeat(r) is None or r.status_name != "ok" or tps.get(r.name) is None:

@@ -30,7 +30,7 @@ from core.perfmodel import (
     find_campaign_gpu, load_assumptions, logits_bytes, predict_run, solve_rate,
 )
 from core.formulas import ModelShape, compute_model_flops_per_token
-from core.records import EnvRecord, FixedConfig, LoadedRun
+from core.records import EnvRecord, FixedConfig, LoadedRun, RunSummary
 
 REFERENCE_RATE = 1e12  # FLOP/s: the rate a run's compute time is first predicted at, then scaled
 PREDICT_GPU_COUNTS = (2, 8)  # the embedded matrices' sizes (examples/matrices/{2gpu,8gpu}.toml)
@@ -200,7 +200,7 @@ def build_comm(source: str | Path, *, gpu_name: str | None, device: str, gpus_pe
 
 
 def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[LoadedRun],
-                    summary: Sequence[Mapping[str, Any]], env: EnvRecord,
+                    summary: Sequence[RunSummary], env: EnvRecord,
                     breakdowns: Mapping[str, Mapping[str, float]] | None = None) -> PredictedSection:
     """The predicted block from the note's runs and metric rows (same order); breakdowns: run ->
     section 5's breakdown_median_ms (traced runs), for the per-category checks."""
@@ -216,7 +216,7 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
     pool, solved, layouts, why = [], {}, {}, {}
     for r, s in zip(runs, summary):
         layouts[r.name] = lay = build_run_layout(r.spec, compiled=r.compiled)
-        median = s.get("step_time_median_s")
+        median = s.step_time_median_s
         if r.status_name != "ok" or not median:
             continue
         try:
@@ -232,7 +232,7 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
     checks = []
     for r, s in zip(runs, summary):
         lay = layouts[r.name]
-        measured = s.get("step_time_median_s") if r.status_name == "ok" else None
+        measured = s.step_time_median_s if r.status_name == "ok" else None
         rate, how = choose_rate(pool, engine=r.spec.engine, compiled=bool(r.compiled), exclude=r.name,
                                 speedup=assumptions.compile_speedup, speedup_source="perfmodel.toml [compile]")
         predicted = None
@@ -254,7 +254,7 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
             run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), world_size=int(r.spec.world_size),
             measured_step_time_s=measured, predicted_step_time_s=predicted,
             error=predicted / measured - 1 if predicted and measured else None,
-            measured_mem_gib=s.get("mem_peak_allocated_gib"), predicted_mem_gib=(state + act) / GIB,
+            measured_mem_gib=s.mem_peak_allocated_gib, predicted_mem_gib=(state + act) / GIB,
             rate_flops=solved.get(r.name), calibration=how))
     errors = [abs(c.error) for c in checks if c.error is not None]
     predicted_layouts: tuple[PredictedLayout, ...] = ()

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import re
 from typing import Any
 
-from core.records import LoadedRun, RunSpec
+from core.records import LoadedRun, RunSpec, RunSummary
+from report.metrics import compute_step_spread
 from report.health import RunHealth
 from report.i18n import N_
 
@@ -67,65 +68,59 @@ class Finding:
     threshold: float | None = None
 
 
-def _rel_spread(row: Mapping[str, Any]) -> float:
-    return (row["step_time_p90_s"] - row["step_time_median_s"]) / row["step_time_median_s"]
-
-
-def rule_fastest(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
+def rule_fastest(rows: Sequence[RunSummary], t: Mapping[str, float]) -> list[Finding]:
     """Fastest layout by tokens/s among runs that ended ok, its margin over each other run
     (tokens/s ratio - 1, with both median step times), and whether the margin to the runner-up
     exceeds the within-run step-to-step spread (relative p90-median) of the two runs. One run
     per layout: run-to-run variation is not measured, and the wording says so."""
-    ok = sorted((r for r in rows if r.get("tokens_per_s") is not None), key=lambda r: -r["tokens_per_s"])
+    ok = sorted((r for r in rows if r.tokens_per_s is not None), key=lambda r: -r.tokens_per_s)
     if not ok:
         return [Finding(kind="no_measured_runs")]
     best = ok[0]
     if len(ok) == 1:
-        return [Finding(kind="single_run", runs=(best["run"],), evidence={"tokens_per_s": best["tokens_per_s"]})]
-    out = [Finding(kind="fastest", runs=(best["run"],), evidence={
-        "tokens_per_s": best["tokens_per_s"], "step_time_median_s": best["step_time_median_s"],
-        "margins": tuple((r["run"], best["tokens_per_s"] / r["tokens_per_s"] - 1, r["step_time_median_s"])
-                         for r in ok[1:])})]
+        return [Finding(kind="single_run", runs=(best.run,), evidence={"tokens_per_s": best.tokens_per_s})]
+    out = [Finding(kind="fastest", runs=(best.run,), evidence={
+        "tokens_per_s": best.tokens_per_s, "step_time_median_s": best.step_time_median_s,
+        "margins": tuple((r.run, best.tokens_per_s / r.tokens_per_s - 1, r.step_time_median_s) for r in ok[1:])})]
     second = ok[1]
-    margin = best["tokens_per_s"] / second["tokens_per_s"] - 1
-    noise = max(_rel_spread(best), _rel_spread(second))
+    margin = best.tokens_per_s / second.tokens_per_s - 1
+    noise = max(compute_step_spread(best), compute_step_spread(second))
     kind = "beyond_noise" if margin > t["noise_multiple"] * noise else "within_noise"
-    out.append(Finding(kind=kind, runs=(best["run"], second["run"]),
+    out.append(Finding(kind=kind, runs=(best.run, second.run),
                        evidence={"margin": margin, "noise": noise}, threshold=t["noise_multiple"]))
     return out
 
 
-def rule_partial(rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
+def rule_partial(rows: Sequence[RunSummary]) -> list[Finding]:
     """Runs that did not end ok but have measured steps: their numbers are in the table,
-    marked partial, and left out of the ranking. rows: summary rows with ``status`` (label)
-    and ``failed_at_step`` added."""
-    partial = [r for r in rows if r.get("tokens_per_s") is not None]
+    marked partial, and left out of the ranking. rows: the runs that did not end ok."""
+    partial = [r for r in rows if r.tokens_per_s is not None]
     if not partial:
         return []
-    return [Finding(kind="excluded_partial", runs=tuple(r["run"] for r in partial), evidence={
-        "statuses": tuple((r["run"], r["status"], r.get("failed_at_step")) for r in partial)})]
+    return [Finding(kind="excluded_partial", runs=tuple(r.run for r in partial), evidence={
+        "statuses": tuple((r.run, r.status, r.failed_at_step) for r in partial)})]
 
 
-def rule_memory(rows: Sequence[Mapping[str, Any]], gpu_memory_gib: float | None, t: Mapping[str, float],
+def rule_memory(rows: Sequence[RunSummary], gpu_memory_gib: float | None, t: Mapping[str, float],
                 *, on_gpu: bool = True) -> list[Finding]:
     """Headroom = 1 - peak reserved / GPU memory per run; flags runs below the threshold.
     on_gpu False (a CPU campaign): one ``memory_cpu`` finding (no device allocator to read)."""
     if not on_gpu:
         return [Finding(kind="memory_cpu")]
-    measured = [r for r in rows if r.get("mem_peak_reserved_gib") is not None]
+    measured = [r for r in rows if r.mem_peak_reserved_gib is not None]
     if gpu_memory_gib is None or not measured:
         return [Finding(kind="memory_unknown")]
     out = []
     for r in measured:
-        headroom = 1 - r["mem_peak_reserved_gib"] / gpu_memory_gib
+        headroom = 1 - r.mem_peak_reserved_gib / gpu_memory_gib
         kind = "memory_tight" if headroom < t["memory_headroom_min"] else "memory_headroom"
-        out.append(Finding(kind=kind, runs=(r["run"],), threshold=t["memory_headroom_min"], evidence={
-            "mem_peak_reserved_gib": r["mem_peak_reserved_gib"], "gpu_memory_gib": gpu_memory_gib,
+        out.append(Finding(kind=kind, runs=(r.run,), threshold=t["memory_headroom_min"], evidence={
+            "mem_peak_reserved_gib": r.mem_peak_reserved_gib, "gpu_memory_gib": gpu_memory_gib,
             "headroom": headroom}))
     return out
 
 
-def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
+def rule_loss(rows: Sequence[RunSummary], t: Mapping[str, float],
               curves: Mapping[str, Mapping[int, float]] | None = None, *, from_step: int = 0) -> list[Finding]:
     """Same data, seed and steps should give the same loss at every step whatever the layout.
 
@@ -137,7 +132,7 @@ def rule_loss(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float],
     that round a tiny gradient differently make whole-size update differences there (bf16 runs of
     one model differ by up to 0.07 nats at step 1, 0.03 after step 10). Evidence:
     loss_spread_nats, worst_step, from_step, final_spread_nats, losses (final, per run)."""
-    losses = [(r["run"], r["loss_last"]) for r in rows if r.get("loss_last") is not None]
+    losses = [(r.run, r.loss_last) for r in rows if r.loss_last is not None]
     if len(losses) < 2:
         return []
     final = max(v for _, v in losses) - min(v for _, v in losses)
@@ -186,7 +181,7 @@ def rule_failed(runs: Sequence[LoadedRun], *, failed_at_step: Mapping[str, int |
 
 
 def build_findings(
-    summary_rows: Sequence[Mapping[str, Any]],
+    summary_rows: Sequence[RunSummary],
     run_rows: Sequence[LoadedRun],
     *,
     gpu_memory_gib: float | None,
@@ -197,8 +192,7 @@ def build_findings(
     loss_from_step: int = 0,
     health: Sequence[RunHealth] = (),
 ) -> list[Finding]:
-    """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records with
-    NA as None plus ``status`` (label) and ``failed_at_step``; run_rows: the campaign's runs
+    """All conclusion rules in order. summary_rows: report.metrics.summarize_runs records; run_rows: the campaign's runs
     (same order). Only runs with status "ok" are ranked; the others' numbers are partial.
     thresholds: overrides of ``THRESHOLDS``. ranked: which rows enter the ranking and the loss
     agreement (default all; a campaign with data rounds ranks its first round's runs, whose
@@ -211,9 +205,9 @@ def build_findings(
     unhealthy = {h.run for h in health if h.verdict == "unhealthy"}
     ok_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name == "ok"]
     ranked_ok = [r for r, s, k in zip(summary_rows, run_rows, ranked)
-                 if s.status_name == "ok" and k and r["run"] not in unhealthy]
+                 if s.status_name == "ok" and k and r.run not in unhealthy]
     partial_rows = [r for r, s in zip(summary_rows, run_rows) if s.status_name != "ok"]
-    failed_at_step = {s["run"]: s.get("failed_at_step") for s in summary_rows}
+    failed_at_step = {s.run: s.failed_at_step for s in summary_rows}
     return (rule_fastest(ranked_ok, t) + rule_unhealthy(health, t) + rule_partial(partial_rows)
             + rule_failed(run_rows, failed_at_step=failed_at_step)
             + rule_memory(ok_rows, gpu_memory_gib, t, on_gpu=on_gpu) + rule_loss(ranked_ok, t, loss_curves, from_step=loss_from_step)
@@ -240,17 +234,17 @@ def rule_unhealthy(health: Sequence[RunHealth], t: Mapping[str, float]) -> list[
     return out
 
 
-def rule_straggler(rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
+def rule_straggler(rows: Sequence[RunSummary], t: Mapping[str, float]) -> list[Finding]:
     """A rank that enters the step last by more than the thresholds (report.metrics.compute_straggler)."""
     out = []
     for r in rows:
-        lag, median = r.get("straggler_lag_median_s"), r.get("step_time_median_s")
+        lag, median = r.straggler_lag_median_s, r.step_time_median_s
         if lag is None or not median:
             continue
         if lag >= t["straggler_lag_min_s"] and lag / median >= t["straggler_lag_min_fraction"]:
-            out.append(Finding(kind="straggler", runs=(r["run"],), threshold=t["straggler_lag_min_fraction"],
-                               evidence={"rank": r["straggler_rank"], "lag_median_s": lag, "lag_fraction": lag / median,
-                                         "last_share": r["straggler_last_share"], "step_time_median_s": median}))
+            out.append(Finding(kind="straggler", runs=(r.run,), threshold=t["straggler_lag_min_fraction"],
+                               evidence={"rank": r.straggler_rank, "lag_median_s": lag, "lag_fraction": lag / median,
+                                         "last_share": r.straggler_last_share, "step_time_median_s": median}))
     return out
 
 
@@ -315,7 +309,7 @@ KNOWLEDGE_MAP_TOPICS = ("nccl", "ddp", "zero", "tp_pp", "data", "kernels")
 
 def build_knowledge_map(
     breakdown_rows: Sequence[Mapping[str, Any]],
-    summary_rows: Sequence[Mapping[str, Any]],
+    summary_rows: Sequence[RunSummary],
     run_rows: Sequence[LoadedRun],
     *,
     kernel_rows: Sequence[Mapping[str, Any]] = (),
@@ -332,12 +326,12 @@ def build_knowledge_map(
     named; without it the single-rank shares stand (transfer = exposed comm, skew unknown)."""
     by_run = {b["run"]: b for b in breakdown_rows}
     runs = {r.name: r.spec for r in run_rows}
-    summary = {s["run"]: s for s in summary_rows}
+    summary = {s.run: s for s in summary_rows}
 
     def strategy(run: str) -> str | None:
         return runs[run].strategy if run in runs else None
 
-    ddp = next((s for s in summary_rows if strategy(s["run"]) == "ddp" and s.get("step_time_median_s")), None)
+    ddp = next((s for s in summary_rows if strategy(s.run) == "ddp" and s.step_time_median_s), None)
 
     def share(run: str, cat: str) -> float | None:
         return by_run.get(run, {}).get(f"{cat}_share")
@@ -357,20 +351,20 @@ def build_knowledge_map(
     out.append(Finding(kind="map_ddp", runs=tuple(ddp_runs), evidence={"comm": tuple(c for c in comm if c[0] in ddp_runs)}))
     zero = []
     for r, spec in runs.items():
-        if spec.strategy == "zero3" and summary.get(r, {}).get("step_time_median_s"):
-            ratio = (summary[r]["step_time_median_s"] / ddp["step_time_median_s"]) if ddp else None
+        if spec.strategy == "zero3" and r in summary and summary[r].step_time_median_s:
+            ratio = (summary[r].step_time_median_s / ddp.step_time_median_s) if ddp else None
             zero.append((r, ratio, transfer(r), cross(r, "skew_wait"),
                          cross(r, "launch_gaps") if r in (attribution or {}) else share(r, "other"),
-                         summary[r].get("mem_peak_reserved_gib")))
+                         summary[r].mem_peak_reserved_gib))
     out.append(Finding(kind="map_zero", runs=tuple(z[0] for z in zero),
-                       evidence={"runs": tuple(zero), "ddp_run": ddp["run"] if ddp else None,
-                                 "ddp_mem_peak_reserved_gib": ddp.get("mem_peak_reserved_gib") if ddp else None}))
+                       evidence={"runs": tuple(zero), "ddp_run": ddp.run if ddp else None,
+                                 "ddp_mem_peak_reserved_gib": ddp.mem_peak_reserved_gib if ddp else None}))
     tp_pp = [(r, runs[r].tp_degree, runs[r].pp_degree,
               cross(r, "bubble") if r in (attribution or {}) else share(r, "bubble"), by_run[r].get("bubble_expected"),
               by_run[r].get("compute_imbalance"), transfer(r), cross(r, "skew_wait"), cross(r, "imbalance"))
              for r in by_run if strategy(r) == "tp_pp"]
     out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
-    data = [(r, share(r, "data_stall"), summary.get(r, {}).get("data_wait_median_s")) for r in by_run]
+    data = [(r, share(r, "data_stall"), summary[r].data_wait_median_s if r in summary else None) for r in by_run]
     out.append(Finding(kind="map_data", runs=tuple(by_run), evidence={"runs": tuple(data)}))
     kernels = [(k["run"], k.get("gemm_share"), k.get("attention_share"), k.get("elementwise_share"), k.get("top_kernel"),
                 k.get("top_kernel_share")) for k in kernel_rows]
@@ -396,7 +390,7 @@ def _data_round(spec: RunSpec) -> str:
     return str(spec.data_round or "synthetic")
 
 
-def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[LoadedRun],
+def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[LoadedRun],
                     breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float], *,
                     engines: Mapping[str, Sequence[str]]) -> list[Finding]:
     """One finding per layout of a strategy that has several engines (``engines``: strategy ->
@@ -423,7 +417,8 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
     summary_rows / run_rows: as build_findings (same order); breakdown_rows: records with
     ``run``, ``step_time_s`` and ``<category>_s``."""
     status = {r.name: r.status_name for r in run_rows}
-    summary = {s["run"]: s for s in summary_rows}
+    tps = {s.run: s.tokens_per_s for s in summary_rows}
+    summary = {s.run: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
     # one group per layout and data round: a real-text round is another experiment, not another engine
     groups: dict[tuple, list[RunSpec]] = {}
@@ -431,12 +426,11 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
         if len(engines.get(r.spec.strategy, ())) > 1:
             groups.setdefault((*layout_key(r.spec), _data_round(r.spec)), []).append(r.spec)
     baselines = {(int(r.spec.world_size), _data_round(r.spec)): r.spec for r in run_rows
-                 if r.spec.strategy == "ddp" and status.get(r.name) == "ok" and summary.get(r.name, {}).get("tokens_per_s")}
+                 if r.spec.strategy == "ddp" and status.get(r.name) == "ok" and tps.get(r.name)}
     out = []
     for key, runs in groups.items():
         strategy, world, tp, pp, dp, data_round = key
-        ok = sorted((r for r in runs if status.get(r.name) == "ok" and summary.get(r.name, {}).get("tokens_per_s")),
-                    key=lambda r: -summary[r.name]["tokens_per_s"])
+        ok = sorted((r for r in runs if status.get(r.name) == "ok" and tps.get(r.name)), key=lambda r: -tps[r.name])
         layout = {"strategy": strategy, "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": dp,
                   "data_round": data_round,
                   "degenerate": (strategy == "zero3" and dp == 1 and world == 1) or (strategy == "tp_pp" and tp == pp == 1),
@@ -448,9 +442,8 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
                 "engines_not_run": tuple(e for e in engines[strategy] if e not in {r.engine for r in runs})}))
             continue
         best, worst = ok[0], ok[-1]
-        tps = {r.name: summary[r.name]["tokens_per_s"] for r in ok}
         margin = tps[best.name] / tps[worst.name] - 1
-        noise = max(_rel_spread(summary[best.name]), _rel_spread(summary[worst.name]))
+        noise = max(compute_step_spread(summary[best.name]), compute_step_spread(summary[worst.name]))
         gap = margin > t["engine_gap_min"] and margin > t["noise_multiple"] * noise
         per_run = []
         for r in ok:
@@ -466,7 +459,7 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
         ev: dict[str, Any] = {
             **layout, "margin": margin, "noise": noise, "fastest": best.name, "slowest": worst.name,
             "engines": tuple((r.name, r.engine, tps[r.name], tps[best.name] / tps[r.name],
-                              summary[r.name]["step_time_median_s"]) for r in ok),
+                              summary[r.name].step_time_median_s) for r in ok),
             "traced": tuple(per_run)}
         by_run = {p["run"]: p for p in per_run}
         if best.name in by_run and worst.name in by_run:
@@ -483,7 +476,7 @@ def rule_engine_gap(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequenc
                          "dominates": delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"]}
         base = baselines.get((world, data_round))
         if base is not None:
-            base_tps = summary[base.name]["tokens_per_s"]
+            base_tps = tps[base.name]
             ev["baseline"] = {"run": base.name, "tokens_per_s": base_tps,
                               "vs_baseline": tuple((r.name, tps[r.name] / base_tps) for r in ok)}
         out.append(Finding(kind="engine_gap" if gap else "engine_parity", runs=tuple(r.name for r in ok),
@@ -507,7 +500,7 @@ def flat_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
 _NOT_KNOBS = ("repeat", "kernels", "micro_batch_search")
 
 
-def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Sequence[LoadedRun],
+def rule_engine_knobs(summary_rows: Sequence[RunSummary], run_rows: Sequence[LoadedRun],
                       breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
     """One finding per run that repeats another run's layout, engine, data round and micro-batch
     with different engine knobs (``options`` other than repeat/kernels/search): what the knobs
@@ -518,11 +511,11 @@ def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seque
     when both runs were traced, ``deltas_s`` (this - base, seconds per traced step) per
     GAP_CATEGORIES with ``delta_step_s``. Runs that did not end ok are left out.
     summary_rows / run_rows / breakdown_rows: as rule_engine_gap."""
-    summary = {s["run"]: s for s in summary_rows}
+    summary = {s.run: s for s in summary_rows}
     traced = {b["run"]: b for b in breakdown_rows}
     groups: dict[tuple, list[RunSpec]] = {}
     for r in run_rows:
-        if r.status_name == "ok" and summary.get(r.name, {}).get("tokens_per_s"):
+        if r.status_name == "ok" and r.name in summary and summary[r.name].tokens_per_s:
             key = (*layout_key(r.spec), r.spec.engine, _data_round(r.spec), r.spec.micro_batch_size)
             groups.setdefault(key, []).append(r.spec)
     out = []
@@ -537,11 +530,11 @@ def rule_engine_knobs(summary_rows: Sequence[Mapping[str, Any]], run_rows: Seque
             if not diff:
                 continue  # a repeat, not a knob
             s, sb = summary[r.name], summary[base.name]
-            margin = s["tokens_per_s"] / sb["tokens_per_s"] - 1
-            noise = max(_rel_spread(s), _rel_spread(sb))
+            margin = s.tokens_per_s / sb.tokens_per_s - 1
+            noise = max(compute_step_spread(s), compute_step_spread(sb))
             ev: dict[str, Any] = {"base": base.name, "engine": r.engine, "knobs": diff, "margin": margin,
                                   "noise": noise, "beyond": abs(margin) > t["noise_multiple"] * noise,
-                                  "tokens_per_s": s["tokens_per_s"], "base_tokens_per_s": sb["tokens_per_s"]}
+                                  "tokens_per_s": s.tokens_per_s, "base_tokens_per_s": sb.tokens_per_s}
             b, bb = traced.get(r.name), traced.get(base.name)
             if b is not None and bb is not None and b.get("step_time_s") and bb.get("step_time_s"):
                 ev["delta_step_s"] = b["step_time_s"] - bb["step_time_s"]

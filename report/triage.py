@@ -71,7 +71,7 @@ def build_triage_runs(runs: Sequence[LoadedRun], *,
                       failed_at_step: Mapping[str, int | None] | None = None) -> tuple[TriageRun, ...]:
     """A campaign's runs that did not end ok -> what status.json says failed, with the hang view
     of its diagnosis (py-spy stacks or flight recorder) when there is one. failed_at_step: run ->
-    first step not completed by every rank (report.view.compute_failed_at_step)."""
+    first step not completed by every rank (report.metrics.compute_failed_at_step)."""
     out = []
     for r in runs:
         status = r.status_name

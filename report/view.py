@@ -21,7 +21,7 @@ import pandas as pd
 
 from ingest.hangs import rank_evidence
 from ingest.io import Campaign, load_plant_truths
-from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, RunSpec
+from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, RunSpec, RunSummary
 from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
@@ -159,38 +159,6 @@ class RunConfig:
     first_step_s: float | None  # step 0's wall time (compilation, lazy set-up); a warm-up step
     compile_s: float | None  # first_step_s - step 1's wall time; never in a reported step time
     sequence_parallel: bool = False  # TP activations split along the sequence (all-gather + reduce-scatter)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricRow:
-    run: str
-    status: str  # a RUN_STATUSES value, "unfinished" (no status.json) or "unknown" (see the caveat)
-    partial: bool  # numbers from a run that did not end ok: shown, never ranked
-    failed_at_step: int | None  # first step not completed by every rank (runs not ok), 0-based
-    num_steps_measured: int
-    step_time_median_s: float | None
-    step_time_p90_s: float | None
-    tokens_per_s: float | None
-    tokens_per_s_per_gpu: float | None
-    mfu: float | None
-    mfu_6n: float | None
-    mfu_causal: float | None
-    mem_peak_allocated_gib: float | None
-    mem_peak_reserved_gib: float | None
-    data_wait_median_s: float | None
-    loss_first: float | None
-    loss_last: float | None
-    # instrumented loop vs a bare train_step loop over the run's last steps (RunInfo), or None
-    loop_overhead_fraction: float | None = None
-    loop_overhead_num_steps: int | None = None
-    # (max - min) / median of rank 0's step times over those same steps: an estimate inside it is not resolved
-    loop_overhead_spread: float | None = None
-    # checkpoint.json (runner.checkpoint): save / restore seconds and bytes written, None without one
-    ckpt_save_s: float | None = None
-    ckpt_load_s: float | None = None
-    ckpt_size_bytes: int | None = None
-    # report.health: the loss diverged or the gradient norm exploded; the speed numbers are not ranked
-    unhealthy: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,7 +330,7 @@ class Note:
     env: EnvSection
     model: ModelSection
     configs: tuple[RunConfig, ...]
-    metrics: tuple[MetricRow, ...]
+    metrics: tuple[RunSummary, ...]  # the metric table (report.metrics.summarize_runs)
     peaks: tuple[PeakUsed, ...]
     flops_per_token: float | None
     convention: str
@@ -502,47 +470,6 @@ def _gpu_name(run: LoadedRun, env: EnvRecord) -> str | None:
     return (run.info.device_name if run.info else None) or (env.gpus[0].name if env.gpus else None)
 
 
-def _mfu(s: Mapping[str, Any], r: LoadedRun, peak: float | None, convention: str) -> float | None:
-    info = r.info
-    if s["tokens_per_s"] is None or info is None or info.num_params is None or info.num_params_position_embedding is None:
-        return None
-    m = r.spec.fixed.model
-    fpt = compute_flops_per_token(
-        num_params=info.num_params, num_layers=m.num_layers, hidden_size=m.hidden_size,
-        seq_length=m.seq_length, position_embedding_params=info.num_params_position_embedding, convention=convention)
-    return compute_mfu(s["tokens_per_s"], flops_per_token=fpt, peak_flops=peak, num_gpus=r.spec.world_size)
-
-
-def status_label(status: Any) -> str:
-    """status.json's status -> the note's: a RUN_STATUSES value, "unfinished" when status.json
-    is missing (the runner was stopped before the run ended), "unknown" for any other value."""
-    if status is None or not isinstance(status, str):
-        return "unfinished"
-    return status if status in RUN_STATUSES else "unknown"
-
-
-def compute_failed_at_step(steps: pd.DataFrame) -> int | None:
-    """First step not completed by every rank that wrote rows: min over ranks of the last step
-    recorded, + 1 (0-based). None when the run wrote no rows."""
-    if steps.empty:
-        return None
-    return int(steps.groupby("rank")["step"].max().min()) + 1
-
-
-def compute_window_spread(steps: pd.DataFrame | None, num_steps: Any) -> float | None:
-    """(max − min) ÷ median of rank 0's step times over a run's last ``num_steps`` recorded steps:
-    the window the loop-overhead estimate (runner.train.measure_loop_overhead: those steps' sum
-    against one bare replay of them) compares, so an estimate smaller than this spread is not
-    resolved. None without the steps or the count."""
-    if steps is None or steps.empty or not num_steps or "rank" not in steps or "step_time_s" not in steps:
-        return None
-    rank0 = steps[steps["rank"] == 0].sort_values("step")
-    times = pd.to_numeric(rank0["step_time_s"], errors="coerce").dropna().tail(int(num_steps))
-    if len(times) < int(num_steps) or times.median() <= 0:
-        return None
-    return float((times.max() - times.min()) / times.median())
-
-
 def build_hang_ranks(runs: Sequence[LoadedRun]) -> tuple[HangRank, ...]:
     """Per-rank evidence of hung runs: py-spy (blocked_in, our innermost frame) or the flight
     recorder (last collective and its state); a rank without a stack is shown with its process
@@ -568,7 +495,7 @@ def build_hang_ranks(runs: Sequence[LoadedRun]) -> tuple[HangRank, ...]:
 
 
 def build_caveats(campaign: Campaign, runs: Sequence[LoadedRun], model: ModelSection,
-                  peaks: Sequence[PeakUsed], *, rows: Sequence[MetricRow] = (),
+                  peaks: Sequence[PeakUsed], *, rows: Sequence[RunSummary] = (),
                   cores: int | None = None, placements: Sequence[RunPlacement] = ()) -> list[Finding]:
     """Caveats the reader must see next to the numbers (the template words each kind).
     rows: the metric rows (same order as runs); cores: logical CPU cores from env.json."""
@@ -626,7 +553,7 @@ PREDICTION_ERROR_MAX = 0.25  # leave-one-out errors beyond this make the predict
 
 
 def build_measurement_caveats(runs: Sequence[LoadedRun], evidence: EvidenceSection,
-                              fixed: FixedConfig, *, metric_rows: Sequence[MetricRow] = (),
+                              fixed: FixedConfig, *, metric_rows: Sequence[RunSummary] = (),
                               predicted: Any = None) -> list[Finding]:
     """Caveats from facts the campaign already holds: planted causes, profiled steps slower
     than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, a
@@ -669,7 +596,7 @@ def build_measurement_caveats(runs: Sequence[LoadedRun], evidence: EvidenceSecti
 
 
 def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedRun],
-                   summary: Sequence[Mapping[str, Any]], findings: Sequence[Finding]) -> EvidenceSection:
+                   summary: Sequence[RunSummary], findings: Sequence[Finding]) -> EvidenceSection:
     """Section 5 from the trace tables (ingest.io.TraceTables or None when the source has no
     traces: third-party folders, campaigns run before profiling)."""
     straggler = tuple(f for f in findings if f.kind == "straggler")
@@ -697,7 +624,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
         top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
         k = classes.get(b["run"], {})
         c = cost.get(b["run"], {})
-        median = next((x["step_time_median_s"] for x in summary if x["run"] == b["run"]), None)
+        median = next((x.step_time_median_s for x in summary if x.run == b["run"]), None)
         rows.append(BreakdownRow(
             attribution=build_attribution(
                 trace_tables, run=b["run"], pp_degree=pp, world_size=int(spec.world_size or pp) if spec else pp,
@@ -863,7 +790,7 @@ def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
 
 
 def build_executive_summary(findings: Sequence[Finding], conditions: Sequence[Finding],
-                            configs: Sequence[RunConfig], rows: Sequence[MetricRow]) -> ExecutiveSummary:
+                            configs: Sequence[RunConfig], rows: Sequence[RunSummary]) -> ExecutiveSummary:
     """The recommendation and its conditions, from the findings already computed (report.rules):
     nothing here is measured or decided anew."""
     kinds = {f.kind: f for f in (*findings, *conditions)}
@@ -941,37 +868,17 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         if name:
             peak_notes[(name, dtype)] = PeakUsed(gpu_name=name, dtype=dtype, flops=peak and peak.flops,
                                                  source=peak and peak.source)
-    summary = _records(metrics.summarize_runs(campaign.steps, runs, warmup_steps=fixed.warmup_steps,
-                                              peak_flops=peaks, convention=convention))
-    steps_by_run = dict(tuple(campaign.steps.groupby("run"))) if not campaign.steps.empty else {}
-    for s, r in zip(summary, runs):
-        s["status"] = status_label(r.status_name)
-        s["failed_at_step"] = (
-            None if s["status"] == "ok" else compute_failed_at_step(steps_by_run.get(r.name, campaign.steps.iloc[0:0])))
-    failed_at_step = {s["run"]: s["failed_at_step"] for s in summary}
     health = build_health_section(campaign.steps, [r.name for r in runs], warmup_steps=fixed.warmup_steps,
                                   thresholds={**THRESHOLDS, **(thresholds or {})})
-    rows = tuple(
-        MetricRow(run=s["run"], status=s["status"], partial=s["status"] != "ok" and s["num_steps_measured"] > 0,
-                  failed_at_step=s["failed_at_step"], num_steps_measured=s["num_steps_measured"],
-                  step_time_median_s=s["step_time_median_s"], step_time_p90_s=s["step_time_p90_s"],
-                  tokens_per_s=s["tokens_per_s"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"], mfu=s["mfu"],
-                  mfu_6n=_mfu(s, r, peaks[r.name], "6N"), mfu_causal=_mfu(s, r, peaks[r.name], "6N+6LHQT"),
-                  mem_peak_allocated_gib=s["mem_peak_allocated_gib"], mem_peak_reserved_gib=s["mem_peak_reserved_gib"],
-                  data_wait_median_s=s["data_wait_median_s"], loss_first=s["loss_first"], loss_last=s["loss_last"],
-                  loop_overhead_fraction=r.info.loop_overhead_fraction if r.info else None,
-                  loop_overhead_num_steps=r.info.loop_overhead_num_steps if r.info else None,
-                  loop_overhead_spread=compute_window_spread(steps_by_run.get(r.name),
-                                                             r.info.loop_overhead_num_steps if r.info else None),
-                  ckpt_save_s=_opt_float(r.checkpoint.save_s) if r.checkpoint else None,
-                  ckpt_load_s=_opt_float(r.checkpoint.load_s) if r.checkpoint else None,
-                  ckpt_size_bytes=r.checkpoint.bytes_written if r.checkpoint else None,
-                  unhealthy=r.name in health.unhealthy)
-        for s, r in zip(summary, runs))
+    summary = tuple(
+        dataclasses.replace(s, unhealthy=True) if s.run in health.unhealthy else s
+        for s in metrics.summarize_runs(campaign.steps, runs, warmup_steps=fixed.warmup_steps, peak_flops=peaks,
+                                        convention=convention))
+    failed_at_step = {s.run: s.failed_at_step for s in summary}
     env = build_env(env_record)
     gpu_mem = min((g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None), default=None)
     model = build_model(fixed, runs)
-    fpt = next((s["flops_per_token"] for s in summary if s["flops_per_token"] is not None), None)
+    fpt = next((s.flops_per_token for s in summary if s.flops_per_token is not None), None)
     on_gpu = any(r.spec.device == "cuda" for r in runs)
     placements = compute_placements(runs, env_record.placement or {})
     commit = info.tool_git_commit if info.tool_git_commit is not None else env.tool_git_commit
@@ -1000,7 +907,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         campaign=campaign.name, created_at=info.created_at,
         tool_version=info.tool_version, tool_git_commit=commit,
         per_unit=N_("GPU") if on_gpu else N_("process"), env=env, model=model, configs=configs,
-        metrics=rows, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
+        metrics=summary, peaks=tuple(peak_notes.values()), flops_per_token=fpt, convention=convention,
         not_measured=NOT_MEASURED, figures=tuple(figures),
         evidence=evidence,
         engine_groups=build_engine_groups(summary, runs, [gap_row(b) for b in evidence.rows],
@@ -1011,13 +918,13 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         findings=findings,
         hang_ranks=build_hang_ranks(runs), placements=placements,
         conditions=conditions,
-        caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=rows,
+        caveats=tuple(build_caveats(campaign, runs, model, list(peak_notes.values()), rows=summary,
                                     cores=env.cores_logical or env.cores_physical,
                                     placements=placements)) + tuple(build_measurement_caveats(
-                                        runs, evidence, fixed, metric_rows=rows, predicted=predicted)),
+                                        runs, evidence, fixed, metric_rows=summary, predicted=predicted)),
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
         executive=dataclasses.replace(
-            build_executive_summary(findings, conditions, configs, rows),
+            build_executive_summary(findings, conditions, configs, summary),
             not_layout_only=next((tuple(f.evidence["classes"]) for f in findings if f.kind == "not_layout_only"), ()),
             repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
                                None),
@@ -1030,7 +937,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         triage=TriageSection(runs=build_triage_runs(runs, failed_at_step=failed_at_step)),
         predicted=predicted, health=health, **build_capacity(campaign.source),
         overlap=build_overlap_section(
-            runs, step_times_s={m.run: (m.step_time_median_s, m.step_time_p90_s) for m in rows},
+            runs, step_times_s={m.run: (m.step_time_median_s, m.step_time_p90_s) for m in summary},
             attribution={b.run: b.attribution for b in evidence.rows if b.attribution is not None},
             noise_multiple={**THRESHOLDS, **(thresholds or {})}["noise_multiple"]),
         data_round=build_data_round_section(
@@ -1072,7 +979,7 @@ from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below
 
 
 def build_predicted_or_reason(campaign: Campaign, fixed: FixedConfig, runs: Sequence[LoadedRun],
-                              summary: Sequence[Mapping[str, Any]], env: EnvRecord,
+                              summary: Sequence[RunSummary], env: EnvRecord,
                               measured: Mapping[str, Mapping[str, float]] | None = None) -> Any:
     """report.predict's block (measured: run -> section 5's breakdown_median_ms, for the
     per-category checks); a source it cannot model (third-party logs without a layout) gets

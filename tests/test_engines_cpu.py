@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from core.records import run_spec_from_dict, to_dict
+from core.records import RunSummary, run_spec_from_dict, to_dict
 from report.memory import compute_model_state_bytes, compute_param_numels
 from report.rules import GAP_CATEGORIES, THRESHOLDS, rule_engine_gap
 from core.records import STRATEGY_ENGINES
@@ -207,9 +207,9 @@ def test_model_state_bytes_per_engine():
                                      pp_degree=1, dp_degree=1, options={"reshard_after_forward": False}).extra
 
 
-def _summary(run: str, tps: float, spread: float = 0.01) -> dict:
+def _summary(run: str, tps: float, spread: float = 0.01) -> RunSummary:
     step = 1.0 / tps
-    return {"run": run, "tokens_per_s": tps, "step_time_median_s": step, "step_time_p90_s": step * (1 + spread)}
+    return RunSummary(run=run, status="ok", tokens_per_s=tps, step_time_median_s=step, step_time_p90_s=step * (1 + spread))
 
 
 def _run(run: str, strategy: str, engine: str, world: int = 1, device: str = "cuda"):

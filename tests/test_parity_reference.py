@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from core.records import RunSummary
 from report.parity import build_parity_rows
 from report.rules import THRESHOLDS, rule_engine_knobs
 from tests.synthetic_campaign import make_run
@@ -48,9 +49,10 @@ def test_three_engines_name_only_the_odd_one():
     assert rows["ds"].failed_class == "elementwise" and rows["ds"].failed_diff == pytest.approx(0.6 / 0.31 - 1)
 
 
-def _summary(name: str, tokens_per_s: float, spread: float = 0.01) -> dict:
+def _summary(name: str, tokens_per_s: float, spread: float = 0.01) -> RunSummary:
     step = TOKENS / tokens_per_s
-    return {"run": name, "tokens_per_s": tokens_per_s, "step_time_median_s": step, "step_time_p90_s": step * (1 + spread)}
+    return RunSummary(run=name, status="ok", tokens_per_s=tokens_per_s, step_time_median_s=step,
+                      step_time_p90_s=step * (1 + spread))
 
 
 def _breakdown(name: str, step_s: float, launch_gaps_s: float) -> dict:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.records import ModelConfig
+from core.records import ModelConfig, RunSummary
 from core.hardware import lookup_peak
 from core.formulas import compute_flops_per_token, compute_mfu
 from report.metrics import summarize_runs
@@ -86,50 +86,50 @@ def _steps(times, *, ranks, tokens=256, losses=None):
 def test_summarize_exact_numbers():
     times = [[9.0, 9.0], [1.0, 2.0], [3.0, 1.0], [1.0, 4.0], [5.0, 5.0]]  # step 0 is warm-up
     out = summarize_runs(_steps(times, ranks=2, losses=[5.0, 4.0, 3.0, 2.0, 1.0]), _runs(["a"], 2), warmup_steps=1,
-                         peak_flops={"a": 1e12}).iloc[0]
-    assert out["num_steps_measured"] == 4
-    assert out["step_time_median_s"] == 3.5  # per-step max: 2, 3, 4, 5
-    assert out["step_time_p90_s"] == pytest.approx(np.percentile([2, 3, 4, 5], 90))
-    assert out["tokens_per_s"] == pytest.approx(256 / 3.5)
-    assert out["tokens_per_s_per_gpu"] == pytest.approx(256 / 3.5 / 2)
+                         peak_flops={"a": 1e12})[0]
+    assert out.num_steps_measured == 4
+    assert out.step_time_median_s == 3.5  # per-step max: 2, 3, 4, 5
+    assert out.step_time_p90_s == pytest.approx(np.percentile([2, 3, 4, 5], 90))
+    assert out.tokens_per_s == pytest.approx(256 / 3.5)
+    assert out.tokens_per_s_per_gpu == pytest.approx(256 / 3.5 / 2)
     fpt = 6 * (100_000 - 2048) + 12 * 2 * 64 * 32
-    assert out["flops_per_token"] == fpt
-    assert out["mfu"] == pytest.approx(256 / 3.5 * fpt / (2 * 1e12))
-    assert pd.isna(out["mem_peak_allocated_gib"])  # CPU: NA, never 0
-    assert (out["loss_first"], out["loss_last"]) == (5.0, 1.0)
+    assert out.flops_per_token == fpt
+    assert out.mfu == pytest.approx(256 / 3.5 * fpt / (2 * 1e12))
+    assert out.mem_peak_allocated_gib is None  # CPU: NA, never 0
+    assert (out.loss_first, out.loss_last) == (5.0, 1.0)
 
 
 def test_summarize_run_without_steps_is_na():
-    out = summarize_runs(_steps([[1.0]], ranks=1), _runs(["a", "crashed"], 1), warmup_steps=0).iloc[1]
-    assert out["num_steps_measured"] == 0
-    assert pd.isna(out["step_time_median_s"]) and pd.isna(out["tokens_per_s"]) and pd.isna(out["mfu"])
+    out = summarize_runs(_steps([[1.0]], ranks=1), _runs(["a", "crashed"], 1), warmup_steps=0)[1]
+    assert out.num_steps_measured == 0
+    assert out.step_time_median_s is None and out.tokens_per_s is None and out.mfu is None
 
 
 @settings(max_examples=60, deadline=None)
 @given(times=st.lists(st.lists(st.floats(0.001, 100.0), min_size=3, max_size=3), min_size=1, max_size=30),
        warmup=st.integers(0, 3))
 def test_summarize_invariants(times, warmup):
-    out = summarize_runs(_steps(times, ranks=3), _runs(["a"], 3), warmup_steps=warmup, peak_flops={"a": 1e15}).iloc[0]
+    out = summarize_runs(_steps(times, ranks=3), _runs(["a"], 3), warmup_steps=warmup, peak_flops={"a": 1e15})[0]
     measured = [max(t) for t in times[warmup:]]
-    assert out["num_steps_measured"] == len(measured)
+    assert out.num_steps_measured == len(measured)
     if not measured:
-        assert pd.isna(out["step_time_median_s"])
+        assert out.step_time_median_s is None
         return
-    assert min(measured) <= out["step_time_median_s"] <= out["step_time_p90_s"] <= max(measured)
-    assert math.isclose(out["tokens_per_s"] * out["step_time_median_s"], 256, rel_tol=1e-9)
-    assert math.isclose(out["tokens_per_s_per_gpu"] * 3, out["tokens_per_s"], rel_tol=1e-9)
-    assert 0 < out["mfu"]
+    assert min(measured) <= out.step_time_median_s <= out.step_time_p90_s <= max(measured)
+    assert math.isclose(out.tokens_per_s * out.step_time_median_s, 256, rel_tol=1e-9)
+    assert math.isclose(out.tokens_per_s_per_gpu * 3, out.tokens_per_s, rel_tol=1e-9)
+    assert 0 < out.mfu
     # the slowest rank gates: slowing one rank never makes the median faster
     slower = [[t[0] * 2, t[1], t[2]] for t in times]
-    out2 = summarize_runs(_steps(slower, ranks=3), _runs(["a"], 3), warmup_steps=warmup).iloc[0]
-    assert out2["step_time_median_s"] >= out["step_time_median_s"]
+    out2 = summarize_runs(_steps(slower, ranks=3), _runs(["a"], 3), warmup_steps=warmup)[0]
+    assert out2.step_time_median_s >= out.step_time_median_s
 
 
 def test_loss_agreement_is_judged_from_the_first_measured_step():
     """Warm-up steps are out of the loss comparison (Adam's first updates are sign-like, so rounding
     differences become whole-size update differences there); a gap after them is still found."""
     from report.rules import THRESHOLDS, rule_loss
-    rows = [{"run": "a", "loss_last": 6.50}, {"run": "b", "loss_last": 6.51}]
+    rows = [RunSummary(run="a", status="ok", loss_last=6.50), RunSummary(run="b", status="ok", loss_last=6.51)]
     early = {"a": {1: 9.60, 10: 9.00, 20: 6.50}, "b": {1: 9.67, 10: 9.02, 20: 6.51}}  # 0.07 at step 1 only
     (f,) = rule_loss(rows, THRESHOLDS, early, from_step=10)
     assert f.kind == "loss_agrees" and f.evidence["worst_step"] == 10 and f.evidence["from_step"] == 10

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.records import STRATEGY_ENGINES
+from core.records import STRATEGY_ENGINES, RunSummary
 from report import render
 from report.data_rounds import DATA_THRESHOLDS, RoundRow, rule_data_bound, rule_data_stall
 from report.engines import build_engine_groups
@@ -59,7 +59,7 @@ def test_data_round_sentence_states_the_direction_of_the_change(delta, wait, kin
 
 def test_data_stall_sentence_names_no_device():
     """The loader wait idles the training ranks, GPU or CPU: the sentence fits a CPU campaign."""
-    summary = [{"run": "ddp", "data_wait_median_s": 0.02, "step_time_median_s": 0.1}]
+    summary = [RunSummary(run="ddp", status="ok", data_wait_median_s=0.02, step_time_median_s=0.1)]
     (finding,) = rule_data_stall(summary, {"ddp": 0.2}, DATA_THRESHOLDS)
     text = _data_word(finding)
     assert "GPU" not in text and "training ranks sit idle" in text, text
@@ -79,7 +79,7 @@ def _run(run, strategy, engine, data_round="synthetic"):
 
 def _summary(run, tps, spread=0.01):
     step = 1.0 / tps
-    return {"run": run, "tokens_per_s": tps, "step_time_median_s": step, "step_time_p90_s": step * (1 + spread)}
+    return RunSummary(run=run, status="ok", tokens_per_s=tps, step_time_median_s=step, step_time_p90_s=step * (1 + spread))
 
 
 def _groups(runs, summary):
