@@ -32,6 +32,7 @@ from report.attribution import AttributionView, build_attribution, commbench_row
 from report.engines import EngineGroup, build_engine_groups
 from report.health import HealthSection, build_health_section
 from report.overlap import OverlapSection, build_overlap_section
+from report.search import build_search_note
 from report.parity import (
     INTERVAL_METHOD, ParityRow, RepeatGroup, build_parity_rows, build_repeat_groups, kernels_mode, ranked_runs,
     ranking_mode, rule_parity, rule_repeat_spread, run_repeat,
@@ -359,6 +360,7 @@ class Note:
     capacity_problems: tuple[str, ...] = ()  # why a capacity probe's file was left out
     health: HealthSection | None = None  # loss spikes, divergence, gradient norm, per-rank step time (report.health)
     overlap: OverlapSection | None = None  # overlap pairs: switches on and off, measured and predicted (report.overlap)
+    search: Any = None  # report.search.SearchSection: the campaign's `runner search`, if it was one
 
 
 def _py(value: Any) -> Any:
@@ -936,6 +938,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         resolved_config=build_resolved_config(campaign.campaign_json, runs),
         triage=TriageSection(runs=build_triage_runs(runs, failed_at_step=failed_at_step)),
         predicted=predicted, health=health, **build_capacity(campaign.source),
+        search=build_search_note(campaign.source, evidence),
         overlap=build_overlap_section(
             runs, step_times_s={m.run: (m.step_time_median_s, m.step_time_p90_s) for m in summary},
             attribution={b.run: b.attribution for b in evidence.rows if b.attribution is not None},

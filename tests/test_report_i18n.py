@@ -144,7 +144,7 @@ NOTE_TEMPLATES = ["note.md.j2", "note.html.j2", "_words.j2",
                   "_data_source.md.j2", "_data_source.html.j2", "_data_rounds.md.j2", "_data_rounds.html.j2",
                   "_data_conclusion.md.j2", "_data_conclusion.html.j2", "_data_words.j2",
                   "_engines.j2", "_engines.md.j2", "_engines.html.j2", "_predicted.md.j2", "_predicted.html.j2",
-                  "_parity.md.j2", "_parity.html.j2", "_capacity.md.j2", "_capacity.html.j2", "_health.md.j2", "_health.html.j2", "_overlap.md.j2", "_overlap.html.j2", "_overlap_words.j2", "_triage.md.j2", "_triage.html.j2", "_triage_macros.j2",
+                  "_parity.md.j2", "_parity.html.j2", "_capacity.md.j2", "_capacity.html.j2", "_search.md.j2", "_search.html.j2", "_health.md.j2", "_health.html.j2", "_overlap.md.j2", "_overlap.html.j2", "_overlap_words.j2", "_triage.md.j2", "_triage.html.j2", "_triage_macros.j2",
                   "logs.md.j2", "logs.html.j2"]
 
 

@@ -162,3 +162,52 @@ def test_interrupted_search_resumes(cpu_search, tmp_path):
     assert again["tried"] == data["tried"]
     assert json.loads((out / "campaign.json").read_text())["runs"] == data["tried"]
     assert {c["name"]: c["state"] for c in again["candidates"]}[second] == "ok"
+
+
+def test_note_has_the_search_section(cpu_search, tmp_path):
+    """`report build` on the search's campaign: every candidate in the Search section, the choice,
+    and the runner-up comparison with the measured margin."""
+    out, r, _ = cpu_search
+    assert r.returncode == 0
+    r2 = subprocess.run([sys.executable, "-m", "report.cli", "build", str(out), "--out", str(tmp_path / "note"),
+                         "--format", "md"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    note = (tmp_path / "note" / "note.md").read_text()
+    section = note.split("### Search: candidates planned, tried and refitted", 1)[1].split("\n## ", 1)[0]
+    data = json.loads((out / "search.json").read_text())
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| #")]
+    assert {line.split(" | ")[1] for line in rows} >= {c["name"] for c in data["candidates"]}
+    ok = sorted((c for c in data["candidates"] if c["state"] == "ok"), key=lambda c: c["measured_step_ms"])
+    margin_ms = ok[1]["measured_step_ms"] - ok[0]["measured_step_ms"]
+    assert f"{ok[0]['name']} beats {ok[1]['name']} by " in section
+    said = re.search(r"beats \S+ by ([\d.]+) (ms|µs|s) per step", section)
+    value = float(said.group(1)) * {"ms": 1, "µs": 1e-3, "s": 1e3}[said.group(2)]
+    assert value == pytest.approx(margin_ms, rel=0.06, abs=0.06)
+    assert f"Chosen: {data['choice']}" in section
+
+
+def test_ranking_is_explained_from_both_runs_whatif():
+    """Planted what-if numbers: the winner pays 3 ms more bubble, the runner-up 7 ms more transfer;
+    compute has no what-if, so its section-5 times are compared (equal here)."""
+    from types import SimpleNamespace
+
+    from report.search import SearchRow, explain_ranking
+
+    def row(name: str, ms: float) -> SearchRow:
+        return SearchRow(name=name, layout=name, engine="torch", state="ok", reason=None, trial_index=1,
+                         predicted_before_ms=None, predicted_after_ms=None, measured_ms=ms, measured_p10_ms=ms,
+                         measured_p90_ms=ms, predicted_mem_gib=None, measured_mem_gib=None, mem_error=None)
+
+    def view(bubble: float, transfer: float):
+        cats = ("compute", "transfer", "bubble")
+        return SimpleNamespace(traced_ms=dict.fromkeys(cats, 1.0), breakdown_ms={"compute": 20.0, "transfer": 9.0,
+                                                                                 "bubble": 5.0},
+                               saving_ms={"compute": None, "transfer": transfer, "bubble": bubble})
+
+    rows = [row("tp2", 30.0), row("pp2", 26.0), row("ddp", 50.0)]
+    why = explain_ranking(rows, {"pp2": view(bubble=4.0, transfer=1.0), "tp2": view(bubble=1.0, transfer=8.0)})
+    assert (why.winner, why.runner_up, why.margin_ms) == ("pp2", "tp2", 4.0)
+    assert (why.winner_cat, why.winner_cat_ms, why.runner_cat, why.runner_cat_ms) == ("bubble", 3.0, "transfer", 7.0)
+    assert why.source == "mixed" and why.missing == ()
+    plain = explain_ranking(rows, {"pp2": view(bubble=4.0, transfer=1.0)})
+    assert plain.missing == ("tp2",) and plain.winner_cat is None
