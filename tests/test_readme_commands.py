@@ -28,6 +28,8 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "runner all --dry-run": (0, r"campaign \S+: preset \S+, device \S+, global batch \d+ x seq \d+"),
     "runner all --dry-run --gpus 4": (0, r"campaign gpu-4: preset gpt-125m, device cuda, global batch 128 x seq 1024"),
     "runner plan --model llama2-70b --seq 4096 --global-batch 1024 --gpus 64": (0, r"plan: llama2-70b \(69 B params"),
+    "runner search --model gpt-125m --gpus 1 --dry-run --out runs/search":
+        (0, r"search gpt-125m on 1 x NVIDIA H100 \S+: \d+ candidates, \d+ pruned"),
     "runner status examples/h200-1gpu": (0, r"campaign h200-1gpu in examples/h200-1gpu \(3 runs\)"),
     "report build examples/h200-1gpu --out runs/h200-1gpu-note --format md,html":
         (0, r"wrote runs/h200-1gpu-note/summary\.json"),
