@@ -1,5 +1,6 @@
-"""`report diff`: compare two campaigns run by run, from their summary records
-(report.summary.build_summary, the numbers of each note's own view-model).
+"""`report diff`: compare two campaigns run by run, from their CampaignSummary records
+(report.summary.build_campaign_summary: the numbers of each note's own view-model, the same as
+its summary.json).
 
 Per run present in both: old -> new, delta and relative change of throughput, MFU, step time,
 memory peaks and the section-5 shares; a regression flag where a metric moved the wrong way by
@@ -11,11 +12,12 @@ deliberately no formatting (report/templates/diff.*.j2 and report.render's filte
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from report.summary import BREAKDOWN_SHARES, VERSION_KEYS
+from core.records import RunSummary
+from report.summary import BREAKDOWN_SHARES, VERSION_KEYS, BreakdownShares, CampaignSummary, EnvironmentSummary
 
 # (field, unit, better): better is "higher" / "lower" for metrics whose move beyond the threshold
 # is a regression (throughput down, step time up, memory up), None for those shown only (MFU
@@ -112,59 +114,59 @@ def compute_metric_delta(old: float | None, new: float | None, *, metric: str, u
     return MetricDelta(metric=metric, unit=unit, old=old, new=new, delta=delta, rel_change=rel, regression=worse)
 
 
-def _value(run: Mapping[str, Any], metric: str) -> float | None:
+def _value(run: RunSummary, shares: BreakdownShares | None, metric: str) -> float | None:
     if metric in BREAKDOWN_SHARES:
-        return (run.get("breakdown") or {}).get(metric)
-    return run.get(metric)
+        return getattr(shares, metric) if shares is not None else None
+    return getattr(run, metric)
 
 
-def compute_run_diffs(old_runs: Sequence[Mapping[str, Any]], new_runs: Sequence[Mapping[str, Any]], *,
+def compute_run_diffs(old: CampaignSummary, new: CampaignSummary, *,
                       threshold: float, judge: bool = True) -> tuple[list[RunDiff], list[str], list[str]]:
-    """Summary run records of both campaigns -> (per-run diffs for names in both, in the new
-    campaign's order; names only in old; names only in new). judge=False (campaigns that are not
-    comparable): deltas only, no metric or status flagged as a regression."""
-    old_by = {r["run"]: r for r in old_runs}
-    new_names = {r["run"] for r in new_runs}
+    """Both campaigns' runs -> (per-run diffs for names in both, in the new campaign's order;
+    names only in old; names only in new). judge=False (campaigns that are not comparable):
+    deltas only, no metric or status flagged as a regression."""
+    old_by = {r.run: r for r in old.runs}
+    new_names = {r.run for r in new.runs}
     diffs = []
-    for n in new_runs:
-        o = old_by.get(n["run"])
+    for n in new.runs:
+        o = old_by.get(n.run)
         if o is None:
             continue
-        rows = tuple(compute_metric_delta(_value(o, m), _value(n, m), metric=m, unit=u, better=b if judge else None,
-                                          threshold=threshold) for m, u, b in METRICS)
+        rows = tuple(compute_metric_delta(_value(o, old.shares.get(o.run), m), _value(n, new.shares.get(n.run), m),
+                                          metric=m, unit=u, better=b if judge else None, threshold=threshold)
+                     for m, u, b in METRICS)
         flagged = tuple(d.metric for d in rows if d.regression)
-        if judge and o.get("status") == "ok" and n.get("status") != "ok":
+        if judge and o.status == "ok" and n.status != "ok":
             flagged = ("status", *flagged)
-        diffs.append(RunDiff(run=n["run"], old_status=o.get("status"), new_status=n.get("status"), metrics=rows,
-                             regressions=flagged))
-    only_old = [r["run"] for r in old_runs if r["run"] not in new_names]
-    only_new = [r["run"] for r in new_runs if r["run"] not in old_by]
+        diffs.append(RunDiff(run=n.run, old_status=o.status, new_status=n.status, metrics=rows, regressions=flagged))
+    only_old = [r.run for r in old.runs if r.run not in new_names]
+    only_new = [r.run for r in new.runs if r.run not in old_by]
     return diffs, only_old, only_new
 
 
-def compute_env_changes(old_env: Mapping[str, Any], new_env: Mapping[str, Any]) -> list[EnvChange]:
+def compute_env_changes(old_env: EnvironmentSummary, new_env: EnvironmentSummary) -> list[EnvChange]:
     """The summary's environment fields side by side, ``changed`` where they differ."""
-    return [EnvChange(field=f, old=old_env.get(f), new=new_env.get(f), changed=old_env.get(f) != new_env.get(f))
+    return [EnvChange(field=f, old=getattr(old_env, f), new=getattr(new_env, f),
+                      changed=getattr(old_env, f) != getattr(new_env, f))
             for f in ENV_FIELDS]
 
 
-def build_diff(old: Mapping[str, Any], new: Mapping[str, Any], *, threshold: float, old_source: str = "",
+def build_diff(old: CampaignSummary, new: CampaignSummary, *, threshold: float, old_source: str = "",
                new_source: str = "") -> Diff:
-    """Two summary records (report.summary.build_summary) -> the comparison view-model.
+    """Two campaigns (report.summary.build_campaign_summary) -> the comparison view-model.
     threshold: relative change (0.05 = 5%) beyond which a metric's worse move is a regression.
     Campaigns whose fixed variables or GPU/node count (NOT_COMPARABLE_FIELDS) differ are not
     comparable: ``not_comparable`` names the fields and no run is flagged."""
-    env = compute_env_changes(old.get("environment") or {}, new.get("environment") or {})
+    env = compute_env_changes(old.environment, new.environment)
     not_comparable = tuple(e.field for e in env if e.field in NOT_COMPARABLE_FIELDS and e.changed)
-    runs, only_old, only_new = compute_run_diffs(old["runs"], new["runs"], threshold=threshold,
-                                                 judge=not not_comparable)
+    runs, only_old, only_new = compute_run_diffs(old, new, threshold=threshold, judge=not not_comparable)
 
-    def ref(s: Mapping[str, Any], source: str) -> CampaignRef:
-        return CampaignRef(campaign=s["campaign"], source=source, created_at=s.get("created_at"),
-                           tool_git_commit=s.get("tool_git_commit"))
+    def ref(s: CampaignSummary, source: str) -> CampaignRef:
+        return CampaignRef(campaign=s.campaign, source=source, created_at=s.created_at,
+                           tool_git_commit=s.tool_git_commit)
 
-    return Diff(title=f"Campaign comparison: {old['campaign']} → {new['campaign']}", old=ref(old, old_source),
+    return Diff(title=f"Campaign comparison: {old.campaign} → {new.campaign}", old=ref(old, old_source),
                 new=ref(new, new_source), threshold=threshold, runs=tuple(runs), only_old=tuple(only_old),
                 only_new=tuple(only_new),
-                env=tuple(env), mfu_conventions=(old.get("mfu_convention"), new.get("mfu_convention")),
+                env=tuple(env), mfu_conventions=(old.mfu_convention, new.mfu_convention),
                 not_comparable=not_comparable)

@@ -28,7 +28,7 @@ from core.atomic import check_staged_folder, staged_folder, write_bytes_atomic
 from core.formulas import compute_step_times
 from report import FORMATS, metrics
 from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
-from report.summary import build_summary, render_summary_json
+from report.summary import build_campaign_summary, build_summary, render_summary_json
 from report.figures import (MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS, render_breakdown_figure,
                             render_health_figure, render_rank_step_time_figure, render_timeline_figure, write_figures)
 from report.health import compute_flagged_curves, compute_rank_step_times
@@ -581,7 +581,7 @@ def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir
                               "(`ingest`) or a folder of third-party logs")
     out = Path(out_dir) if out_dir else default_diff_out(old_source, new_source)
     check_staged_folder(out, marker=DIFF_MARKER, hint=DIFF_OUT_HINT)  # before the long loads: say it at once
-    summaries = [build_summary(load_note(source)[2]) for source in (old_source, new_source)]
+    summaries = [build_campaign_summary(load_note(source)[2]) for source in (old_source, new_source)]
     diff = build_diff(*summaries, threshold=threshold, old_source=str(old_source), new_source=str(new_source))
     with staged_folder(out, marker=DIFF_MARKER, entries=DIFF_ENTRIES, hint=DIFF_OUT_HINT) as stage:
         written = [write_bytes_atomic(stage / "diff.json", render_summary_json(dataclasses.asdict(diff)))]

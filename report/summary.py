@@ -11,9 +11,10 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from core.records import TRANSFER_AT_COMMBENCH
+from core.records import TRANSFER_AT_COMMBENCH, RunSummary
 from report.view import Note
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: campaign caveats once at the top level, not in every run
@@ -43,27 +44,76 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-def build_environment_summary(note: Note) -> dict[str, Any]:
-    """The environment fields a comparison cares about: GPU name/count, driver, library
-    versions, node count, tool commit (None where env.json does not say), and the campaign's
-    fixed variables (model shape, global batch, dtype)."""
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSummary:
+    """The environment fields a comparison cares about (None where env.json does not say): GPU
+    name(s) and count, driver, the VERSION_KEYS library versions, node count, tool commit, and
+    the campaign's fixed variables (model shape as one line, global batch in samples, dtype):
+    across different ones a comparison is not like for like."""
+
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    driver_version: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    nccl_version: str | None = None
+    deepspeed_version: str | None = None
+    megatron_core_version: str | None = None
+    num_nodes: int | None = None
+    tool_git_commit: str | None = None
+    model: str | None = None
+    global_batch_size: int | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakdownShares:
+    """One traced run's section-5 shares of its traced step time (BREAKDOWN_SHARES), fractions."""
+
+    compute_share: float | None = None
+    exposed_comm_share: float | None = None
+    bubble_share: float | None = None
+    data_stall_share: float | None = None
+    other_share: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignSummary:
+    """One campaign as `report diff` compares it: its name, creation time and tool commit, the
+    MFU convention, the environment, every run's metric-table row (report.metrics.summarize_runs,
+    campaign order) and the traced runs' section-5 shares (run -> shares)."""
+
+    campaign: str
+    created_at: str | None = None
+    tool_git_commit: str | None = None
+    mfu_convention: str | None = None
+    environment: EnvironmentSummary = field(default_factory=EnvironmentSummary)
+    runs: tuple[RunSummary, ...] = ()
+    shares: Mapping[str, BreakdownShares] = field(default_factory=dict)
+
+
+def build_environment_summary(note: Note) -> EnvironmentSummary:
+    """The note's EnvironmentSummary (env.json and campaign.json's fixed variables)."""
     env, m = note.env, note.model
     versions = dict(env.versions)
     gpu_names = sorted({g.name for g in env.gpus if g.name})
     drivers = sorted({g.driver_version for g in env.gpus if g.driver_version})
-    return {
-        "gpu_name": ", ".join(gpu_names) or None,
-        "gpu_count": len(env.gpus),
-        "driver_version": ", ".join(drivers) or None,
+    return EnvironmentSummary(
+        gpu_name=", ".join(gpu_names) or None, gpu_count=len(env.gpus), driver_version=", ".join(drivers) or None,
         **{f"{k}_version": versions.get(k) for k in VERSION_KEYS},
-        "num_nodes": env.num_nodes or 1,
-        "tool_git_commit": note.tool_git_commit,
-        # fixed variables: a comparison across different models or batches is not like for like
-        "model": (f"{m.preset}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, seq {m.seq_length}, "
-                  f"vocab {m.vocab_size}"),
-        "global_batch_size": m.global_batch_size,
-        "dtype": m.dtype,
-    }
+        num_nodes=env.num_nodes or 1, tool_git_commit=note.tool_git_commit,
+        model=(f"{m.preset}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, seq {m.seq_length}, "
+               f"vocab {m.vocab_size}"),
+        global_batch_size=m.global_batch_size, dtype=m.dtype)
+
+
+def build_campaign_summary(note: Note) -> CampaignSummary:
+    """The note -> what `report diff` compares (the same numbers summary.json holds)."""
+    return CampaignSummary(
+        campaign=note.campaign, created_at=note.created_at, tool_git_commit=note.tool_git_commit,
+        mfu_convention=note.convention, environment=build_environment_summary(note), runs=tuple(note.metrics),
+        shares={b.run: BreakdownShares(**{k: _num(getattr(b, k)) for k in BREAKDOWN_SHARES})
+                for b in note.evidence.rows})
 
 
 def build_run_caveats(note: Note) -> tuple[list[dict[str, Any]], dict[str, list[str]], dict[str, list[int]]]:
@@ -167,7 +217,7 @@ def build_summary(note: Note) -> dict[str, Any]:
         "created_at": note.created_at,
         "tool_version": note.tool_version,
         "tool_git_commit": note.tool_git_commit,
-        "environment": build_environment_summary(note),
+        "environment": dataclasses.asdict(build_environment_summary(note)),
         "flops_per_token": note.flops_per_token,
         "mfu_convention": note.convention,
         "peaks": [{"gpu_name": p.gpu_name, "dtype": p.dtype, "flops": p.flops, "source": p.source} for p in note.peaks],

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from core.records import RunSummary
 from report.cli import main as report_main
 from report.diff import build_diff, compute_metric_delta
+from report.summary import CampaignSummary, EnvironmentSummary
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu"
 
@@ -63,11 +65,11 @@ def test_regression_and_nccl_change_flagged(diff_out):
 
 def test_runs_on_one_side_and_status_regression():
     def summary(runs):
-        return {"campaign": "c", "environment": {}, "runs": runs}
+        return CampaignSummary(campaign="c", runs=tuple(runs))
 
-    ok = {"run": "a", "status": "ok", "tokens_per_s": 100.0}
-    old = summary([ok, {"run": "gone", "status": "ok"}])
-    new = summary([{"run": "a", "status": "oom", "tokens_per_s": None}, {"run": "added", "status": "ok"}])
+    ok = RunSummary(run="a", status="ok", tokens_per_s=100.0)
+    old = summary([ok, RunSummary(run="gone", status="ok")])
+    new = summary([RunSummary(run="a", status="oom", tokens_per_s=None), RunSummary(run="added", status="ok")])
     d = build_diff(old, new, threshold=0.05)
     assert d.only_old == ("gone",) and d.only_new == ("added",)
     assert d.runs[0].regressions == ("status",)  # ok -> oom; tokens/s missing on one side: no delta
@@ -95,14 +97,14 @@ def test_changed_fixed_variables_are_environment_changes():
     from report.diff import compute_env_changes
     old = {"model": "gpt-125m: 12 layers, hidden 768", "global_batch_size": 128, "dtype": "bf16", "nccl_version": "2.28.9"}
     new = {**old, "model": "tiny: 4 layers, hidden 64", "global_batch_size": 16}
-    changed = {c.field for c in compute_env_changes(old, new) if c.changed}
+    changed = {c.field for c in compute_env_changes(EnvironmentSummary(**old), EnvironmentSummary(**new)) if c.changed}
     assert changed == {"model", "global_batch_size"}
 
 
-def _summary(campaign: str, env: dict, step_time_s: float, status: str = "ok") -> dict:
-    return {"campaign": campaign, "environment": env, "runs": [
-        {"run": "ddp", "status": status, "tokens_per_s": 1.0 / step_time_s, "step_time_median_s": step_time_s,
-         "mem_peak_allocated_gib": 1.0}]}
+def _summary(campaign: str, env: dict, step_time_s: float, status: str = "ok") -> CampaignSummary:
+    return CampaignSummary(campaign=campaign, environment=EnvironmentSummary(**env), runs=(
+        RunSummary(run="ddp", status=status, tokens_per_s=1.0 / step_time_s, step_time_median_s=step_time_s,
+                   mem_peak_allocated_gib=1.0),))
 
 
 @pytest.mark.parametrize("field, new_value", [("model", "tiny: 4 layers, hidden 64, seq 256"),
