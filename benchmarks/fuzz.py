@@ -700,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261129)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz.json")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()  # the hostile cases run in a folder of their own (os.chdir)
     rng = random.Random(args.seed)
     if args.only_hostile:
         return _run_hostile(args)
