@@ -59,7 +59,7 @@ SEARCH_SLACK = 0.10  # an untried candidate runs only while its refit prediction
 TRIAL_STEPS = {"cpu": {"warmup_steps": 3, "profile_num_steps": 2, "measured_steps": 6},
                "cuda": {"warmup_steps": 8, "profile_num_steps": 2, "measured_steps": 10}}
 TRIAL_TIMEOUTS_S = {"cpu": {"run_timeout_s": 300.0, "stall_timeout_s": 60.0, "startup_timeout_s": 180.0},
-                    "cuda": {"run_timeout_s": 600.0, "stall_timeout_s": 120.0, "startup_timeout_s": 300.0}}
+                    "cuda": {"run_timeout_s": 600.0, "stall_timeout_s": 180.0, "startup_timeout_s": 600.0}}
 ENGINE_MODULES = {"deepspeed": "deepspeed", "megatron": "megatron.core"}  # engines a machine may lack
 STATES = ("pruned", "untried", "ok", "oom", "crash", "hang", "timeout", "skipped", "interrupted")
 
@@ -380,9 +380,9 @@ def order(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 
 def family(c: Candidate) -> tuple:
-    """What the refit and the first trials group by: engine, degrees, interleaving, kernels mode."""
-    return (c.strategy, c.engine, c.tp_degree, c.pp_degree, c.num_virtual_stages, c.kernels,
-            c.sharding)
+    """What the refit and the first trials group by: engine, degrees, interleaving, optimizer
+    sharding (the kernels mode apart: the refit matches it by compile on or off)."""
+    return (c.strategy, c.engine, c.tp_degree, c.pp_degree, c.num_virtual_stages, c.sharding)
 
 
 def refit(candidates: Sequence[Candidate], *, specs: Mapping[str, Any], comm, per_node: int) -> list[Candidate]:

@@ -211,3 +211,18 @@ def test_ranking_is_explained_from_both_runs_whatif():
     assert why.source == "mixed" and why.missing == ()
     plain = explain_ranking(rows, {"pp2": view(bubble=4.0, transfer=1.0)})
     assert plain.missing == ("tp2",) and plain.winner_cat is None
+
+
+def test_an_engine_that_does_not_import_is_pruned(monkeypatch):
+    """The GPU machine has no DeepSpeed: its candidates are pruned with that reason, the rest stay."""
+    from runner import search
+
+    monkeypatch.setitem(search.ENGINE_MODULES, "deepspeed", "no_such_engine_module")
+    req = search.SearchRequest(preset="gpt-125m", num_gpus=1, num_nodes=1, device="cuda", gpu_key="h100_sxm",
+                               gpu_name="NVIDIA H100 SXM5", peak_flops=989.4e12, memory_gib=79.6,
+                               usable_fraction=0.9, budget_s=360, top_k=3, kernels=("parity",))
+    candidates, campaign, _ = search.plan_search(req, name="t")
+    ds = [c for c in candidates if c.engine == "deepspeed"]
+    assert ds and all(c.state == "pruned" and c.reason == "engine deepspeed is not importable here "
+                      "(no_such_engine_module)" for c in ds)
+    assert {s.engine for s in campaign.runs} >= {"torch-ddp", "fsdp2", "torch"}
