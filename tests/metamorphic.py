@@ -102,11 +102,20 @@ def thousands_off(text: str) -> str | None:
 _RULE = re.compile(r"\s*(?:[-=+|]\s*){3,}$")
 
 
+def _names_only(line: str) -> bool:
+    """Whether a line reads as names (a header or banner): a letter, and no word that starts with a digit
+    (a value: '2.26.2', '0-47,96-143', '12:07:22')."""
+    words = line.split()
+    return any(c.isalpha() for c in line) and not any(w[0].isdigit() for w in words)
+
+
 def no_header(text: str) -> str | None:
-    """The first table's header gone: the first non-blank line and the rule lines right after it."""
+    """The first table's header or banner gone: the first non-blank line after any rule lines, and the
+    rule lines right after it. None where that line holds a value (a data row, a version line, a
+    bracket): it is no header."""
     lines, ends = _lines(text)
-    i = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if i is None:
+    i = next((i for i, line in enumerate(lines) if line.strip() and not _RULE.match(line)), None)
+    if i is None or not _names_only(lines[i]):
         return None
     j = i + 1
     while j < len(lines) and _RULE.match(lines[j]):

@@ -104,3 +104,18 @@ def test_collect_env_packages():
     e = env(parse_collect_env("Versions of relevant libraries:\n[pip3] nvidia-nccl-cu12==2.21.5\n[conda] numpy 1.26.4 py_0\n"
                               "NCCL version: 2.20.5\n", source="c"))
     assert e == {"pip3.nvidia-nccl-cu12": "2.21.5", "conda.numpy": "numpy 1.26.4 py_0", "nccl_version": "2.20.5"}
+
+
+def test_topo_rows_without_header_named_by_position():
+    """Rows pasted without the header: GPUs first, then NICs (the count from a NIC row's diagonal),
+    then the affinity cells; without a NIC row or legend, columns past the GPUs seen are numbered."""
+    rows = ["GPU0\t X \tNV18\tPXB\t0-55,112-167\t0\t\tN/A", "GPU1\tNV18\t X \tSYS\t56-111\t1\t\tN/A"]
+    r = parse_nvidia_smi_topo("\n".join([*rows, "NIC0\tPXB\tSYS\t X "]), source="t")
+    assert links(r) == {("GPU0", "GPU0"): "X", ("GPU0", "GPU1"): "NV18", ("GPU0", "NIC0"): "PXB",
+                        ("GPU1", "GPU0"): "NV18", ("GPU1", "GPU1"): "X", ("GPU1", "NIC0"): "SYS",
+                        ("NIC0", "GPU0"): "PXB", ("NIC0", "GPU1"): "SYS", ("NIC0", "NIC0"): "X"}
+    assert env(r) == {"topo.GPU0.cpu_affinity": "0-55,112-167", "topo.GPU0.numa_affinity": "0", "topo.GPU0.gpu_numa_id": "N/A",
+                      "topo.GPU1.cpu_affinity": "56-111", "topo.GPU1.numa_affinity": "1", "topo.GPU1.gpu_numa_id": "N/A"}
+    assert r.unparsed == 0 and any("without their header" in w for w in r.warnings)
+    alone = links(parse_nvidia_smi_topo("\n".join(rows), source="t"))
+    assert alone[("GPU0", "GPU1")] == "NV18" and alone[("GPU0", "column2")] == "PXB"

@@ -52,9 +52,12 @@ _VALUES = re.compile(r"\d+(?:\s+[\w,\-]+)*$")
 
 class RasParser(LineParser):
     kind = "nccl_ras"
-    # underlines, bare statuses and a block's message lines are its only inside a report (busy)
+    # underlines, bare statuses and a block's message lines are its only inside a report (busy); a
+    # table's second header row and its rows, inside the table its first header row opened (a report
+    # pasted without its section banners)
     gate = (*(r.regex for r in _LINES if r.name not in ("underline", "bare_block", "no_data")), _HEADER1)
-    busy = property(lambda self: self._section is not None or self._block is not None)
+    busy = property(lambda self: self._section is not None or self._block is not None or self._head1 is not None
+                    or self._cols is not None)
     _section: str | None = None
     _head1: list[str] | None = None
     _cols: list[str] | None = None
@@ -83,6 +86,8 @@ class RasParser(LineParser):
             self.records.append({"table": "comm_topology", "source": self.source, "line": lineno, "record": record,
                                  "kind": self.kind, **row})
             return True
+        if self._cols is not None and self._section is None:
+            self._cols = None  # a table outside any section ends at its first line that is not a row
         if self._block is not None and re.match(r"[\w\[(]", body) and " NCCL " not in body:  # its message lines (not
             # an NCCL log line of a process writing the same stream)
             self._block["detail"] = f"{self._block['detail']}; {body}" if self._block["detail"] else body

@@ -25,6 +25,10 @@ class TopoParser(LineParser):
     gate = (re.compile(r"(?:GPU|NIC)\d+\s|mlx\d_\w+\s|NIC\d+: "), _LEGEND, "nvidia-smi topo -m")
     _cols: list[str] | None = None
 
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self._headless: list[tuple[int, str, list[str]]] = []  # rows seen before any header: named in finish
+
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         if body.endswith("nvidia-smi topo -m"):
             return True
@@ -34,23 +38,55 @@ class TopoParser(LineParser):
             self._cols = body.split()
             return True
         m = _ROW.match(body)
-        if m and self._cols:
+        if m and (self._cols or m.group("dev").startswith(("GPU", "NIC"))):
             cells = m.group("rest").split()
-            dev = m.group("dev")
             if not cells or not _LINK.match(cells[0]):
                 return False
-            for col, cell in zip(self._cols, cells):
-                if col in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"):
-                    self.env(lineno, f"topo.{dev}.{col.lower()}", cell, record="smi_affinity")
-                elif _LINK.match(cell):
-                    self.records.append({"table": "comm_topology", "source": self.source, "line": lineno,
-                                         "record": "smi_link", "device": dev, "peer": col, "link": cell})
+            if not self._cols:  # no header yet: a matrix row has its diagonal "X"
+                if "X" not in cells:
+                    return False
+                self._headless.append((lineno, m.group("dev"), cells))
+                return True
+            self._row(lineno, m.group("dev"), self._cols, cells)
             return True
         m = _LEGEND_NIC.match(body)
         if m:
             self.env(lineno, f"topo.{m.group('nic')}", m.group("name"), record="smi_nic")
             return True
         return bool(_LEGEND.match(body))
+
+    def _row(self, lineno: int, dev: str, cols: list[str], cells: list[str]) -> None:
+        for col, cell in zip(cols, cells):
+            if col in ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID"):
+                self.env(lineno, f"topo.{dev}.{col.lower()}", cell, record="smi_affinity")
+            elif _LINK.match(cell):
+                self.records.append({"table": "comm_topology", "source": self.source, "line": lineno,
+                                     "record": "smi_link", "device": dev, "peer": col, "link": cell})
+
+    def finish(self) -> None:
+        """Rows read before any header. The matrix is nvidia-smi's: GPUs first, then NICs, then CPU
+        affinity, NUMA affinity and GPU NUMA ID. The GPU count is known from a NIC row (its "X" sits
+        at the GPU count plus its index) or the NIC legend (links less NICs); else it is at least
+        the GPU rows' count and one past the last GPU-only cell (X, NV#), and a column past that
+        bound is named by its position (``column<j>``), not guessed."""
+        if not self._headless:
+            return
+        rows, nics = self._headless, sum(r.get("record") == "smi_nic" for r in self.records)
+        num_links = max(next((i for i, c in enumerate(cells) if not _LINK.match(c)), len(cells)) for _, _, cells in rows)
+        sure = [cells.index("X") - int(dev[3:]) for _, dev, cells in rows if dev.startswith("NIC")]
+        sure += [num_links - nics] * bool(nics)
+        bound = max([1 + int(dev[3:]) for _, dev, _ in rows if dev.startswith("GPU")]
+                    + [1 + max(i for i, c in enumerate(cells) if c == "X" or c.startswith("NV")) for _, _, cells in rows])
+        num_gpus = sure[0] if sure else bound
+        for lineno, dev, cells in rows:
+            links = next((i for i, c in enumerate(cells) if not _LINK.match(c)), len(cells))
+            if dev.startswith("NIC"):
+                links = len(cells)
+            cols = [f"GPU{j}" if j < num_gpus else f"NIC{j - num_gpus}" if sure else f"column{j}" for j in range(links)]
+            self._row(lineno, dev, cols + [b for _, b in _MULTI], cells)
+        self.warnings.append(f"line {rows[0][0]}: topology rows without their header: columns named by position "
+                             f"(GPUs, then NICs, then CPU / NUMA affinity){'' if sure else '; past the GPUs seen, by number'}")
+        self._headless = []
 
 
 # top-level -q keys that are also environment facts under our names (a new one is one row)

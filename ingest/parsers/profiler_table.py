@@ -94,6 +94,8 @@ _POSITIONAL = (("pct", "self_cpu_pct", to_pct), ("time", "self_cpu_s", to_second
                ("time", "cpu_total_s", to_seconds), ("time", "cpu_avg_s", to_seconds))
 _DEVICE = (("time", "self_cuda_s", to_seconds), ("pct", "self_cuda_pct", to_pct), ("time", "cuda_total_s", to_seconds),
            ("time", "cuda_avg_s", to_seconds))
+# torch <= 1.7 printed no self device time: CUDA total %, CUDA total, CUDA time avg
+_DEVICE_OLD = (("pct", "cuda_total_pct", to_pct), ("time", "cuda_total_s", to_seconds), ("time", "cuda_avg_s", to_seconds))
 _MEMS = ("cpu_mem_bytes", "self_cpu_mem_bytes", "cuda_mem_bytes", "self_cuda_mem_bytes")
 
 
@@ -103,21 +105,27 @@ def _shape(cell: str) -> str | None:
 
 def positional_columns(cells: list[str]) -> list[tuple[str, Callable]] | None:
     """The columns of a header-less row (cells: name first) by torch's order and the cells' units,
-    or None when the cells do not follow it. A last cell after # of Calls (FLOPs, unit unknown
-    without the header) is kept as text."""
+    or None when the cells do not follow it: the device block as torch >= 1.8 prints it or as
+    torch <= 1.7 did; after # of Calls, a list literal is the input shapes, and a last cell (FLOPs,
+    unit unknown without the header) is kept as text."""
     shapes = [_shape(c) for c in cells[1:]]
     if [s for s, _, _ in _POSITIONAL] != shapes[:5]:
         return None
     out, i = [("name", str)] + [(col, conv) for _, col, conv in _POSITIONAL], 5
-    if [s for s, _, _ in _DEVICE] == shapes[i:i + 4]:
-        out += [(col, conv) for _, col, conv in _DEVICE]
-        i += 4
+    for block in (_DEVICE, _DEVICE_OLD):
+        if [s for s, _, _ in block] == shapes[i:i + len(block)]:
+            out += [(col, conv) for _, col, conv in block]
+            i += len(block)
+            break
     mems = 0
     while i < len(shapes) and shapes[i] == "mem" and mems < len(_MEMS):
         out.append((_MEMS[mems], to_bytes))
         mems, i = mems + 1, i + 1
     if i < len(shapes) and shapes[i] == "int":
         out.append(("num_calls", lambda t: int(t.replace(",", ""))))
+        i += 1
+    if i < len(shapes) and cells[i + 1].startswith("["):  # Input Shapes: a list literal
+        out.append(("input_shapes", str))
         i += 1
     out += [("total_flops_as_printed", str)] * (len(shapes) - i == 1)
     return out if len(out) == len(cells) else None
