@@ -60,6 +60,7 @@ TRIAL_STEPS = {"cpu": {"warmup_steps": 3, "profile_num_steps": 2, "measured_step
                "cuda": {"warmup_steps": 8, "profile_num_steps": 2, "measured_steps": 10}}
 TRIAL_TIMEOUTS_S = {"cpu": {"run_timeout_s": 300.0, "stall_timeout_s": 60.0, "startup_timeout_s": 180.0},
                     "cuda": {"run_timeout_s": 600.0, "stall_timeout_s": 180.0, "startup_timeout_s": 600.0}}
+INTERRUPT_GRACE_S = 120.0  # a stopped trial's runner gets this long to stop its ranks and write 'interrupted'
 ENGINE_MODULES = {"deepspeed": "deepspeed", "megatron": "megatron.core"}  # engines a machine may lack
 STATES = ("pruned", "untried", "ok", "oom", "crash", "hang", "timeout", "skipped", "interrupted")
 
@@ -652,6 +653,7 @@ def campaign_launcher(out: Path, *, campaign, req: SearchRequest, matrix: Path):
     own resume (`runner all --resume out`, a process of its own) runs what has no final status;
     its output goes to <out>/search-runner.log."""
     import datetime as dt
+    import signal
     import subprocess
     import sys
 
@@ -684,11 +686,22 @@ def campaign_launcher(out: Path, *, campaign, req: SearchRequest, matrix: Path):
         write_json_atomic(out / "campaign.json", to_dict(meta))
         deadline = sum(TRIAL_TIMEOUTS_S[req.device].values())  # the run's own watchdogs fire first
         with open(out / "search-runner.log", "a", encoding="utf-8") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "all", "--resume", str(out)], stdout=log,
+                                    stderr=subprocess.STDOUT)
             try:
-                subprocess.run([sys.executable, "-m", "runner.cli", "all", "--resume", str(out)], stdout=log,
-                               stderr=subprocess.STDOUT, timeout=deadline, check=False)
-            except subprocess.TimeoutExpired:
-                pass  # status.json says what the runner recorded; none: a timeout below
+                proc.wait(timeout=deadline)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+                # SIGTERM (the runner takes it as Ctrl-C) lets it stop its torchrun and mark the run 'interrupted' (SIGKILL would
+                # leave the ranks running, and the next resume refusing to start beside them)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=INTERRUPT_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                if isinstance(e, KeyboardInterrupt):
+                    raise
         path = run_dir / "status.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

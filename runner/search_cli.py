@@ -39,7 +39,8 @@ def add_search_parser(sub: argparse._SubParsersAction) -> None:
                         "search's failure handling)")
     p.add_argument("--dry-run", action="store_true", help="print the candidate table; run nothing")
     p.add_argument("--out", type=Path, required=True, help="campaign directory (resumed when it holds this search)")
-    p.set_defaults(func=cmd_search)
+    p.set_defaults(func=cmd_search, interrupted="runner: search interrupted; the current trial was stopped and marked "
+                   "'interrupted' (resume: the same command with the same --out)")
 
 
 def build_search_request(args: argparse.Namespace):
