@@ -62,7 +62,6 @@ TRIAL_TIMEOUTS_S = {"cpu": {"run_timeout_s": 300.0, "stall_timeout_s": 60.0, "st
                     "cuda": {"run_timeout_s": 600.0, "stall_timeout_s": 180.0, "startup_timeout_s": 600.0}}
 INTERRUPT_GRACE_S = 120.0  # a stopped trial's runner gets this long to stop its ranks and write 'interrupted'
 ENGINE_MODULES = {"deepspeed": "deepspeed", "megatron": "megatron.core"}  # engines a machine may lack
-STATES = ("pruned", "untried", "ok", "oom", "crash", "hang", "timeout", "skipped", "interrupted")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,7 +261,7 @@ def resolve_candidates(req: SearchRequest, candidates: list[Candidate], *, name:
     for c in candidates:
         reason = None
         if c.engine.startswith("("):
-            reason = f"not runnable: the campaign runner has no engine for {c.sharding[0:]} sharding (ZeRO stage 3 only)"
+            reason = f"not runnable: the campaign runner has no {c.sharding} engine (ZeRO stage 3 only)"
         elif c.recompute == "full":
             reason = "not runnable: no activation-recomputation switch in the campaign runner"
         elif c.engine in ENGINE_MODULES and importlib.util.find_spec(ENGINE_MODULES[c.engine].split(".")[0]) is None:
@@ -468,7 +467,8 @@ def load_trial(run_dir: Path, *, warmup_steps: int) -> dict[str, Any]:
     return out
 
 
-def build_search_dict(req: SearchRequest, candidates: Sequence[Candidate], *, wall_s: float, stop_reason: str | None) -> dict[str, Any]:
+def build_search_dict(req: SearchRequest, candidates: Sequence[Candidate], *, wall_s: float,
+                      stop_reason: str | None) -> dict[str, Any]:
     """search.json's content (schema SEARCH_SCHEMA_VERSION)."""
     tried = [c for c in candidates if c.trial_index is not None]
     ok = [c for c in tried if c.state == "ok" and c.measured_step_ms]
@@ -614,7 +614,8 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
     write_json_atomic(out / SEARCH_FILE, result)
     log(f"stopped: {stop_reason}")
     log(render_table(order(candidates), req).rstrip())
-    log(f"choice: {result['choice']} ({result['choice_step_ms']:.2f} ms)" if result["choice"] else "choice: none ran ok")
+    log(f"choice: {result['choice']} ({result['choice_step_ms']:.2f} ms)" if result["choice"]
+        else "choice: none ran ok")
     return result
 
 
@@ -691,8 +692,9 @@ def campaign_launcher(out: Path, *, campaign, req: SearchRequest, matrix: Path):
             try:
                 proc.wait(timeout=deadline)
             except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
-                # SIGTERM (the runner takes it as Ctrl-C) lets it stop its torchrun and mark the run 'interrupted' (SIGKILL would
-                # leave the ranks running, and the next resume refusing to start beside them)
+                # SIGTERM (the runner takes it as Ctrl-C) lets it stop its torchrun and mark the run
+                # 'interrupted' (SIGKILL would leave the ranks running, and the next resume refusing to
+                # start beside them)
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
                 try:
