@@ -82,6 +82,7 @@ class SearchRequest:
     top_k: int
     kernels: tuple[str, ...]
     max_trials: int | None = None
+    micro_batch_sizes: tuple[int, ...] | None = None  # only these micro-batch sizes (None: every one the planner gives)
     faults: Mapping[str, str] = dataclasses.field(default_factory=dict)  # candidate -> runner.faults kind
 
     @property
@@ -198,6 +199,8 @@ def enumerate_candidates(req: SearchRequest) -> list[Candidate]:
     shape = shape_of(build_model_config(preset, max_tp_degree=1), name=preset.name)
     out, seen = [], set()
     for lay in enumerate_layouts(build_plan_request(req, shape)):
+        if req.micro_batch_sizes and lay.micro_batch_size not in req.micro_batch_sizes:
+            continue
         runs = _engine_runs(lay)
         if not runs:
             runs = [("zero3" if lay.tp_degree == lay.pp_degree == 1 else "tp_pp", f"({lay.sharding})", {})]
@@ -521,6 +524,8 @@ def render_header(req: SearchRequest, candidates: Sequence[Candidate]) -> str:
     n_pruned = sum(c.state == "pruned" for c in candidates)
     where = f"{req.num_gpus} x {req.gpu_name}" if req.device == "cuda" else f"{req.num_gpus} CPU ranks (gloo)"
     kernels = ", ".join(req.kernels) + ("" if req.device == "cuda" else " (on CPU engine-best = parity: no compile)")
+    if req.micro_batch_sizes:
+        kernels += f"; micro-batch sizes {', '.join(map(str, req.micro_batch_sizes))} only"
     return (f"search {req.preset} on {where}: {len(candidates)} candidates, {n_pruned} pruned, "
             f"{len(candidates) - n_pruned} runnable; {limit}; kernels {kernels}; budget {req.budget_s / 60:g} min, "
             f"top {req.top_k} first\n")

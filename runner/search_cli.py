@@ -2,7 +2,7 @@
 
     runner search --model PRESET --gpus N [--nodes M] [--device cuda|cpu] [--gpu NAME]
                   [--memory-gib X] [--kernels parity,engine-best] [--budget MINUTES] [--top K]
-                  [--fault CANDIDATE:KIND] [--dry-run] --out DIR
+                  [--micro-batches B,B] [--max-trials N] [--fault CANDIDATE:KIND] [--dry-run] --out DIR
 
 Deliberately thin: argument checking and wiring; the search is runner.search. A dry run imports
 neither torch nor pandas.
@@ -33,6 +33,8 @@ def add_search_parser(sub: argparse._SubParsersAction) -> None:
                    "parity,engine-best on GPUs; parity on CPU, where the two are the same)")
     p.add_argument("--budget", type=float, default=10.0, help="wall-clock minutes for the trials (default 10)")
     p.add_argument("--top", type=int, default=3, help="candidates run before the first refit (default 3)")
+    p.add_argument("--micro-batches", metavar="B,B,...", help="only these micro-batch sizes (default: every divisor "
+                   "of the per-replica batch the planner gives)")
     p.add_argument("--max-trials", type=int, help="stop after this many trials (default: the budget decides)")
     p.add_argument("--fault", action="append", default=[], metavar="CANDIDATE:KIND",
                    help=f"plant a fault ({', '.join(FAULT_KINDS)}) in that candidate's trial, rank 0 (tests the "
@@ -70,6 +72,14 @@ def build_search_request(args: argparse.Namespace):
     bad = [k for k in kernels if k not in ("parity", "engine-best")]
     if bad or not kernels:
         problems.append(f"--kernels {args.kernels!r}: comma-separated modes from parity, engine-best")
+    micro = None
+    if args.micro_batches is not None:
+        try:
+            micro = tuple(sorted({int(b) for b in args.micro_batches.split(",")}))
+        except ValueError:
+            micro = ()
+        if not micro or min(micro) < 1:
+            problems.append(f"--micro-batches {args.micro_batches!r}: comma-separated integers >= 1")
     faults = {}
     for item in args.fault:
         m = re.fullmatch(r"([A-Za-z0-9_-]+):([a-z_]+)", item)
@@ -97,7 +107,7 @@ def build_search_request(args: argparse.Namespace):
         peak_flops=gpu.flops[PRESETS[args.model].dtype] if gpu else None,
         memory_gib=args.memory_gib or (gpu.memory_gib if gpu else None),
         usable_fraction=load_assumptions().memory_usable_fraction, budget_s=args.budget * 60.0, top_k=args.top,
-        kernels=kernels, max_trials=args.max_trials, faults=faults)
+        kernels=kernels, max_trials=args.max_trials, micro_batch_sizes=micro or None, faults=faults)
 
 
 def detect_gpu_name() -> str | None:
