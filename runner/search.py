@@ -532,7 +532,7 @@ def render_header(req: SearchRequest, candidates: Sequence[Candidate]) -> str:
 
 
 def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str], None] = print,
-               launch_trial: Callable[[Path, Any, Any], str] | None = None) -> dict[str, Any]:
+               launch_trial: Callable[[Path, Any, Any], tuple[str, str | None]] | None = None) -> dict[str, Any]:
     """Plan, run trials into the campaign ``out`` and refit until the budget is spent or no
     untried candidate is predicted within SEARCH_SLACK of the best measured step. Resumes a
     search already in ``out`` (same request). -> search.json's content."""
@@ -713,7 +713,7 @@ def campaign_launcher(out: Path, *, campaign, req: SearchRequest, matrix: Path):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return "timeout", f"no status.json after {deadline:.0f} s"
+            return "crash", f"the campaign runner wrote no status.json (see {out / 'search-runner.log'})"
         return str(data.get("status", "crash")), data.get("cause")
 
     return launch
