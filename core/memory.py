@@ -11,7 +11,9 @@ planner keeps a reserve for those), and which layout to choose (runner.plan).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core.errors import ConfigError
 from core.formulas import ModelShape, count_embedding_params, count_layer_params, count_mlp_params
@@ -21,6 +23,11 @@ from core.formulas import ModelShape, count_embedding_params, count_layer_params
 SHARDINGS = ("ddp", "zero1", "zero2", "zero3", "megatron", "megatron-distopt")
 RECOMPUTES = ("none", "selective", "full")
 ACTIVATION_BYTES = 2  # bf16 activations
+# Adam's model states in bytes per parameter, (weights, grads, optimizer), by training dtype (ZeRO,
+# Rajbhandari et al. 2020, section 3.1): mixed precision 2 + 2 + 12 (fp32 master weights, m, v);
+# plain fp32 4 + 4 + 8 (m, v). Both 16.
+STATE_BYTES: dict[str, tuple[int, int, int]] = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
+FP32_GRAD_BYTES = 4  # a gradient kept or reduced in fp32 (Megatron's grad_reduce_in_fp32)
 
 
 def compute_state_bytes_per_param(*, sharding: str, shard_degree: int) -> float:
@@ -38,8 +45,10 @@ def compute_state_bytes_per_param(*, sharding: str, shard_degree: int) -> float:
     if shard_degree < 1:
         raise ConfigError(f"shard_degree must be >= 1, got {shard_degree}")
     d = shard_degree
-    table = {"ddp": 16.0, "zero1": 4 + 12 / d, "zero2": 2 + 14 / d, "zero3": 16 / d, "megatron": 18.0,
-             "megatron-distopt": 6 + 12 / d}
+    w, g, o = STATE_BYTES["bf16"]
+    fp32_g = FP32_GRAD_BYTES
+    table = {"ddp": float(w + g + o), "zero1": (w + g) + o / d, "zero2": w + (g + o) / d, "zero3": (w + g + o) / d,
+             "megatron": float(w + fp32_g + o), "megatron-distopt": (w + fp32_g) + o / d}
     if sharding not in table:
         raise ConfigError(f"unknown optimizer sharding {sharding!r}; choose one of {', '.join(SHARDINGS)}")
     return table[sharding]
@@ -105,6 +114,86 @@ def compute_model_state_bytes(params: StageParams, *, sharding: str, dp_degree: 
     if params.expert:
         out += params.expert * compute_state_bytes_per_param(sharding=sharding, shard_degree=max(d // ep_degree, 1))
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStateBytes:
+    """Model-state bytes one rank of a run holds, per parameter of the whole model (Ψ):
+    weights, grads and optimizer states (Adam), so a rank holds their sum x Ψ bytes.
+    num_params_persistent: DeepSpeed ZeRO-3 parameters kept whole on every rank (below
+    ``zero.stage3_param_persistence_threshold`` elements; 0 otherwise); grads_bytes: bytes of one
+    gradient element as the engine keeps it; distributed_optimizer: optimizer states sharded
+    over the data-parallel ranks."""
+
+    weights_bytes_per_param: float
+    grads_bytes_per_param: float
+    optimizer_bytes_per_param: float
+    grads_bytes: int
+    distributed_optimizer: bool
+    num_params_persistent: int = 0
+    persistence_threshold: int | None = None
+
+    @property
+    def total_bytes_per_param(self) -> float:
+        return self.weights_bytes_per_param + self.grads_bytes_per_param + self.optimizer_bytes_per_param
+
+
+def compute_engine_state_bytes(*, strategy: str, engine: str, dtype: str, num_params: int, tp_degree: int,
+                               pp_degree: int, dp_degree: int, options: Mapping[str, Any] | None = None,
+                               param_numels: Sequence[int] | None = None) -> EngineStateBytes | None:
+    """Model-state bytes one rank holds (Adam), for (strategy, engine) at these degrees, per
+    parameter of the whole model.
+
+    Ψ = num_params (tied embedding once); M = TP x PP (model-parallel split, taken as even:
+    replicated LayerNorms/embeddings under TP and the last stage's tied-embedding copy make real
+    stages a little uneven); N = dp_degree; bytes (w, g, o) from STATE_BYTES.
+
+    - DDP (torch, autocast) and torch TP+PP: fp32 weights 4 + fp32 grads 4 + Adam m, v 8 = 16/M
+      (autocast keeps fp32 weights whatever the dtype).
+    - ZeRO-3 DeepSpeed: (w + g + o)/N (ZeRO section 5.3). Parameters below
+      ``zero.stage3_param_persistence_threshold`` elements stay whole on every rank (DeepSpeed
+      keeps them gathered), so with ``param_numels`` their weights count w(Ψ_persist + (Ψ -
+      Ψ_persist)/N)/Ψ instead of w/N.
+    - ZeRO-3 FSDP2: fp32 sharded weights 4 (the master copy) + fp32 grads 4 + m, v 8, all / N
+      (torch FSDP2 fully_shard keeps the parameters' original dtype).
+    - Megatron: w + g + o, g = 4 with grad_reduce_in_fp32 (default) else 2 under bf16, o / N with
+      the distributed optimizer (default when N > 1), all / M: 6 + 12/N or 18 under bf16
+      (Megatron-LM docs, distributed optimizer bytes/param table).
+
+    Returns None for an unknown (strategy, engine) or a dtype other than bf16 / fp32. Raises
+    ValueError for non-positive degrees or parameter count.
+    """
+    if min(tp_degree, pp_degree, dp_degree) < 1 or num_params < 1:
+        raise ValueError(f"degrees and num_params must be positive: tp {tp_degree}, pp {pp_degree}, dp {dp_degree},"
+                         f" num_params {num_params}")
+    if dtype not in ("bf16", "fp32"):
+        return None
+    opts = options or {}
+    m, n = tp_degree * pp_degree, dp_degree
+    fw, fg, fo = STATE_BYTES["fp32"]
+    if (strategy, engine) in (("ddp", "torch-ddp"), ("tp_pp", "torch")):
+        return EngineStateBytes(weights_bytes_per_param=fw / m, grads_bytes_per_param=fg / m,
+                                optimizer_bytes_per_param=fo / m, grads_bytes=fg, distributed_optimizer=False)
+    if (strategy, engine) == ("zero3", "deepspeed"):
+        w, g, o = STATE_BYTES[dtype]
+        threshold = (opts.get("zero") or {}).get("stage3_param_persistence_threshold")
+        persist = sum(k for k in param_numels if k < threshold) if param_numels and threshold is not None else 0
+        return EngineStateBytes(weights_bytes_per_param=w * (persist + (num_params - persist) / n) / num_params,
+                                grads_bytes_per_param=g / n, optimizer_bytes_per_param=o / n, grads_bytes=g,
+                                distributed_optimizer=True, num_params_persistent=persist,
+                                persistence_threshold=threshold)
+    if (strategy, engine) == ("zero3", "fsdp2"):
+        return EngineStateBytes(weights_bytes_per_param=fw / n, grads_bytes_per_param=fg / n,
+                                optimizer_bytes_per_param=fo / n, grads_bytes=fg, distributed_optimizer=True)
+    if (strategy, engine) == ("tp_pp", "megatron"):
+        distributed = bool(opts.get("use_distributed_optimizer", n > 1))
+        w, g, o = STATE_BYTES[dtype]
+        if dtype == "bf16" and opts.get("grad_reduce_in_fp32", True):
+            g = FP32_GRAD_BYTES
+        o_rank = o / n if distributed else o
+        return EngineStateBytes(weights_bytes_per_param=w / m, grads_bytes_per_param=g / m,
+                                optimizer_bytes_per_param=o_rank / m, grads_bytes=g, distributed_optimizer=distributed)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

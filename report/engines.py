@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.records import STRATEGY_ENGINES, LoadedRun, ModelConfig, RunSummary
-from report.memory import GIB, compute_model_state_bytes, compute_param_numels
+from report.memory import GIB, build_model_states, compute_param_numels
 from report.rules import THRESHOLDS, Finding, layout_key, rule_engine_gap
 
 
@@ -73,7 +73,7 @@ def _row(run: LoadedRun, s: RunSummary | None, b: Mapping[str, Any] | None, *, d
     spec = run.spec
     states = None
     if run.num_params:
-        states = compute_model_state_bytes(
+        states = build_model_states(
             strategy=spec.strategy, engine=spec.engine, dtype=dtype, num_params=int(run.num_params),
             tp_degree=int(spec.tp_degree), pp_degree=int(spec.pp_degree), dp_degree=int(spec.dp_degree),
             options=spec.options, param_numels=param_numels)

@@ -1,4 +1,5 @@
-"""Model-state memory per rank, by layout *and* engine, from the parameter count (analytic).
+"""Model-state memory per rank, by layout *and* engine, as the note shows it: core.memory's
+bytes (compute_engine_state_bytes) with the formula, source and caveats worded.
 
 Model states are the parameters, their gradients and the optimizer's states (Adam: m, v and,
 under mixed precision, an fp32 master copy) -- what ZeRO shards (Rajbhandari et al. 2020,
@@ -10,7 +11,8 @@ run measures beyond these bytes (peak allocated - model states) is activations, 
 parameters, communication buckets and temporaries; peak reserved - peak allocated is the caching
 allocator's reserve.
 
-Deliberately not here: activation estimates (measured, not modelled), reading files, wording.
+Deliberately not here: the byte arithmetic (core.memory), activation estimates (measured, not
+modelled), reading files.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core.memory import STATE_BYTES, compute_engine_state_bytes
 from core.records import ModelConfig
 from report.i18n import N_, Message, MessageList
 
@@ -58,92 +61,64 @@ def compute_param_numels(model: ModelConfig) -> list[int]:
     return [v * h, t * h, *block * int(model.num_layers), h, h]
 
 
-def _state(weights: float, grads: float, optimizer: float, *, num_params: int, formula: str, source: str,
-           extra: str = "") -> ModelStateBytes:
-    total = weights + grads + optimizer
-    return ModelStateBytes(weights_bytes_per_param=weights, grads_bytes_per_param=grads,
-                           optimizer_bytes_per_param=optimizer, total_bytes_per_param=total,
-                           total_bytes=total * num_params, formula=formula, source=source, extra=extra)
-
-
-def compute_model_state_bytes(*, strategy: str, engine: str, dtype: str, num_params: int, tp_degree: int,
-                              pp_degree: int, dp_degree: int, options: Mapping[str, Any] | None = None,
-                              param_numels: list[int] | None = None) -> ModelStateBytes | None:
-    """Model-state bytes one rank holds (Adam), for (strategy, engine) at these degrees.
-
-    Ψ = num_params (whole model, tied embedding once); M = TP x PP (model-parallel split, taken as
-    even: replicated LayerNorms/embeddings under TP and the last stage's tied-embedding copy make
-    real stages a little uneven); N = dp_degree.
-
-    - DDP (torch, autocast) and torch TP+PP: fp32 weights 4 + fp32 grads 4 + Adam m, v 8 = 16Ψ/M
-      (autocast keeps fp32 weights; ZeRO §3.1 counts the same 16 bytes for mixed precision).
-    - ZeRO-3 DeepSpeed, bf16: bf16 weights 2 + bf16 grads 2 + fp32 master, m, v 12, all / N =
-      16Ψ/N (ZeRO §5.3); fp32: 4 + 4 + 8, / N. Parameters below
-      ``zero.stage3_param_persistence_threshold`` elements stay whole on every rank (DeepSpeed
-      keeps them gathered), so with ``param_numels`` (compute_param_numels) their weight bytes
-      count Ψ_persist + (Ψ - Ψ_persist)/N instead of Ψ/N.
-    - ZeRO-3 FSDP2, bf16: fp32 sharded weights 4 (the master copy) + fp32 sharded grads 4 + m, v 8,
-      all / N = 16Ψ/N; bf16 copies exist only while a block is gathered (``extra`` says when they
-      are held longer: reshard_after_forward = false, or reduce_every_microbatch = false).
-    - Megatron, bf16: bf16 weights 2 + grads g (4 with grad_reduce_in_fp32, else 2) + fp32 master,
-      m, v 12 (/ N with the distributed optimizer), all / M: (2 + g + 12/N)Ψ/M, i.e. 6 + 12/N or 18
-      (Megatron-LM distributed-optimizer table); fp32: 4 + 4 + 8 (/ N distributed).
+def build_model_states(*, strategy: str, engine: str, dtype: str, num_params: int, tp_degree: int,
+                       pp_degree: int, dp_degree: int, options: Mapping[str, Any] | None = None,
+                       param_numels: list[int] | None = None) -> ModelStateBytes | None:
+    """Model-state bytes one rank holds (Adam), for (strategy, engine) at these degrees, with the
+    formula and source the note prints: the bytes are core.memory.compute_engine_state_bytes's
+    (its docstring gives each engine's formula and source); ``extra`` says what FSDP2 holds
+    longer (reshard_after_forward = false: +2Ψ bf16 gathered weights; reduce_every_microbatch =
+    false: unsharded gradients until the last micro-batch) and which DeepSpeed parameters stay
+    whole (Ψ_persist).
 
     Returns None for an unknown (strategy, engine) or dtype. Raises ValueError for
     non-positive degrees or parameter count.
     """
-    if min(tp_degree, pp_degree, dp_degree) < 1 or num_params < 1:
-        raise ValueError(f"degrees and num_params must be positive: tp {tp_degree}, pp {pp_degree}, dp {dp_degree},"
-                         f" num_params {num_params}")
-    if dtype not in ("bf16", "fp32"):
+    b = compute_engine_state_bytes(strategy=strategy, engine=engine, dtype=dtype, num_params=num_params,
+                                   tp_degree=tp_degree, pp_degree=pp_degree, dp_degree=dp_degree, options=options,
+                                   param_numels=param_numels)
+    if b is None:
         return None
     opts = options or {}
     m, n = tp_degree * pp_degree, dp_degree
     bf16 = dtype == "bf16"
-    if (strategy, engine) in (("ddp", "torch-ddp"), ("tp_pp", "torch")):
-        where = "Ψ" if m == 1 else "Ψ/(TP·PP)"
-        return _state(4 / m, 4 / m, 8 / m, num_params=num_params, source=ZERO_SOURCE,
-                      formula=Message(N_("(4 fp32 weights + 4 fp32 grads + 8 Adam m, v) %(where)s = 16%(where)s"),
-                                      where=where))
-    if (strategy, engine) == ("zero3", "deepspeed"):
-        w, g, o = (2, 2, 12) if bf16 else (4, 4, 8)
+    where = "Ψ" if m == 1 else "Ψ/(TP·PP)"
+    source, extra = ZERO_SOURCE, ""
+    if engine in ("torch-ddp", "torch"):
+        formula = Message(N_("(4 fp32 weights + 4 fp32 grads + 8 Adam m, v) %(where)s = 16%(where)s"), where=where)
+    elif engine == "deepspeed":
+        w = STATE_BYTES[dtype][0]
         parts = Message(N_("2 bf16 weights + 2 bf16 grads + 12 fp32 master, m, v") if bf16
                         else N_("4 weights + 4 grads + 8 m, v"))
-        threshold = (opts.get("zero") or {}).get("stage3_param_persistence_threshold")
-        persist = sum(k for k in param_numels if k < threshold) if param_numels and threshold is not None else 0
-        w_rank = w * (persist + (num_params - persist) / n) / num_params
-        formula, extra = Message(N_("(%(parts)s) Ψ/N = 16Ψ/N, N = %(n)s"), parts=parts, n=n), ""
+        persist, threshold = b.num_params_persistent, b.persistence_threshold
+        formula = Message(N_("(%(parts)s) Ψ/N = 16Ψ/N, N = %(n)s"), parts=parts, n=n)
         if persist and n > 1:
             formula = Message(N_("(%(parts)s) Ψ/N + %(w)sΨ_persist·(1 − 1/N), N = %(n)s"), parts=parts, w=w, n=n)
             extra = Message(N_("Ψ_persist = %(persist)s (%(share)s of Ψ): parameters below"
                                " stage3_param_persistence_threshold (%(threshold)s elements) stay whole on every rank"),
                             persist=f"{persist:,}", share=f"{persist / num_params:.1%}", threshold=f"{threshold:,}")
-        return _state(w_rank, g / n, o / n, num_params=num_params, source=ZERO_SOURCE, formula=formula, extra=extra)
-    if (strategy, engine) == ("zero3", "fsdp2"):
-        extra = []
+    elif engine == "fsdp2":
+        held = []
         if bf16 and not opts.get("reshard_after_forward", True):
-            extra.append(Message(N_("+2Ψ bf16 gathered weights held from forward to backward"
-                                    " (reshard_after_forward = false)")))
+            held.append(Message(N_("+2Ψ bf16 gathered weights held from forward to backward"
+                                   " (reshard_after_forward = false)")))
         if not opts.get("reduce_every_microbatch", True):
-            extra.append(Message(N_("+%(bytes)sΨ unsharded gradients until the last micro-batch"
-                                    " (reduce_every_microbatch = false)"), bytes=2 if bf16 else 4))
-        return _state(4 / n, 4 / n, 8 / n, num_params=num_params, source=FSDP2_SOURCE,
-                      formula=Message(N_("(4 fp32 sharded weights + 4 fp32 grads + 8 m, v) Ψ/N = 16Ψ/N, N = %(n)s"), n=n),
-                      extra=MessageList(extra, "; "))
-    if (strategy, engine) == ("tp_pp", "megatron"):
-        distributed = bool(opts.get("use_distributed_optimizer", n > 1))
+            held.append(Message(N_("+%(bytes)sΨ unsharded gradients until the last micro-batch"
+                                   " (reduce_every_microbatch = false)"), bytes=2 if bf16 else 4))
+        source, extra = FSDP2_SOURCE, MessageList(held, "; ")
+        formula = Message(N_("(4 fp32 sharded weights + 4 fp32 grads + 8 m, v) Ψ/N = 16Ψ/N, N = %(n)s"), n=n)
+    else:  # megatron
+        w, _, o = STATE_BYTES[dtype]
         if bf16:
-            g = 4 if opts.get("grad_reduce_in_fp32", True) else 2
-            w, o = 2, 12
-            parts = Message(N_("2 bf16 weights + 4 fp32 grads + 12 fp32 master, m, v") if g == 4
+            parts = Message(N_("2 bf16 weights + 4 fp32 grads + 12 fp32 master, m, v") if b.grads_bytes == 4
                             else N_("2 bf16 weights + 2 bf16 grads + 12 fp32 master, m, v"))
         else:
-            w, g, o = 4, 4, 8
             parts = Message(N_("4 weights + 4 grads + 8 m, v"))
-        o_rank = o / n if distributed else o
-        where = "Ψ" if m == 1 else "Ψ/(TP·PP)"
-        formula = (N_("(%(parts)s, optimizer / N) %(where)s = (%(wg)s + %(o)s/N)%(where)s, N = %(n)s") if distributed
-                   else N_("(%(parts)s) %(where)s = (%(wg)s + %(o)s)%(where)s, N = %(n)s"))
-        return _state(w / m, g / m, o_rank / m, num_params=num_params, source=MEGATRON_SOURCE,
-                      formula=Message(formula, parts=parts, where=where, wg=w + g, o=o, n=n))
-    return None
+        text = (N_("(%(parts)s, optimizer / N) %(where)s = (%(wg)s + %(o)s/N)%(where)s, N = %(n)s")
+                if b.distributed_optimizer else N_("(%(parts)s) %(where)s = (%(wg)s + %(o)s)%(where)s, N = %(n)s"))
+        source, formula = MEGATRON_SOURCE, Message(text, parts=parts, where=where, wg=w + b.grads_bytes, o=o, n=n)
+    total = b.weights_bytes_per_param + b.grads_bytes_per_param + b.optimizer_bytes_per_param
+    return ModelStateBytes(weights_bytes_per_param=b.weights_bytes_per_param,
+                           grads_bytes_per_param=b.grads_bytes_per_param,
+                           optimizer_bytes_per_param=b.optimizer_bytes_per_param, total_bytes_per_param=total,
+                           total_bytes=total * num_params, formula=formula, source=source, extra=extra)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import re
 from typing import Any
 
+from core.memory import STATE_BYTES
 from core.records import LoadedRun, RunSpec, RunSummary
 from report.metrics import compute_step_spread
 from report.health import RunHealth
@@ -248,13 +249,13 @@ def rule_straggler(rows: Sequence[RunSummary], t: Mapping[str, float]) -> list[F
     return out
 
 
-# Model-state bytes per parameter with Adam (ZeRO paper, Rajbhandari et al. 2020, section 3.1):
-# mixed precision 2 (bf16/fp16 weights) + 2 (grads) + 12 (fp32 master weights, m, v);
-# plain fp32 4 (weights) + 4 (grads) + 8 (m, v). Both 16 bytes/param.
-# The labels are English messages (report.i18n.N_), translated by the template.
-MODEL_STATE_BYTES = {"bf16": ((N_("weights"), 2), (N_("grads"), 2), (N_("fp32 master weights, m and v"), 12)),
-                     "fp16": ((N_("weights"), 2), (N_("grads"), 2), (N_("fp32 master weights, m and v"), 12)),
-                     "fp32": ((N_("weights"), 4), (N_("grads"), 4), (N_("m and v"), 8))}
+# Model-state bytes per parameter with Adam, labelled: (label, bytes) for weights, grads and the
+# optimizer's states (core.memory.STATE_BYTES). The labels are English messages (report.i18n.N_),
+# translated by the template.
+_STATE_LABELS = {"bf16": (N_("weights"), N_("grads"), N_("fp32 master weights, m and v")),
+                 "fp32": (N_("weights"), N_("grads"), N_("m and v"))}
+MODEL_STATE_BYTES = {dtype: tuple(zip(_STATE_LABELS["fp32" if dtype == "fp32" else "bf16"], STATE_BYTES[dtype]))
+                     for dtype in STATE_BYTES}
 
 
 def _nvlink_in_topology(topology: str) -> tuple[str, ...]:

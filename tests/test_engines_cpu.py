@@ -30,7 +30,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.records import RunSummary, run_spec_from_dict, to_dict
-from report.memory import compute_model_state_bytes, compute_param_numels
+from report.memory import build_model_states, compute_param_numels
 from report.rules import GAP_CATEGORIES, THRESHOLDS, rule_engine_gap
 from core.records import STRATEGY_ENGINES
 from runner.matrix import load_matrix, resolve_matrix
@@ -190,20 +190,20 @@ def test_model_state_bytes_per_engine():
         (("tp_pp", "torch", "bf16", 2, 2, 2, {}), 16 / 4),
     ]
     for (strategy, engine, dtype, tp, pp, dp, opts), want in cases:
-        got = compute_model_state_bytes(strategy=strategy, engine=engine, dtype=dtype, num_params=psi, tp_degree=tp,
+        got = build_model_states(strategy=strategy, engine=engine, dtype=dtype, num_params=psi, tp_degree=tp,
                                         pp_degree=pp, dp_degree=dp, options=opts)
         assert got.total_bytes_per_param == pytest.approx(want), (strategy, engine)
         assert got.total_bytes == pytest.approx(want * psi)
     from runner.presets import PRESETS, build_model_config
     numels = compute_param_numels(build_model_config(PRESETS["gpt-125m"], max_tp_degree=1))
     assert sum(numels) == psi
-    ds = compute_model_state_bytes(strategy="zero3", engine="deepspeed", dtype="bf16", num_params=psi, tp_degree=1,
+    ds = build_model_states(strategy="zero3", engine="deepspeed", dtype="bf16", num_params=psi, tp_degree=1,
                                    pp_degree=1, dp_degree=8, param_numels=numels,
                                    options={"zero": {"stage3_param_persistence_threshold": 1_000_000}})
     persist = sum(k for k in numels if k < 1_000_000)  # biases, LayerNorms, attn proj 768x768, wpe
     assert ds.weights_bytes_per_param * psi == pytest.approx(2 * (persist + (psi - persist) / 8))
     assert "Ψ_persist" in ds.formula
-    assert compute_model_state_bytes(strategy="zero3", engine="fsdp2", dtype="bf16", num_params=psi, tp_degree=1,
+    assert build_model_states(strategy="zero3", engine="fsdp2", dtype="bf16", num_params=psi, tp_degree=1,
                                      pp_degree=1, dp_degree=1, options={"reshard_after_forward": False}).extra
 
 

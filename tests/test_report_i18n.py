@@ -276,9 +276,9 @@ def test_messages_from_python_print_translated_and_stay_english_elsewhere():
     from markupsafe import Markup
 
     from report.i18n import Message, MessageList, translate
-    from report.memory import compute_model_state_bytes
+    from report.memory import build_model_states
 
-    states = compute_model_state_bytes(strategy="zero3", engine="fsdp2", dtype="bf16", num_params=1000, tp_degree=1,
+    states = build_model_states(strategy="zero3", engine="fsdp2", dtype="bf16", num_params=1000, tp_degree=1,
                                        pp_degree=1, dp_degree=4, options={"reshard_after_forward": False})
     assert states.formula == "(4 fp32 sharded weights + 4 fp32 grads + 8 m, v) Ψ/N = 16Ψ/N, N = 4"
     zh = load_language("zh")
