@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import pandas as pd
@@ -33,6 +33,9 @@ from report.figures import (MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS, r
                             render_health_figure, render_rank_step_time_figure, render_timeline_figure, write_figures)
 from report.health import compute_flagged_curves, compute_rank_step_times
 from report.view import Figure, Note, build_note
+
+if TYPE_CHECKING:
+    from report.triage import FileRow, TraceJob, TriageSection
 
 TEMPLATES_DIR = Path(files("report") / "templates")  # package data (pyproject.toml), found through the package
 NA = N_("n/a")
@@ -412,9 +415,9 @@ class LogsNote:
     """A folder of logs that is not one training job: its jobs side by side, failures first."""
 
     folder: str
-    triage: Any  # report.triage.TriageSection
-    files: tuple[Any, ...]  # report.triage.FileRow
-    traces: tuple[Any, ...] = ()
+    triage: TriageSection
+    files: tuple[FileRow, ...]
+    traces: tuple[TraceJob, ...] = ()
 
 
 def build_logs_note(folder: str, tables: dict[str, pd.DataFrame], jobs: Sequence[Any]) -> LogsNote:

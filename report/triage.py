@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
+    from report.attribution import AttributionView
+
 from core.records import LoadedRun
 from ingest.hangs import rank_evidence
 from ingest.jobs import Evidence, HangView, Job
@@ -126,7 +128,7 @@ def build_file_rows(files: Any) -> tuple[FileRow, ...]:
 @dataclass(frozen=True, kw_only=True)
 class TraceJob:
     """A job's own torch.profiler traces, attributed across the ranks given as a campaign's
-    section 5 (report.view.build_attribution). run: the job's name; num_ranks: ranks given;
+    section 5 (report.attribution.build_attribution). run: the job's name; num_ranks: ranks given;
     world_size: what the traces' distributedInfo says (None: unknown); missing_ranks: ranks of
     that world with no trace here; whole_trace_ranks: ranks whose trace had no ProfilerStep
     marks (the whole trace is one window); warnings: the attribution's own caveats."""
@@ -137,7 +139,7 @@ class TraceJob:
     world_size: int | None
     missing_ranks: tuple[int, ...]
     whole_trace_ranks: tuple[int, ...]
-    attribution: Any  # report.view.AttributionView
+    attribution: AttributionView
     sources: tuple[str, ...]
     warnings: tuple[str, ...] = ()
 

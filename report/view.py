@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -44,6 +44,10 @@ from report.rules import (
 from core.formulas import (
     DEFAULT_CONVENTION, ZIPF_EXPONENT, compute_bubble_fraction, compute_flops_per_token, compute_mfu, zipf_entropy_nats,
 )
+
+if TYPE_CHECKING:  # imported where they are built: the prediction model and the probe's loader cost import time
+    from report.capacity import CapacitySection
+    from report.predict import PredictedSection
 
 # English messages (report.i18n.N_): the templates translate them when they print them
 NOT_MEASURED = N_("not measured yet")
@@ -344,7 +348,7 @@ class Note:
     conditions: tuple[Finding, ...]
     caveats: tuple[Finding, ...]
     formulas: tuple[tuple[str, str, str], ...]
-    predicted: Any = None  # report.predict.PredictedSection: the model checked on these runs, unrun layouts
+    predicted: PredictedSection | None = None  # the model checked on these runs, unrun layouts (report.predict)
     engine_groups: tuple[EngineGroup, ...] = ()  # one layout under several engines (report.engines)
     knob_findings: tuple[Finding, ...] = ()  # one layout and engine under other knobs (rules.rule_engine_knobs)
     data_round: DataRoundSection | None = None  # data rounds and checkpoint cost (report.data_rounds)
@@ -355,8 +359,8 @@ class Note:
     repeats: tuple[RepeatGroup, ...] = ()  # layouts run more than once (report.parity)
     interval_method: str = INTERVAL_METHOD
     parity_tolerance: float = THRESHOLDS["parity_tolerance"]
-    triage: Any = None  # report.triage.TriageSection: failed runs (campaigns) or the folder's jobs (logs)
-    capacity: Any = None  # report.capacity.CapacitySection: the campaign's capacity probe, if it has one
+    triage: TriageSection | None = None  # failed runs (campaigns) or the folder's jobs (logs) (report.triage)
+    capacity: CapacitySection | None = None  # the campaign's capacity probe, if it has one (report.capacity)
     capacity_problems: tuple[str, ...] = ()  # why a capacity probe's file was left out
     health: HealthSection | None = None  # loss spikes, divergence, gradient norm, per-rank step time (report.health)
     overlap: OverlapSection | None = None  # overlap pairs: switches on and off, measured and predicted (report.overlap)
@@ -556,7 +560,7 @@ PREDICTION_ERROR_MAX = 0.25  # leave-one-out errors beyond this make the predict
 
 def build_measurement_caveats(runs: Sequence[LoadedRun], evidence: EvidenceSection,
                               fixed: FixedConfig, *, metric_rows: Sequence[RunSummary] = (),
-                              predicted: Any = None) -> list[Finding]:
+                              predicted: PredictedSection | None = None) -> list[Finding]:
     """Caveats from facts the campaign already holds: planted causes, profiled steps slower
     than unprofiled ones (section 5 is rescaled), a profiling cost over 2% of the run, a
     measurement overhead beyond its steps' spread, runs at different compile modes (kernels
@@ -567,7 +571,7 @@ def build_measurement_caveats(runs: Sequence[LoadedRun], evidence: EvidenceSecti
         f, spread = m.loop_overhead_fraction, m.loop_overhead_spread
         if f is not None and spread is not None and abs(f) >= spread:
             out.append(Finding(kind="measurement_overhead", runs=(m.run,), evidence={"fraction": f, "spread": spread}))
-    checks = getattr(predicted, "checks", ()) or ()
+    checks = predicted.checks if predicted is not None else ()
     errors = [c.error for c in checks if c.error is not None]
     if errors and max(abs(e) for e in errors) > PREDICTION_ERROR_MAX:
         out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
@@ -983,7 +987,7 @@ from report.triage import TriageSection, build_triage_runs  # noqa: E402 - below
 
 def build_predicted_or_reason(campaign: Campaign, fixed: FixedConfig, runs: Sequence[LoadedRun],
                               summary: Sequence[RunSummary], env: EnvRecord,
-                              measured: Mapping[str, Mapping[str, float]] | None = None) -> Any:
+                              measured: Mapping[str, Mapping[str, float]] | None = None) -> PredictedSection:
     """report.predict's block (measured: run -> section 5's breakdown_median_ms, for the
     per-category checks); a source it cannot model (third-party logs without a layout) gets
     the block's reason instead of a failed note."""
