@@ -113,6 +113,19 @@ def test_normaliser_reads_a_tab_as_a_cell_gap_and_never_as_a_wrap():
     assert [(n, len(b)) for n, b, _, _ in iter_lines(wrapped)] == [(1, 84), (3, 79)]
 
 
+def test_wrap_joiner_tells_rows_padded_to_the_width_from_wrapped_rows():
+    """Rows padded with blanks to a wrap width (each followed by another such row) stay rows; a wrapped
+    table row whose full-width piece ends between cells is rejoined, indented continuation or not."""
+    cell = lambda text: f"{text:<20}"  # noqa: E731 (DeepSpeed's comms logger: 20-character cells)
+    padded = ["".join(cell(c) for c in ("Comm. Op", "Size", "Count", "Latency(ms)")) + " " * 40,
+              "broadcast", *[" " * 20 + "".join(cell(c) for c in (f"{k}.0 KB", "2", "0.19")) + " " * 40 for k in (1, 2, 3)]]
+    assert {len(line) for line in padded} == {120, 9}
+    assert [n for n, _, _, _ in iter_lines("\n".join(padded))] == [1, 2, 3, 4, 5]
+    row = "           8             2     float     sum      -1    135.8    0.00    0.00      0    123.5    0.00    0.00      0"
+    wrapped = [row[:80], row[80:], row.replace("   8   ", "  16   ")[:80], row[80:]]
+    assert [(n, b) for n, b, _, _ in iter_lines("\n".join(wrapped))] == [(1, row.strip()), (3, row.replace("   8   ", "  16   ").strip())]
+
+
 def test_detect_kind_ignores_names_and_unknown_text():
     assert detect_kind("hello world\nnothing here\n") is None
     result = parse_text("hello\n\nworld\n", source="x.nccl.log")

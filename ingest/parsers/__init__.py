@@ -224,17 +224,34 @@ def _unprefixed(line: str) -> str:
     return line[m.end():] if m and not m.group(0).isspace() else line
 
 
-def _starts_record(head: str, nxt: str) -> bool:
+_FRAME = re.compile(r'\s*File "')
+
+
+def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
     """Whether ``nxt``, the line after one of exactly the wrap width that began with ``head``, is a
-    record by itself: blank, headed like ``head``, an indented line after an indented one, or a
-    launcher prefix, timestamp, NCCL/glog header or traceback start."""
+    record by itself: blank, headed like ``head``, a launcher prefix, timestamp, NCCL/glog header or
+    traceback start, a traceback's source line under its frame; and where the block's lines of
+    the width are table rows (``rows``, ``_rows_at_width``), an indented line after an indented one."""
     stripped = nxt.lstrip()
     if not stripped or _shape(_unprefixed(head)) == _shape(_unprefixed(nxt)):
         return True
-    if len(stripped) < len(nxt) - 1 and head[:1] in " \t":  # one blank: a cut at a word boundary
+    if len(stripped) < len(nxt) - 1 and (rows and head[:1] in " \t" or _FRAME.match(head)):  # (one blank: a cut at a word boundary)
         return True
     m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own
     return bool(m and m.end() and not m.group(0).isspace()) or _RECORD_START.match(nxt) is not None
+
+
+def _rows_at_width(lines: list[str], width: int) -> bool:
+    """Whether a block's lines of exactly ``width`` are table rows padded to it, not pieces of wrapped
+    lines: at least two of them are followed by another line of the width that starts a record of
+    its own (a wrapped line's full pieces are followed by the rest of their line)."""
+    pairs = 0
+    for a, b in zip(lines, lines[1:]):
+        if len(a) == width == len(b) and _starts_record(a, b):
+            pairs += 1
+            if pairs >= 2:
+                return True
+    return False
 
 
 def _editor_numbered(lines: list[str]) -> bool:
@@ -292,12 +309,14 @@ def _clean(raw: str) -> str:
 
 def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) -> Iterator[tuple[int, str]]:
     """``(first lineno, line)`` with hard-wrapped lines rejoined: a line of exactly ``width``
-    characters takes the next one unless that one starts a record (``_starts_record``). ``held``
-    ([first lineno, text or None, its width]) carries a line across blocks; ``spans``: first lineno
-    -> last lineno of each joined line."""
+    characters takes the next one unless that one starts a record (``_starts_record``); where the
+    block's lines of the width are table rows (``_rows_at_width``), one padded with blanks to the
+    width is a row, not a wrap. ``held`` ([first lineno, text or None, its width, rows]) carries a
+    line across blocks; ``spans``: first lineno -> last lineno of each joined line."""
+    rows = _rows_at_width(lines, width) if width else held[3]
     for raw in lines:
         if held[1] is not None:
-            if not _starts_record(held[1], raw):
+            if not _starts_record(held[1], raw, held[3]):
                 held[1] += raw
                 spans[held[0]] = lineno
                 lineno += 1
@@ -307,10 +326,9 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
                 continue
             yield held[0], held[1]
             held[1] = None
-        # (padded with blanks to the width: a table row, not a wrap; a tab: the line's width on a terminal
-        # is not its length, so a length equal to the width is chance)
-        if len(raw) == width and raw[-2:] != "  " and "\t" not in raw:
-            held[0], held[1], held[2] = lineno, raw, width
+        # (a tab: the line's width on a terminal is not its length, so a length equal to the width is chance)
+        if len(raw) == width and "\t" not in raw and not (rows and raw[-2:] == "  "):
+            held[0], held[1], held[2], held[3] = lineno, raw, width, rows
         else:
             yield lineno, raw
         lineno += 1
@@ -319,7 +337,7 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
 def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iterable[tuple[int, str]]]:
     """Per block, its ``(lineno, line)`` pairs: cleaned (``_clean``), editor numbers and quote marks stripped,
     hard wraps rejoined (``_joined``); a cut last line withheld (``iter_lines``)."""
-    lineno, numbered, quoted, held = 0, None, None, [0, None, 0]
+    lineno, numbered, quoted, held = 0, None, None, [0, None, 0, True]
     for block in blocks:
         lines = block.split("\n")
         if cut and blocks.ends_cut and lines[-1].strip():  # cut: withhold a last line the input ends inside
