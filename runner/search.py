@@ -10,18 +10,19 @@ core.perfmodel.compute_layout_memory on the run's layout, as the note's predicte
 usable share of the device memory (perfmodel.toml [memory] usable_fraction: the stated margin).
 
 The rest are ranked by predicted step time (core.perfmodel.predict_run at a prior compute rate: the
-GPU's dense peak x perfmodel.toml's efficiency, or CPU_PRIOR_RATE_FLOPS on CPU). The top K run as
-trials of one campaign (warm-up, a short profiler window, then measured steps for a median and a
-spread), each launched by the campaign's own resume (`runner all --resume <out>` once the trial is
-listed in campaign.json), so a failed, OOM or hung trial is recorded like any run and the next one
-starts. After every trial each finished trial's compute
-rate is solved (core.perfmodel.solve_rate, as runner.calibrate and the note do), the untried
-candidates are re-predicted with the rate of their engine and kernels mode (else their kernels
-mode, else all trials) and re-ranked, and the best untried one runs while the budget lasts and the
-refit predicts it within SEARCH_SLACK of the best measured step. <out>/search.json holds every
-candidate (tried, pruned, untried) with predictions before and after the refit and what was
-measured; it is rewritten after every trial, and a search started again on the same <out> resumes
-(runs already final are kept: the campaign's own resume).
+GPU's dense peak x perfmodel.toml's efficiency, or CPU_PRIOR_RATE_FLOPS on CPU). The first --top
+trials take the best predicted candidate of each engine-and-degrees family. Trials are runs of one
+campaign (warm-up, a short profiler window, then measured steps for a median and a spread), each
+launched by the campaign's own resume (`runner all --resume <out>` once the trial is listed in
+campaign.json), so a failed, OOM or hung trial is recorded like any run and the next one starts.
+After every trial each finished trial's compute rate is solved (core.perfmodel.solve_rate, as
+runner.calibrate and the note do), the untried candidates are re-predicted with the rate of the
+other trials of their family (else engine, else kernels mode, else all; the nearest micro-batch
+size first) and re-ranked, and the best untried one runs while the budget lasts and the refit
+predicts it within SEARCH_SLACK (or the best trial's p90 spread, if larger) of the best measured
+step. <out>/search.json holds every candidate (tried, pruned, untried) with predictions before and
+after the refit and what was measured; it is rewritten after every trial, and a search started
+again on the same <out> resumes (runs already final are kept: the campaign's own resume).
 
 Deliberately not here: the note (report.search words the ranking from the traces' what-if numbers),
 the arithmetic (core), launching a process (runner.launch).
@@ -56,8 +57,10 @@ CPU_LINK = {"key": "gloo-loopback", "name": "gloo over loopback TCP (assumed)", 
 SEARCH_SLACK = 0.10  # an untried candidate runs only while its refit prediction is within this of the best measured
 # Trial shape: warm-up steps (untimed), a profiler window (one warm-up step + traced steps, for
 # the note's what-if evidence) and measured steps for the median and its spread.
-TRIAL_STEPS = {"cpu": {"warmup_steps": 3, "profile_num_steps": 2, "measured_steps": 6},
-               "cuda": {"warmup_steps": 8, "profile_num_steps": 2, "measured_steps": 10}}
+# A trial's time is mostly start-up (processes, engine, compile), so measured steps are cheap: enough
+# of them that the median is not the noise of a shared machine.
+TRIAL_STEPS = {"cpu": {"warmup_steps": 3, "profile_num_steps": 2, "measured_steps": 24},
+               "cuda": {"warmup_steps": 8, "profile_num_steps": 2, "measured_steps": 20}}
 TRIAL_TIMEOUTS_S = {"cpu": {"run_timeout_s": 300.0, "stall_timeout_s": 60.0, "startup_timeout_s": 180.0},
                     "cuda": {"run_timeout_s": 600.0, "stall_timeout_s": 180.0, "startup_timeout_s": 600.0}}
 INTERRUPT_GRACE_S = 120.0  # a stopped trial's runner gets this long to stop its ranks and write 'interrupted'
@@ -534,7 +537,7 @@ def render_header(req: SearchRequest, candidates: Sequence[Candidate]) -> str:
 def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str], None] = print,
                launch_trial: Callable[[Path, Any, Any], tuple[str, str | None]] | None = None) -> dict[str, Any]:
     """Plan, run trials into the campaign ``out`` and refit until the budget is spent or no
-    untried candidate is predicted within SEARCH_SLACK of the best measured step. Resumes a
+    untried candidate is predicted within SEARCH_SLACK (or the best trial's spread) of the best measured step. Resumes a
     search already in ``out`` (same request). -> search.json's content."""
     from core.atomic import write_json_atomic
 
@@ -581,11 +584,15 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                 seen = {family(c) for c in tried}  # refit has a rate for as many engines and degrees as it can
                 nxt = next((c for c in untried if family(c) not in seen), nxt)
             if len(tried) >= req.top_k and ok:
-                best = min(c.measured_step_ms for c in ok)
+                top = min(ok, key=lambda c: c.measured_step_ms)
+                best = top.measured_step_ms
+                # within the best trial's own spread (p90 over median) a prediction cannot be told apart
+                slack = max(SEARCH_SLACK, (top.measured_step_p90_ms or best) / best - 1)
                 pred = (nxt.after or nxt.before).step_ms
-                if pred > best * (1 + SEARCH_SLACK):
+                if pred > best * (1 + slack):
                     stop_reason = (f"the best untried candidate ({nxt.name}) is predicted at {pred:.2f} ms, more than "
-                                   f"{SEARCH_SLACK:.0%} over the best measured {best:.2f} ms")
+                                   f"{slack:.0%} over the best measured {best:.2f} ms (the larger of "
+                                   f"{SEARCH_SLACK:.0%} and that trial's p90 spread)")
                     break
             nxt = dataclasses.replace(nxt, trial_index=len(tried) + 1)
         t0 = time.monotonic()
