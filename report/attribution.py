@@ -30,7 +30,8 @@ class AttributionView:
     as recorded: the replay's own error against traced_step_s); per_rank: rank -> category -> s
     per traced step, rescale: traced step / unprofiled median step; straggler
     (compute_trace_straggler), stages (compute_stage_balance, PP runs), bandwidth
-    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table) or None;
+    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table, RunSpec.plant)
+    or None when nothing is planted;
     groups: each process group's own late rank (compute_group_stragglers)."""
 
     breakdown_ms: Mapping[str, float | None]
@@ -49,11 +50,11 @@ class AttributionView:
     num_launch_gaps: float
     launch_gap_p50_s: float | None
     launch_gap_max_s: float | None
-    straggler: Mapping[str, Any] | None
-    stages: Mapping[str, Any] | None
-    bandwidth: tuple[Mapping[str, Any], ...]
-    groups: tuple[Mapping[str, Any], ...]
-    plant: Mapping[str, Any] | None
+    straggler: ev.TraceStraggler | None
+    stages: ev.StageBalance | None
+    bandwidth: tuple[ev.CollectiveBandwidth, ...]
+    groups: tuple[ev.GroupStraggler, ...]
+    plant: Plant | None
 
 
 def run_plant(plant: Plant | None) -> dict[str, Any] | None:
@@ -82,7 +83,6 @@ def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size
     straggler = ev.compute_trace_straggler(att, run=run, min_fraction=rules.THRESHOLDS["straggler_trace_min_fraction"],
                                            hosts=hosts)
     pp = int(pp_degree or 1)
-    planted = run_plant(plant)
     layers = (list(plant.pp_layers) if plant and plant.pp_layers
               else [num_layers // pp] * pp if pp > 1 and num_layers % pp == 0 else [])
     stages = ev.compute_stage_balance(att, run=run, pp_degree=pp, layers=layers,
@@ -98,7 +98,8 @@ def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size
         per_rank=s["per_rank"], traced_step_s=s["traced_step_s"],
         median_step_s=s["median_step_s"], rescale=s["rescale"], num_launch_gaps=s["num_launch_gaps"],
         launch_gap_p50_s=s["launch_gap_p50_s"], launch_gap_max_s=s["launch_gap_max_s"], straggler=straggler,
-        stages=stages, bandwidth=tuple(w for w in bandwidth if w["nbytes"] >= BANDWIDTH_MIN_BYTES)[:6], plant=planted,
+        stages=stages, bandwidth=tuple(w for w in bandwidth if w.nbytes >= BANDWIDTH_MIN_BYTES)[:6],
+        plant=plant if run_plant(plant) else None,
         groups=tuple(ev.compute_group_stragglers(collectives, run=run)) if collectives is not None else ())
 
 

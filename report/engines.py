@@ -16,7 +16,7 @@ from typing import Any
 
 from core.records import STRATEGY_ENGINES, LoadedRun, ModelConfig, RunSummary
 from report.memory import GIB, build_model_states, compute_param_numels
-from report.rules import THRESHOLDS, Finding, layout_key, rule_engine_gap
+from report.rules import THRESHOLDS, Finding, GapRow, layout_key, rule_engine_gap
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +67,7 @@ class EngineGroup:
     finding: Finding
 
 
-def _row(run: LoadedRun, s: RunSummary | None, b: Mapping[str, Any] | None, *, dtype: str,
+def _row(run: LoadedRun, s: RunSummary | None, b: GapRow | None, *, dtype: str,
          param_numels: list[int] | None,
          fastest_tps: float | None, gpu_memory_gib: float | None, baseline: bool) -> EngineRow:
     spec = run.spec
@@ -80,10 +80,10 @@ def _row(run: LoadedRun, s: RunSummary | None, b: Mapping[str, Any] | None, *, d
     states_gib = states.total_bytes / GIB if states else None
     alloc, reserved = (s.mem_peak_allocated_gib, s.mem_peak_reserved_gib) if s else (None, None)
     tps = s.tokens_per_s if s else None
-    step = b.get("step_time_s") if b else None
+    step = b.step_time_s if b else None
 
     def share(cat: str) -> float | None:
-        return b[f"{cat}_s"] / step if b and step else None
+        return b.seconds[cat] / step if b and step else None
 
     return EngineRow(
         run=run.name, engine=spec.engine, baseline=baseline, tokens_per_s=tps,
@@ -103,18 +103,18 @@ def _row(run: LoadedRun, s: RunSummary | None, b: Mapping[str, Any] | None, *, d
 
 
 def build_engine_groups(summary_rows: Sequence[RunSummary], run_rows: Sequence[LoadedRun],
-                        breakdown_rows: Sequence[Mapping[str, Any]], *, dtype: str, gpu_memory_gib: float | None,
+                        breakdown_rows: Sequence[GapRow], *, dtype: str, gpu_memory_gib: float | None,
                         model: ModelConfig | None = None,
                         thresholds: Mapping[str, float] | None = None) -> tuple[EngineGroup, ...]:
     """One EngineGroup per layout of a strategy with several engines (ZeRO-3, TP+PP), in the
     order the layouts first appear. summary_rows / run_rows: as report.rules.build_findings (same
-    order, ``status`` on run_rows); breakdown_rows: report.evidence.summarize_breakdown records
-    (or BreakdownRow fields) -- empty without traces. dtype: the campaign's; model: its
+    order, ``status`` on run_rows); breakdown_rows: the traced runs' GapRow (report.view.gap_row)
+    -- empty without traces. dtype: the campaign's; model: its
     fixed model shape (parameter shapes for DeepSpeed's persistent parameters), or None."""
     t = {**THRESHOLDS, **(thresholds or {})}
     findings = rule_engine_gap(summary_rows, run_rows, breakdown_rows, t, engines=STRATEGY_ENGINES)
     summary = {s.run: s for s in summary_rows}
-    traced = {b["run"]: b for b in breakdown_rows}
+    traced = {b.run: b for b in breakdown_rows}
     by_run = {r.name: r for r in run_rows}
     numels = compute_param_numels(model) if model else None
     groups = []

@@ -1,19 +1,90 @@
 """Section 5's numbers: where each run's step time goes, from the profiler traces' tables.
 
-DataFrame in, DataFrame out. Inputs are the tables ingest builds from the traces
+DataFrame in, DataFrame out (or the small frozen records below for one run's straggler, pipeline
+stages and collectives). Inputs are the tables ingest builds from the traces
 (core.records StepBreakdownRow / KernelSummaryRow columns), the step rows (StepRow) and the
 profiler-window metadata (trace/profile_meta_rank<r>.json). Nothing here reads files,
 rounds, formats or plots.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from core.records import ATTRIBUTION_CATEGORIES, BREAKDOWN_CATEGORIES, KERNEL_CLASSES
+
+@dataclass(frozen=True, kw_only=True)
+class TraceStraggler:
+    """The rank the others wait for inside the traced steps (compute_trace_straggler): late in
+    late_steps of num_steps; the wait it caused per step, median and p90 (ms); cause: its most
+    frequent late_cause; named: the median wait reaches the threshold share of the step; host:
+    the one host every rank ran on, or None."""
+
+    rank: int
+    host: str | None
+    late_steps: int
+    num_steps: int
+    late_ms_median: float
+    late_ms_p90: float
+    cause: str | None
+    named: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupStraggler:
+    """One process group's own late rank (compute_group_stragglers): late in late_steps of
+    num_steps of the group's steps; the wait it caused per step, median and p90 (ms)."""
+
+    group: str
+    num_ranks: int
+    rank: int
+    late_steps: int
+    num_steps: int
+    wait_ms_median: float
+    wait_ms_p90: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageBalance:
+    """A pipeline run's stages (compute_stage_balance): each stage's compute per step (s, stage
+    order) and its layers; split / predicted_max_stage_s: the layer split that balances them and
+    its slowest stage (s; balance_layers; None when not computable); imbalance_s: max - mean stage
+    compute. How the split was predicted and checked (report.view.link_stage_predictions):
+    source_run (the evenly split run whose per-layer cost gave it; None: this run's own), check_run
+    / check_layers / check_error (a run of this layout with another split and the largest stage
+    error there; None: no such run)."""
+
+    stage_compute_s: tuple[float, ...]
+    layers: tuple[int, ...]
+    split: tuple[int, ...] | None = None
+    predicted_max_stage_s: float | None = None
+    imbalance_s: float | None = None
+    source_run: str | None = None
+    check_run: str | None = None
+    check_layers: tuple[int, ...] | None = None
+    check_error: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveBandwidth:
+    """One collective kind at one size in a run (compute_collective_bandwidth): calls, median and
+    total transfer time (s), achieved bus bandwidth (GB/s, nccl-tests convention) and `runner
+    commbench`'s at the nearest measured size (None: none within a factor of 2)."""
+
+    kind: str
+    nbytes: int
+    num_calls: int
+    transfer_s: float
+    total_s: float
+    busbw_gbps: float | None
+    commbench_busbw_gbps: float | None
+    commbench_nbytes: int | None
+
 
 BREAKDOWN_SUMMARY_COLUMNS = (
     "run", "timeline", "num_ranks", "num_steps", "step_time_s", "recorded_step_time_s", "sum_error",
@@ -126,13 +197,24 @@ def compute_profile_cost(steps: pd.DataFrame, meta: pd.DataFrame, *, warmup_step
     return pd.DataFrame(rows, columns=cols)
 
 
-def summarize_profile_tables(kernels: pd.DataFrame, *, num: int = 8) -> list[dict]:
+@dataclass(frozen=True, kw_only=True)
+class ProfileTable:
+    """One report of a summary table a user brought (summarize_profile_tables): its source file,
+    report name (None: the file has one), the time column ranked by, and its top rows
+    (name, time_s, share of the column's sum or None, num_calls or None)."""
+
+    source: str
+    report: str | None
+    time_column: str
+    rows: tuple[tuple[str, float, float | None, int | None], ...]
+
+
+def summarize_profile_tables(kernels: pd.DataFrame, *, num: int = 8) -> list[ProfileTable]:
     """Lower-resolution evidence from summary tables users bring (torch.profiler key_averages,
     nsys stats): per (source file, report), the ``num`` rows with the largest time. Time is
     the row's ``total_s`` (nsys) or self CUDA, else CUDA total, else self CPU time (profiler
     tables); share = time / the sum of that column over the report (so nested ops in a
-    profiler table's CUDA-total column can sum past 100%). Returns dicts: source, report,
-    time_column, rows [(name, time_s, share, num_calls)]."""
+    profiler table's CUDA-total column can sum past 100%)."""
     out = []
     if kernels is None or kernels.empty:
         return out
@@ -147,7 +229,7 @@ def summarize_profile_tables(kernels: pd.DataFrame, *, num: int = 8) -> list[dic
         total = float(g[column].sum())
         rows = [(str(r["name"]), float(r[column]), float(r[column]) / total if total > 0 else None,
                  None if pd.isna(r.get("num_calls")) else int(r["num_calls"])) for _, r in g.head(num).iterrows()]
-        out.append({"source": str(source), "report": str(report) or None, "time_column": column, "rows": rows})
+        out.append(ProfileTable(source=str(source), report=str(report) or None, time_column=column, rows=tuple(rows)))
     return out
 
 
@@ -229,7 +311,7 @@ def summarize_whatif(whatif: pd.DataFrame | None, *, run: str) -> dict | None:
 
 
 def compute_trace_straggler(attribution: pd.DataFrame, *, run: str, min_fraction: float,
-                            hosts: Mapping[int, str] | None = None) -> dict | None:
+                            hosts: Mapping[int, str] | None = None) -> TraceStraggler | None:
     """The rank the others wait for inside the steps, from the traces (ingest.attribution's
     per-step late rank and the exposed wait it caused).
 
@@ -252,13 +334,13 @@ def compute_trace_straggler(attribution: pd.DataFrame, *, run: str, min_fraction
     step_s = float(df.groupby("rank")["step_time_s"].mean().mean())
     median_s = float(np.percentile(per_step, 50))
     cause = late[late["rank"] == rank]["late_cause"].mode()
-    return {"rank": rank, "host": (hosts or {}).get(rank), "late_steps": int(counts[rank]), "num_steps": len(steps),
-            "late_ms_median": median_s * 1e3, "late_ms_p90": float(np.percentile(per_step, 90)) * 1e3,
-            "cause": str(cause.iloc[0]) if len(cause) else None,
-            "named": step_s > 0 and median_s >= min_fraction * step_s}
+    return TraceStraggler(rank=rank, host=(hosts or {}).get(rank), late_steps=int(counts[rank]), num_steps=len(steps),
+                          late_ms_median=median_s * 1e3, late_ms_p90=float(np.percentile(per_step, 90)) * 1e3,
+                          cause=str(cause.iloc[0]) if len(cause) else None,
+                          named=bool(step_s > 0 and median_s >= min_fraction * step_s))
 
 
-def compute_group_stragglers(collectives: pd.DataFrame, *, run: str) -> list[dict]:
+def compute_group_stragglers(collectives: pd.DataFrame, *, run: str) -> list[GroupStraggler]:
     """Each process group's own late rank, from the run's matched collectives (ingest.attribution
     CollectiveRow: group, num_ranks, step, late_rank, exposed_wait_s -- the wait it caused where
     exposed and not the pipeline's drain; max_wait_s in tables without it). Per group and step,
@@ -283,14 +365,14 @@ def compute_group_stragglers(collectives: pd.DataFrame, *, run: str) -> list[dic
         steps = sorted(g["step"].unique().tolist())
         mine = per_step[per_step["late_rank"] == rank].set_index("step")[wait]
         waits = np.array([float(mine.get(st, 0.0)) for st in steps])
-        out.append({"group": str(group), "num_ranks": int(num_ranks), "rank": rank, "late_steps": int(counts[rank]),
-                    "num_steps": len(steps), "wait_ms_median": float(np.percentile(waits, 50)) * 1e3,
-                    "wait_ms_p90": float(np.percentile(waits, 90)) * 1e3})
-    return sorted(out, key=lambda row: -row["wait_ms_median"])
+        out.append(GroupStraggler(group=str(group), num_ranks=int(num_ranks), rank=rank, late_steps=int(counts[rank]),
+                                  num_steps=len(steps), wait_ms_median=float(np.percentile(waits, 50)) * 1e3,
+                                  wait_ms_p90=float(np.percentile(waits, 90)) * 1e3))
+    return sorted(out, key=lambda row: -row.wait_ms_median)
 
 
 def compute_stage_balance(attribution: pd.DataFrame, *, run: str, pp_degree: int, ranks_per_stage: int,
-                          layers: Sequence[int]) -> dict | None:
+                          layers: Sequence[int]) -> StageBalance | None:
     """Pipeline stages' compute per step and the layer split that would balance them.
 
     Stage of rank r: r // ranks_per_stage (Megatron's rank order puts pipeline outermost).
@@ -307,23 +389,24 @@ def compute_stage_balance(attribution: pd.DataFrame, *, run: str, pp_degree: int
         stage.setdefault(int(r) // max(ranks_per_stage, 1), []).append(float(c))
     if sorted(stage) != list(range(pp_degree)):
         return None
-    out = {"stage_compute_s": [float(np.mean(stage[s])) for s in range(pp_degree)], "layers": list(layers)}
+    computes = tuple(float(np.mean(stage[s])) for s in range(pp_degree))
+    out = StageBalance(stage_compute_s=computes, layers=tuple(int(n) for n in layers),
+                       imbalance_s=max(computes) - float(np.mean(computes)))
     split, best = balance_layers(out)
-    return {**out, "split": split, "predicted_max_stage_s": best,
-            "imbalance_s": max(out["stage_compute_s"]) - float(np.mean(out["stage_compute_s"]))}
+    return dataclasses.replace(out, split=split, predicted_max_stage_s=best)
 
 
-def _layer_costs(stages: Mapping[str, Any]) -> tuple[float, float] | None:
+def _layer_costs(stages: StageBalance) -> tuple[float, float] | None:
     """(per-layer compute l, the last stage's extra h) in s from a run's stages: l = compute_0 /
     layers_0, h = compute_last - layers_last x l. None without a first-stage layer."""
-    computes, layers = stages.get("stage_compute_s") or [], stages.get("layers") or []
+    computes, layers = stages.stage_compute_s, stages.layers
     if len(computes) < 2 or len(layers) != len(computes) or not layers[0]:
         return None
     per_layer = computes[0] / layers[0]
     return per_layer, computes[-1] - layers[-1] * per_layer
 
 
-def balance_layers(stages: Mapping[str, Any]) -> tuple[list[int] | None, float | None]:
+def balance_layers(stages: StageBalance) -> tuple[tuple[int, ...] | None, float | None]:
     """The layer split that minimises the slowest stage with ``stages``' per-layer cost
     (_layer_costs): the last stage gets n layers, the others the rest evenly, minimising
     max(ceil((L - n)/(p - 1)) x l, n x l + h). -> (split, predicted slowest stage s), or (None, None)."""
@@ -331,29 +414,29 @@ def balance_layers(stages: Mapping[str, Any]) -> tuple[list[int] | None, float |
     if costs is None or costs[0] <= 0:
         return None, None
     per_layer, head = costs
-    p, total = len(stages["layers"]), int(sum(stages["layers"]))
+    p, total = len(stages.layers), int(sum(stages.layers))
     split, best = None, None
     for n in range(1, total - p + 2):
         rest = total - n
         cost = max(-(-rest // (p - 1)) * per_layer, n * per_layer + head)
         if best is None or cost < best - 1e-12:
             base, extra = divmod(rest, p - 1)
-            split, best = [base + (1 if i < extra else 0) for i in range(p - 1)] + [n], cost
+            split, best = (*(base + (1 if i < extra else 0) for i in range(p - 1)), n), cost
     return split, best
 
 
-def predict_stage_compute(stages: Mapping[str, Any], layers: Sequence[int]) -> list[float] | None:
+def predict_stage_compute(stages: StageBalance, layers: Sequence[int]) -> list[float] | None:
     """Each stage's compute (s) under the split ``layers``, from ``stages``' per-layer cost
     (_layer_costs: stage i computes layers_i x l, the last + h). None when the split's length
     differs or ``stages`` gives no cost."""
     costs = _layer_costs(stages)
-    if costs is None or len(layers) != len(stages["layers"]):
+    if costs is None or len(layers) != len(stages.layers):
         return None
     per_layer, head = costs
     return [n * per_layer + (head if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
 
 
-def predict_stage_imbalance(even: Mapping[str, Any], layers: Sequence[int]) -> float | None:
+def predict_stage_imbalance(even: StageBalance, layers: Sequence[int]) -> float | None:
     """Stage imbalance that a layer split ``layers`` would have, as a fraction of the mean stage
     compute ((slowest - mean) / mean), predicted from an evenly split run's stages
     (predict_stage_compute). A fraction, so that it carries to a run on a faster or slower
@@ -365,19 +448,19 @@ def predict_stage_imbalance(even: Mapping[str, Any], layers: Sequence[int]) -> f
     return (max(predicted) - mean) / mean if mean > 0 else None
 
 
-def check_stage_prediction(source: Mapping[str, Any], other: Mapping[str, Any]) -> float | None:
+def check_stage_prediction(source: StageBalance, other: StageBalance) -> float | None:
     """The per-layer model's error on a run of another split: max over stages of |predicted -
     measured| / measured, the prediction from ``source``'s stages (predict_stage_compute) for
     ``other``'s layers against ``other``'s measured stage compute. None when not comparable."""
-    predicted = predict_stage_compute(source, other.get("layers") or [])
-    measured = other.get("stage_compute_s") or []
+    predicted = predict_stage_compute(source, other.layers)
+    measured = other.stage_compute_s
     if predicted is None or len(measured) != len(predicted) or min(measured, default=0) <= 0:
         return None
     return max(abs(p - m) / m for p, m in zip(predicted, measured))
 
 
 def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,
-                                 commbench: Sequence[Mapping[str, Any]] = ()) -> list[dict]:
+                                 commbench: Sequence[Mapping[str, Any]] = ()) -> list[CollectiveBandwidth]:
     """Per collective kind and size: count, median transfer time (the last-arriving rank's
     duration, s) and achieved bus bandwidth (GB/s, nccl-tests convention), next to `runner
     commbench`'s busbw for the same op at the nearest measured size within a factor of 2 (None
@@ -390,9 +473,10 @@ def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,
         bench = [b for b in commbench if b.get("op") == kind and b.get("nbytes")
                  and 0.5 <= float(b["nbytes"]) / float(nbytes) <= 2.0]
         near = min(bench, key=lambda b: abs(np.log(float(b["nbytes"]) / float(nbytes))), default=None)
-        out.append({"kind": kind, "nbytes": int(nbytes), "num_calls": int(len(g)),
-                    "transfer_s": float(g["transfer_s"].median()), "total_s": float(g["transfer_s"].sum()),
-                    "busbw_gbps": float(g["busbw_gbps"].median()) if g["busbw_gbps"].notna().any() else None,
-                    "commbench_busbw_gbps": float(near["busbw_gbps"]) if near else None,
-                    "commbench_nbytes": int(near["nbytes"]) if near else None})
-    return sorted(out, key=lambda r: -r["total_s"])
+        out.append(CollectiveBandwidth(
+            kind=str(kind), nbytes=int(nbytes), num_calls=int(len(g)), transfer_s=float(g["transfer_s"].median()),
+            total_s=float(g["transfer_s"].sum()),
+            busbw_gbps=float(g["busbw_gbps"].median()) if g["busbw_gbps"].notna().any() else None,
+            commbench_busbw_gbps=float(near["busbw_gbps"]) if near else None,
+            commbench_nbytes=int(near["nbytes"]) if near else None))
+    return sorted(out, key=lambda r: -r.total_s)

@@ -381,6 +381,18 @@ ENGINE_COST_CATEGORIES = ("compute", "launch_gaps", "other")  # kernels, host/la
 LAYOUT_COST_CATEGORIES = ("transfer", "bubble", "imbalance")  # what the layout itself adds to a step
 
 
+@dataclass(frozen=True, kw_only=True)
+class GapRow:
+    """One traced run's step for the engine comparisons: the traced step (s), seconds per traced
+    step of each GAP_CATEGORIES (category -> s; every category present), and the kernel classes'
+    shares of kernel time ((class, share), ...; () when unknown)."""
+
+    run: str
+    step_time_s: float
+    seconds: Mapping[str, float]
+    class_shares: tuple[tuple[str, float | None], ...] = ()
+
+
 def layout_key(spec: RunSpec) -> tuple:
     """(strategy, world_size, tp_degree, pp_degree, dp_degree): runs with equal keys are one
     layout, whatever engine ran them."""
@@ -392,7 +404,7 @@ def _data_round(spec: RunSpec) -> str:
 
 
 def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[LoadedRun],
-                    breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float], *,
+                    breakdown_rows: Sequence[GapRow], t: Mapping[str, float], *,
                     engines: Mapping[str, Sequence[str]]) -> list[Finding]:
     """One finding per layout of a strategy that has several engines (``engines``: strategy ->
     its engines, core.records.STRATEGY_ENGINES), separating what the engine costs from what the
@@ -404,7 +416,7 @@ def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loade
     engines fastest first (run, engine, tokens/s, fastest/this ratio, median step); per traced
     run the mean seconds per step of each GAP_CATEGORIES (report.evidence.summarize_breakdown),
     its layout cost (transfer + bubble + imbalance), its host launch-gap share and, where the breakdown
-    rows carry ``class_shares``, the elementwise kernels' share of kernel time (where unfused
+    rows know their ``class_shares``, the elementwise kernels' share of kernel time (where unfused
     work shows); and the traced gap
     slowest - fastest split into those categories: engine part = compute + launch gaps + other
     (kernels, host/launch gaps, exposed copies: the layout does not change them), layout part =
@@ -415,12 +427,12 @@ def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loade
     TP1 x PP1) the whole gap to it is engine cost. Layout ran under one engine: kind
     "engine_single" naming the engines not run (``cpu``: Megatron-core cannot run there).
     Runs of different data rounds (RunSpec.data_round) are separate groups.
-    summary_rows / run_rows: as build_findings (same order); breakdown_rows: records with
-    ``run``, ``step_time_s`` and ``<category>_s``."""
+    summary_rows / run_rows: as build_findings (same order); breakdown_rows: the traced runs'
+    GapRow (report.view.gap_row)."""
     status = {r.name: r.status_name for r in run_rows}
     tps = {s.run: s.tokens_per_s for s in summary_rows}
     summary = {s.run: s for s in summary_rows}
-    traced = {b["run"]: b for b in breakdown_rows}
+    traced = {b.run: b for b in breakdown_rows}
     # one group per layout and data round: a real-text round is another experiment, not another engine
     groups: dict[tuple, list[RunSpec]] = {}
     for r in run_rows:
@@ -449,14 +461,14 @@ def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loade
         per_run = []
         for r in ok:
             b = traced.get(r.name)
-            if b is None or not b.get("step_time_s"):
+            if b is None or not b.step_time_s:
                 continue
-            layout_s = sum(b[f"{c}_s"] for c in LAYOUT_COST_CATEGORIES)
-            per_run.append({"run": r.name, "engine": r.engine, "step_time_s": b["step_time_s"],
-                            **{f"{c}_s": b[f"{c}_s"] for c in GAP_CATEGORIES},
-                            "layout_cost_s": layout_s, "layout_cost_share": layout_s / b["step_time_s"],
-                            "other_share": b["launch_gaps_s"] / b["step_time_s"],
-                            "elementwise_share": dict(b.get("class_shares") or ()).get("elementwise")})
+            layout_s = sum(b.seconds[c] for c in LAYOUT_COST_CATEGORIES)
+            per_run.append({"run": r.name, "engine": r.engine, "step_time_s": b.step_time_s,
+                            **{f"{c}_s": b.seconds[c] for c in GAP_CATEGORIES},
+                            "layout_cost_s": layout_s, "layout_cost_share": layout_s / b.step_time_s,
+                            "other_share": b.seconds["launch_gaps"] / b.step_time_s,
+                            "elementwise_share": dict(b.class_shares).get("elementwise")})
         ev: dict[str, Any] = {
             **layout, "margin": margin, "noise": noise, "fastest": best.name, "slowest": worst.name,
             "engines": tuple((r.name, r.engine, tps[r.name], tps[best.name] / tps[r.name],
@@ -502,7 +514,7 @@ _NOT_KNOBS = ("repeat", "kernels", "micro_batch_search")
 
 
 def rule_engine_knobs(summary_rows: Sequence[RunSummary], run_rows: Sequence[LoadedRun],
-                      breakdown_rows: Sequence[Mapping[str, Any]], t: Mapping[str, float]) -> list[Finding]:
+                      breakdown_rows: Sequence[GapRow], t: Mapping[str, float]) -> list[Finding]:
     """One finding per run that repeats another run's layout, engine, data round and micro-batch
     with different engine knobs (``options`` other than repeat/kernels/search): what the knobs
     buy. The reference is the first such run in campaign order. Kind "engine_knob". Evidence:
@@ -513,7 +525,7 @@ def rule_engine_knobs(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loa
     GAP_CATEGORIES with ``delta_step_s``. Runs that did not end ok are left out.
     summary_rows / run_rows / breakdown_rows: as rule_engine_gap."""
     summary = {s.run: s for s in summary_rows}
-    traced = {b["run"]: b for b in breakdown_rows}
+    traced = {b.run: b for b in breakdown_rows}
     groups: dict[tuple, list[RunSpec]] = {}
     for r in run_rows:
         if r.status_name == "ok" and r.name in summary and summary[r.name].tokens_per_s:
@@ -537,8 +549,8 @@ def rule_engine_knobs(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loa
                                   "noise": noise, "beyond": abs(margin) > t["noise_multiple"] * noise,
                                   "tokens_per_s": s.tokens_per_s, "base_tokens_per_s": sb.tokens_per_s}
             b, bb = traced.get(r.name), traced.get(base.name)
-            if b is not None and bb is not None and b.get("step_time_s") and bb.get("step_time_s"):
-                ev["delta_step_s"] = b["step_time_s"] - bb["step_time_s"]
-                ev["deltas_s"] = {c: b[f"{c}_s"] - bb[f"{c}_s"] for c in GAP_CATEGORIES}
+            if b is not None and bb is not None and b.step_time_s and bb.step_time_s:
+                ev["delta_step_s"] = b.step_time_s - bb.step_time_s
+                ev["deltas_s"] = {c: b.seconds[c] - bb.seconds[c] for c in GAP_CATEGORIES}
             out.append(Finding(kind="engine_knob", runs=(r.name, base.name), evidence=ev))
     return out

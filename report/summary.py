@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.records import TRANSFER_AT_COMMBENCH, RunSummary
+from report.attribution import run_plant
 from report.view import Note
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: campaign caveats once at the top level, not in every run
@@ -196,12 +197,12 @@ def build_summary(note: Note) -> dict[str, Any]:
             # every collective at `runner commbench`'s time for its op, size and group size (None: no commbench)
             "whatif_transfer_at_commbench_ms": a.saving_ms.get(TRANSFER_AT_COMMBENCH) if a else None,
             "replay_step_ms": a.replay_step_ms if a else None,
-            "straggler": ({"rank": a.straggler["rank"], "host": a.straggler["host"],
-                           "late_ms_median": a.straggler["late_ms_median"]}
-                          if a and a.straggler and a.straggler["named"] else None),
+            "straggler": ({"rank": a.straggler.rank, "host": a.straggler.host,
+                           "late_ms_median": a.straggler.late_ms_median}
+                          if a and a.straggler and a.straggler.named else None),
             "caveats": caveats.get(m.run, []),  # the run's own; the campaign's are in the top-level "caveats"
             "campaign_caveats": caveat_refs.get(m.run, []),
-            "plant": dict(a.plant) if a and a.plant else None,
+            "plant": run_plant(a.plant) if a else None,
             "plant_checks": [dataclasses.asdict(c) for c in note.evidence.plant_checks if c.run == m.run],
             "checkpoint_save_s": _num(m.ckpt_save_s), "checkpoint_load_s": _num(m.ckpt_load_s),
             "checkpoint_size_gib": m.ckpt_size_bytes / 2**30 if m.ckpt_size_bytes is not None else None,

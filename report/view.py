@@ -21,7 +21,9 @@ import pandas as pd
 
 from ingest.hangs import rank_evidence
 from ingest.io import Campaign, load_plant_truths
-from core.records import RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, RunSpec, RunSummary
+from core.records import (
+    RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, PlantTruth, RunSpec, RunSummary,
+)
 from report import evidence as ev
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
@@ -39,7 +41,7 @@ from report.parity import (
 )
 from report import rules
 from report.rules import (
-    THRESHOLDS, Finding, build_findings, build_knowledge_map, flat_options, rule_conditions, rule_engine_knobs,
+    THRESHOLDS, Finding, GapRow, build_findings, build_knowledge_map, flat_options, rule_conditions, rule_engine_knobs,
 )
 from core.formulas import (
     DEFAULT_CONVENTION, ZIPF_EXPONENT, compute_bubble_fraction, compute_flops_per_token, compute_mfu, zipf_entropy_nats,
@@ -271,7 +273,7 @@ class EvidenceSection:
     # (run, lines) summarising the NCCL communicators/transports in each run's rank logs (section 1)
     nccl: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # third-party profiler / nsys summary tables (report.evidence.summarize_profile_tables)
-    profile_tables: tuple[Mapping[str, Any], ...] = ()
+    profile_tables: tuple[ev.ProfileTable, ...] = ()
     # planted causes against what section 5 recovered (build_plant_checks)
     plant_checks: tuple[PlantCheck, ...] = ()
 
@@ -684,7 +686,7 @@ def link_stage_predictions(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRu
               if b.attribution is not None and b.attribution.stages and b.run in by_name}
 
     def even(name: str) -> bool:
-        return len(set(stages[name]["layers"])) == 1
+        return len(set(stages[name].layers)) == 1
 
     out = []
     for b in rows:
@@ -693,19 +695,21 @@ def link_stage_predictions(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRu
             continue
         peers = [n for n in stages if _layout_key(by_name[n].spec) == _layout_key(by_name[b.run].spec)]
         source = b.run if even(b.run) else next((n for n in peers if even(n)), None)
-        linked = {**stages[b.run], "source_run": source, "check_run": None, "check_layers": None, "check_error": None}
+        linked = dataclasses.replace(stages[b.run], source_run=source, check_run=None, check_layers=None,
+                                     check_error=None)
         if source is not None:
-            linked["split"], linked["predicted_max_stage_s"] = ev.balance_layers(stages[source])
-            check = next((n for n in peers if stages[n]["layers"] != stages[source]["layers"]), None)
+            split, slowest = ev.balance_layers(stages[source])
+            linked = dataclasses.replace(linked, split=split, predicted_max_stage_s=slowest)
+            check = next((n for n in peers if stages[n].layers != stages[source].layers), None)
             if check is not None:
-                linked.update(check_run=check, check_layers=list(stages[check]["layers"]),
-                              check_error=ev.check_stage_prediction(stages[source], stages[check]))
+                linked = dataclasses.replace(linked, check_run=check, check_layers=stages[check].layers,
+                                             check_error=ev.check_stage_prediction(stages[source], stages[check]))
         out.append(dataclasses.replace(b, attribution=dataclasses.replace(b.attribution, stages=linked)))
     return out
 
 
 def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
-                       truths: Mapping[str, Any] | None = None) -> list[PlantCheck]:
+                       truths: Mapping[str, PlantTruth] | None = None) -> list[PlantCheck]:
     """Each planted cause (matrix ``plant``) against the category it must be found in: a host
     delay in skew_wait (launch_gaps on one rank: nobody waits), a data delay in data_stall, an
     uneven pipeline split in imbalance, an extra collective in transfer, an extra matmul in
@@ -733,23 +737,23 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
         world_size = by_name[name].spec.world_size if name in by_name else None
         truth = truths.get(name)
         causes = []
-        if a.plant.get("host_delay_ms"):
-            causes.append(("host_delay_ms", float(a.plant["host_delay_ms"]),
+        if a.plant.host_delay_ms:
+            causes.append(("host_delay_ms", float(a.plant.host_delay_ms),
                            "skew_wait" if int(world_size or 1) > 1 else "launch_gaps",
-                           int(a.plant.get("host_delay_rank") or 0), "matrix"))
-        if a.plant.get("data_delay_ms"):
-            causes.append(("data_delay_ms", float(a.plant["data_delay_ms"]), "data_stall", None, "matrix"))
-        if a.plant.get("pp_layers") and a.stages:
+                           int(a.plant.host_delay_rank or 0), "matrix"))
+        if a.plant.data_delay_ms:
+            causes.append(("data_delay_ms", float(a.plant.data_delay_ms), "data_stall", None, "matrix"))
+        if a.plant.pp_layers and a.stages:
             even = att[ref].stages if ref and att[ref].stages else None
-            share = ev.predict_stage_imbalance(even, a.plant["pp_layers"]) if even else None
+            share = ev.predict_stage_imbalance(even, a.plant.pp_layers) if even else None
             if share is not None:  # the split's share from the even run, at this run's total compute
-                mean = float(sum(a.stages["stage_compute_s"]) / len(a.stages["stage_compute_s"]))
+                mean = float(sum(a.stages.stage_compute_s) / len(a.stages.stage_compute_s))
                 causes.append(("pp_layers", share * mean * 1e3, "imbalance", None, "even split's per-layer cost"))
-        if (a.plant.get("extra_collective_bytes") and truth is not None and truth.extra_collective_s
+        if (a.plant.extra_collective_bytes and truth is not None and truth.extra_collective_s
                 and int(world_size or 1) > 1):  # on one rank an all-reduce moves nothing: nothing to find
             causes.append(("extra_collective_bytes", truth.extra_collective_s * 1e3, "transfer", None,
                            "plant_truth.json"))
-        if a.plant.get("extra_matmul_gflop") and truth is not None and truth.extra_matmul_s:
+        if a.plant.extra_matmul_gflop and truth is not None and truth.extra_matmul_s:
             causes.append(("extra_matmul_gflop", truth.extra_matmul_s * 1e3, "compute", None, "plant_truth.json"))
         for cause, planted, cat, rank, source in causes:
             got = a.traced_ms.get(cat)
@@ -764,7 +768,7 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
             out.append(PlantCheck(run=name, cause=cause, planted_ms=planted, category=cat,
                                   reference=ref if cause != "pp_layers" else None, recovered_ms=recovered,
                                   error=recovered / planted - 1 if recovered is not None and planted > 0 else None,
-                                  rank=rank, straggler_rank=(a.straggler["rank"] if a.straggler and a.straggler["named"]
+                                  rank=rank, straggler_rank=(a.straggler.rank if a.straggler and a.straggler.named
                                                              else None),
                                   saving_ms=saving, cost_ms=cost, kernel_drift_ms=drift,
                                   saving_error=saving / equal - 1 if saving is not None and equal and equal > 0 else None,
@@ -772,17 +776,17 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
     return out
 
 
-def gap_row(b: BreakdownRow) -> dict[str, Any]:
-    """A breakdown row for the engine comparison: ``<category>_s`` per traced step for the
-    cross-rank categories (ingest.attribution); a run without them keeps its single-rank ones
-    (exposed comm as transfer, "other" as launch gaps)."""
-    row = dataclasses.asdict(b)
+def gap_row(b: BreakdownRow) -> GapRow:
+    """A breakdown row for the engine comparison: seconds per traced step of the cross-rank
+    categories (ingest.attribution); a run without them keeps its single-rank ones (exposed comm
+    as transfer, "other" as launch gaps, no skew wait or imbalance)."""
     a = b.attribution
     if a is not None:
-        row.update({f"{c}_s": (a.shares[c] or 0.0) * a.traced_step_s for c in ev.ATTRIBUTION_KEYS})
+        seconds = {c: (a.shares[c] or 0.0) * a.traced_step_s for c in ev.ATTRIBUTION_KEYS}
     else:
-        row.update(transfer_s=b.exposed_comm_s, skew_wait_s=0.0, imbalance_s=0.0, launch_gaps_s=b.other_s, other_s=0.0)
-    return row
+        seconds = {"compute": b.compute_s, "transfer": b.exposed_comm_s, "skew_wait": 0.0, "bubble": b.bubble_s,
+                   "imbalance": 0.0, "launch_gaps": b.other_s, "data_stall": b.data_stall_s, "other": 0.0}
+    return GapRow(run=b.run, step_time_s=b.step_time_s, seconds=seconds, class_shares=b.class_shares)
 
 
 def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:

@@ -31,7 +31,7 @@ import pytest
 from core.errors import ConfigError
 from core.records import RunSummary, run_spec_from_dict, to_dict
 from report.memory import build_model_states, compute_param_numels
-from report.rules import GAP_CATEGORIES, THRESHOLDS, rule_engine_gap
+from report.rules import GAP_CATEGORIES, THRESHOLDS, GapRow, rule_engine_gap
 from core.records import STRATEGY_ENGINES
 from runner.matrix import load_matrix, resolve_matrix
 from runner.model import count_gpt_params
@@ -216,9 +216,9 @@ def _run(run: str, strategy: str, engine: str, world: int = 1, device: str = "cu
     return make_run(run, strategy=strategy, engine=engine, world_size=world, device=device)
 
 
-def _bd(run: str, **secs: float) -> dict:
+def _bd(run: str, **secs: float) -> GapRow:
     cats = {c: secs.get(c, 0.0) for c in GAP_CATEGORIES}
-    return {"run": run, "step_time_s": sum(cats.values()), **{f"{c}_s": v for c, v in cats.items()}}
+    return GapRow(run=run, step_time_s=sum(cats.values()), seconds=cats)
 
 
 def test_rule_engine_gap_splits_engine_from_layout_cost():

@@ -8,7 +8,7 @@ import pytest
 
 from core.records import RunSummary
 from report.parity import build_parity_rows
-from report.rules import THRESHOLDS, rule_engine_knobs
+from report.rules import THRESHOLDS, GapRow, rule_engine_knobs
 from tests.synthetic_campaign import make_run
 
 TOKENS = 1000
@@ -55,10 +55,10 @@ def _summary(name: str, tokens_per_s: float, spread: float = 0.01) -> RunSummary
                       step_time_p90_s=step * (1 + spread))
 
 
-def _breakdown(name: str, step_s: float, launch_gaps_s: float) -> dict:
+def _breakdown(name: str, step_s: float, launch_gaps_s: float) -> GapRow:
     cats = dict.fromkeys(("compute", "transfer", "skew_wait", "bubble", "imbalance", "data_stall", "other"), 0.0)
     cats["compute"] = step_s - launch_gaps_s
-    return {"run": name, "step_time_s": step_s, "launch_gaps_s": launch_gaps_s, **{f"{c}_s": v for c, v in cats.items()}}
+    return GapRow(run=name, step_time_s=step_s, seconds={**cats, "launch_gaps": launch_gaps_s})
 
 
 def test_knob_run_is_compared_with_its_layouts_first_run():

@@ -47,10 +47,10 @@ def test_two_ranks_give_the_campaigns_shares_and_straggler(tmp_path, campaign_dd
     assert t.ranks == (0, 1) and t.world_size == 2 and t.missing_ranks == ()
     for k, share in campaign_ddp.shares.items():
         assert t.attribution.shares[k] == pytest.approx(share, abs=5e-4), k
-    assert t.attribution.straggler["rank"] == campaign_ddp.straggler["rank"]
-    assert t.attribution.straggler["named"] == campaign_ddp.straggler["named"]
+    assert t.attribution.straggler.rank == campaign_ddp.straggler.rank
+    assert t.attribution.straggler.named == campaign_ddp.straggler.named
     md = (Path(build_report(folder, out_dir=tmp_path / "out", formats=["md", "html"])[0])).read_text()
-    assert f"wait for rank {campaign_ddp.straggler['rank']} in 2 of 2 traced steps" in md
+    assert f"wait for rank {campaign_ddp.straggler.rank} in 2 of 2 traced steps" in md
     row = next(ln for ln in md.split("Profiler traces")[1].splitlines() if ln.startswith("| ") and "---" not in ln
                and "Job" not in ln)
     cells = [c.strip() for c in row.strip("|").split("|")][3:11]
@@ -288,7 +288,7 @@ def test_each_process_group_has_its_own_late_rank(tmp_path):
     (a per-step late rank over all groups names only one)."""
     real = {r: json.loads(gzip.decompress((FSDP2 / f"profile_rank{r}.json.gz").read_bytes())) for r in (0, 1)}
     _, _, note = load_note(ROOT / "examples" / "h200-2gpu")
-    late = next(b.attribution for b in note.evidence.rows if b.run == "zero3-fsdp2").straggler["rank"]
+    late = next(b.attribution for b in note.evidence.rows if b.run == "zero3-fsdp2").straggler.rank
     copy_of = {0: 0, 1: 1, 2: 1, 3: 0}
     folder = tmp_path / "logs"
     folder.mkdir()
@@ -297,11 +297,11 @@ def test_each_process_group_has_its_own_late_rank(tmp_path):
         (folder / f"profile_rank{rank}.json").write_text(json.dumps(doc))
     _, _, note = load_note(folder)
     (t,) = note.traces
-    groups = {g["group"]: g for g in t.attribution.groups}
-    assert set(groups) == {"0", "1"} and all(g["num_ranks"] == 2 for g in groups.values())
+    groups = {g.group: g for g in t.attribution.groups}
+    assert set(groups) == {"0", "1"} and all(g.num_ranks == 2 for g in groups.values())
     want = {"0": late, "1": next(r for r, src in copy_of.items() if r >= 2 and src == late)}
-    assert {k: g["rank"] for k, g in groups.items()} == want
-    assert groups["0"]["wait_ms_median"] == pytest.approx(groups["1"]["wait_ms_median"], rel=1e-6)
+    assert {k: g.rank for k, g in groups.items()} == want
+    assert groups["0"].wait_ms_median == pytest.approx(groups["1"].wait_ms_median, rel=1e-6)
     md = Path(build_report(folder, out_dir=tmp_path / "out", formats=["md"])[0]).read_text()
     assert "Each process group has its own late rank" in md
     # both late ranks are charged in every step, the same wait each (the attribution rows)
