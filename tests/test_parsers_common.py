@@ -126,6 +126,21 @@ def test_wrap_joiner_tells_rows_padded_to_the_width_from_wrapped_rows():
     assert [(n, b) for n, b, _, _ in iter_lines("\n".join(wrapped))] == [(1, row.strip()), (3, row.replace("   8   ", "  16   ").strip())]
 
 
+def test_wrap_joiner_reads_pieces_that_look_like_a_record_start():
+    """A cut just before a word that repeats the line's first word, before NCCL's '[N] ' tree entries,
+    or between the cells of a header whose cells look alike is rejoined; a line longer than the width
+    never continues one; a single line wrapped in two pieces is rejoined too."""
+    it = " iteration      122/  250000 | consumed samples:       124928 | elapsed time per iteration (ms): 86545.2 |"
+    trees = "h:1:2 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1 [2] 1/-1/-1->0->-1 [3] 1/-1/-1->0->-1"
+    head = "".join(f"{c:<8}" for c in [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(4)]) + "CPU Affinity"
+    for line in (it, trees, head):
+        text = "\n".join([line[:80], line[80:], line[:80], line[80:]])
+        assert [b for _, b, _, _ in iter_lines(text)] == [line.strip()] * 2, line
+    from ingest.parsers import TextBlocks
+    assert [n for n, _, _, _ in iter_lines(TextBlocks(["short\n" + "x" * 80, "y" * 90 + "\nz"]))] == [1, 2, 3, 4]
+    assert [b for _, b, _, _ in iter_lines(it[:80] + "\n" + it[80:])] == [it.strip()]
+
+
 def test_detect_kind_ignores_names_and_unknown_text():
     assert detect_kind("hello world\nnothing here\n") is None
     result = parse_text("hello\n\nworld\n", source="x.nccl.log")

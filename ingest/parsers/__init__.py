@@ -168,7 +168,7 @@ def slug(text: str) -> str:
 
 
 CELLS = re.compile(r"\s{2,}|\t")  # the cell separator of tables printed with aligned columns (or tabs)
-RULE_LINE = rule("rule_line", r"-{3,}(?:\s+-{3,})*$", None)  # dashes under a table header
+RULE_LINE = rule("rule_line", r"-{3,}(?:\s+-+)*$", None)  # dashes under a table header (the last cut short by a wrap)
 
 
 # ---------------------------------------------------------------- line normaliser
@@ -218,6 +218,16 @@ def _shape(text: str, width: int = 8) -> str:
     return text[:width].translate(_CLASSES)
 
 
+_RUNS = re.compile(r"0[0.,]*|a+")
+
+
+def _words_shape(text: str) -> list[str]:
+    """A line's first two words as character classes, a number or a word one class ('iteration  122/'
+    -> ['a', '0/']; 'iteration (ms):' -> ['a', '(a):']; '3,201,638' -> '0'): a wrap cut just before a
+    word that repeats the line's first word is told from the next record."""
+    return [_RUNS.sub(lambda m: m.group(0)[0], w.translate(_CLASSES)) for w in text.split(None, 2)[:2]]
+
+
 def _unprefixed(line: str) -> str:
     """``line`` without a launcher or logger prefix (indentation alone is kept: it is the line's shape)."""
     m = _PREFIX.match(line)
@@ -225,6 +235,7 @@ def _unprefixed(line: str) -> str:
 
 
 _FRAME = re.compile(r'\s*File "')
+_BARE_PREFIX = re.compile(r"\[\d+\] |\d{1,5}: ")
 
 
 def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
@@ -233,21 +244,30 @@ def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
     traceback start, a traceback's source line under its frame; and where the block's lines of
     the width are table rows (``rows``, ``_rows_at_width``), an indented line after an indented one."""
     stripped = nxt.lstrip()
-    if not stripped or _shape(_unprefixed(head)) == _shape(_unprefixed(nxt)):
+    if not stripped:
+        return True
+    head, body = _unprefixed(head), _unprefixed(nxt)
+    # (a piece that ends between cells, where the block's full-width lines are not padded rows, is cut
+    # there: what follows is the rest of its row, however like the row's start it looks)
+    if (rows or head[-2:] != "  ") and _shape(head) == _shape(body) and _words_shape(head) == _words_shape(body):
         return True
     if len(stripped) < len(nxt) - 1 and (rows and head[:1] in " \t" or _FRAME.match(head)):  # (one blank: a cut at a word boundary)
         return True
-    m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own
-    return bool(m and m.end() and not m.group(0).isspace()) or _RECORD_START.match(nxt) is not None
+    m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own ('[N] ' or 'N: ' only after a line with one:
+    if m and m.end() and not m.group(0).isspace():  # NCCL's "Trees [0] 1/-1/-1->0->-1 [1] ..." cut before a '[1] ')
+        if not _BARE_PREFIX.fullmatch(m.group(0)) or (h := _PREFIX.match(head)) and not h.group(0).isspace():
+            return True
+    return _RECORD_START.match(nxt) is not None
 
 
 def _rows_at_width(lines: list[str], width: int) -> bool:
     """Whether a block's lines of exactly ``width`` are table rows padded to it, not pieces of wrapped
-    lines: at least two of them are followed by another line of the width that starts a record of
-    its own (a wrapped line's full pieces are followed by the rest of their line)."""
+    lines: at least two of them, indented and padded with blanks, are followed by another line of
+    the width indented and padded as they are (a wrapped line's full pieces are followed by the
+    rest of their line, which starts where the cut fell)."""
     pairs = 0
     for a, b in zip(lines, lines[1:]):
-        if len(a) == width == len(b) and _starts_record(a, b):
+        if len(a) == width == len(b) and a[-2:] == b[-2:] == "  " and a[:1] in " \t" and b[:1] in " \t":
             pairs += 1
             if pairs >= 2:
                 return True
@@ -316,7 +336,7 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
     rows = _rows_at_width(lines, width) if width else held[3]
     for raw in lines:
         if held[1] is not None:
-            if not _starts_record(held[1], raw, held[3]):
+            if len(raw) <= held[2] and not _starts_record(held[1], raw, held[3]):  # (no piece is longer than the width)
                 held[1] += raw
                 spans[held[0]] = lineno
                 lineno += 1
@@ -353,7 +373,7 @@ def _physical_lines(blocks: TextBlocks, cut: bool, spans: dict) -> Iterator[Iter
             quoted = _quoted(lines)
         if quoted:
             lines = [raw.lstrip(" ")[1:].removeprefix(" ") if raw.lstrip(" ")[:1] == ">" else raw for raw in lines]
-        width = max(map(len, lines)) if len(lines) > 2 else 0
+        width = max(map(len, lines)) if len(lines) > 1 else 0
         if width in WRAP_WIDTHS or held[1] is not None:
             yield _joined(lines, lineno + 1, width if width in WRAP_WIDTHS else 0, held, spans)
         else:
