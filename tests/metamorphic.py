@@ -46,9 +46,21 @@ def per_line(fn: Callable[[int, str], str]) -> Callable[[str], str]:
     return apply
 
 
+def _quoted(text: str) -> bool:
+    """Whether a text is pasted as a '>' quote (its first non-blank lines all start with '>')."""
+    heads = [line.lstrip(" ")[:1] for line in text.split("\n")[:40] if line.strip()]
+    return len(heads) >= 3 and all(h == ">" for h in heads)
+
+
 def prefixed(prefix: str) -> Callable[[str], str]:
-    """Every line, blank ones too, behind ``prefix`` (as a launcher writes them)."""
-    return per_line(lambda i, line: prefix + line)
+    """Every line, blank ones too, behind ``prefix`` (as a launcher writes them); in a text pasted as a
+    '>' quote, inside the quote marks (the launcher wrote the lines before anyone quoted them)."""
+    def apply(text: str) -> str:
+        if _quoted(text):
+            return per_line(lambda i, line: "> " + prefix + line.lstrip(" ")[1:].removeprefix(" ")
+                            if line.lstrip(" ")[:1] == ">" else prefix + line)(text)
+        return per_line(lambda i, line: prefix + line)(text)
+    return apply
 
 
 def hard_wrap(width: int) -> Callable[[str], str | None]:

@@ -95,6 +95,15 @@ def test_normaliser_strips_prefixes(line, body, rank):
     assert [(b, r) for _, b, _, r in iter_lines(line)] == [(body, rank)]
 
 
+def test_normaliser_strips_a_slurm_label_before_a_row_of_numbers_once_log_lines_carry_it():
+    """'0:    32   8' alone may be a row whose first cell is '0:'; behind the label the text's log lines
+    carry, it is that label."""
+    rows = "  Nodes  Processes\n(total)   per node\n     32          8\n"
+    assert [b for _, b, _, _ in iter_lines("0:    32          8")] == ["0:    32          8"]
+    labelled = "".join("0: " + line + "\n" for line in rows.splitlines())
+    assert [(b, r) for _, b, _, r in iter_lines(labelled)] == [("Nodes  Processes", 0), ("(total)   per node", 0), ("32          8", 0)]
+
+
 def test_normaliser_attaches_own_line_timestamp_to_next_line():
     text = "2024-12-04T05:27:45.082Z\nhost:1:2 [0] NCCL INFO Connected all rings\n\nplain"
     assert list(iter_lines(text)) == [

@@ -197,6 +197,7 @@ _PREFIX = re.compile(
 # with another line glued after it: the bar's redraw had no newline; the glued line is the record
 _BAR = re.compile(r"\d+%(?:\|[^|]*\||\s)\s*[\d.]+[kMG]?/[\d.?]+[kMG]? \[[\d:?]+<[\d:?]+,[^\]]*\](?=\S)")
 _PREFIX_START = frozenset(" \t[(0123456789`")
+_SLURM = re.compile(r"\s*(\d{1,5}): ")
 _ISO_TS = re.compile(_TS)
 # Editor or viewer line numbers ("  12 | ", "12: ", cat -n's "    12\t"), stripped only from a text
 # whose first lines are all numbered consecutively (a Slurm label repeats; an editor's number counts).
@@ -398,6 +399,7 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
     (``TextBlocks.ends_cut``) is withheld, its number in cut_line."""
     blocks = text if isinstance(text, TextBlocks) else TextBlocks([text] if isinstance(text, str) else text)
     pending_ts, last, prefix, iso, starts, spans = None, 0, _PREFIX.match, _ISO_TS.fullmatch, _PREFIX_START, {}
+    labels: set[str] = set()  # the Slurm labels ("0: ") seen on log lines: a row of numbers behind one is labelled too
     for numbered_lines in _physical_lines(blocks, cut, spans):
         for n, raw in numbered_lines:
             if len(raw) > MAX_LINE_CHARS:
@@ -412,10 +414,18 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
             rank = ts = None
             if line[0] in starts or line.find("/", 0, 40) >= 0:
                 m = prefix(line)
+                if labels and (m is None or m.group("r") is None) and (sm := _SLURM.match(line)) and sm.group(0) in labels:
+                    # a row of numbers behind a Slurm label this text's log lines carry: the label, not a cell
+                    rank, line = int(sm.group(1)), line[sm.end():].lstrip()
+                    m = prefix(line) if line else None
+                    if not line:
+                        continue
                 if m:
                     if m.lastindex:
                         r = m.group("r")
                         rank, ts = int(r) if r else None, m.group("t1") or m.group("t2")
+                        if r and (sm := _SLURM.match(line)) and sm.end() <= m.end():
+                            labels.add(sm.group(0))
                     line = line[m.end():]
                     if not line:
                         continue
