@@ -147,10 +147,11 @@ def _last_line(lines: list[str]) -> int | None:
 
 
 def cut_mid_last_line(text: str) -> str | None:
-    """The text ending in the middle of its last line (a partial copy, a crashed writer)."""
+    """The text ending in the middle of its last line (a partial copy, a crashed writer). None for a
+    text of one line: nothing would be left to read the same."""
     lines, _ = _lines(text)
     i = _last_line(lines)
-    if i is None:
+    if i is None or not any(line.strip() for line in lines[:i]):
         return None
     return "\n".join(lines[:i] + [lines[i][:len(lines[i]) // 2]])
 

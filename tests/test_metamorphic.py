@@ -28,7 +28,6 @@ _PARTNERS = ("01_nccl_oldfmt_busid_ib_2node.txt", "25_torchtitan_2025_rank0_pref
 _MERGEABLE = ("kind", "kinds", "transports", "events", "values", "warn", "min_records", "max_unparsed", "env", "source")
 
 # Why a family's variants still fail, diagnosed per family from a sample of its failures (not yet per file).
-_CUT = 'cutting the last line changes more than that line (a block or table it closes is lost, or the cut half is read)'
 _INTERLEAVE = "a block this file's parser reads across lines (table, traceback, config dump) is broken by the other log's lines, or a line of the other log is taken into it"
 _NO_RULES = 'the table is not found without its rule lines'
 _PREFIX = 'a prefix the normaliser strips changes how the rest of the line is read (not yet diagnosed)'
@@ -42,11 +41,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ('001_watchdog_2.5_reduce_scatter_pg1.txt', 'interleave'): _INTERLEAVE,
     ('003_megatron_2024_mixtral_args_head_tflops_lbl_loss.txt', 'interleave'): _INTERLEAVE,
     ('006_nanogpt_2023_quoted_timestamps_nan_loss_cut.txt', 'interleave'): _INTERLEAVE,
-    ('008_oom_2019_cached_1gib_gpu.txt', 'cut'): _CUT,
-    ('010_oom_2.0_paren_form_0_bytes_free.txt', 'cut'): _CUT,
-    ('012_oom_2020_reserved_no_space_after_colon.txt', 'cut'): _CUT,
     ('013_nccl_unwind_then_rank_traceback_distbackenderror_2.21.5.txt', 'interleave'): _INTERLEAVE,
-    ('013_nemo_2023_ptl_tqdm_single_line_no_timing.txt', 'cut'): _CUT,
     ('014_fr_trace_analyzer_verbose_tables.txt', 'interleave'): _INTERLEAVE,
     ('014_torchtitan_2026_no_rank_prefix_dup_ranks_cut.txt', 'interleave'): _INTERLEAVE,
     ('016_collect_env_2019_torch_na_p100_prompt.txt', 'interleave'): _INTERLEAVE,
@@ -56,16 +51,13 @@ XFAIL: dict[tuple[str, str], str] = {
     ('023_nccl_coll_allreduce_ray_ip_prefix_kuberay_pods_128ranks.txt', 'wrap80'): _WRAP80,
     ('024_deepspeed_2023_see_memory_trailing_space_zero_offload.txt', 'interleave'): _INTERLEAVE,
     ('024_nvsmi_q_2019_driver396_no_cuda_line.txt', 'interleave'): _INTERLEAVE,
-    ('025_nvsmi_q_2018_driver375_short_busid.txt', 'cut'): _CUT,
     ('025_nvsmi_q_2018_driver375_short_busid.txt', 'interleave'): _INTERLEAVE,
     ('026_nvsmi_a_2018_prompt_k80_azure_busid.txt', 'interleave'): _INTERLEAVE,
     ('027_nvsmi_q_2017_driver340_cmd_trailing_space.txt', 'interleave'): _INTERLEAVE,
     ('028_nvsmi_q_2019_quoted_gt_prefix.txt', 'interleave'): _INTERLEAVE,
-    ('029_nvsmi_q_2020_driver450_prompt_42col.txt', 'cut'): _CUT,
     ('029_nvsmi_q_2020_driver450_prompt_42col.txt', 'interleave'): _INTERLEAVE,
     ('030_oom_2.5_then_rank0_traceback_py311_carets.txt', 'interleave'): _INTERLEAVE,
     ('032_oom_2.1_typo_litgpt_iter_lines_gpu1_cut.txt', 'interleave'): _INTERLEAVE,
-    ('032_profiler_table_2019_unittest_prefix_glued_cut.txt', 'cut'): _CUT,
     ('033_profiler_table_2025_rocm_memory_cols_gb.txt', 'wrap116'): _WRAP116,
     ('033_rank5_oom_gpu5_then_rank2_traceback_py312.txt', 'interleave'): _INTERLEAVE,
     ('037_oom_allocator_memory_fraction_summary_table.txt', 'cat_n'): _PREFIX,
@@ -90,15 +82,12 @@ XFAIL: dict[tuple[str, str], str] = {
     ('059_heartbeat_watchdog_stuck_480s_pg_id_guid_cut.txt', 'cat_n'): _PREFIX,
     ('059_heartbeat_watchdog_stuck_480s_pg_id_guid_cut.txt', 'editor'): _PREFIX,
     ('059_heartbeat_watchdog_stuck_480s_pg_id_guid_cut.txt', 'interleave'): _INTERLEAVE,
-    ('28_profiler_table_2021_right_aligned_self_cuda.txt', 'cut'): _CUT,
     ('35_nsys_nvprof_2021_legacy_api_stats.txt', 'interleave'): _INTERLEAVE,
-    ('36_flight_recorder_dump_unpickled_v2.5.txt', 'cut'): _CUT,
     ('36_flight_recorder_dump_unpickled_v2.5.txt', 'interleave'): _INTERLEAVE,
     ('45_nvsmi_q_2020_driver450_mig_field.txt', 'interleave'): _INTERLEAVE,
     ('47_collect_env_2020_torch1.7.txt', 'interleave'): _INTERLEAVE,
     ('48_collect_env_2025_torch2.7_8xh100.txt', 'interleave'): _INTERLEAVE,
     ('50_collect_env_vllm_sectioned_2025.txt', 'interleave'): _INTERLEAVE,
-    ('62_oom_msg_torch2.2plus_expandable_segments.txt', 'cut'): _CUT,
     ('64_nccl_2.28_h200_nvlink_tuning_names_graph.txt', 'wrap80'): _WRAP80,
 }
 

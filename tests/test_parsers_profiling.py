@@ -180,7 +180,7 @@ def test_flight_recorder_truncated_json_style_with_noise_around():
     r = parse_flight_recorder(text, source="f")
     (entry,) = table(r, "collectives")
     assert (entry["collective_seq_id"], entry["state"], entry["num_frames"], entry["retired"]) == (1, "completed", 3, None)
-    assert r.unparsed_lines == (1,) and r.warnings == ["line 49: dump truncated; entries up to here kept"]
+    assert r.unparsed_lines == (1,) and r.warnings == ["line 49: dump cut short (truncated); entries up to here kept"]
     r = parse_flight_recorder(text.replace("dumping", "{not a dict"), source="f")
     assert r.records == [] and r.unparsed == 49 and "no complete dict literal" in r.warnings[0]
 

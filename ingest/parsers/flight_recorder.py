@@ -123,7 +123,7 @@ def parse_flight_recorder(text: str | Iterable[str], *, source: str) -> ParseRes
             linenos = [n for n, _ in block]
             used = set(linenos[:num_rows])
             if truncated:
-                warnings.append(f"line {linenos[num_rows - 1]}: dump truncated; entries up to here kept")
+                warnings.append(f"line {linenos[num_rows - 1]}: dump cut short (truncated); entries up to here kept")
             records = _records(root, linenos, source=source, warnings=warnings)
         else:
             warnings.append("no complete dict literal found: not a printed flight-recorder dump")

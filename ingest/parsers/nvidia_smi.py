@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, run_parsers
+from ingest.parsers import LineParser, ParseResult, TextBlocks, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 _MULTI = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"), ("GPU NUMA ID", "GPU_NUMA_ID"))
@@ -143,7 +143,11 @@ def parse_nvidia_smi_topo(text, *, source: str) -> ParseResult:
 
 def parse_nvidia_smi_q(text, *, source: str) -> ParseResult:
     """Parse ``nvidia-smi -q`` output (see module doc). Pure; never raises on content."""
+    blocks = None
     if not isinstance(text, str):
+        blocks = text
         text = "\n".join(text)  # nesting is by indentation, which the normaliser strips; -q output is small
     indents = {i: len(line) - len(line.lstrip(" ")) for i, line in enumerate(text.split("\n"), start=1)}
-    return run_parsers(text, [SmiQParser(source, indents)], kind="nvidia_smi_q")
+    whole = TextBlocks([text])
+    whole.ends_cut = getattr(blocks, "ends_cut", False)  # (a file that ends inside a line: its reader said so)
+    return run_parsers(whole, [SmiQParser(source, indents)], kind="nvidia_smi_q")

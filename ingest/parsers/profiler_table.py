@@ -140,6 +140,7 @@ class ProfilerTableParser(LineParser):
     _cols: list[tuple[str, Callable]] | None = None
     _header = ""
     _fewest = 0  # the fewest cells of the table's header and rows so far: a row with fewer may be cut
+    _bare_header: int | None = None  # the line of the last header no row has followed yet
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         r, m = match_rules(_LINES, body)
@@ -154,6 +155,7 @@ class ProfilerTableParser(LineParser):
         cols = _header_columns(cells)
         if cols is not None:
             self._cols, self._header, self._fewest = cols, "|".join(cells), len(cols)
+            self._bare_header = lineno
             return True
         if self._cols is None:
             cols = positional_columns(cells)
@@ -185,7 +187,13 @@ class ProfilerTableParser(LineParser):
         if 2 * numbers < sum(conv is not str for _, conv in self._cols) or not rec.get("name"):
             return False
         self.records.append(rec)
+        self._bare_header = None
         return True
+
+    def finish(self) -> None:
+        if self._bare_header is not None:  # (no silent loss: a table whose rows are gone is said so)
+            self.warnings.append(f"line {self._bare_header}: a profiler table header with no rows after it: "
+                                 "the table may be cut (truncated) there")
 
 
 def parse_profiler_table(text, *, source: str) -> ParseResult:
