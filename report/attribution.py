@@ -7,54 +7,15 @@ Deliberately not here: computing the attribution (ingest.attribution), wording (
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from core.records import Plant
+from core.records import CommBenchRow, Plant, record_from_dict
 from report import evidence as ev
 from report import rules
+from report.evidence import AttributionView
 
 BANDWIDTH_MIN_BYTES = 1 << 20  # smaller collectives measure latency, not bandwidth
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttributionView:
-    """Section 5, one run, across its ranks (report.evidence.summarize_attribution and friends),
-    keyed by ATTRIBUTION_KEYS: traced_ms (ms per traced step, the kernels' own time; its median
-    and p90 over the traced steps: traced_median_ms, traced_p90_ms), shares (of
-    the traced step), breakdown_ms (traced_ms with the profiled steps' extra host time,
-    profile_host_ms, taken from launch gaps then other to reach the unprofiled median step),
-    saving_ms / saving_method (ingest.whatif: what removing each cause saves per step, signed,
-    None where no what-if applies; "replay" or "analytic"), replay_step_ms (the trace replayed
-    as recorded: the replay's own error against traced_step_s); per_rank: rank -> category -> s
-    per traced step, rescale: traced step / unprofiled median step; straggler
-    (compute_trace_straggler), stages (compute_stage_balance, PP runs), bandwidth
-    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table, RunSpec.plant)
-    or None when nothing is planted;
-    groups: each process group's own late rank (compute_group_stragglers)."""
-
-    breakdown_ms: Mapping[str, float | None]
-    shares: Mapping[str, float | None]
-    traced_ms: Mapping[str, float | None]
-    traced_median_ms: Mapping[str, float]
-    traced_p90_ms: Mapping[str, float]
-    saving_ms: Mapping[str, float | None]
-    saving_method: Mapping[str, str | None]
-    replay_step_ms: float | None
-    profile_host_ms: float
-    per_rank: Mapping[int, Mapping[str, float]]
-    traced_step_s: float
-    median_step_s: float | None
-    rescale: float | None
-    num_launch_gaps: float
-    launch_gap_p50_s: float | None
-    launch_gap_max_s: float | None
-    straggler: ev.TraceStraggler | None
-    stages: ev.StageBalance | None
-    bandwidth: tuple[ev.CollectiveBandwidth, ...]
-    groups: tuple[ev.GroupStraggler, ...]
-    plant: Plant | None
 
 
 def run_plant(plant: Plant | None) -> dict[str, Any] | None:
@@ -67,7 +28,7 @@ def run_plant(plant: Plant | None) -> dict[str, Any] | None:
 
 
 def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size: int, num_layers: int,
-                      plant: Plant | None, host: str | None, commbench: Sequence[Mapping[str, Any]],
+                      plant: Plant | None, host: str | None, commbench: Sequence[CommBenchRow],
                       median_step_s: float | None) -> AttributionView | None:
     """One run's cross-rank attribution view (None when the run has no attribution rows).
     host: the one host every rank ran on (None: several or unknown); commbench: `runner commbench`
@@ -103,7 +64,7 @@ def build_attribution(trace_tables: Any, *, run: str, pp_degree: int, world_size
         groups=tuple(ev.compute_group_stragglers(collectives, run=run)) if collectives is not None else ())
 
 
-def commbench_rows(source: str) -> list[dict[str, Any]]:
+def commbench_rows(source: str) -> list[CommBenchRow]:
     """SOURCE/commbench's rows (or a tables folder's commbench.parquet), or [] (none, or unreadable)."""
     from core.errors import ToolError
     from ingest.io import find_commbench, load_commbench
@@ -112,6 +73,7 @@ def commbench_rows(source: str) -> list[dict[str, Any]]:
     if bench is None:
         return []
     try:
-        return load_commbench(bench)
+        rows = load_commbench(bench)
     except ToolError:
         return []
+    return [record_from_dict(CommBenchRow, r, where=str(bench))[0] for r in rows]

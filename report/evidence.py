@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.records import ATTRIBUTION_CATEGORIES, BREAKDOWN_CATEGORIES, KERNEL_CLASSES
+from core.records import ATTRIBUTION_CATEGORIES, BREAKDOWN_CATEGORIES, KERNEL_CLASSES, CommBenchRow, Plant
 
 @dataclass(frozen=True, kw_only=True)
 class TraceStraggler:
@@ -84,6 +84,86 @@ class CollectiveBandwidth:
     busbw_gbps: float | None
     commbench_busbw_gbps: float | None
     commbench_nbytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttributionView:
+    """Section 5, one run, across its ranks (summarize_attribution and friends; built by
+    report.attribution.build_attribution),
+    keyed by ATTRIBUTION_KEYS: traced_ms (ms per traced step, the kernels' own time; its median
+    and p90 over the traced steps: traced_median_ms, traced_p90_ms), shares (of
+    the traced step), breakdown_ms (traced_ms with the profiled steps' extra host time,
+    profile_host_ms, taken from launch gaps then other to reach the unprofiled median step),
+    saving_ms / saving_method (ingest.whatif: what removing each cause saves per step, signed,
+    None where no what-if applies; "replay" or "analytic"), replay_step_ms (the trace replayed
+    as recorded: the replay's own error against traced_step_s); per_rank: rank -> category -> s
+    per traced step, rescale: traced step / unprofiled median step; straggler
+    (compute_trace_straggler), stages (compute_stage_balance, PP runs), bandwidth
+    (compute_collective_bandwidth rows), plant: the planted cause (matrix ``plant`` table, RunSpec.plant)
+    or None when nothing is planted;
+    groups: each process group's own late rank (compute_group_stragglers)."""
+
+    breakdown_ms: Mapping[str, float | None]
+    shares: Mapping[str, float | None]
+    traced_ms: Mapping[str, float | None]
+    traced_median_ms: Mapping[str, float]
+    traced_p90_ms: Mapping[str, float]
+    saving_ms: Mapping[str, float | None]
+    saving_method: Mapping[str, str | None]
+    replay_step_ms: float | None
+    profile_host_ms: float
+    per_rank: Mapping[int, Mapping[str, float]]
+    traced_step_s: float
+    median_step_s: float | None
+    rescale: float | None
+    num_launch_gaps: float
+    launch_gap_p50_s: float | None
+    launch_gap_max_s: float | None
+    straggler: TraceStraggler | None
+    stages: StageBalance | None
+    bandwidth: tuple[CollectiveBandwidth, ...]
+    groups: tuple[GroupStraggler, ...]
+    plant: Plant | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakdownRow:
+    """Section 5, one run: mean seconds per analysed (rank, step) of each category on the
+    profiled steps, their shares, and the cross-checks (built by report.view.build_evidence)."""
+
+    run: str
+    timeline: str  # "gpu" | "cpu"
+    num_ranks: int
+    num_steps: int
+    step_time_s: float
+    recorded_step_time_s: float | None
+    sum_error: float | None
+    median_step_time_s: float | None  # the metric table's median (unprofiled steps)
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    data_stall_s: float
+    other_s: float
+    compute_share: float | None
+    exposed_comm_share: float | None
+    bubble_share: float | None
+    data_stall_share: float | None
+    other_share: float | None
+    hidden_comm_s: float
+    idle_s: float
+    pp_degree: int
+    num_microbatches: int
+    bubble_expected: float | None  # (p-1)/(m+p-1) when pp_degree > 1
+    compute_imbalance: float | None
+    compute_min_rank: int | None
+    compute_max_rank: int | None
+    top_kernels: tuple[tuple[str, str, float], ...]  # (name, class, share of kernel time)
+    class_shares: tuple[tuple[str, float | None], ...]  # (kernel class, share)
+    profile_cost_s: float | None
+    profile_cost_share: float | None
+    export_s: float | None
+    nccl: tuple[str, ...]  # NCCL topology/transport lines from the run's rank logs
+    attribution: AttributionView | None = None  # the cross-rank attribution (ingest.attribution)
 
 
 BREAKDOWN_SUMMARY_COLUMNS = (
@@ -460,7 +540,7 @@ def check_stage_prediction(source: StageBalance, other: StageBalance) -> float |
 
 
 def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,
-                                 commbench: Sequence[Mapping[str, Any]] = ()) -> list[CollectiveBandwidth]:
+                                 commbench: Sequence[CommBenchRow] = ()) -> list[CollectiveBandwidth]:
     """Per collective kind and size: count, median transfer time (the last-arriving rank's
     duration, s) and achieved bus bandwidth (GB/s, nccl-tests convention), next to `runner
     commbench`'s busbw for the same op at the nearest measured size within a factor of 2 (None
@@ -470,13 +550,12 @@ def compute_collective_bandwidth(collectives: pd.DataFrame, *, run: str,
         return []
     out = []
     for (kind, nbytes), g in df.groupby(["kind", "nbytes"]):
-        bench = [b for b in commbench if b.get("op") == kind and b.get("nbytes")
-                 and 0.5 <= float(b["nbytes"]) / float(nbytes) <= 2.0]
-        near = min(bench, key=lambda b: abs(np.log(float(b["nbytes"]) / float(nbytes))), default=None)
+        bench = [b for b in commbench if b.op == kind and b.nbytes and 0.5 <= float(b.nbytes) / float(nbytes) <= 2.0]
+        near = min(bench, key=lambda b: abs(np.log(float(b.nbytes) / float(nbytes))), default=None)
         out.append(CollectiveBandwidth(
             kind=str(kind), nbytes=int(nbytes), num_calls=int(len(g)), transfer_s=float(g["transfer_s"].median()),
             total_s=float(g["transfer_s"].sum()),
             busbw_gbps=float(g["busbw_gbps"].median()) if g["busbw_gbps"].notna().any() else None,
-            commbench_busbw_gbps=float(near["busbw_gbps"]) if near else None,
-            commbench_nbytes=int(near["nbytes"]) if near else None))
+            commbench_busbw_gbps=float(near.busbw_gbps) if near else None,
+            commbench_nbytes=int(near.nbytes) if near else None))
     return sorted(out, key=lambda r: -r.total_s)

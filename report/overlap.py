@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.records import LoadedRun
+from report.evidence import AttributionView
 from report.rules import flat_options
 
 # section 5's categories that are communication left exposed on the critical path
@@ -81,7 +82,7 @@ def compute_switches(on: Mapping[str, Any], off: Mapping[str, Any]) -> tuple[tup
     return tuple((k, str(a.get(k)), str(b.get(k))) for k in keys if a.get(k) != b.get(k))
 
 
-def _exposed_s(att: Any) -> float | None:
+def _exposed_s(att: AttributionView | None) -> float | None:
     if att is None:
         return None
     parts = [att.traced_ms.get(c) for c in EXPOSED_COMM_CATEGORIES]
@@ -107,7 +108,7 @@ def judge_overlap(*, saved_s: float | None, most_s: float | None, noise_s: float
 
 
 def build_overlap_section(runs: Sequence[LoadedRun], *, step_times_s: Mapping[str, tuple[float | None, float | None]],
-                          attribution: Mapping[str, Any], noise_multiple: float) -> OverlapSection | None:
+                          attribution: Mapping[str, AttributionView], noise_multiple: float) -> OverlapSection | None:
     """The campaign's overlap pairs; None when no run is a no-overlap twin.
 
     step_times_s: run -> (median, p90) step time (s), the metric table's; attribution: run ->

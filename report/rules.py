@@ -13,6 +13,7 @@ from typing import Any
 
 from core.memory import STATE_BYTES
 from core.records import LoadedRun, RunSpec, RunSummary
+from report.evidence import BreakdownRow
 from report.metrics import compute_step_spread
 from report.health import RunHealth
 from report.i18n import N_
@@ -309,7 +310,7 @@ KNOWLEDGE_MAP_TOPICS = ("nccl", "ddp", "zero", "tp_pp", "data", "kernels")
 
 
 def build_knowledge_map(
-    breakdown_rows: Sequence[Mapping[str, Any]],
+    breakdown_rows: Sequence[BreakdownRow],
     summary_rows: Sequence[RunSummary],
     run_rows: Sequence[LoadedRun],
     *,
@@ -319,13 +320,13 @@ def build_knowledge_map(
 ) -> list[Finding]:
     """One Finding per KNOWLEDGE_MAP_TOPICS (kind ``map_<topic>``) whose evidence holds this
     campaign's numbers for the runs the topic concerns. breakdown_rows:
-    report.evidence.summarize_breakdown records (+ ``bubble_expected``); summary_rows /
+    the section-5 rows (report.evidence.BreakdownRow); summary_rows /
     run_rows: as build_findings (same order); kernel_rows: report.evidence.summarize_kernel_classes
     records; nccl_transports: transport names seen in the runs' NCCL logs; attribution: run ->
     the cross-rank shares (report.evidence.summarize_attribution ``shares``): exposed
     communication is then split into transfer and skew wait, launch gaps and stage imbalance
     named; without it the single-rank shares stand (transfer = exposed comm, skew unknown)."""
-    by_run = {b["run"]: b for b in breakdown_rows}
+    by_run = {b.run: b for b in breakdown_rows}
     runs = {r.name: r.spec for r in run_rows}
     summary = {s.run: s for s in summary_rows}
 
@@ -335,7 +336,11 @@ def build_knowledge_map(
     ddp = next((s for s in summary_rows if strategy(s.run) == "ddp" and s.step_time_median_s), None)
 
     def share(run: str, cat: str) -> float | None:
-        return by_run.get(run, {}).get(f"{cat}_share")
+        """The single-rank share of a breakdown category (BREAKDOWN_CATEGORIES), None without a trace."""
+        b = by_run.get(run)
+        return None if b is None else {"compute": b.compute_share, "exposed_comm": b.exposed_comm_share,
+                                       "bubble": b.bubble_share, "data_stall": b.data_stall_share,
+                                       "other": b.other_share}[cat]
 
     def cross(run: str, cat: str) -> float | None:
         """The cross-rank share of a category (None without attribution for the run)."""
@@ -344,8 +349,8 @@ def build_knowledge_map(
     def transfer(run: str) -> float | None:
         return cross(run, "transfer") if run in (attribution or {}) else share(run, "exposed_comm")
 
-    comm = [(r, transfer(r), cross(r, "skew_wait"), by_run[r]["hidden_comm_s"] / by_run[r]["step_time_s"]
-             if by_run[r]["step_time_s"] else None) for r in by_run]
+    comm = [(r, transfer(r), cross(r, "skew_wait"), b.hidden_comm_s / b.step_time_s if b.step_time_s else None)
+            for r, b in by_run.items()]
     out = [Finding(kind="map_nccl", runs=tuple(by_run), evidence={"transports": tuple(nccl_transports),
                                                                   "comm": tuple(comm)})]
     ddp_runs = [r for r in by_run if strategy(r) == "ddp"]
@@ -361,8 +366,8 @@ def build_knowledge_map(
                        evidence={"runs": tuple(zero), "ddp_run": ddp.run if ddp else None,
                                  "ddp_mem_peak_reserved_gib": ddp.mem_peak_reserved_gib if ddp else None}))
     tp_pp = [(r, runs[r].tp_degree, runs[r].pp_degree,
-              cross(r, "bubble") if r in (attribution or {}) else share(r, "bubble"), by_run[r].get("bubble_expected"),
-              by_run[r].get("compute_imbalance"), transfer(r), cross(r, "skew_wait"), cross(r, "imbalance"))
+              cross(r, "bubble") if r in (attribution or {}) else share(r, "bubble"), by_run[r].bubble_expected,
+              by_run[r].compute_imbalance, transfer(r), cross(r, "skew_wait"), cross(r, "imbalance"))
              for r in by_run if strategy(r) == "tp_pp"]
     out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
     data = [(r, share(r, "data_stall"), summary[r].data_wait_median_s if r in summary else None) for r in by_run]

@@ -25,6 +25,7 @@ from core.records import (
     RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, PlantTruth, RunSpec, RunSummary,
 )
 from report import evidence as ev
+from report.evidence import BreakdownRow
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
 from core.hardware import lookup_peak
@@ -191,46 +192,6 @@ class HangRank:
 class Figure:
     kind: str  # "loss" | "step_time" | "breakdown" | "timeline": the templates word title and caption
     path: str  # relative to the note's directory
-
-
-@dataclass(frozen=True, kw_only=True)
-class BreakdownRow:
-    """Section 5, one run: mean seconds per analysed (rank, step) of each category on the
-    profiled steps, their shares, and the cross-checks (report.evidence)."""
-
-    run: str
-    timeline: str  # "gpu" | "cpu"
-    num_ranks: int
-    num_steps: int
-    step_time_s: float
-    recorded_step_time_s: float | None
-    sum_error: float | None
-    median_step_time_s: float | None  # the metric table's median (unprofiled steps)
-    compute_s: float
-    exposed_comm_s: float
-    bubble_s: float
-    data_stall_s: float
-    other_s: float
-    compute_share: float | None
-    exposed_comm_share: float | None
-    bubble_share: float | None
-    data_stall_share: float | None
-    other_share: float | None
-    hidden_comm_s: float
-    idle_s: float
-    pp_degree: int
-    num_microbatches: int
-    bubble_expected: float | None  # (p-1)/(m+p-1) when pp_degree > 1
-    compute_imbalance: float | None
-    compute_min_rank: int | None
-    compute_max_rank: int | None
-    top_kernels: tuple[tuple[str, str, float], ...]  # (name, class, share of kernel time)
-    class_shares: tuple[tuple[str, float | None], ...]  # (kernel class, share)
-    profile_cost_s: float | None
-    profile_cost_share: float | None
-    export_s: float | None
-    nccl: tuple[str, ...]  # NCCL topology/transport lines from the run's rank logs
-    attribution: AttributionView | None = None  # the cross-rank attribution (ingest.attribution)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -653,7 +614,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
         ))
     rows = link_stage_predictions(rows, runs)
     transports = tuple(sorted({t for lines in trace_tables.nccl_transports.values() for t in lines}))
-    kmap = build_knowledge_map(bd, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
+    kmap = build_knowledge_map(rows, summary, runs, kernel_rows=list(classes.values()), nccl_transports=transports,
                                attribution={b.run: b.attribution.shares for b in rows if b.attribution is not None})
     traced = {b["run"] for b in bd}
     return EvidenceSection(rows=tuple(rows), runs_without_trace=tuple(r.name for r in runs if r.name not in traced),
