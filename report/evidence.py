@@ -231,6 +231,28 @@ def summarize_kernel_classes(kernels: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+@dataclass(frozen=True, kw_only=True)
+class KernelShares:
+    """One traced run's kernel time by class (summarize_kernel_classes): class -> share of summed
+    kernel time for every KERNEL_CLASSES class (None without kernel time), and the top kernel by
+    time with its share (None without kernels)."""
+
+    run: str
+    shares: Mapping[str, float | None]
+    top_kernel: str | None
+    top_kernel_share: float | None
+
+
+def build_kernel_shares(table: pd.DataFrame) -> list[KernelShares]:
+    """summarize_kernel_classes' table -> one KernelShares per run, in table order (NaN as None)."""
+    def value(v: Any) -> Any:
+        return None if v is None or pd.isna(v) else (v.item() if hasattr(v, "item") else v)
+
+    return [KernelShares(run=str(r["run"]), shares={c: value(r[f"{c}_share"]) for c in KERNEL_CLASSES},
+                         top_kernel=value(r["top_kernel"]), top_kernel_share=value(r["top_kernel_share"]))
+            for r in table.to_dict("records")]
+
+
 def top_kernels(kernels: pd.DataFrame, *, run: str, num: int = 5) -> pd.DataFrame:
     """The ``num`` kernels of ``run`` with the largest summed time over its ranks. Columns
     name, kernel_class, num_calls, total_s, share (of the run's summed kernel time)."""

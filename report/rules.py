@@ -13,7 +13,7 @@ from typing import Any
 
 from core.memory import STATE_BYTES
 from core.records import LoadedRun, RunSpec, RunSummary
-from report.evidence import BreakdownRow
+from report.evidence import BreakdownRow, KernelShares
 from report.metrics import compute_step_spread
 from report.health import RunHealth
 from report.i18n import N_
@@ -314,15 +314,15 @@ def build_knowledge_map(
     summary_rows: Sequence[RunSummary],
     run_rows: Sequence[LoadedRun],
     *,
-    kernel_rows: Sequence[Mapping[str, Any]] = (),
+    kernel_rows: Sequence[KernelShares] = (),
     nccl_transports: Sequence[str] = (),
     attribution: Mapping[str, Mapping[str, float | None]] | None = None,
 ) -> list[Finding]:
     """One Finding per KNOWLEDGE_MAP_TOPICS (kind ``map_<topic>``) whose evidence holds this
     campaign's numbers for the runs the topic concerns. breakdown_rows:
     the section-5 rows (report.evidence.BreakdownRow); summary_rows /
-    run_rows: as build_findings (same order); kernel_rows: report.evidence.summarize_kernel_classes
-    records; nccl_transports: transport names seen in the runs' NCCL logs; attribution: run ->
+    run_rows: as build_findings (same order); kernel_rows: the runs' kernel time by class
+    (report.evidence.KernelShares); nccl_transports: transport names seen in the runs' NCCL logs; attribution: run ->
     the cross-rank shares (report.evidence.summarize_attribution ``shares``): exposed
     communication is then split into transfer and skew wait, launch gaps and stage imbalance
     named; without it the single-rank shares stand (transfer = exposed comm, skew unknown)."""
@@ -372,8 +372,8 @@ def build_knowledge_map(
     out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
     data = [(r, share(r, "data_stall"), summary[r].data_wait_median_s if r in summary else None) for r in by_run]
     out.append(Finding(kind="map_data", runs=tuple(by_run), evidence={"runs": tuple(data)}))
-    kernels = [(k["run"], k.get("gemm_share"), k.get("attention_share"), k.get("elementwise_share"), k.get("top_kernel"),
-                k.get("top_kernel_share")) for k in kernel_rows]
+    kernels = [(k.run, k.shares["gemm"], k.shares["attention"], k.shares["elementwise"], k.top_kernel,
+                k.top_kernel_share) for k in kernel_rows]
     out.append(Finding(kind="map_kernels", runs=tuple(k[0] for k in kernels), evidence={"runs": tuple(kernels)}))
     return out
 

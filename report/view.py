@@ -22,7 +22,7 @@ import pandas as pd
 from ingest.hangs import rank_evidence
 from ingest.io import Campaign, load_plant_truths
 from core.records import (
-    RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, PlantTruth, RunSpec, RunSummary,
+    KERNEL_CLASSES, RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, PlantTruth, RunSpec, RunSummary,
 )
 from report import evidence as ev
 from report.evidence import BreakdownRow
@@ -574,7 +574,7 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
                                knowledge_map=(), straggler=straggler,
                                profile_tables=tuple(ev.summarize_profile_tables(campaign.kernel_summaries)))
     bd = _records(ev.summarize_breakdown(trace_tables.breakdown, campaign.steps))
-    classes = {k["run"]: k for k in _records(ev.summarize_kernel_classes(trace_tables.kernels))}
+    classes = {k.run: k for k in ev.build_kernel_shares(ev.summarize_kernel_classes(trace_tables.kernels))}
     warmup = int(campaign.campaign.fixed.warmup_steps or 0)
     cost = {c["run"]: c for c in _records(ev.compute_profile_cost(campaign.steps, trace_tables.meta,
                                                                    warmup_steps=warmup))}
@@ -587,11 +587,11 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
         r = by_name.get(b["run"])
         spec = r.spec if r is not None else None
         pp, m = int(spec.pp_degree or 1) if spec else 1, int(spec.num_microbatches or 1) if spec else 1
-        b["bubble_expected"] = compute_bubble_fraction(
+        bubble_expected = compute_bubble_fraction(
             pp_degree=pp, num_microbatches=m, num_virtual_stages=_virtual_stages(spec.options if spec else None)) \
             if pp > 1 else None
         top = _records(ev.top_kernels(trace_tables.kernels, run=b["run"], num=5))
-        k = classes.get(b["run"], {})
+        k = classes.get(b["run"])
         c = cost.get(b["run"], {})
         median = next((x.step_time_median_s for x in summary if x.run == b["run"]), None)
         rows.append(BreakdownRow(
@@ -604,11 +604,10 @@ def build_evidence(trace_tables: Any, campaign: Campaign, runs: Sequence[LoadedR
                                  "sum_error", "compute_s", "exposed_comm_s", "bubble_s", "data_stall_s", "other_s",
                                  "compute_share", "exposed_comm_share", "bubble_share", "data_stall_share",
                                  "other_share", "hidden_comm_s", "idle_s", "compute_imbalance", "compute_min_rank",
-                                 "compute_max_rank", "bubble_expected")},
-            pp_degree=pp, num_microbatches=m,
+                                 "compute_max_rank")},
+            bubble_expected=bubble_expected, pp_degree=pp, num_microbatches=m,
             top_kernels=tuple((t["name"], t["kernel_class"], t["share"]) for t in top),
-            class_shares=tuple((cls, k.get(f"{cls}_share")) for cls in ("gemm", "attention", "loss", "optimizer",
-                                                                        "elementwise", "comm", "memory", "other")),
+            class_shares=tuple((cls, k.shares[cls] if k else None) for cls in KERNEL_CLASSES),
             profile_cost_s=c.get("cost_s"), profile_cost_share=c.get("share"), export_s=c.get("export_s"),
             nccl=tuple(trace_tables.nccl.get(b["run"], ())),
         ))
