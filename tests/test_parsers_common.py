@@ -90,6 +90,9 @@ def test_parse_result_is_frozen():
     ("[rank1]:Train:  41%|####1     | 410/1000 [02:03<02:57,  3.33it/s, loss=1.2][E x.cpp:1] m", "[E x.cpp:1] m", 1),
     ("Shards:  50% 1/2 [00:01<00:01,  1.10s/it]ERROR:root:y", "ERROR:root:y", None),
     ("Train:  41%|####1     | 410/1000 [02:03<02:57,  3.33it/s]", "Train:  41%|####1     | 410/1000 [02:03<02:57,  3.33it/s]", None),
+    # a timestamp before a '- key: value' list item is a prefix; before Python logging's ' - name - LEVEL - ' it is the record's
+    ("2024-05-01 12:00:00,123 - Python version: 3.10.13", "- Python version: 3.10.13", None),
+    ("2024-05-01 12:00:00,123 - root - INFO - step: 1", "2024-05-01 12:00:00,123 - root - INFO - step: 1", None),
 ])
 def test_normaliser_strips_prefixes(line, body, rank):
     assert [(b, r) for _, b, _, r in iter_lines(line)] == [(body, rank)]
@@ -102,6 +105,13 @@ def test_normaliser_strips_a_slurm_label_before_a_row_of_numbers_once_log_lines_
     assert [b for _, b, _, _ in iter_lines("0:    32          8")] == ["0:    32          8"]
     labelled = "".join("0: " + line + "\n" for line in rows.splitlines())
     assert [(b, r) for _, b, _, r in iter_lines(labelled)] == [("Nodes  Processes", 0), ("(total)   per node", 0), ("32          8", 0)]
+
+
+def test_normaliser_strips_cat_n_numbers_before_a_markdown_table_and_from_two_lines():
+    table = ["| a | b |", "| :- | -: |", "| z1 | 3 |"]
+    assert [b for _, b, _, _ in iter_lines("\n".join(f"{i:>6}\t{line}" for i, line in enumerate(table, 1)))] == table
+    assert [b for _, b, _, _ in iter_lines("    41 | first\n    42 | second")] == ["first", "second"]
+    assert [(b, r) for _, b, _, r in iter_lines("1: first\n2: second")] == [("first", 1), ("second", 2)]  # Slurm labels
 
 
 def test_normaliser_attaches_own_line_timestamp_to_next_line():

@@ -187,7 +187,7 @@ _PREFIX = re.compile(
     rf"(?:\]:|\]<std(?:out|err)>:|:(?: (?!{_NUMS}$)|$))"  # (Slurm: a row of numbers only is no log line)
     r"|\[\d+\] "
     rf"|\[(?P<t1>{_TS})\](?: (?!\[[A-Z]+\] \[)|$)"
-    rf"|(?P<t2>{_TS})\s(?!\s*-\s)"
+    rf"|(?P<t2>{_TS})\s(?!\s*-\s\w+ - [A-Z]+ - )"  # (Python logging's "ts - name - LEVEL - msg": torchtitan reads it)
     r"|[\w.\-]+/\d+ \[\d+\]:"  # TorchX "trainer/0 [0]:"
     r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\)(?: |$)"  # Ray
     r"|`{3}[\w+\-]*$|`{1,3}(?=\S)"  # Markdown residue of a paste: a code fence, a stray backtick
@@ -201,7 +201,8 @@ _SLURM = re.compile(r"\s*(\d{1,5}): ")
 _ISO_TS = re.compile(_TS)
 # Editor or viewer line numbers ("  12 | ", "12: ", cat -n's "    12\t"), stripped only from a text
 # whose first lines are all numbered consecutively (a Slurm label repeats; an editor's number counts).
-_EDITOR = re.compile(r"[ \t]*(\d{1,7})(?:[ \t]*[|\u2502\u2192](?: |$)|:(?: |$)|\t|$)")
+_EDITOR = re.compile(r"[ \t]*(\d{1,7})(?:(?P<tab>\t)|[ \t]*(?P<bar>[|\u2502\u2192])(?: |$)|:(?: |$)|$)")  # (cat -n's tab first:
+# a numbered Markdown table row keeps its own leading '|')
 _EDITOR_SAMPLE = 40
 # Terminal widths a pasted log is hard-wrapped at; a block whose longest line has one of these lengths
 # has its lines of exactly that length joined with the next line unless that one starts a record.
@@ -276,8 +277,9 @@ def _rows_at_width(lines: list[str], width: int) -> bool:
 
 
 def _editor_numbered(lines: list[str]) -> bool:
-    """Whether the first lines of a text all carry consecutive editor line numbers (at least 3)."""
-    first, count = None, 0
+    """Whether the first lines of a text all carry consecutive editor line numbers: at least 3, or 2
+    in cat -n's or a viewer's form (a tab or a bar after the number; 'N: ' is also a Slurm label)."""
+    first, count, marked = None, 0, True
     for i, raw in enumerate(lines[:_EDITOR_SAMPLE]):
         if not raw.strip():
             continue
@@ -290,7 +292,8 @@ def _editor_numbered(lines: list[str]) -> bool:
         if n != first or n + i < 1:
             return False
         count += 1
-    return count >= 3
+        marked = marked and (m.group("tab") or m.group("bar")) is not None
+    return count >= 3 or count == 2 and marked
 
 
 _QUOTE = re.compile(r"> ?")
