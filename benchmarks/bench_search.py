@@ -51,10 +51,15 @@ def main() -> int:
     ap.add_argument("--kernels", default="parity", help="kernels modes searched (comma-separated)")
     ap.add_argument("--micro-batches", help="only these micro-batch sizes (runner search --micro-batches)")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench-search")
+    ap.add_argument("--reuse-exhaustive", action="store_true",
+                    help="keep OUT/exhaustive from an earlier run (its steps and wall time) and run the search only")
     ap.add_argument("--result", type=Path, default=REPO / "benchmarks" / "results" / "search-cpu.json")
     args = ap.parse_args()
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
+    previous = json.loads(args.result.read_text()) if args.reuse_exhaustive else None
+    if previous is None:
+        shutil.rmtree(args.out, ignore_errors=True)
+    shutil.rmtree(args.out / "search", ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     common = ["--model", args.model, "--gpus", str(args.world), "--device", args.device, "--kernels", args.kernels]
     common += ["--micro-batches", args.micro_batches] if args.micro_batches else []
@@ -71,7 +76,11 @@ def main() -> int:
     matrix.write_text(render_matrix(req, [c.run for c in runnable], name="exhaustive"), encoding="utf-8")
     exhaustive = args.out / "exhaustive"
     print(f"exhaustive: {len(runnable)} candidates ...", flush=True)
-    exhaustive_wall_s = runner("all", "--matrix", str(matrix), "--out", str(exhaustive), log=args.out / "exhaustive.log")
+    if previous is None:
+        exhaustive_wall_s = runner("all", "--matrix", str(matrix), "--out", str(exhaustive),
+                                   log=args.out / "exhaustive.log")
+    else:
+        exhaustive_wall_s = previous["exhaustive_wall_s"]
     steps = {c.name: load_trial(exhaustive / c.name, warmup_steps=TRIAL_STEPS[args.device]["warmup_steps"]).get("measured_step_ms")
              for c in runnable}
     ok = {k: v for k, v in steps.items() if v}
@@ -98,6 +107,7 @@ def main() -> int:
                            if args.device == "cpu" else "cuda max_memory_allocated vs the model's device bytes"),
         "step_error_max": data["step_error_max"],
         "exhaustive_step_ms": dict(sorted(ok.items(), key=lambda kv: kv[1])),
+        "exhaustive_reused": previous is not None,
         "load_average_before": load_before, "load_average_after": os.getloadavg(), "cpu_count": os.cpu_count(),
         "machine": platform.platform(),
     }
