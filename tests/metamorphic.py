@@ -178,11 +178,17 @@ def editor_bar(i: int, line: str) -> str:
 def interleave(text: str, other: str, every: int = 2) -> str:
     """The lines of ``other`` put one by one before every ``every``-th line of ``text`` that starts
     a record (not indented, not blank): two processes writing one stream. The rest of ``other``
-    at the end."""
+    before the record that holds the last line of ``text``, which stays the stream's last (a copy
+    cut short cuts the stream's last line, whoever wrote it)."""
     lines, ends = _lines(text)
     extra = [line for line in _lines(other)[0] if line.strip()]
+    last = _last_line(lines)  # the rest goes before the record (not indented) the last line is in
+    last = next((i for i in range(last, -1, -1) if lines[i][:1].strip()), last) if last is not None else None
     out, starts = [], 0
-    for line in lines:
+    for i, line in enumerate(lines):
+        if i == last:
+            out += extra
+            extra = []
         if extra and line[:1].strip():
             starts += 1
             if starts % every == 0:
