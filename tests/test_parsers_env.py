@@ -119,3 +119,15 @@ def test_topo_rows_without_header_named_by_position():
     assert r.unparsed == 0 and any("without their header" in w for w in r.warnings)
     alone = links(parse_nvidia_smi_topo("\n".join(rows), source="t"))
     assert alone[("GPU0", "GPU1")] == "NV18" and alone[("GPU0", "column2")] == "PXB"
+
+
+def test_smi_q_report_with_another_log_interleaved_reads_both():
+    """A report read whole (its tree by indentation) leaves the lines that are not its to the chain: an
+    NCCL line with ' : ' inside is no key of the report."""
+    from ingest.parsers.dispatch import parse_text
+    nccl = "nodea:26799:27030 [4] NCCL INFO Channel 00 : 4[89000] -> 5[8e000] via P2P/direct pointer/read"
+    text = "\n".join(["==============NVSMI LOG==============", "", "Driver Version                      : 396.44",
+                      nccl, "Attached GPUs                       : 1"])
+    r = parse_text(text, source="t", kind="nvidia_smi_q")
+    assert env(r)["driver_version"] == "396.44" and env(r)["num_gpus"] == "1"
+    assert not any("NCCL" in k for k in env(r)) and r.unparsed == 0 and set(r.kinds) == {"nvidia_smi_q", "nccl"}

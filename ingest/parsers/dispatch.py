@@ -52,13 +52,17 @@ def build_chain(source: str) -> list[LineParser]:
 def parse_text(text: str | Iterable[str], *, source: str, kind: str | None = None) -> ParseResult:
     """Parse a text: ``kind`` None (or "routed"): a whole-text format the head names (a str's first
     HEAD_CHARS; pass ``kind`` when streaming) is read whole, any other text line by line through
-    every parser (``build_chain``), a Chrome trace not at all (ingest.traces reads it); ``kind`` a key of PARSERS: that parser alone; any other
+    every parser (``build_chain``), a Chrome trace not at all (ingest.traces reads it); ``kind`` a key of PARSERS: that parser alone
+    (an ``nvidia-smi -q`` report: with the chain after it, for the lines that are not the report's); any other
     ``kind``: no records, every non-blank line unparsed and a warning. Never raises on content."""
     if kind is None:
         kind = detect_kind(text[:HEAD_CHARS]) if isinstance(text, str) else None
         kind = kind if kind in (*WHOLE_TEXT_KINDS, "chrome_trace") else "routed"
     if kind == "routed":
         return run_parsers(text, build_chain(source))
+    if kind == "nvidia_smi_q":  # the report read with its indentation, any other line (an interleaved log) by the chain
+        others = tuple(p for p in build_chain(source) if not isinstance(p, nvidia_smi.SmiQParser))
+        return nvidia_smi.parse_nvidia_smi_q(text, source=source, others=others)
     parser = PARSERS.get(kind)
     if parser is not None:
         return parser(text, source=source)

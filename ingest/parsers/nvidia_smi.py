@@ -89,6 +89,7 @@ class TopoParser(LineParser):
         self._headless = []
 
 
+_Q_KEY = re.compile(r"[A-Za-z][\w /()\-.,%+]*? :")  # a key is words (a log line with ' : ' inside is no key)
 # top-level -q keys that are also environment facts under our names (a new one is one row)
 _Q_ENV_KEYS = {"Driver Version": "driver_version", "Attached GPUs": "num_gpus"}
 
@@ -122,7 +123,7 @@ class SmiQParser(LineParser):
             self._gpu = m.group("bus")
             self._section = None
             return True
-        if " : " in body or body.endswith(" :"):
+        if (" : " in body or body.endswith(" :")) and _Q_KEY.match(body):
             key, _, value = body.partition(" :")
             key, value = key.strip(), value.strip()
             full = ".".join(x for x in ("nvsmi", self._gpu and f"gpu[{self._gpu}]", self._section, key) if x)
@@ -141,8 +142,10 @@ def parse_nvidia_smi_topo(text, *, source: str) -> ParseResult:
     return run_parsers(text, [TopoParser(source), FailureScanner(source)], kind="nvidia_smi_topo")
 
 
-def parse_nvidia_smi_q(text, *, source: str) -> ParseResult:
-    """Parse ``nvidia-smi -q`` output (see module doc). Pure; never raises on content."""
+def parse_nvidia_smi_q(text, *, source: str, others: tuple[LineParser, ...] = ()) -> ParseResult:
+    """Parse ``nvidia-smi -q`` output (see module doc), its tree read with its indentation; ``others``:
+    the parsers offered the lines that are not the report's (another process's log interleaved with
+    it). Pure; never raises on content."""
     blocks = None
     if not isinstance(text, str):
         blocks = text
@@ -150,4 +153,4 @@ def parse_nvidia_smi_q(text, *, source: str) -> ParseResult:
     indents = {i: len(line) - len(line.lstrip(" ")) for i, line in enumerate(text.split("\n"), start=1)}
     whole = TextBlocks([text])
     whole.ends_cut = getattr(blocks, "ends_cut", False)  # (a file that ends inside a line: its reader said so)
-    return run_parsers(whole, [SmiQParser(source, indents)], kind="nvidia_smi_q")
+    return run_parsers(whole, [SmiQParser(source, indents), *others], kind="nvidia_smi_q")
