@@ -54,6 +54,25 @@ def compute_state_bytes_per_param(*, sharding: str, shard_degree: int) -> float:
     return table[sharding]
 
 
+AUTOCAST_COPY_BYTES = 2  # the bf16 copy of an fp32 weight that torch.autocast caches (cache_enabled=True)
+
+
+def compute_torch_ddp_extra_bytes_per_param(*, autocast_bf16: bool, num_microbatches: int) -> float:
+    """Bytes per parameter torch DDP holds beside its model states at the backward peak:
+
+    - 2 with bf16 autocast over fp32 weights: autocast caches each weight's bf16 copy in the
+      forward and autograd saves it for the backward (torch.autocast, ``cache_enabled``);
+    - 4 with gradient accumulation (num_microbatches > 1): micro-batches under ``no_sync``
+      accumulate fp32 gradients in ``param.grad``, apart from DDP's gradient buckets, until the
+      last micro-batch copies them in (torch DistributedDataParallel, ``no_sync`` and
+      ``gradient_as_bucket_view`` with gradients set to None between steps).
+
+    Raises ConfigError for num_microbatches < 1."""
+    if num_microbatches < 1:
+        raise ConfigError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    return (AUTOCAST_COPY_BYTES if autocast_bf16 else 0) + (FP32_GRAD_BYTES if num_microbatches > 1 else 0)
+
+
 def split_layers(*, num_layers: int, pp_degree: int, uneven: bool = False) -> tuple[int, ...]:
     """Layers per pipeline stage. Even split when pp divides num_layers; with ``uneven`` the
     first and last stages carry fewer layers (Megatron-LM --decoder-first/last-pipeline-num-layers;

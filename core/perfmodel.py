@@ -195,6 +195,9 @@ class Layout:
     # cross entropy keeps (Korthikanti et al. 2022 s4.3); 10 = an unfused eager cross entropy
     # (runner.model.lm_loss: bf16 logits 2 + their fp32 copy 4 + the fp32 gradient 4)
     logits_bytes: int = 4
+    # bytes per parameter a campaign run's engine holds beside its model states at the backward
+    # peak (core.memory.compute_torch_ddp_extra_bytes_per_param); 0: the planner's engines
+    extra_bytes_per_param: float = 0.0
 
     @property
     def world_size(self) -> int:
@@ -384,7 +387,7 @@ def predict_layout(shape: ModelShape, layout: Layout, *, seq_length: int, global
 def compute_layout_memory(shape: ModelShape, layout: Layout, *, seq_length: int) -> tuple[float, float]:
     """(model-state bytes, activation bytes) on the layout's fullest GPU: over the first, second
     and last pipeline stages (the others equal the second), model states (core.memory,
-    sharded over DP x CP) + per-layer activations x layers x in-flight micro-batches (1F1B),
+    sharded over DP x CP, plus the engine's extra_bytes_per_param) + per-layer activations x layers x in-flight micro-batches (1F1B),
     + the output layer's activations on the last stage. Context parallelism needs flash
     attention, so its scores are never stored."""
     lay = layout
@@ -401,6 +404,7 @@ def compute_layout_memory(shape: ModelShape, layout: Layout, *, seq_length: int)
         params = mem.compute_stage_params(shape, stage=k, layers=layers, tp_degree=t, ep_degree=lay.ep_degree)
         state = mem.compute_model_state_bytes(params, sharding=lay.sharding, dp_degree=lay.dp_degree, cp_degree=cp,
                                               ep_degree=lay.ep_degree)
+        state += (params.dense + params.expert) * lay.extra_bytes_per_param
         inflight = mem.compute_inflight_microbatches(stage=k, pp_degree=p, num_microbatches=lay.num_microbatches,
                                                      num_virtual_stages=lay.num_virtual_stages)
         act = per_layer * layers[k] * inflight + (out_act if k == p - 1 else 0.0)
@@ -475,7 +479,10 @@ def build_run_layout(spec: RunSpec, *, compiled: bool | None) -> Layout:
                   sharding=sharding, recompute="selective",
                   sequence_parallel=spec.engine == "megatron" and int(spec.tp_degree) > 1,
                   grad_reduce_bytes=grad_reduce_bytes(spec),
-                  logits_bytes=logits_bytes(spec.engine, compiled=bool(compiled)))
+                  logits_bytes=logits_bytes(spec.engine, compiled=bool(compiled)),
+                  extra_bytes_per_param=mem.compute_torch_ddp_extra_bytes_per_param(
+                      autocast_bf16=spec.fixed.dtype == "bf16", num_microbatches=int(spec.num_microbatches))
+                  if spec.engine == "torch-ddp" else 0.0)
 
 
 def grad_reduce_bytes(spec: RunSpec) -> int:

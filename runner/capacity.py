@@ -32,7 +32,8 @@ from core.errors import ConfigError
 from core.memory import compute_offloaded_fraction
 from core.perfmodel import build_run_layout, build_shape, compute_layout_memory
 from core.records import (
-    CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_problems, to_dict,
+    CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_from_dict, record_problems,
+    to_dict,
 )
 from runner.membudget import BUDGET_KEY
 from runner.model import count_gpt_params
@@ -200,6 +201,16 @@ def load_rank_memories(trial_dir: Path) -> dict[int, RankMemory]:
     return out
 
 
+def load_trial_status(trial_dir: Path) -> RunStatus | None:
+    """The trial's status.json as the launcher wrote it; None when it is missing or unreadable."""
+    try:
+        data = json.loads((trial_dir / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    status, problems = record_from_dict(RunStatus, data, where=str(trial_dir / "status.json"))
+    return None if problems else status
+
+
 def summarize_trial(spec: RunSpec, status: RunStatus, *, rung: int, trial_dir: Path, rel: str,
                     layout: RunSpec) -> CapacityTrial:
     """One trial's record from its status, its ranks' memory files and metrics."""
@@ -244,7 +255,15 @@ def run_capacity(specs: tuple[RunSpec, ...], config: CapacityConfig, *, out: Pat
             trial_dir = out / rel
             trial_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(trial_dir / "spec.json", to_dict(spec))
-            status = launch(spec, trial_dir)
+            try:
+                status = launch(spec, trial_dir)
+            except KeyboardInterrupt:  # the launcher marked the trial 'interrupted': keep it in capacity.json
+                stopped = load_trial_status(trial_dir)
+                if stopped is not None:
+                    trials.append(summarize_trial(spec, stopped, rung=rung, trial_dir=trial_dir, rel=rel,
+                                                  layout=layout))
+                    write_json_atomic(out / CAPACITY_FILE, to_dict(dataclasses.replace(result, trials=tuple(trials))))
+                raise
             trial = summarize_trial(spec, status, rung=rung, trial_dir=trial_dir, rel=rel, layout=layout)
             trials.append(trial)
             write_json_atomic(out / CAPACITY_FILE, to_dict(dataclasses.replace(result, trials=tuple(trials))))

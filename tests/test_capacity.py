@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -248,3 +249,26 @@ def test_a_damaged_capacity_file_is_one_line_in_the_note(tmp_path):
     md = (tmp_path / "n" / "note.md").read_text(encoding="utf-8")
     assert "Capacity probe not shown: capacity/capacity.json: does not match CapacityResult (" in md
     assert "### Capacity" not in md
+
+
+def test_a_stopped_probe_keeps_the_interrupted_trial(tmp_path):
+    """SIGTERM during a trial: the launcher marks it 'interrupted', capacity.json keeps it as such
+    (not as a size that did not fit), and the command exits 130."""
+    import signal
+    import subprocess
+    import time
+
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(PROBE_MATRIX, encoding="utf-8")
+    out = tmp_path / "cap"
+    proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "capacity", "--matrix", str(matrix), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(out.glob("*/rung*/metrics/rank0.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    data = json.loads((out / "capacity.json").read_text(encoding="utf-8"))
+    assert record_problems(CapacityResult, data) == []
+    assert data["trials"] and data["trials"][-1]["status"] == "interrupted", data["trials"]

@@ -1,0 +1,46 @@
+"""The committed 1-GPU capacity campaign (examples/h200-1gpu-capacity, one H200): its recorded
+predictions are what the memory model gives today for each trial's spec, and the model meets
+the 10% target where it is claimed (DDP and FSDP2 without offload); the interrupted trial is a
+record, not a size that did not fit."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.records import CapacityResult, record_problems, run_spec_from_dict
+from runner.capacity import GIB, predict_trial_memory
+
+ROOT = Path(__file__).resolve().parents[1] / "examples" / "h200-1gpu-capacity" / "capacity"
+
+
+@pytest.fixture(scope="module")
+def capacity() -> dict:
+    data = json.loads((ROOT / "capacity.json").read_text(encoding="utf-8"))
+    assert record_problems(CapacityResult, data) == []
+    return data
+
+
+def test_recorded_predictions_are_the_memory_models(capacity):
+    for t in capacity["trials"]:
+        spec = run_spec_from_dict(json.loads((ROOT / t["run_dir"] / "spec.json").read_text(encoding="utf-8")))
+        state, act, device, host = predict_trial_memory(spec)
+        assert t["predicted_device_gib"] == pytest.approx(device / GIB, rel=1e-9), t["run_dir"]
+        assert t["predicted_host_gib"] == pytest.approx(host / GIB, rel=1e-9), t["run_dir"]
+
+
+def test_device_memory_predicted_within_ten_percent_without_offload(capacity):
+    checked = 0
+    for t in capacity["trials"]:
+        if t["status"] == "ok" and t["offload"] == "none":
+            peak = max(t["mem_peak_gib"])
+            assert abs(peak / t["predicted_device_gib"] - 1) <= 0.10, (t["layout"], t["rung"], peak)
+            checked += 1
+    assert checked == 4  # DDP and FSDP2 at 2.65 G and 5.12 G parameters
+
+
+def test_the_interrupted_trial_is_recorded_as_such(capacity):
+    stopped = [t for t in capacity["trials"] if t["status"] == "interrupted"]
+    assert [(t["layout"], t["rung"]) for t in stopped] == [("zero3-fsdp2-offload", 2)]
+    assert stopped[0]["mem_peak_gib"] == [] and stopped[0]["tokens_per_s"] is None
