@@ -11,14 +11,15 @@ usable share of the device memory (perfmodel.toml [memory] usable_fraction: the 
 
 The rest are ranked by predicted step time (core.perfmodel.predict_run at a prior compute rate: the
 GPU's dense peak x perfmodel.toml's efficiency, or CPU_PRIOR_RATE_FLOPS on CPU). The first --top
-trials take the best predicted candidate of each engine-and-degrees family. Trials are runs of one
-campaign (warm-up, a short profiler window, then measured steps for a median and a spread), each
-launched by the campaign's own resume (`runner all --resume <out>` once the trial is listed in
-campaign.json), so a failed, OOM or hung trial is recorded like any run and the next one starts.
+trials take the best predicted candidate of each kind (DP, TP, PP, TP+PP), then of each
+engine-and-degrees family. Trials are runs of one campaign (warm-up, a short profiler window, then
+measured steps for a median and a spread), each launched by the campaign's own resume (`runner all
+--resume <out>` once the trial is listed in campaign.json), so a failed, OOM or hung trial is
+recorded like any run and the next one starts.
 After every trial each finished trial's compute rate is solved (core.perfmodel.solve_rate, as
 runner.calibrate and the note do), the untried candidates are re-predicted with the rate of the
-other trials of their family (else engine, else kernels mode, else all; the nearest micro-batch
-size first) and re-ranked, and the best untried one runs while the budget lasts and the refit
+other trials of their family (else engine and kind, else kind, else the data-parallel trials;
+the nearest micro-batch size first) and re-ranked, and the best untried one runs while the budget lasts and the refit
 predicts it within SEARCH_SLACK (or the best trial's p90 spread, if larger) of the best measured
 step. <out>/search.json holds every candidate (tried, pruned, untried) with predictions before and
 after the refit and what was measured; it is rewritten after every trial, and a search started
@@ -403,6 +404,11 @@ def explore_ms(c: Candidate, candidates: Sequence[Candidate]) -> float:
     return ms
 
 
+def kind(c: Candidate) -> tuple[bool, bool]:
+    """(tensor parallel, pipeline parallel): which model-parallel categories a layout has."""
+    return c.tp_degree > 1, c.pp_degree > 1
+
+
 def family(c: Candidate) -> tuple:
     """What the refit and the first trials group by: engine, degrees, interleaving, optimizer
     sharding (the kernels mode apart: the refit matches it by compile on or off)."""
@@ -411,9 +417,10 @@ def family(c: Candidate) -> tuple:
 
 def refit(candidates: Sequence[Candidate], *, specs: Mapping[str, Any], comm, per_node: int) -> list[Candidate]:
     """Every candidate re-predicted with the compute rate the trials measured (core.perfmodel.
-    solve_rate on each ok trial's median step): the mean over the *other* trials of its family
-    (engine, degrees, kernels mode), else of its engine and kernels mode, else of its kernels mode,
-    else of every other trial -- within that pool, the trials of the nearest micro-batch size. A
+    solve_rate on each ok trial's median step): the mean over the *other* trials, in its kernels
+    mode, of its family (engine, degrees), else of its engine and kind (TP, PP or neither), else of
+    its kind, else of the data-parallel trials, else of every other trial -- within that pool, the
+    trials of the nearest micro-batch size. A
     trial is so predicted leave-one-out: its 'after' error is the refit's error, not zero by
     construction."""
     rates: dict[str, tuple[float, Candidate, bool]] = {}
@@ -438,8 +445,13 @@ def refit(candidates: Sequence[Candidate], *, specs: Mapping[str, Any], comm, pe
         spec = specs[c.name]
         mode = is_compiled(spec)
         others = [(n, r, t) for n, (r, t, m) in rates.items() if n != c.name and m == mode]
-        pools = ([x for x in others if family(x[2]) == family(c)], [x for x in others if x[2].engine == c.engine],
-                 others, [(n, r, t) for n, (r, t, _) in rates.items() if n != c.name])
+        # a TP or PP trial's solved rate carries its kind's mispriced transfer or bubble: it calibrates
+        # layouts of that kind only; others take the data-parallel trials' rate
+        pools = ([x for x in others if family(x[2]) == family(c)],
+                 [x for x in others if x[2].engine == c.engine and kind(x[2]) == kind(c)],
+                 [x for x in others if kind(x[2]) == kind(c)],
+                 [x for x in others if kind(x[2]) == (False, False)],
+                 [(n, r, t) for n, (r, t, _) in rates.items() if n != c.name])
         pool = next((p for p in pools if p), None)
         if pool is None:
             out.append(c)
@@ -598,9 +610,13 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                 break
             ok = [c for c in candidates if c.state == "ok" and c.measured_step_ms]
             nxt = untried[0]
-            if len(tried) < req.top_k:  # the first trials: the best of each family not yet tried, so the
-                seen = {family(c) for c in tried}  # refit has a rate for as many engines and degrees as it can
-                nxt = next((c for c in untried if family(c) not in seen), nxt)
+            if len(tried) < req.top_k:  # the first trials: the best of each kind (DP, TP, PP, TP+PP) not yet
+                # tried, then of each family, so the refit has a rate for as many kinds, engines and degrees as
+                # it can (a kind's prior can be far off: on an oversubscribed CPU a pipeline's idle ranks give
+                # their core to the others)
+                kinds, families = {kind(c) for c in tried}, {family(c) for c in tried}
+                nxt = next((c for c in untried if kind(c) not in kinds), None) or next(
+                    (c for c in untried if family(c) not in families), nxt)
             if len(tried) >= req.top_k and ok:
                 top = min(ok, key=lambda c: c.measured_step_ms)
                 best = top.measured_step_ms
@@ -608,8 +624,8 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                 slack = max(SEARCH_SLACK, (top.measured_step_p90_ms or best) / best - 1)
                 pred = explore_ms(nxt, candidates)
                 if pred > best * (1 + slack):
-                    stop_reason = (f"the best untried candidate ({nxt.name}) is predicted at {pred:.2f} ms at best, more "
-                                   f"than "
+                    stop_reason = (f"the best untried candidate ({nxt.name}) is predicted at {pred:.2f} ms at "
+                                   f"best, more than "
                                    f"{slack:.0%} over the best measured {best:.2f} ms (the larger of "
                                    f"{SEARCH_SLACK:.0%} and that trial's p90 spread)")
                     break
