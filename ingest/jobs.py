@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from core.formulas import is_finite_number
 from ingest.hangs import (diagnose_from_flight_recorder, diagnose_from_stacks, summarize_flight_recorder,
                           user_frame)
 
@@ -298,7 +299,9 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
     for n in ("world_size", "global_batch_size", "seq_length"):
         if n not in facts and model and model.get(n):
             facts[n] = Fact(name=n, value=int(model[n]), sources=("--model",))
-    steps = [r for r in rows if r["table"] == "steps" and r.get("step_time_s") is not None]
+    # a step time must be a positive finite number to give a median and a rate (a log can print 0 or inf)
+    steps = [r for r in rows if r["table"] == "steps" and is_finite_number(r.get("step_time_s"))
+             and r["step_time_s"] > 0]
     if steps:
         times = [float(r["step_time_s"]) for r in steps]
         cite = (f"{_file_name(steps[0]['source'])}:{steps[0]['line']}-{steps[-1]['line']}",)

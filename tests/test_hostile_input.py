@@ -206,3 +206,21 @@ def test_nan_in_the_matrix_is_refused(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "[fixed] lr must be a finite number, got nan" in res.stderr
     assert "[fixed] steps must be an integer, got 1e+23" in res.stderr
+
+
+@pytest.mark.parametrize("step_ms", ["0", "inf", "nan"])
+def test_a_log_whose_step_time_is_zero_or_not_finite_gives_no_rate(tmp_path, step_ms):
+    """A Megatron iteration line with an elapsed time of 0, inf or nan ms: ingest ends normally and
+    no samples/s is derived from it (the hostile fuzz's seed 3264278841 divided by a 0 median)."""
+    from ingest.thirdparty import ingest_file
+
+    log = tmp_path / "train.log"
+    log.write_text("".join(
+        f" iteration {i:>8}/     100 | consumed samples: {8 * i:>10} | elapsed time per iteration (ms): {step_ms} |"
+        f" learning rate: 1.000E-04 | global batch size:     8 | lm loss: 9.1E+00 | loss scale: 1.0 |\n"
+        for i in (1, 2, 3)), encoding="utf-8")
+    res = subprocess.run([sys.executable, "-m", "ingest.cli", str(log), "--out", str(tmp_path / "tables")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "internal error" not in res.stderr, res.stderr[-2000:]
+    rows = ingest_file(log).records()
+    assert any(r["table"] == "steps" for r in rows)
