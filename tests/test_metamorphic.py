@@ -36,13 +36,12 @@ _WRAP80 = "a wrapped line's continuation looks like a record start (rule line, i
 
 # (file name, family) -> why the variant is still read wrongly. Strict: an entry that passes fails.
 XFAIL: dict[tuple[str, str], str] = {
+    ('050_collect_env_2023_torch2.0.1_h100_userwarning.txt', 'interleave'): _INTERLEAVE,
     ('001_nccl_tests_markdown_lost_hash_h100_2node.txt', 'wrap116'): _WRAP116,
     ('006_nanogpt_2023_quoted_timestamps_nan_loss_cut.txt', 'interleave'): _INTERLEAVE,
     ('013_nccl_unwind_then_rank_traceback_distbackenderror_2.21.5.txt', 'interleave'): _INTERLEAVE,
     ('014_fr_trace_analyzer_verbose_tables.txt', 'interleave'): _INTERLEAVE,
-    ('016_collect_env_2019_torch_na_p100_prompt.txt', 'interleave'): _INTERLEAVE,
     ('021_hf_trainer_deepspeed_2021_tqdm_glued_log_dist.txt', 'wrap80'): _WRAP80,
-    ('023_collect_env_2020_rocm_1.7.0a0_hip_miopen.txt', 'interleave'): _INTERLEAVE,
     ('023_nccl_coll_allreduce_ray_ip_prefix_kuberay_pods_128ranks.txt', 'wrap80'): _WRAP80,
     ('028_nvsmi_q_2019_quoted_gt_prefix.txt', 'interleave'): _INTERLEAVE,
     ('030_oom_2.5_then_rank0_traceback_py311_carets.txt', 'interleave'): _INTERLEAVE,
@@ -53,17 +52,12 @@ XFAIL: dict[tuple[str, str], str] = {
     ('038_nsys_2019.5_legacy_qdrep_import_export_stats.txt', 'interleave'): _INTERLEAVE,
     ('046_deepspeed_comms_logger_2022_summary_pr.txt', 'interleave'): _INTERLEAVE,
     ('047_deepspeed_comms_logger_2025_leading_backtick_gb.txt', 'interleave'): _INTERLEAVE,
-    ('049_collect_env_2021_torch1.8.1_a100_mig_device.txt', 'interleave'): _INTERLEAVE,
     ('050_accelerate_env_2024_nested_default_config.txt', 'interleave'): _INTERLEAVE,
-    ('051_collect_env_2024_torch2.6_nightly_4xv100_cudnn9_list.txt', 'interleave'): _INTERLEAVE,
     ('051_deepspeed_autotuning_summary_md_table_gpt2xl.txt', 'interleave'): _INTERLEAVE,
     ('052_deepspeed_autotuning_fast_and_full_mode_tables.txt', 'interleave'): _INTERLEAVE,
     ('052_nccl_2.21.5_unwind_then_rank_prefixed_traceback_vllm.txt', 'interleave'): _INTERLEAVE,
     ('35_nsys_nvprof_2021_legacy_api_stats.txt', 'interleave'): _INTERLEAVE,
     ('36_flight_recorder_dump_unpickled_v2.5.txt', 'interleave'): _INTERLEAVE,
-    ('47_collect_env_2020_torch1.7.txt', 'interleave'): _INTERLEAVE,
-    ('48_collect_env_2025_torch2.7_8xh100.txt', 'interleave'): _INTERLEAVE,
-    ('50_collect_env_vllm_sectioned_2025.txt', 'interleave'): _INTERLEAVE,
     ('64_nccl_2.28_h200_nvlink_tuning_names_graph.txt', 'wrap80'): _WRAP80,
 }
 

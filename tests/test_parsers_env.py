@@ -131,3 +131,16 @@ def test_smi_q_report_with_another_log_interleaved_reads_both():
     r = parse_text(text, source="t", kind="nvidia_smi_q")
     assert env(r)["driver_version"] == "396.44" and env(r)["num_gpus"] == "1"
     assert not any("NCCL" in k for k in env(r)) and r.unparsed == 0 and set(r.kinds) == {"nvidia_smi_q", "nccl"}
+
+
+def test_collect_env_block_goes_on_across_another_process_lines():
+    """An NCCL line ('host:pid:tid ...') is no 'Key: value'; a line or two of another log inside the
+    report do not end it (the keys after them are still read)."""
+    from ingest.parsers.dispatch import parse_text
+    nccl = "nodea:26799:27030 [4] NCCL INFO Channel 00 : 4[89000] -> 5[8e000] via P2P/direct pointer/read"
+    text = "\n".join(["Collecting environment information...", "PyTorch version: 2.0.1", nccl, nccl,
+                      "MIOpen runtime version: N/A", "Is XNNPACK available: True"])
+    r = parse_text(text, source="t")
+    e = env(r)
+    assert e["torch_version"] == "2.0.1" and e["is_xnnpack_available"] == "True" and not any(k.startswith("nodea") for k in e)
+    assert r.unparsed == 0 and set(r.kinds) == {"collect_env", "nccl"}

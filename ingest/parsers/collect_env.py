@@ -21,7 +21,11 @@ KEYS = {  # pattern table: printed key -> env key
     "CUDA_MODULE_LOADING set to": "cuda_module_loading", "CMake version": "cmake_version",
     "Clang version": "clang_version",
 }
-_KV = re.compile(r"(?P<key>[A-Za-z][\w .()/\-]*?)\s*: ?(?P<value>.*)$")
+# more keys only collect_env prints (torch/utils/collect_env.py's env_info_fmt), read by their slug: each
+# opens a block too (a block broken by another process's lines goes on at the next of its keys)
+OWN_KEYS = ("HIP runtime version", "MIOpen runtime version", "Is XNNPACK available", "CUDA runtime version",
+            "GPU models and configuration", "Versions of relevant libraries")
+_KV = re.compile(r"(?P<key>[A-Za-z][\w .()/\-]*?)\s*:(?: (?P<value>.*)|$)")  # (':' then a blank: 'host:pid:tid' is no key)
 _SECTION = re.compile(r"(?:System|PyTorch|Python Environment|CUDA / GPU|CPU|Versions of relevant libraries|"
                       r"Environment Variables|vLLM|Python)(?: Info)?:?$")  # vLLM's sectioned variant
 # `accelerate env`: "- `Accelerate` version: 0.27.2", "- PyTorch version (GPU?): 2.2.0 (True)", its
@@ -36,14 +40,19 @@ _PKG = re.compile(r"\[(?P<mgr>pip3?|conda)\] (?P<pkg>.+)$")
 class CollectEnvParser(LineParser):
     kind = "collect_env"
     # its banner, a key of its own (KEYS) or a package line opens a block; other keys only inside one
-    gate = ("Collecting environment information", "- `Accelerate` version:", _SECTION, re.compile("=+$"), re.compile("(?:" + "|".join(map(re.escape, KEYS)) + r")\s*:"), _PKG)
+    gate = ("Collecting environment information", "- `Accelerate` version:", _SECTION, re.compile("=+$"), re.compile("(?:" + "|".join(map(re.escape, (*KEYS, *OWN_KEYS))) + r")\s*:"), _PKG,
+            re.compile(r"/\S*/libcudnn"))  # (cuDNN's candidate libraries: continue their key across another log's lines)
     busy = property(lambda self: self._active)
     _open: dict | None = None  # record whose value continues on the next lines
     _active = False
+    _misses = 0  # lines not its in a row
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         ok = self._read(lineno, body)
-        if not ok or body[0] != "=":  # a rule line alone opens nothing (vLLM's banners are rule, title, rule)
+        # a rule line alone opens nothing (vLLM's banners are rule, title, rule); a line or two not its (another
+        # process's, written into the report) do not close the block, three in a row do
+        self._misses = 0 if ok else self._misses + 1
+        if ok and body[0] != "=" or self._misses >= 3:
             self._active = ok
         return ok
 
@@ -73,7 +82,7 @@ class CollectEnvParser(LineParser):
             return True
         m = _KV.match(body)
         if m:
-            key, value = m.group("key").strip(), m.group("value").strip()
+            key, value = m.group("key").strip(), (m.group("value") or "").strip()
             if key not in KEYS and not value and not self._active:
                 return False  # 'Traceback (most recent call last):' is not an environment key
             value = "" if value.startswith("Probably one of the following") else value
