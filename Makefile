@@ -23,4 +23,4 @@ demo: venv
 	@echo "commands: . $(VENV)/bin/activate puts runner, report and ingest on PATH (README: First commands)"
 
 test: venv
-	$(PY) -m pytest -q --clean-checkout
+	$(PY) -m pytest -q --clean-checkout --durations=30
