@@ -372,9 +372,8 @@ def plan_search(req: SearchRequest, *, name: str, out: Path | None = None):
 
 
 def order(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Tried first (by measured step), then untried in the order the search would try them
-    (explore_ms; ties: the larger micro-batch, as runner.plan.rank_layouts), then failed trials,
-    then pruned."""
+    """Tried first (by measured step), then untried by their latest prediction (ties: the larger
+    micro-batch, as runner.plan.rank_layouts), then failed trials, then pruned."""
     def key(c: Candidate):
         pred = c.after or c.before
         if c.measured_step_ms is not None:
@@ -383,25 +382,8 @@ def order(candidates: Sequence[Candidate]) -> list[Candidate]:
             return (3, c.before.step_ms if c.before else math.inf, 0, c.name)
         if c.state != "untried":
             return (2, c.trial_index or 0, 0, c.name)
-        return (1, round(explore_ms(c, candidates), 9) if pred else math.inf, -c.micro_batch_size, c.name)
+        return (1, round(pred.step_ms, 9) if pred else math.inf, -c.micro_batch_size, c.name)
     return sorted(candidates, key=key)
-
-
-def explore_ms(c: Candidate, candidates: Sequence[Candidate]) -> float:
-    """The step time (ms) the search ranks an untried candidate by: its latest prediction, less the
-    categories no ok trial has yet measured for a layout of its kind -- the pipeline bubble and
-    transfer of a PP layout before any PP trial, the transfer of a TP layout before any TP trial
-    -- so that a kind of layout the model has never been checked on is tried, not ruled out by an
-    unchecked prior (on an oversubscribed CPU, for one, a pipeline's idle ranks yield their core
-    to the others and its bubble costs far less than the model's)."""
-    p = c.after or c.before
-    ok = [t for t in candidates if t.state == "ok" and t.measured_step_ms]
-    ms = p.step_ms
-    if c.pp_degree > 1 and not any(t.pp_degree > 1 for t in ok):
-        ms -= p.bubble_ms + p.transfer_ms
-    elif c.tp_degree > 1 and not any(t.tp_degree > 1 for t in ok):
-        ms -= p.transfer_ms
-    return ms
 
 
 def kind(c: Candidate) -> tuple[bool, bool]:
@@ -622,10 +604,10 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                 best = top.measured_step_ms
                 # within the best trial's own spread (p90 over median) a prediction cannot be told apart
                 slack = max(SEARCH_SLACK, (top.measured_step_p90_ms or best) / best - 1)
-                pred = explore_ms(nxt, candidates)
+                pred = (nxt.after or nxt.before).step_ms
                 if pred > best * (1 + slack):
-                    stop_reason = (f"the best untried candidate ({nxt.name}) is predicted at {pred:.2f} ms at "
-                                   f"best, more than "
+                    stop_reason = (f"the best untried candidate ({nxt.name}) is predicted at {pred:.2f} ms, more "
+                                   f"than "
                                    f"{slack:.0%} over the best measured {best:.2f} ms (the larger of "
                                    f"{SEARCH_SLACK:.0%} and that trial's p90 spread)")
                     break

@@ -33,15 +33,18 @@ def table_rows(text: str) -> dict[str, str]:
     return {m.group(1): line for line in text.splitlines() if (m := re.match(r"\s*\d+ (\S+)\s", line))}
 
 
-def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int) -> float:
+def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int, extra_bytes_per_param: float = 0.0
+                     ) -> float:
     """Peak bytes of gpt-125m on one GPU (one stage, dp 1), from core.memory's formulas: model
-    states + 12 layers of activations (flash attention: scores never stored) + the output layer."""
+    states (+ an engine's extra bytes per parameter) + 12 layers of activations (flash attention:
+    scores never stored) + the output layer."""
     p = PRESETS["gpt-125m"]
     shape = ModelShape(name="gpt-125m", num_layers=p.num_layers, hidden_size=p.hidden_size, num_heads=p.num_heads,
                        num_kv_heads=p.num_heads, ffn_hidden_size=p.ffn_hidden_size,
                        vocab_size=pad_vocab(p.vocab_size, max_tp_degree=1), max_position_embeddings=p.seq_length)
     params = mem.compute_stage_params(shape, stage=0, layers=(p.num_layers,), tp_degree=1)
     state = mem.compute_model_state_bytes(params, sharding=sharding, dp_degree=1)
+    state += (params.dense + params.expert) * extra_bytes_per_param
     act = p.num_layers * mem.compute_activation_bytes_per_layer(
         shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size, recompute="selective")
     out = mem.compute_output_activation_bytes(shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size,
@@ -59,7 +62,10 @@ def test_dry_run_prunes_by_memory_on_one_gpu():
     rows = table_rows(r.stdout)
     limit_gib = lookup_gpu("h100_sxm").memory_gib * load_assumptions().memory_usable_fraction
     assert f"memory limit {limit_gib:.2f} GiB per rank" in r.stdout
-    ddp = gpt125m_peak_gib(micro_batch_size=128, sharding="ddp", logits_bytes=4)
+    # torch DDP under bf16 autocast also holds the cached bf16 weight copies (one micro-batch: no
+    # accumulated fp32 gradients)
+    ddp = gpt125m_peak_gib(micro_batch_size=128, sharding="ddp", logits_bytes=4, extra_bytes_per_param=mem.
+                           compute_torch_ddp_extra_bytes_per_param(autocast_bf16=True, num_microbatches=1))
     ds = gpt125m_peak_gib(micro_batch_size=128, sharding="zero3", logits_bytes=10)
     assert ddp < limit_gib < ds  # the case is one where memory decides
     assert f"{ddp:9.3f}" in rows["ddp-dp1-mb128"] and rows["ddp-dp1-mb128"].endswith("untried")
