@@ -37,7 +37,6 @@ _WRAP80 = "a wrapped line's continuation looks like a record start (rule line, i
 # (file name, family) -> why the variant is still read wrongly. Strict: an entry that passes fails.
 XFAIL: dict[tuple[str, str], str] = {
     ('050_collect_env_2023_torch2.0.1_h100_userwarning.txt', 'interleave'): _INTERLEAVE,
-    ('001_nccl_tests_markdown_lost_hash_h100_2node.txt', 'wrap116'): _WRAP116,
     ('006_nanogpt_2023_quoted_timestamps_nan_loss_cut.txt', 'interleave'): _INTERLEAVE,
     ('013_nccl_unwind_then_rank_traceback_distbackenderror_2.21.5.txt', 'interleave'): _INTERLEAVE,
     ('014_fr_trace_analyzer_verbose_tables.txt', 'interleave'): _INTERLEAVE,
@@ -58,7 +57,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('052_nccl_2.21.5_unwind_then_rank_prefixed_traceback_vllm.txt', 'interleave'): _INTERLEAVE,
     ('35_nsys_nvprof_2021_legacy_api_stats.txt', 'interleave'): _INTERLEAVE,
     ('36_flight_recorder_dump_unpickled_v2.5.txt', 'interleave'): _INTERLEAVE,
-    ('64_nccl_2.28_h200_nvlink_tuning_names_graph.txt', 'wrap80'): _WRAP80,
 }
 
 

@@ -157,6 +157,13 @@ def test_wrap_joiner_reads_pieces_that_look_like_a_record_start():
         assert [b for _, b, _, _ in iter_lines(text)] == [line.strip()] * 2, line
     from ingest.parsers import TextBlocks
     assert [n for n, _, _, _ in iter_lines(TextBlocks(["short\n" + "x" * 80, "y" * 90 + "\nz"]))] == [1, 2, 3, 4]
+    rows = [f"{size:>12}{size // 4:>14}     float     sum      -1    131.6    0.06    0.12      0    130.6    0.06    0.12      0"
+            for size in (2048, 4096, 8192, 16384)]  # right-aligned rows as wide as the width: rows, whatever follows
+    assert {len(r) for r in rows} == {116}
+    assert [n for n, _, _, _ in iter_lines("\n".join([*rows, "# Out of bounds values : 0 OK"]))] == [1, 2, 3, 4, 5]
+    head = "h:1:2 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->1 [2] 1/-1/-1->0->1"  # 80 characters
+    cont = head + "\n [3] 1/-1/-1->0->-1"  # the rest of NCCL's Trees list, from the blank before '[3] '
+    assert [b for _, b, _, _ in iter_lines(cont + "\n" + cont)] == [head + " [3] 1/-1/-1->0->-1"] * 2
     assert [b for _, b, _, _ in iter_lines(it[:80] + "\n" + it[80:])] == [it.strip()]
 
 

@@ -257,19 +257,19 @@ def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
         return True
     m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own ('[N] ' or 'N: ' only after a line with one:
     if m and m.end() and not m.group(0).isspace():  # NCCL's "Trees [0] 1/-1/-1->0->-1 [1] ..." cut before a '[1] ')
-        if not _BARE_PREFIX.fullmatch(m.group(0)) or (h := _PREFIX.match(head)) and not h.group(0).isspace():
+        if not _BARE_PREFIX.fullmatch(m.group(0).lstrip()) or (h := _PREFIX.match(head)) and not h.group(0).isspace():
             return True
     return _RECORD_START.match(nxt) is not None
 
 
 def _rows_at_width(lines: list[str], width: int) -> bool:
-    """Whether a block's lines of exactly ``width`` are table rows padded to it, not pieces of wrapped
-    lines: at least two of them, indented and padded with blanks, are followed by another line of
-    the width indented and padded as they are (a wrapped line's full pieces are followed by the
-    rest of their line, which starts where the cut fell)."""
+    """Whether a block's lines of exactly ``width`` are table rows as wide as it, not pieces of wrapped
+    lines: at least two of them, indented (2+ blanks), are followed by another line of the width
+    indented as they are (a wrapped line's full pieces are followed by the rest of their line,
+    which starts where the cut fell)."""
     pairs = 0
     for a, b in zip(lines, lines[1:]):
-        if len(a) == width == len(b) and a[-2:] == b[-2:] == "  " and a[:1] in " \t" and b[:1] in " \t":
+        if len(a) == width == len(b) and a[:2].isspace() and b[:2].isspace():
             pairs += 1
             if pairs >= 2:
                 return True
@@ -334,8 +334,8 @@ def _clean(raw: str) -> str:
 def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) -> Iterator[tuple[int, str]]:
     """``(first lineno, line)`` with hard-wrapped lines rejoined: a line of exactly ``width``
     characters takes the next one unless that one starts a record (``_starts_record``); where the
-    block's lines of the width are table rows (``_rows_at_width``), one padded with blanks to the
-    width is a row, not a wrap. ``held`` ([first lineno, text or None, its width, rows]) carries a
+    block's lines of the width are table rows (``_rows_at_width``), one indented like them or padded
+    with blanks to the width is a row, not a wrap. ``held`` ([first lineno, text or None, its width, rows]) carries a
     line across blocks; ``spans``: first lineno -> last lineno of each joined line."""
     rows = _rows_at_width(lines, width) if width else held[3]
     for raw in lines:
@@ -351,7 +351,7 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
             yield held[0], held[1]
             held[1] = None
         # (a tab: the line's width on a terminal is not its length, so a length equal to the width is chance)
-        if len(raw) == width and "\t" not in raw and not (rows and raw[-2:] == "  "):
+        if len(raw) == width and "\t" not in raw and not (rows and (raw[-2:] == "  " or raw[:2].isspace())):
             held[0], held[1], held[2], held[3] = lineno, raw, width, rows
         else:
             yield lineno, raw
