@@ -21,7 +21,7 @@ import pandas as pd
 from core.formulas import select_measured
 from core.records import DatasetRecord, EnvRecord, FixedConfig, LoadedRun, RunSpec, RunSummary
 from report.metrics import compute_step_spread
-from report.rules import THRESHOLDS, Finding, rule_loss
+from report.rules import THRESHOLDS, Finding, evidence_items, rule_loss
 
 DATA_THRESHOLDS: dict[str, float] = {
     # a run stalls on data when this share of its measured step time is spent waiting for batches
@@ -239,7 +239,7 @@ def build_data_round_section(*, fixed: FixedConfig, dataset: DatasetRecord | Non
                     if (r.spec.data_round or "synthetic") == later]
             t_loss = {**THRESHOLDS, **{k: v for k, v in (thresholds or {}).items() if k in THRESHOLDS}}
             findings += [Finding(kind=f"round_{f.kind}", runs=f.runs, threshold=f.threshold,
-                                 evidence={**f.evidence, "round": later}) for f in rule_loss(same, t_loss)]
+                                 evidence={**evidence_items(f), "round": later}) for f in rule_loss(same, t_loss)]
     epochs = None
     if dataset and dataset.num_tokens:
         samples = (int(dataset.num_tokens) - 1) // int(fixed.model.seq_length)

@@ -6,6 +6,7 @@ caller), never inline. Deliberately not here: wording, formatting, any file acce
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 import re
@@ -60,14 +61,151 @@ THRESHOLDS: dict[str, float] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """A finding's evidence as a record of its kind (the subclasses below); kinds without one
+    still carry a dict of the same named numbers."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     """kind: rule id (the template words each kind); runs: run names concerned;
-    evidence: named numbers/strings backing it (units in the names); threshold: value compared."""
+    evidence: named numbers/strings backing it (units in the names): an Evidence record for the
+    kinds that have one, else a dict; threshold: value compared."""
 
     kind: str
     runs: tuple[str, ...] = ()
-    evidence: Mapping[str, Any] = field(default_factory=dict)
+    evidence: Evidence | Mapping[str, Any] = field(default_factory=dict)
     threshold: float | None = None
+
+
+def evidence_items(finding: Finding) -> dict[str, Any]:
+    """A finding's evidence as name -> value, in the record's field order (summary.json, caveats)."""
+    e = finding.evidence
+    return dataclasses.asdict(e) if isinstance(e, Evidence) else dict(e)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SingleRunEvidence(Evidence):
+    """single_run: the one ranked run's tokens/s."""
+
+    tokens_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class FastestEvidence(Evidence):
+    """fastest: its tokens/s and median step (s); margins: (run, tokens/s ratio - 1, that run's
+    median step s) for every other ranked run, fastest first."""
+
+    tokens_per_s: float
+    step_time_median_s: float
+    margins: tuple[tuple[str, float, float], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseEvidence(Evidence):
+    """beyond_noise / within_noise: the fastest run's margin over the runner-up (tokens/s ratio
+    - 1) against the larger relative (p90 - median) step spread of the two."""
+
+    margin: float
+    noise: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartialEvidence(Evidence):
+    """excluded_partial: (run, status, failed_at_step) of each run with numbers that did not end ok."""
+
+    statuses: tuple[tuple[str, str, int | None], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEvidence(Evidence):
+    """memory_tight / memory_headroom: peak reserved and GPU memory (GiB), headroom = 1 - their ratio."""
+
+    mem_peak_reserved_gib: float
+    gpu_memory_gib: float
+    headroom: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossEvidence(Evidence):
+    """loss_agrees / loss_disagrees (rule_loss): the largest loss spread across the runs (nats),
+    at worst_step (None: the final losses'), compared from from_step; the final losses' spread;
+    (run, final loss) per run."""
+
+    loss_spread_nats: float
+    worst_step: int | None
+    from_step: int
+    final_spread_nats: float
+    losses: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnhealthyEvidence(Evidence):
+    """excluded_unhealthy (rule_unhealthy): why (report.health HEALTH_REASONS), the divergence
+    and the first gradient explosion (None where none), and the two thresholds."""
+
+    reasons: tuple[str, ...]
+    diverged_at_step: int | None
+    divergence: str | None
+    divergence_loss: float | None
+    loss_first: float | None
+    explosion_step: int | None
+    explosion_non_finite: bool | None
+    explosion_grad_norm: float | None
+    explosion_ratio: float | None
+    loss_diverge_nats: float
+    grad_norm_explode_multiple: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerEvidence(Evidence):
+    """straggler (rule_straggler): the late rank, its median lag entering the step (s) and as a
+    fraction of the median step, the share of steps it entered last, the median step (s)."""
+
+    rank: int
+    lag_median_s: float
+    lag_fraction: float
+    last_share: float
+    step_time_median_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuCountEvidence(Evidence):
+    """condition_gpu_count: the measured world sizes, (n, ring all-reduce factor 2(n-1)/n) for
+    them and 8, basis, no_comm (every run on one process), on_gpu."""
+
+    world_sizes: tuple[int, ...]
+    allreduce_factors: tuple[tuple[int, float], ...]
+    basis: str
+    no_comm: bool
+    on_gpu: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class InterconnectEvidence(Evidence):
+    """condition_interconnect: basis, GPUs in env.json, whether a topology was recorded, and the
+    NVLink cells (NV<k>) seen in it."""
+
+    basis: str
+    num_gpus: int
+    topology_recorded: bool
+    nvlink: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSizeEvidence(Evidence):
+    """condition_model_size: parameters, dtype, (label, bytes) per model state and their sum per
+    parameter, the model states' bytes; with a known GPU memory (GiB) the parameter count at
+    which unsharded states fill it (else None)."""
+
+    basis: str
+    num_params: int
+    dtype: str | None
+    bytes_parts: tuple[tuple[str, int], ...]
+    bytes_per_param: int
+    model_states_bytes: int
+    gpu_memory_gib: float | None = None
+    max_params_unsharded: float | None = None
 
 
 def rule_fastest(rows: Sequence[RunSummary], t: Mapping[str, float]) -> list[Finding]:
@@ -80,16 +218,16 @@ def rule_fastest(rows: Sequence[RunSummary], t: Mapping[str, float]) -> list[Fin
         return [Finding(kind="no_measured_runs")]
     best = ok[0]
     if len(ok) == 1:
-        return [Finding(kind="single_run", runs=(best.run,), evidence={"tokens_per_s": best.tokens_per_s})]
-    out = [Finding(kind="fastest", runs=(best.run,), evidence={
-        "tokens_per_s": best.tokens_per_s, "step_time_median_s": best.step_time_median_s,
-        "margins": tuple((r.run, best.tokens_per_s / r.tokens_per_s - 1, r.step_time_median_s) for r in ok[1:])})]
+        return [Finding(kind="single_run", runs=(best.run,), evidence=SingleRunEvidence(tokens_per_s=best.tokens_per_s))]
+    out = [Finding(kind="fastest", runs=(best.run,), evidence=FastestEvidence(
+        tokens_per_s=best.tokens_per_s, step_time_median_s=best.step_time_median_s,
+        margins=tuple((r.run, best.tokens_per_s / r.tokens_per_s - 1, r.step_time_median_s) for r in ok[1:])))]
     second = ok[1]
     margin = best.tokens_per_s / second.tokens_per_s - 1
     noise = max(compute_step_spread(best), compute_step_spread(second))
     kind = "beyond_noise" if margin > t["noise_multiple"] * noise else "within_noise"
     out.append(Finding(kind=kind, runs=(best.run, second.run),
-                       evidence={"margin": margin, "noise": noise}, threshold=t["noise_multiple"]))
+                       evidence=NoiseEvidence(margin=margin, noise=noise), threshold=t["noise_multiple"]))
     return out
 
 
@@ -99,8 +237,8 @@ def rule_partial(rows: Sequence[RunSummary]) -> list[Finding]:
     partial = [r for r in rows if r.tokens_per_s is not None]
     if not partial:
         return []
-    return [Finding(kind="excluded_partial", runs=tuple(r.run for r in partial), evidence={
-        "statuses": tuple((r.run, r.status, r.failed_at_step) for r in partial)})]
+    return [Finding(kind="excluded_partial", runs=tuple(r.run for r in partial), evidence=PartialEvidence(
+        statuses=tuple((r.run, r.status, r.failed_at_step) for r in partial)))]
 
 
 def rule_memory(rows: Sequence[RunSummary], gpu_memory_gib: float | None, t: Mapping[str, float],
@@ -116,9 +254,8 @@ def rule_memory(rows: Sequence[RunSummary], gpu_memory_gib: float | None, t: Map
     for r in measured:
         headroom = 1 - r.mem_peak_reserved_gib / gpu_memory_gib
         kind = "memory_tight" if headroom < t["memory_headroom_min"] else "memory_headroom"
-        out.append(Finding(kind=kind, runs=(r.run,), threshold=t["memory_headroom_min"], evidence={
-            "mem_peak_reserved_gib": r.mem_peak_reserved_gib, "gpu_memory_gib": gpu_memory_gib,
-            "headroom": headroom}))
+        out.append(Finding(kind=kind, runs=(r.run,), threshold=t["memory_headroom_min"], evidence=MemoryEvidence(
+            mem_peak_reserved_gib=r.mem_peak_reserved_gib, gpu_memory_gib=gpu_memory_gib, headroom=headroom)))
     return out
 
 
@@ -150,8 +287,8 @@ def rule_loss(rows: Sequence[RunSummary], t: Mapping[str, float],
         spread = max(spread, final)
     kind = "loss_agrees" if spread <= t["loss_agreement_nats"] else "loss_disagrees"
     return [Finding(kind=kind, runs=tuple(names), threshold=t["loss_agreement_nats"],
-                    evidence={"loss_spread_nats": spread, "worst_step": worst, "from_step": from_step,
-                              "final_spread_nats": final, "losses": tuple(losses)})]
+                    evidence=LossEvidence(loss_spread_nats=spread, worst_step=worst, from_step=from_step,
+                                          final_spread_nats=final, losses=tuple(losses)))]
 
 
 FAILURE_STATUSES = ("oom", "crash", "hang", "timeout")
@@ -227,12 +364,12 @@ def rule_unhealthy(health: Sequence[RunHealth], t: Mapping[str, float]) -> list[
         if h.verdict != "unhealthy":
             continue
         boom = h.explosions[0] if h.explosions else None
-        out.append(Finding(kind="excluded_unhealthy", runs=(h.run,), evidence={
-            "reasons": h.reasons, "diverged_at_step": h.diverged_at_step, "divergence": h.divergence,
-            "divergence_loss": h.divergence_loss, "loss_first": h.loss_first,
-            "explosion_step": boom.step if boom else None, "explosion_non_finite": boom.non_finite if boom else None,
-            "explosion_grad_norm": boom.grad_norm if boom else None, "explosion_ratio": boom.ratio if boom else None,
-            "loss_diverge_nats": t["loss_diverge_nats"], "grad_norm_explode_multiple": t["grad_norm_explode_multiple"]}))
+        out.append(Finding(kind="excluded_unhealthy", runs=(h.run,), evidence=UnhealthyEvidence(
+            reasons=h.reasons, diverged_at_step=h.diverged_at_step, divergence=h.divergence,
+            divergence_loss=h.divergence_loss, loss_first=h.loss_first,
+            explosion_step=boom.step if boom else None, explosion_non_finite=boom.non_finite if boom else None,
+            explosion_grad_norm=boom.grad_norm if boom else None, explosion_ratio=boom.ratio if boom else None,
+            loss_diverge_nats=t["loss_diverge_nats"], grad_norm_explode_multiple=t["grad_norm_explode_multiple"])))
     return out
 
 
@@ -245,8 +382,9 @@ def rule_straggler(rows: Sequence[RunSummary], t: Mapping[str, float]) -> list[F
             continue
         if lag >= t["straggler_lag_min_s"] and lag / median >= t["straggler_lag_min_fraction"]:
             out.append(Finding(kind="straggler", runs=(r.run,), threshold=t["straggler_lag_min_fraction"],
-                               evidence={"rank": r.straggler_rank, "lag_median_s": lag, "lag_fraction": lag / median,
-                                         "last_share": r.straggler_last_share, "step_time_median_s": median}))
+                               evidence=StragglerEvidence(rank=r.straggler_rank, lag_median_s=lag,
+                                                          lag_fraction=lag / median, last_share=r.straggler_last_share,
+                                                          step_time_median_s=median)))
     return out
 
 
@@ -283,23 +421,20 @@ def rule_conditions(
     - Model size: 16 bytes/param of Adam model states (``MODEL_STATE_BYTES``) vs GPU memory."""
     world_sizes = tuple(sorted({int(r.spec.world_size) for r in run_rows}))
     factors = tuple((n, 2 * (n - 1) / n) for n in sorted(set(world_sizes) | {8}))
-    out = [Finding(kind="condition_gpu_count", evidence={
-        "world_sizes": world_sizes, "allreduce_factors": factors, "basis": "rule of thumb",
-        "no_comm": world_sizes == (1,),
-        "on_gpu": num_gpus > 0})]
+    out = [Finding(kind="condition_gpu_count", evidence=GpuCountEvidence(
+        world_sizes=world_sizes, allreduce_factors=factors, basis="rule of thumb", no_comm=world_sizes == (1,),
+        on_gpu=num_gpus > 0))]
     if num_gpus > 0:
-        out.append(Finding(kind="condition_interconnect", evidence={
-            "basis": "rule of thumb", "num_gpus": num_gpus, "topology_recorded": topology is not None,
-            "nvlink": _nvlink_in_topology(topology) if topology else ()}))
+        out.append(Finding(kind="condition_interconnect", evidence=InterconnectEvidence(
+            basis="rule of thumb", num_gpus=num_gpus, topology_recorded=topology is not None,
+            nvlink=_nvlink_in_topology(topology) if topology else ())))
     if num_params is not None:
         parts = MODEL_STATE_BYTES.get(dtype or "", MODEL_STATE_BYTES["bf16"])
         per_param = sum(b for _, b in parts)
-        ev: dict[str, Any] = {"basis": "computed", "num_params": num_params, "dtype": dtype, "bytes_parts": parts,
-                              "bytes_per_param": per_param, "model_states_bytes": per_param * num_params}
-        if gpu_memory_gib is not None:
-            ev["gpu_memory_gib"] = gpu_memory_gib
-            ev["max_params_unsharded"] = gpu_memory_gib * 2**30 / per_param
-        out.append(Finding(kind="condition_model_size", evidence=ev))
+        out.append(Finding(kind="condition_model_size", evidence=ModelSizeEvidence(
+            basis="computed", num_params=num_params, dtype=dtype, bytes_parts=parts, bytes_per_param=per_param,
+            model_states_bytes=per_param * num_params, gpu_memory_gib=gpu_memory_gib,
+            max_params_unsharded=gpu_memory_gib * 2**30 / per_param if gpu_memory_gib is not None else None)))
     return out
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from core.records import TRANSFER_AT_COMMBENCH, RunSummary
 from report.attribution import run_plant
+from report.rules import evidence_items
 from report.view import Note
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: campaign caveats once at the top level, not in every run
@@ -146,7 +147,7 @@ def build_run_caveats(note: Note) -> tuple[list[dict[str, Any]], dict[str, list[
 
 def caveat_text(f: Any) -> str:
     """One caveat finding as a short English sentence with its evidence numbers."""
-    ev = {k: _jsonable(v) for k, v in f.evidence.items()}
+    ev = {k: _jsonable(v) for k, v in evidence_items(f).items()}
     if "text" in ev and len(ev) == 1:
         return str(ev["text"])
     return f"{f.kind}: " + ", ".join(f"{k}={v}" for k, v in sorted(ev.items()))
@@ -233,7 +234,7 @@ def build_summary(note: Note) -> dict[str, Any]:
                     for g in note.repeats],
         # the training-health rule report.health applied (report.rules.THRESHOLDS)
         "health_rule": dataclasses.asdict(note.health.rule) if note.health is not None else None,
-        "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": f.evidence, "threshold": f.threshold}
+        "findings": [{"kind": f.kind, "runs": list(f.runs), "evidence": evidence_items(f), "threshold": f.threshold}
                      for f in (*note.findings, *(note.data_round.findings if note.data_round else ()))],
         # report.overlap: each layout with its overlap switches on and off (s; see its module docstring)
         "overlap_pairs": ([dataclasses.asdict(p) for p in note.overlap.pairs] if note.overlap is not None else None),

@@ -779,17 +779,17 @@ def build_executive_summary(findings: Sequence[Finding], conditions: Sequence[Fi
     return ExecutiveSummary(
         kind="recommend" if best.kind == "fastest" else "only_run", run=run, strategy=config.strategy,
         engine=config.engine, tokens_per_s=row.tokens_per_s, mfu=row.mfu,
-        runner_up=noise.runs[1] if noise else None, margin=noise.evidence["margin"] if noise else None,
+        runner_up=noise.runs[1] if noise else None, margin=noise.evidence.margin if noise else None,
         beyond_noise=(noise.kind == "beyond_noise") if noise else None,
         loss_agrees=(loss.kind == "loss_agrees") if loss else None,
-        headroom=memory.evidence["headroom"] if memory else None,
-        world_sizes=gpu_count.evidence["world_sizes"] if gpu_count else (),
-        no_comm=bool(gpu_count and gpu_count.evidence["no_comm"]),
-        on_gpu=bool(gpu_count and gpu_count.evidence["on_gpu"]),
-        gpu_memory_gib=model_size.evidence.get("gpu_memory_gib") if model_size else None,
-        max_params_unsharded=model_size.evidence.get("max_params_unsharded") if model_size else None,
-        nvlink=(bool(interconnect.evidence["nvlink"]) if interconnect and interconnect.evidence["num_gpus"] > 1
-                and interconnect.evidence["topology_recorded"] else None),
+        headroom=memory.evidence.headroom if memory else None,
+        world_sizes=gpu_count.evidence.world_sizes if gpu_count else (),
+        no_comm=bool(gpu_count and gpu_count.evidence.no_comm),
+        on_gpu=bool(gpu_count and gpu_count.evidence.on_gpu),
+        gpu_memory_gib=model_size.evidence.gpu_memory_gib if model_size else None,
+        max_params_unsharded=model_size.evidence.max_params_unsharded if model_size else None,
+        nvlink=(bool(interconnect.evidence.nvlink) if interconnect and interconnect.evidence.num_gpus > 1
+                and interconnect.evidence.topology_recorded else None),
         not_ok=tuple((m.run, m.status) for m in rows if m.status != "ok"))
 
 

@@ -132,10 +132,10 @@ def test_loss_agreement_is_judged_from_the_first_measured_step():
     rows = [RunSummary(run="a", status="ok", loss_last=6.50), RunSummary(run="b", status="ok", loss_last=6.51)]
     early = {"a": {1: 9.60, 10: 9.00, 20: 6.50}, "b": {1: 9.67, 10: 9.02, 20: 6.51}}  # 0.07 at step 1 only
     (f,) = rule_loss(rows, THRESHOLDS, early, from_step=10)
-    assert f.kind == "loss_agrees" and f.evidence["worst_step"] == 10 and f.evidence["from_step"] == 10
-    assert abs(f.evidence["loss_spread_nats"] - 0.02) < 1e-9
+    assert f.kind == "loss_agrees" and f.evidence.worst_step == 10 and f.evidence.from_step == 10
+    assert abs(f.evidence.loss_spread_nats - 0.02) < 1e-9
     (g,) = rule_loss(rows, THRESHOLDS, early, from_step=0)
-    assert g.kind == "loss_disagrees" and g.evidence["worst_step"] == 1
+    assert g.kind == "loss_disagrees" and g.evidence.worst_step == 1
     late = {"a": {1: 9.60, 10: 9.00, 20: 6.50}, "b": {1: 9.60, 10: 9.20, 20: 6.51}}  # 0.2 after the warm-up
     (h,) = rule_loss(rows, THRESHOLDS, late, from_step=10)
-    assert h.kind == "loss_disagrees" and h.evidence["worst_step"] == 10
+    assert h.kind == "loss_disagrees" and h.evidence.worst_step == 10
