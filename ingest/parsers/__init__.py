@@ -197,7 +197,7 @@ _PREFIX = re.compile(
 # with another line glued after it: the bar's redraw had no newline; the glued line is the record
 _BAR = re.compile(r"\d+%(?:\|[^|]*\||\s)\s*[\d.]+[kMG]?/[\d.?]+[kMG]? \[[\d:?]+<[\d:?]+,[^\]]*\](?=\S)")
 _PREFIX_START = frozenset(" \t[(0123456789`")
-_SLURM = re.compile(r"\s*(\d{1,5}): ")
+_SLURM, _SLURM_START = re.compile(r"\s*(\d{1,5}): "), frozenset(" \t0123456789")
 _ISO_TS = re.compile(_TS)
 # Editor or viewer line numbers ("  12 | ", "12: ", cat -n's "    12\t"), stripped only from a text
 # whose first lines are all numbered consecutively (a Slurm label repeats; an editor's number counts).
@@ -220,14 +220,14 @@ def _shape(text: str, width: int = 8) -> str:
     return text[:width].translate(_CLASSES)
 
 
-_RUNS = re.compile(r"0[0.,]*|a+")
+_NUMBER_RUN, _WORD_RUN = re.compile(r"0[0.,]*"), re.compile(r"a+")
 
 
 def _words_shape(text: str) -> list[str]:
     """A line's first two words as character classes, a number or a word one class ('iteration  122/'
     -> ['a', '0/']; 'iteration (ms):' -> ['a', '(a):']; '3,201,638' -> '0'): a wrap cut just before a
     word that repeats the line's first word is told from the next record."""
-    return [_RUNS.sub(lambda m: m.group(0)[0], w.translate(_CLASSES)) for w in text.split(None, 2)[:2]]
+    return [_WORD_RUN.sub("a", _NUMBER_RUN.sub("0", w.translate(_CLASSES))) for w in text.split(None, 2)[:2]]
 
 
 def _unprefixed(line: str) -> str:
@@ -251,8 +251,10 @@ def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
     head, body = _unprefixed(head), _unprefixed(nxt)
     # (a piece that ends between cells, where the block's full-width lines are not padded rows, is cut
     # there: what follows is the rest of its row, however like the row's start it looks)
-    if (rows or head[-2:] != "  ") and _shape(head) == _shape(body) and _words_shape(head) == _words_shape(body):
-        return True
+    if rows or head[-2:] != "  ":
+        a, b = _shape(head, 16), _shape(body, 16)  # (the same first 16: no need to look at the words)
+        if a[:8] == b[:8] and (a == b or _words_shape(head) == _words_shape(body)):
+            return True
     if len(stripped) < len(nxt) - 1 and (rows and head[:1] in " \t" or _FRAME.match(head)):  # (one blank: a cut at a word boundary)
         return True
     m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own ('[N] ' or 'N: ' only after a line with one:
@@ -427,7 +429,7 @@ def iter_lines(text: str | Iterable[str], *, cut: bool = False
                     if m.lastindex:
                         r = m.group("r")
                         rank, ts = int(r) if r else None, m.group("t1") or m.group("t2")
-                        if r and (sm := _SLURM.match(line)) and sm.end() <= m.end():
+                        if r and line[0] in _SLURM_START and (sm := _SLURM.match(line)) and sm.end() <= m.end():
                             labels.add(sm.group(0))
                     line = line[m.end():]
                     if not line:
