@@ -67,6 +67,10 @@ FORMULAS = (
      N_("this tool")),
     (N_("Model states"), N_("16 bytes/param (2 weights + 2 grads + 12 fp32 master/m/v); ZeRO-3: 16Ψ/N"),
      N_("ZeRO (Rajbhandari et al. 2020) section 3.1")),
+    (N_("Torch DDP beyond its model states"),
+     N_("+ 2 bytes/param: the bf16 weight copies autocast caches for the backward; + 4 bytes/param with more than "
+        "one micro-batch: gradients accumulated under no_sync beside DDP's buckets"),
+     N_("torch.autocast (cache_enabled); torch DistributedDataParallel no_sync")),
     (N_("1F1B bubble"), N_("(p − 1) / (m + p − 1) for p stages, m micro-batches"),
      N_("Narayanan et al. 2021 section 2.2")),
     (N_("Interleaved 1F1B bubble"), N_("(p − 1) / (v·m + p − 1) with v model chunks per rank"),
