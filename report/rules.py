@@ -170,6 +170,50 @@ class StragglerEvidence(Evidence):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FailureEvidence(Evidence):
+    """oom / crash / hang / timeout (rule_failed): status.json's status, exit code and cause, the
+    first step not completed by every rank (None: unknown), the engine; timeout has nothing more."""
+
+    status: str
+    exit_code: int | None
+    cause: str | None
+    failed_at_step: int | None
+    engine: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomEvidence(FailureEvidence):
+    """oom: the rank and allocator message (status.json diagnosis, else the cause) and the layout
+    that did not fit."""
+
+    rank: int | None
+    message: str | None
+    strategy: str
+    world_size: int
+    tp_degree: int
+    pp_degree: int
+    dp_degree: int
+    micro_batch_size: int
+    device: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrashEvidence(FailureEvidence):
+    """crash: the rank that raised and its exception (status.json diagnosis; None: unknown)."""
+
+    rank: int | None
+    exception: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangEvidence(FailureEvidence):
+    """hang: where the per-rank evidence comes from (py-spy or the flight recorder) and how many ranks it covers."""
+
+    source: str | None
+    num_ranks_diagnosed: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class GpuCountEvidence(Evidence):
     """condition_gpu_count: the measured world sizes, (n, ring all-reduce factor 2(n-1)/n) for
     them and 8, basis, no_comm (every run on one process), on_gpu."""
@@ -304,17 +348,21 @@ def rule_failed(runs: Sequence[LoadedRun], *, failed_at_step: Mapping[str, int |
         if status not in FAILURE_STATUSES:
             continue
         diagnosis = r.status.diagnosis or {}
-        ev: dict[str, Any] = {"status": status, "exit_code": r.status.exit_code, "cause": r.status.cause,
-                              "failed_at_step": (failed_at_step or {}).get(r.name), "engine": spec.engine}
+        base = dict(status=status, exit_code=r.status.exit_code, cause=r.status.cause,
+                    failed_at_step=(failed_at_step or {}).get(r.name), engine=spec.engine)
+        ev: FailureEvidence
         if status == "oom":
-            ev.update(rank=diagnosis.get("rank"), message=diagnosis.get("message") or r.status.cause,
-                      strategy=spec.strategy, world_size=spec.world_size, tp_degree=spec.tp_degree,
-                      pp_degree=spec.pp_degree, dp_degree=spec.dp_degree,
-                      micro_batch_size=spec.micro_batch_size, device=spec.device)
+            ev = OomEvidence(**base, rank=diagnosis.get("rank"), message=diagnosis.get("message") or r.status.cause,
+                             strategy=spec.strategy, world_size=spec.world_size, tp_degree=spec.tp_degree,
+                             pp_degree=spec.pp_degree, dp_degree=spec.dp_degree,
+                             micro_batch_size=spec.micro_batch_size, device=spec.device)
         elif status == "crash":
-            ev.update(rank=diagnosis.get("rank"), exception=diagnosis.get("exception"))
+            ev = CrashEvidence(**base, rank=diagnosis.get("rank"), exception=diagnosis.get("exception"))
         elif status == "hang":
-            ev.update(source=diagnosis.get("source"), num_ranks_diagnosed=len(diagnosis.get("ranks") or {}))
+            ev = HangEvidence(**base, source=diagnosis.get("source"),
+                              num_ranks_diagnosed=len(diagnosis.get("ranks") or {}))
+        else:
+            ev = FailureEvidence(**base)
         out.append(Finding(kind=status, runs=(r.name,), evidence=ev))
     return out
 
