@@ -204,3 +204,16 @@ def test_deepspeed_launcher_kill_and_exit_and_engine_version():
     assert [(x["key"], x["value"]) for x in r.records if x["table"] == "env"] == [("deepspeed_version", "0.14.2")]
     assert [(e["event"], e.get("exitcode")) for e in r.records if e["table"] == "events"] == [
         ("subprocess_killed", None), ("launcher_exit", -11)]
+
+
+def test_another_process_line_between_a_frame_and_its_source_line():
+    """An NCCL line without a rank written between a rank's traceback frame and its source line is
+    NCCL's, and the source line is still the frame's."""
+    from ingest.parsers.dispatch import parse_text
+    nccl = "nodeb:65671:65858 [5] NCCL INFO Channel 01 : 13[92000] -> 4[89000] [send] via NET/IB/0/GDRDMA"
+    text = "\n".join(["[rank0]: Traceback (most recent call last):", '[rank0]:   File "/x/sft.py", line 67, in <module>',
+                      nccl, "[rank0]:     trainer.train()", "[rank0]: RuntimeError: boom"])
+    r = parse_text(text, source="t")
+    tb = [x for x in r.records if x.get("event") == "traceback"]
+    assert r.unparsed == 0 and len(tb) == 1 and tb[0]["exception"] == "RuntimeError" and tb[0]["rank"] == 0
+    assert any(x.get("transport") == "NET/IB/0/GDRDMA" for x in r.records)

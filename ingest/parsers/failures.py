@@ -99,6 +99,7 @@ _OOM_FIELDS = (
     (re.compile(r"(?P<v>expandable_segments)"), "hint", str),
 )
 
+_OTHER_WRITER = re.compile(r"[\w.\-]+:\d+:\d+ \[\d+\] |[EWIF]\d{4} \d\d:\d\d:")  # NCCL's and glog's line heads
 _CHILD_KV = re.compile(r"(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*)$")
 # ChildFailedError entry values read into two columns: key -> (pattern, its groups' int columns)
 _CHILD_PAIRS = {"rank": (re.compile(r"(\d+)(?: \(local_rank: (\d+)\))?"), ("rank", "local_rank")),
@@ -160,6 +161,10 @@ class FailureScanner(LineParser):
         return read
 
     def _read(self, lineno: int, body: str, ts, rank) -> bool:
+        if rank is None and self._tbs and None not in self._tbs and _OTHER_WRITER.match(body):
+            # an NCCL or glog line without a rank while only ranks' tracebacks are open: another
+            # process's line between a frame and its source line, not that source line
+            return self._feed(lineno, body, ts, rank, False)
         # the source line under a frame: of this rank's last frame (ranks' tracebacks interleave), or
         # right after a frame when this rank has no traceback open (a prefix on some lines only)
         key = self._tb_key(rank)
