@@ -122,18 +122,18 @@ def build_engine_groups(summary_rows: Sequence[RunSummary], run_rows: Sequence[L
         runs = [by_run[name] for name in f.runs]
         if f.kind == "engine_single":
             runs = [r for r in runs if r.status_name == "ok"] or runs
-        fastest = f.evidence["engines"][0][2] if f.kind != "engine_single" else None
+        fastest = f.evidence.engines[0][2] if f.kind != "engine_single" else None
         rows = [_row(r, summary.get(r.name), traced.get(r.name), dtype=dtype, param_numels=numels,
                      fastest_tps=fastest,
                      gpu_memory_gib=gpu_memory_gib, baseline=False) for r in runs]
-        base = f.evidence.get("baseline")
+        base = f.evidence.baseline if f.kind != "engine_single" else None
         if base is not None:
-            rows.append(_row(by_run[base["run"]], summary[base["run"]], traced.get(base["run"]), dtype=dtype,
+            rows.append(_row(by_run[base.run], summary[base.run], traced.get(base.run), dtype=dtype,
                              param_numels=numels,
                              fastest_tps=fastest, gpu_memory_gib=gpu_memory_gib, baseline=True))
         r0 = runs[0]
         strategy, world, tp, pp, dp = layout_key(r0.spec)
         groups.append(EngineGroup(strategy=strategy, world_size=world, tp_degree=tp, pp_degree=pp, dp_degree=dp,
-                                  device=str(r0.spec.device), data_round=str(f.evidence["data_round"]),
+                                  device=str(r0.spec.device), data_round=str(f.evidence.data_round),
                                   rows=tuple(rows), finding=f))
     return tuple(groups)

@@ -581,6 +581,105 @@ class GapRow:
     class_shares: tuple[tuple[str, float | None], ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineLayoutEvidence(Evidence):
+    """engine_single / engine_gap / engine_parity: the layout compared (strategy, degrees, data
+    round), degenerate (ZeRO-3 on one rank, TP1 x PP1), cpu (every run on CPU)."""
+
+    strategy: str
+    world_size: int
+    tp_degree: int
+    pp_degree: int
+    dp_degree: int
+    data_round: str
+    degenerate: bool
+    cpu: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSingleEvidence(EngineLayoutEvidence):
+    """engine_single: the engines that ran this layout and those of its strategy that did not."""
+
+    engines_run: tuple[str, ...]
+    engines_not_run: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TracedEngine:
+    """One traced run of an engine comparison: its traced step (s), seconds per step of each
+    GAP_CATEGORIES, the layout's cost (transfer + bubble + imbalance; s and share of the step),
+    the launch-gap share and the elementwise kernels' share of kernel time (None: unknown)."""
+
+    run: str
+    engine: str
+    step_time_s: float
+    seconds: Mapping[str, float]
+    layout_cost_s: float
+    layout_cost_share: float
+    other_share: float
+    elementwise_share: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GapSplit:
+    """The traced gap slowest - fastest (s per step): per GAP_CATEGORIES, the engine part
+    (ENGINE_COST_CATEGORIES), layout part (LAYOUT_COST_CATEGORIES) and skew part, the largest
+    category, its share of the gap (None when the gap is not positive) and whether it dominates."""
+
+    delta_step_s: float
+    deltas_s: Mapping[str, float]
+    engine_part_s: float
+    layout_part_s: float
+    skew_part_s: float
+    dominant: str
+    dominant_share: float | None
+    dominates: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineBaseline:
+    """The DDP run of the same world size and data round: its tokens/s and (run, ratio to it) per engine run."""
+
+    run: str
+    tokens_per_s: float
+    vs_baseline: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineComparisonEvidence(EngineLayoutEvidence):
+    """engine_gap / engine_parity: margin (fastest / slowest tokens/s - 1) against noise (the
+    larger relative step spread), the two runs, engines fastest first (run, engine, tokens/s,
+    fastest / this, median step s), the traced runs, the gap split when both ends were traced,
+    and the DDP baseline when there is one (None otherwise)."""
+
+    margin: float
+    noise: float
+    fastest: str
+    slowest: str
+    engines: tuple[tuple[str, str, float, float, float | None], ...]
+    traced: tuple[TracedEngine, ...]
+    gap: GapSplit | None = None
+    baseline: EngineBaseline | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineKnobEvidence(Evidence):
+    """engine_knob (rule_engine_knobs): the reference run, engine, (knob, base value, this value)
+    per knob that differs, margin (tokens/s ratio - 1) against noise, beyond, both tokens/s, and
+    when both runs were traced the step and per-category deltas (s; None otherwise)."""
+
+    base: str
+    engine: str
+    knobs: tuple[tuple[str, object, object], ...]
+    margin: float
+    noise: float
+    beyond: bool
+    tokens_per_s: float
+    base_tokens_per_s: float
+    delta_step_s: float | None = None
+    deltas_s: Mapping[str, float] | None = None
+
+
 def layout_key(spec: RunSpec) -> tuple:
     """(strategy, world_size, tp_degree, pp_degree, dp_degree): runs with equal keys are one
     layout, whatever engine ran them."""
@@ -632,15 +731,15 @@ def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loade
     for key, runs in groups.items():
         strategy, world, tp, pp, dp, data_round = key
         ok = sorted((r for r in runs if status.get(r.name) == "ok" and tps.get(r.name)), key=lambda r: -tps[r.name])
-        layout = {"strategy": strategy, "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": dp,
-                  "data_round": data_round,
-                  "degenerate": (strategy == "zero3" and dp == 1 and world == 1) or (strategy == "tp_pp" and tp == pp == 1),
-                  "cpu": all(r.device == "cpu" for r in runs)}
+        layout = dict(strategy=strategy, world_size=world, tp_degree=tp, pp_degree=pp, dp_degree=dp,
+                      data_round=data_round,
+                      degenerate=(strategy == "zero3" and dp == 1 and world == 1) or (strategy == "tp_pp" and tp == pp == 1),
+                      cpu=all(r.device == "cpu" for r in runs))
         ran = sorted({r.engine for r in ok})
         if len(ran) < 2:
-            out.append(Finding(kind="engine_single", runs=tuple(r.name for r in runs), evidence={
-                **layout, "engines_run": tuple(sorted({r.engine for r in runs})),
-                "engines_not_run": tuple(e for e in engines[strategy] if e not in {r.engine for r in runs})}))
+            out.append(Finding(kind="engine_single", runs=tuple(r.name for r in runs), evidence=EngineSingleEvidence(
+                **layout, engines_run=tuple(sorted({r.engine for r in runs})),
+                engines_not_run=tuple(e for e in engines[strategy] if e not in {r.engine for r in runs}))))
             continue
         best, worst = ok[0], ok[-1]
         margin = tps[best.name] / tps[worst.name] - 1
@@ -652,34 +751,33 @@ def rule_engine_gap(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loade
             if b is None or not b.step_time_s:
                 continue
             layout_s = sum(b.seconds[c] for c in LAYOUT_COST_CATEGORIES)
-            per_run.append({"run": r.name, "engine": r.engine, "step_time_s": b.step_time_s,
-                            **{f"{c}_s": b.seconds[c] for c in GAP_CATEGORIES},
-                            "layout_cost_s": layout_s, "layout_cost_share": layout_s / b.step_time_s,
-                            "other_share": b.seconds["launch_gaps"] / b.step_time_s,
-                            "elementwise_share": dict(b.class_shares).get("elementwise")})
-        ev: dict[str, Any] = {
-            **layout, "margin": margin, "noise": noise, "fastest": best.name, "slowest": worst.name,
-            "engines": tuple((r.name, r.engine, tps[r.name], tps[best.name] / tps[r.name],
-                              summary[r.name].step_time_median_s) for r in ok),
-            "traced": tuple(per_run)}
-        by_run = {p["run"]: p for p in per_run}
+            per_run.append(TracedEngine(
+                run=r.name, engine=r.engine, step_time_s=b.step_time_s, seconds={c: b.seconds[c] for c in GAP_CATEGORIES},
+                layout_cost_s=layout_s, layout_cost_share=layout_s / b.step_time_s,
+                other_share=b.seconds["launch_gaps"] / b.step_time_s,
+                elementwise_share=dict(b.class_shares).get("elementwise")))
+        by_run = {p.run: p for p in per_run}
+        split = None
         if best.name in by_run and worst.name in by_run:
             fast, slow = by_run[best.name], by_run[worst.name]
-            delta_s = slow["step_time_s"] - fast["step_time_s"]
-            deltas = {c: slow[f"{c}_s"] - fast[f"{c}_s"] for c in GAP_CATEGORIES}
+            delta_s = slow.step_time_s - fast.step_time_s
+            deltas = {c: slow.seconds[c] - fast.seconds[c] for c in GAP_CATEGORIES}
             dominant = max(GAP_CATEGORIES, key=lambda c: deltas[c])
-            ev["gap"] = {"delta_step_s": delta_s, "deltas_s": deltas,
-                         "engine_part_s": sum(deltas[c] for c in ENGINE_COST_CATEGORIES),
-                         "layout_part_s": sum(deltas[c] for c in LAYOUT_COST_CATEGORIES),
-                         "skew_part_s": deltas["skew_wait"],
-                         "dominant": dominant,
-                         "dominant_share": deltas[dominant] / delta_s if delta_s > 0 else None,
-                         "dominates": delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"]}
+            split = GapSplit(delta_step_s=delta_s, deltas_s=deltas,
+                             engine_part_s=sum(deltas[c] for c in ENGINE_COST_CATEGORIES),
+                             layout_part_s=sum(deltas[c] for c in LAYOUT_COST_CATEGORIES),
+                             skew_part_s=deltas["skew_wait"], dominant=dominant,
+                             dominant_share=deltas[dominant] / delta_s if delta_s > 0 else None,
+                             dominates=delta_s > 0 and deltas[dominant] / delta_s >= t["engine_gap_dominant_min"])
         base = baselines.get((world, data_round))
-        if base is not None:
-            base_tps = tps[base.name]
-            ev["baseline"] = {"run": base.name, "tokens_per_s": base_tps,
-                              "vs_baseline": tuple((r.name, tps[r.name] / base_tps) for r in ok)}
+        baseline = (EngineBaseline(run=base.name, tokens_per_s=tps[base.name],
+                                   vs_baseline=tuple((r.name, tps[r.name] / tps[base.name]) for r in ok))
+                    if base is not None else None)
+        ev = EngineComparisonEvidence(
+            **layout, margin=margin, noise=noise, fastest=best.name, slowest=worst.name,
+            engines=tuple((r.name, r.engine, tps[r.name], tps[best.name] / tps[r.name],
+                           summary[r.name].step_time_median_s) for r in ok),
+            traced=tuple(per_run), gap=split, baseline=baseline)
         out.append(Finding(kind="engine_gap" if gap else "engine_parity", runs=tuple(r.name for r in ok),
                            evidence=ev, threshold=t["engine_gap_min"]))
     return out
@@ -733,12 +831,11 @@ def rule_engine_knobs(summary_rows: Sequence[RunSummary], run_rows: Sequence[Loa
             s, sb = summary[r.name], summary[base.name]
             margin = s.tokens_per_s / sb.tokens_per_s - 1
             noise = max(compute_step_spread(s), compute_step_spread(sb))
-            ev: dict[str, Any] = {"base": base.name, "engine": r.engine, "knobs": diff, "margin": margin,
-                                  "noise": noise, "beyond": abs(margin) > t["noise_multiple"] * noise,
-                                  "tokens_per_s": s.tokens_per_s, "base_tokens_per_s": sb.tokens_per_s}
             b, bb = traced.get(r.name), traced.get(base.name)
-            if b is not None and bb is not None and b.step_time_s and bb.step_time_s:
-                ev["delta_step_s"] = b.step_time_s - bb.step_time_s
-                ev["deltas_s"] = {c: b.seconds[c] - bb.seconds[c] for c in GAP_CATEGORIES}
-            out.append(Finding(kind="engine_knob", runs=(r.name, base.name), evidence=ev))
+            both = b is not None and bb is not None and b.step_time_s and bb.step_time_s
+            out.append(Finding(kind="engine_knob", runs=(r.name, base.name), evidence=EngineKnobEvidence(
+                base=base.name, engine=r.engine, knobs=diff, margin=margin, noise=noise,
+                beyond=abs(margin) > t["noise_multiple"] * noise, tokens_per_s=s.tokens_per_s,
+                base_tokens_per_s=sb.tokens_per_s, delta_step_s=b.step_time_s - bb.step_time_s if both else None,
+                deltas_s={c: b.seconds[c] - bb.seconds[c] for c in GAP_CATEGORIES} if both else None)))
     return out

@@ -230,15 +230,15 @@ def test_rule_engine_gap_splits_engine_from_layout_cost():
     found = rule_engine_gap(summary, runs, bd, THRESHOLDS, engines=STRATEGY_ENGINES)
     zero, tp_pp = found
     assert zero.kind == "engine_gap" and zero.runs == ("fsdp", "ds")
-    gap = zero.evidence["gap"]
-    assert gap["delta_step_s"] == pytest.approx(0.47)
-    assert gap["engine_part_s"] == pytest.approx(0.48) and gap["layout_part_s"] == pytest.approx(-0.01)
-    assert gap["dominant"] == "launch_gaps" and gap["dominates"]
-    assert zero.evidence["degenerate"] and zero.evidence["baseline"]["run"] == "ddp"
-    assert dict(zero.evidence["baseline"]["vs_baseline"])["ds"] == pytest.approx(163 / 446)
+    gap = zero.evidence.gap
+    assert gap.delta_step_s == pytest.approx(0.47)
+    assert gap.engine_part_s == pytest.approx(0.48) and gap.layout_part_s == pytest.approx(-0.01)
+    assert gap.dominant == "launch_gaps" and gap.dominates
+    assert zero.evidence.degenerate and zero.evidence.baseline.run == "ddp"
+    assert dict(zero.evidence.baseline.vs_baseline)["ds"] == pytest.approx(163 / 446)
     assert tp_pp.kind == "engine_parity"  # 150k vs 145k: 3.4% < engine_gap_min (5%)
-    assert "gap" not in tp_pp.evidence  # no traces
+    assert tp_pp.evidence.gap is None  # no traces
     single = rule_engine_gap([_summary("tt", 1.0)], [_run("tt", "tp_pp", "torch", 2, device="cpu")], [],
                              THRESHOLDS, engines=STRATEGY_ENGINES)
-    assert single[0].kind == "engine_single" and single[0].evidence["engines_not_run"] == ("megatron",)
-    assert single[0].evidence["cpu"]
+    assert single[0].kind == "engine_single" and single[0].evidence.engines_not_run == ("megatron",)
+    assert single[0].evidence.cpu

@@ -73,6 +73,6 @@ def test_knob_run_is_compared_with_its_layouts_first_run():
     findings = rule_engine_knobs(summary, runs, breakdown, THRESHOLDS)
     assert [f.runs for f in findings] == [("ds-persist", "ds")]  # the repeat and the lone real round are not knobs
     ev = findings[0].evidence
-    assert ev["knobs"] == (("zero.persistence", 1, 100),)
-    assert ev["margin"] == pytest.approx(0.1) and ev["beyond"]
-    assert ev["deltas_s"]["launch_gaps"] == pytest.approx(-0.09) and ev["delta_step_s"] == pytest.approx(-0.09)
+    assert ev.knobs == (("zero.persistence", 1, 100),)
+    assert ev.margin == pytest.approx(0.1) and ev.beyond
+    assert ev.deltas_s["launch_gaps"] == pytest.approx(-0.09) and ev.delta_step_s == pytest.approx(-0.09)
