@@ -50,8 +50,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('046_deepspeed_comms_logger_2022_summary_pr.txt', 'interleave'): _INTERLEAVE,
     ('047_deepspeed_comms_logger_2025_leading_backtick_gb.txt', 'interleave'): _INTERLEAVE,
     ('050_accelerate_env_2024_nested_default_config.txt', 'interleave'): _INTERLEAVE,
-    ('051_deepspeed_autotuning_summary_md_table_gpt2xl.txt', 'interleave'): _INTERLEAVE,
-    ('052_deepspeed_autotuning_fast_and_full_mode_tables.txt', 'interleave'): _INTERLEAVE,
     ('052_nccl_2.21.5_unwind_then_rank_prefixed_traceback_vllm.txt', 'interleave'): _INTERLEAVE,
     ('35_nsys_nvprof_2021_legacy_api_stats.txt', 'interleave'): _INTERLEAVE,
     ('36_flight_recorder_dump_unpickled_v2.5.txt', 'interleave'): _INTERLEAVE,

@@ -188,3 +188,15 @@ def test_nanogpt_family_and_hf_trainer_lines():
     assert pick(hf, "step", "step_is_index", "loss", "lr", "epoch") == (1, True, 1.0692, 0.00029, 0.53)
     assert hf["grad_norm"] != hf["grad_norm"]  # nan, as printed
     assert r.unparsed == 0 and set(r.kinds) == {"nanogpt", "hf_trainer"}
+
+
+def test_autotuning_table_goes_on_across_another_process_line():
+    """A line of another log between the autotuner's header and its rows does not end the table."""
+    from ingest.parsers.dispatch import parse_text
+    nccl = "nodeb:65671:65858 [5] NCCL INFO Channel 01 : 13[92000] -> 4[89000] [send] via NET/IB/0/GDRDMA"
+    text = "\n".join(["| tuning_space | num_experiments | best_metric_val | best_exp_name   |", nccl,
+                      "| :----------- | --------------: | --------------: | :-------------- |",
+                      "| z1           |               3 |         40.1749 | z1_gas1_tmbspg1 |"])
+    r = parse_text(text, source="t")
+    rows = [x for x in r.records if x["table"] == "autotuning"]
+    assert r.unparsed == 0 and [(x["tuning_space"], x["num_experiments"], x["best_metric_val"]) for x in rows] == [("z1", 3, 40.1749)]

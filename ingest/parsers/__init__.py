@@ -468,6 +468,15 @@ class LineParser:
     def feed(self, lineno: int, body: str, ts: str | None, rank: int | None) -> bool:
         return False  # the base recognises no line: a kind without a parser (dispatch)
 
+    FOREIGN_LINES = 2  # a block goes on across this many lines in a row that are not its
+    _misses = 0
+
+    def block_goes_on(self, read: bool) -> bool:
+        """After a line inside a block: whether the block goes on. It does after a line it read, and
+        across up to FOREIGN_LINES lines in a row it did not (another process's, written into it)."""
+        self._misses = 0 if read else self._misses + 1
+        return self._misses <= self.FOREIGN_LINES
+
     def finish(self) -> None:
         pass
 

@@ -45,14 +45,12 @@ class CollectEnvParser(LineParser):
     busy = property(lambda self: self._active)
     _open: dict | None = None  # record whose value continues on the next lines
     _active = False
-    _misses = 0  # lines not its in a row
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
         ok = self._read(lineno, body)
-        # a rule line alone opens nothing (vLLM's banners are rule, title, rule); a line or two not its (another
-        # process's, written into the report) do not close the block, three in a row do
-        self._misses = 0 if ok else self._misses + 1
-        if ok and body[0] != "=" or self._misses >= 3:
+        # a rule line alone opens nothing (vLLM's banners are rule, title, rule); another process's lines
+        # written into the report do not close it (block_goes_on)
+        if not self.block_goes_on(ok) or ok and body[0] != "=":
             self._active = ok
         return ok
 

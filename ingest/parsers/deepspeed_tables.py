@@ -119,6 +119,12 @@ class CommsLogParser(LineParser):
     _op: tuple[str, str | None] | None = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        read = self._read(lineno, body, rank)
+        if self._table is not None and not self.block_goes_on(read):
+            self._table = self._op = None  # anything else ends the table (another process's line or two do not)
+        return read
+
+    def _read(self, lineno: int, body: str, rank) -> bool:
         m = _VERBOSE.search(body) if _VERBOSE_TEXT in body else None
         if m:
             r = re.search(r"\[Rank (\d+)\] comm op:", body)
@@ -151,7 +157,6 @@ class CommsLogParser(LineParser):
         if m:
             self._op = (m.group("op"), m.group("caller"))
             return True
-        self._table = self._op = None  # anything else ends the table
         return False
 
     def _record(self, lineno, rank, record, op, caller, size, count, **extra) -> dict:
@@ -190,8 +195,10 @@ class AutotuningParser(LineParser):
             self._cols = [c.strip() for c in body.strip("|").split("|")]
             return True
         if self._cols is None or not body.startswith("|"):
-            self._cols = None
+            if self._cols is not None and not self.block_goes_on(False):
+                self._cols = None  # another process's line or two inside the table do not end it
             return False
+        self.block_goes_on(True)
         if _ALIGN_ROW.match(body):
             return True
         cells = [c.strip() for c in body.strip("|").split("|")]
