@@ -38,7 +38,6 @@ _WRAP80 = "a wrapped line's continuation looks like a record start (rule line, i
 XFAIL: dict[tuple[str, str], str] = {
     ('050_collect_env_2023_torch2.0.1_h100_userwarning.txt', 'interleave'): _INTERLEAVE,
     ('006_nanogpt_2023_quoted_timestamps_nan_loss_cut.txt', 'interleave'): _INTERLEAVE,
-    ('013_nccl_unwind_then_rank_traceback_distbackenderror_2.21.5.txt', 'interleave'): _INTERLEAVE,
     ('014_fr_trace_analyzer_verbose_tables.txt', 'interleave'): _INTERLEAVE,
     ('021_hf_trainer_deepspeed_2021_tqdm_glued_log_dist.txt', 'wrap80'): _WRAP80,
     ('023_nccl_coll_allreduce_ray_ip_prefix_kuberay_pods_128ranks.txt', 'wrap80'): _WRAP80,
@@ -50,7 +49,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('046_deepspeed_comms_logger_2022_summary_pr.txt', 'interleave'): _INTERLEAVE,
     ('047_deepspeed_comms_logger_2025_leading_backtick_gb.txt', 'interleave'): _INTERLEAVE,
     ('050_accelerate_env_2024_nested_default_config.txt', 'interleave'): _INTERLEAVE,
-    ('052_nccl_2.21.5_unwind_then_rank_prefixed_traceback_vllm.txt', 'interleave'): _INTERLEAVE,
     ('35_nsys_nvprof_2021_legacy_api_stats.txt', 'interleave'): _INTERLEAVE,
     ('36_flight_recorder_dump_unpickled_v2.5.txt', 'interleave'): _INTERLEAVE,
 }

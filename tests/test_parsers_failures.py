@@ -217,3 +217,12 @@ def test_another_process_line_between_a_frame_and_its_source_line():
     tb = [x for x in r.records if x.get("event") == "traceback"]
     assert r.unparsed == 0 and len(tb) == 1 and tb[0]["exception"] == "RuntimeError" and tb[0]["rank"] == 0
     assert any(x.get("transport") == "NET/IB/0/GDRDMA" for x in r.records)
+
+
+def test_a_line_of_another_rank_after_a_frame_is_not_its_source_line():
+    from ingest.parsers.dispatch import parse_text
+    step = "[rank0]:[titan] 2025-06-16 22:31:46,869 - root - INFO - step: 240  loss:  5.8311  memory: 49.66GiB(52.28%)  tps: 5864"
+    text = "\n".join(["[rank1]: Traceback (most recent call last):", '[rank1]:   File "/x/test.py", line 8, in <module>',
+                      step, "[rank1]:     dist.all_reduce(data)", "[rank1]: RuntimeError: boom"])
+    r = parse_text(text, source="t")
+    assert [x["step"] for x in r.records if x["table"] == "steps"] == [240] and r.unparsed == 0

@@ -145,6 +145,7 @@ class FailureScanner(LineParser):
     _opts: tuple[int, int] | None = None  # ProcessGroupNCCL's option lines: (in the block read, the most in one before)
     _after_frame: set  # the ranks whose last line was a traceback frame: their source line comes next
     _frame_lineno = -1
+    _frame_key = None  # the traceback the last frame was of
 
     def _flush_child(self, *, end: bool = False) -> None:
         if end and self._report_line is not None:  # a report that ends before its entries: the child it names
@@ -168,7 +169,8 @@ class FailureScanner(LineParser):
         # the source line under a frame: of this rank's last frame (ranks' tracebacks interleave), or
         # right after a frame when this rank has no traceback open (a prefix on some lines only)
         key = self._tb_key(rank)
-        after_frame = key in self._after_frame or key not in self._tbs and self._frame_lineno == lineno - 1
+        after_frame = key in self._after_frame or (key not in self._tbs and self._frame_lineno == lineno - 1
+                                                   and (rank is None or self._frame_key is None))  # (not another rank's line)
         self._after_frame.discard(key)
         if key in self._tbs and not after_frame and not _TB_INSIDE.match(body):
             closed = self._close_traceback(key, body)  # the exception line ends the traceback
@@ -398,7 +400,7 @@ class FailureScanner(LineParser):
                                    "rank": rank, "time": ts, "exception": None, "detail": None, "_frames": []}
             if r2.name == "traceback_frame":
                 self._after_frame.add(key)
-                self._frame_lineno = lineno
+                self._frame_lineno, self._frame_key = lineno, key
                 self._tbs[key]["_frames"].append((m2.group("file"), int(m2.group("ln")), m2.group("func")))
             rec = apply_rule(r2, m2, source=self.source, lineno=lineno)
             if r2.name == "nccl_env" and self._opts is not None:
