@@ -21,7 +21,7 @@ import pandas as pd
 from core.formulas import select_measured
 from core.records import DatasetRecord, EnvRecord, FixedConfig, LoadedRun, RunSpec, RunSummary
 from report.metrics import compute_step_spread
-from report.rules import THRESHOLDS, Finding, evidence_items, rule_loss
+from report.rules import THRESHOLDS, Evidence, Finding, LossEvidence, evidence_items, rule_loss
 
 DATA_THRESHOLDS: dict[str, float] = {
     # a run stalls on data when this share of its measured step time is spent waiting for batches
@@ -155,6 +155,47 @@ def build_round_rows(runs: Sequence[LoadedRun], summary: Sequence[RunSummary],
     return rows
 
 
+@dataclass(frozen=True, kw_only=True)
+class DataStallEvidence(Evidence):
+    """data_stall: the run's data wait as a share of its measured step time, its median data
+    wait and median step (s)."""
+
+    data_wait_share: float
+    data_wait_median_s: float | None
+    step_time_median_s: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataBoundEvidence(Evidence):
+    """data_bound / data_not_bound: the layout, the real round's tokens/s change against the
+    synthetic one, why it is bound ("wait", "slowdown" or None), the MFU change (points), the
+    step-time noise, both rounds' data wait shares and the threshold share."""
+
+    layout: str
+    tokens_per_s_delta: float
+    cause: str | None
+    mfu_delta_points: float | None
+    noise: float | None
+    real_data_wait_share: float | None
+    synthetic_data_wait_share: float | None
+    data_stall_min_share: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestoreEvidence(Evidence):
+    """restore_failed: the largest loss difference after the restore (nats) and the checkpoint format."""
+
+    max_abs_diff_nats: float | None
+    format: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundLossEvidence(LossEvidence):
+    """round_loss_agrees / round_loss_disagrees: rule_loss's evidence over a later data round's runs."""
+
+    round: str
+
+
 def rule_data_stall(summary: Sequence[RunSummary], shares: Mapping[str, float | None],
                     t: Mapping[str, float]) -> list[Finding]:
     """Runs whose data wait is at least ``data_stall_min_share`` of their measured step time."""
@@ -162,9 +203,9 @@ def rule_data_stall(summary: Sequence[RunSummary], shares: Mapping[str, float | 
     for s in summary:
         share = shares.get(s.run)
         if share is not None and share >= t["data_stall_min_share"]:
-            out.append(Finding(kind="data_stall", runs=(s.run,), threshold=t["data_stall_min_share"], evidence={
-                "data_wait_share": share, "data_wait_median_s": s.data_wait_median_s,
-                "step_time_median_s": s.step_time_median_s}))
+            out.append(Finding(kind="data_stall", runs=(s.run,), threshold=t["data_stall_min_share"],
+                               evidence=DataStallEvidence(data_wait_share=share, data_wait_median_s=s.data_wait_median_s,
+                                                          step_time_median_s=s.step_time_median_s)))
     return out
 
 
@@ -181,20 +222,20 @@ def rule_data_bound(rows: Sequence[RoundRow], t: Mapping[str, float]) -> list[Fi
         slowdown = slower > t["data_round_slowdown_min"] and slower > (r.noise or 0.0)
         bound = waits or slowdown
         out.append(Finding(kind="data_bound" if bound else "data_not_bound", runs=(r.synthetic_run, r.real_run),
-                           threshold=t["data_round_slowdown_min"], evidence={
-                               "layout": r.layout, "tokens_per_s_delta": r.tokens_per_s_delta,
-                               "cause": "wait" if waits else "slowdown" if slowdown else None,
-                               "mfu_delta_points": r.mfu_delta_points, "noise": r.noise,
-                               "real_data_wait_share": r.real_data_wait_share,
-                               "synthetic_data_wait_share": r.synthetic_data_wait_share,
-                               "data_stall_min_share": t["data_stall_min_share"]}))
+                           threshold=t["data_round_slowdown_min"], evidence=DataBoundEvidence(
+                               layout=r.layout, tokens_per_s_delta=r.tokens_per_s_delta,
+                               cause="wait" if waits else "slowdown" if slowdown else None,
+                               mfu_delta_points=r.mfu_delta_points, noise=r.noise,
+                               real_data_wait_share=r.real_data_wait_share,
+                               synthetic_data_wait_share=r.synthetic_data_wait_share,
+                               data_stall_min_share=t["data_stall_min_share"])))
     return out
 
 
 def rule_restore(checkpoints: Sequence[CheckpointRow]) -> list[Finding]:
     """Checkpoint restores whose replayed losses did not match the uninterrupted run."""
     return [Finding(kind="restore_failed", runs=(c.run,), threshold=c.tolerance_nats,
-                    evidence={"max_abs_diff_nats": c.max_abs_diff_nats, "format": c.format})
+                    evidence=RestoreEvidence(max_abs_diff_nats=c.max_abs_diff_nats, format=c.format))
             for c in checkpoints if c.ok is False]
 
 
@@ -239,7 +280,8 @@ def build_data_round_section(*, fixed: FixedConfig, dataset: DatasetRecord | Non
                     if (r.spec.data_round or "synthetic") == later]
             t_loss = {**THRESHOLDS, **{k: v for k, v in (thresholds or {}).items() if k in THRESHOLDS}}
             findings += [Finding(kind=f"round_{f.kind}", runs=f.runs, threshold=f.threshold,
-                                 evidence={**evidence_items(f), "round": later}) for f in rule_loss(same, t_loss)]
+                                 evidence=RoundLossEvidence(**evidence_items(f), round=later))
+                         for f in rule_loss(same, t_loss)]
     epochs = None
     if dataset and dataset.num_tokens:
         samples = (int(dataset.num_tokens) - 1) // int(fixed.model.seq_length)

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from core.records import KERNEL_CLASSES, LoadedRun, RunSummary
-from report.rules import THRESHOLDS, Finding
+from report.rules import THRESHOLDS, Evidence, Finding
 
 NON_COMM_CLASSES = tuple(c for c in KERNEL_CLASSES if c != "comm")
 # Student t 97.5% quantiles (two-sided 95%), degrees of freedom 1..30; beyond, the normal 1.96.
@@ -166,14 +166,35 @@ def build_parity_rows(kernels: pd.DataFrame | None, runs: Sequence[LoadedRun], *
     return tuple(rows)
 
 
+@dataclass(frozen=True, kw_only=True)
+class NotLayoutOnlyEvidence(Evidence):
+    """not_layout_only: (run, kernel class, relative difference) of each run that failed the parity check."""
+
+    classes: tuple[tuple[str, str | None, float | None], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RepeatSpreadEvidence(Evidence):
+    """margin_beyond_repeats / margin_within_repeats: the medians' margin (tokens/s ratio - 1),
+    the larger relative half-width of the two intervals, the fewer repeats, both intervals
+    (tokens/s) and how they were computed."""
+
+    margin: float
+    spread: float
+    num_repeats: int
+    fastest_interval: tuple[float, float]
+    runner_up_interval: tuple[float, float]
+    method: str
+
+
 def rule_parity(rows: Sequence[ParityRow]) -> list[Finding]:
     """``not_layout_only`` when a run at equal math fails the parity check: its throughput gap to
     the others is partly kernels, not layout. Evidence: (run, class, relative difference)."""
     failed = [r for r in rows if r.passed is False]
     if not failed:
         return []
-    return [Finding(kind="not_layout_only", runs=tuple(r.run for r in failed), evidence={
-        "classes": tuple((r.run, r.failed_class, r.failed_diff) for r in failed)})]
+    return [Finding(kind="not_layout_only", runs=tuple(r.run for r in failed), evidence=NotLayoutOnlyEvidence(
+        classes=tuple((r.run, r.failed_class, r.failed_diff) for r in failed)))]
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
@@ -241,7 +262,6 @@ def rule_repeat_spread(groups: Sequence[RepeatGroup], fastest: Finding | None) -
     margin = a.median_tokens_per_s / b.median_tokens_per_s - 1
     spread = max((a.ci_high - a.ci_low) / 2 / a.median_tokens_per_s, (b.ci_high - b.ci_low) / 2 / b.median_tokens_per_s)
     kind = "margin_beyond_repeats" if a.ci_low > b.ci_high else "margin_within_repeats"
-    return [Finding(kind=kind, runs=(a.layout, b.layout), evidence={
-        "margin": margin, "spread": spread, "num_repeats": min(len(a.runs), len(b.runs)),
-        "fastest_interval": (a.ci_low, a.ci_high), "runner_up_interval": (b.ci_low, b.ci_high),
-        "method": INTERVAL_METHOD})]
+    return [Finding(kind=kind, runs=(a.layout, b.layout), evidence=RepeatSpreadEvidence(
+        margin=margin, spread=spread, num_repeats=min(len(a.runs), len(b.runs)),
+        fastest_interval=(a.ci_low, a.ci_high), runner_up_interval=(b.ci_low, b.ci_high), method=INTERVAL_METHOD))]

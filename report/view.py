@@ -899,7 +899,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
         formulas=FORMULAS, hardware=build_hardware(env, on_gpu=on_gpu),
         executive=dataclasses.replace(
             build_executive_summary(findings, conditions, configs, summary),
-            not_layout_only=next((tuple(f.evidence["classes"]) for f in findings if f.kind == "not_layout_only"), ()),
+            not_layout_only=next((tuple(f.evidence.classes) for f in findings if f.kind == "not_layout_only"), ()),
             repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
                                None),
             unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs)),
