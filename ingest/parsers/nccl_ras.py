@@ -39,14 +39,14 @@ _LINES = (
 )
 # Two-row headers -> our column names (joined "row1 row2"); a new column is one row.
 COLUMNS = {
-    "Nodes (total)": "num_nodes", "Processes per node": "num_processes_per_node",
+    "Nodes (total)": "num_nodes", "Nodes": "num_nodes", "Processes per node": "num_processes_per_node",
     "GPUs per process": "num_gpus_per_process", "Processes (total)": "num_processes", "GPUs (total)": "num_gpus",
     "Group #": "comm_group", "Comms in group": "num_comms", "Nodes per comm": "num_nodes_per_comm",
     "Ranks per node": "ranks_per_node", "Ranks per comm": "num_ranks_per_comm", "Ranks in group": "num_ranks_in_group",
     "Status": "status", "Errors": "errors",
 }
 _HEADER1 = re.compile(r"(?:Nodes|Group|Processes)\s{2,}\S")
-_HEADER2 = re.compile(r"(?:\(total\)|#|per process)(?:\s{2,}\S|$)")
+_HEADER2 = re.compile(r"(?:\(total\)|#|per (?:node|process|comm)|in group)(?:\s{2,}\S|$)")
 _VALUES = re.compile(r"\d+(?:\s+[\w,\-]+)*$")
 
 
@@ -72,7 +72,10 @@ class RasParser(LineParser):
             return True
         if self._head1 is not None and _HEADER2.match(body):
             head2 = CELLS.split(body)
-            head2 += [""] * (len(self._head1) - len(head2))
+            # a shorter second row: from the left when it starts under the first column ('(total)', '#'),
+            # else from the right (its first cell is under a later column: 'per node  per process')
+            pad = [""] * (len(self._head1) - len(head2))
+            head2 = head2 + pad if head2[0] in ("(total)", "#") else pad + head2
             names = [f"{a} {b}".strip() for a, b in zip(self._head1, head2)]
             self._cols = [COLUMNS.get(n, re.sub(r"\W+", "_", n.lower()).strip("_")) for n in names]
             self._head1 = None
