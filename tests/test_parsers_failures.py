@@ -226,3 +226,15 @@ def test_a_line_of_another_rank_after_a_frame_is_not_its_source_line():
                       step, "[rank1]:     dist.all_reduce(data)", "[rank1]: RuntimeError: boom"])
     r = parse_text(text, source="t")
     assert [x["step"] for x in r.records if x["table"] == "steps"] == [240] and r.unparsed == 0
+
+
+def test_nccl_last_error_message_joins_its_error():
+    from ingest.parsers.dispatch import parse_text
+    text = "\n".join(["torch.distributed.DistBackendError: NCCL error in: ../ProcessGroupNCCL.cpp:1333, unhandled system "
+                      "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.6", "Last error:",
+                      "h:1:2 [0] NCCL INFO Bootstrap : Using eth0:192.0.2.1<0>",
+                      "socketStartConnect: Connect to 192.0.2.14<52822> failed : No route to host"])
+    r = parse_text(text, source="t")
+    (err,) = [x for x in r.records if x.get("event") == "nccl_error"]
+    assert err["last_error"] == "socketStartConnect: Connect to 192.0.2.14<52822> failed : No route to host"
+    assert r.unparsed == 0

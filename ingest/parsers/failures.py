@@ -128,7 +128,8 @@ class FailureScanner(LineParser):
     kind = "failures"
     gate = (_CHILD_FAILED, _CHILD_OPENS, "what():", _OOM_TEXT, _OOM_LIMIT, "Memory summary: |", "PyTorch CUDA memory summary", _EXITED, _CLOSING, _NCCL_ERROR, _DS_EXIT, _GLOG, _GLOG_CUT, *(r.regex for r in _LINE_RULES if r.name not in _SEARCHED))
     busy = property(lambda self: self._in_block or bool(self._after_frame) or self._oom is not None or bool(self._tbs)
-                    or self._summary is not None)
+                    or self._summary is not None or self._last_error_at is not None)
+    _last_error_at: int | None = None  # the line of NCCL's "Last error:" (its message is the next line of its writer)
     _summary: dict | None = None  # the memory_summary() table being read
     _oom_key: str | None = None  # the allocator-limit figure whose value may come on the next line
     _oom: dict | None = None  # an allocator-limit OOM whose figures follow it
@@ -156,6 +157,14 @@ class FailureScanner(LineParser):
             self._child = None
 
     def feed(self, lineno: int, body: str, ts, rank) -> bool:
+        if self._last_error_at is not None and not _OTHER_WRITER.match(body):  # (another process's line: the next)
+            self._last_error_at = None
+            err = next((r for r in reversed(self.records) if r.get("event") == "nccl_error"), None)
+            if err is not None:
+                err["last_error"] = body  # NCCL's last error message (the system call or peer that failed)
+                return True
+        if body == "Last error:":
+            self._last_error_at = lineno
         read = self._read(lineno, body, ts, rank)
         if read and self._in_block:  # torchrun's report is whole at the rule closing its root cause entry
             self.open_line = None if self._root and body[:1] == "=" else lineno
