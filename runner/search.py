@@ -555,6 +555,12 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
 
     start = time.monotonic()
     candidates, campaign, comm = plan_search(req, name=name, out=out)
+    unknown = sorted(set(req.faults) - {c.name for c in candidates})
+    if unknown:
+        raise ConfigError(f"--fault: no candidate named {', '.join(unknown)}; `--dry-run` lists the candidates' names")
+    if not candidates:
+        raise ConfigError("no candidate: the planner gives no layout for these GPUs and micro-batch sizes (each "
+                          "--micro-batches size must divide the global batch over the data-parallel ranks)")
     if campaign is None:
         raise ConfigError("no candidate is runnable here:\n" + "\n".join(f"{c.name}: {c.reason}" for c in candidates))
     specs = {s.name: _trial_spec(s, req) for s in campaign.runs}
@@ -670,7 +676,9 @@ def load_previous(out: Path, req: SearchRequest) -> dict[str, Any]:
         raise ConfigError(f"{path}: unreadable ({e}); choose another --out") from None
     was = data.get("request") or {}
     mine = json.loads(json.dumps(dataclasses.asdict(req)))
-    diff = [k for k in ("preset", "num_gpus", "num_nodes", "device", "kernels", "memory_gib") if was.get(k) != mine[k]]
+    # what decides the candidate set must match (the budget, --top and --max-trials may change on a resume)
+    diff = [k for k in ("preset", "num_gpus", "num_nodes", "device", "gpu_key", "kernels", "memory_gib",
+                        "micro_batch_sizes") if was.get(k) != mine[k]]
     if diff:
         raise ConfigError(f"{path}: a search of another request ({', '.join(f'{k} {was.get(k)!r}' for k in diff)}); "
                           "repeat its arguments to resume it, or choose another --out")

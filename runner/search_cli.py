@@ -138,7 +138,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.out.exists() and (not args.out.is_dir() or (any(args.out.iterdir())
                                                          and not (args.out / SEARCH_FILE).is_file())):
         raise ToolError(f"{args.out}: exists and is not a search directory; choose another --out")
+    created = not args.out.exists()
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run_search(req, out=args.out, name=name)
+    try:
+        result = run_search(req, out=args.out, name=name)
+    except ConfigError:
+        if created and not any(args.out.iterdir()):
+            args.out.rmdir()  # nothing was searched: leave no empty folder behind
+        raise
     print(f"wrote {args.out / SEARCH_FILE}: report build {args.out}")
     return 0 if result["choice"] else 1

@@ -232,3 +232,29 @@ def test_an_engine_that_does_not_import_is_pruned(monkeypatch):
     assert ds and all(c.state == "pruned" and c.reason == "engine deepspeed is not importable here "
                       "(no_such_engine_module)" for c in ds)
     assert {s.engine for s in campaign.runs} >= {"torch-ddp", "fsdp2", "torch"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--micro-batches", "3"], "no candidate: the planner gives no layout"),
+    (["--fault", "nope:oom"], "--fault: no candidate named nope"),
+])
+def test_a_search_with_nothing_to_run_is_one_line_and_leaves_no_folder(tmp_path, args, message):
+    out = tmp_path / "s"
+    r = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--budget", "1", *args, "--out", str(out),
+               timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == f"runner: error: {r.stderr.strip().split('error: ', 1)[1]}"
+    assert message in r.stderr and not out.exists()
+
+
+def test_a_resume_that_changes_the_candidate_set_is_refused(tmp_path):
+    """A search.json of micro-batches 2 and 4: resuming with --micro-batches 2 would drop the
+    measured micro-batch-4 trials from the record, so it is refused before anything runs."""
+    out = tmp_path / "s"
+    out.mkdir()
+    request = {"preset": "tiny", "num_gpus": 2, "num_nodes": 1, "device": "cpu", "gpu_key": None, "kernels": ["eager"],
+               "memory_gib": None, "micro_batch_sizes": [2, 4]}
+    (out / "search.json").write_text(json.dumps({"request": request}), encoding="utf-8")
+    r = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--micro-batches", "2", "--out", str(out),
+               timeout=60)
+    assert r.returncode == 2 and "a search of another request" in r.stderr and "micro_batch_sizes" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["search.json"]
