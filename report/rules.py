@@ -62,26 +62,25 @@ THRESHOLDS: dict[str, float] = {
 
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
-    """A finding's evidence as a record of its kind (the subclasses below); kinds without one
-    still carry a dict of the same named numbers."""
+    """A finding's evidence: one record per kind (the subclasses here and in report.parity,
+    report.data_rounds and report.view); this base, empty, for a kind with nothing to cite."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
     """kind: rule id (the template words each kind); runs: run names concerned;
-    evidence: named numbers/strings backing it (units in the names): an Evidence record for the
-    kinds that have one, else a dict; threshold: value compared."""
+    evidence: the named numbers/strings backing it (units in the names), the kind's Evidence
+    record; threshold: value compared."""
 
     kind: str
     runs: tuple[str, ...] = ()
-    evidence: Evidence | Mapping[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
     threshold: float | None = None
 
 
 def evidence_items(finding: Finding) -> dict[str, Any]:
     """A finding's evidence as name -> value, in the record's field order (summary.json, caveats)."""
-    e = finding.evidence
-    return dataclasses.asdict(e) if isinstance(e, Evidence) else dict(e)
+    return dataclasses.asdict(finding.evidence)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,6 +485,56 @@ def rule_conditions(
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class NcclMapEvidence(Evidence):
+    """map_nccl: transports seen in the NCCL logs; per traced run (run, exposed transfer share,
+    skew-wait share, hidden-communication share), None where unknown."""
+
+    transports: tuple[str, ...]
+    comm: tuple[tuple[str, float | None, float | None, float | None], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DdpMapEvidence(Evidence):
+    """map_ddp: map_nccl's per-run shares for the DDP runs."""
+
+    comm: tuple[tuple[str, float | None, float | None, float | None], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroMapEvidence(Evidence):
+    """map_zero: per ZeRO-3 run (run, median step / DDP's, transfer share, skew-wait share,
+    launch-gap share, peak reserved GiB); the DDP run compared with and its peak reserved GiB."""
+
+    runs: tuple[tuple[str, float | None, float | None, float | None, float | None, float | None], ...]
+    ddp_run: str | None
+    ddp_mem_peak_reserved_gib: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TpPpMapEvidence(Evidence):
+    """map_tp_pp: per TP/PP run (run, TP, PP, bubble share, 1F1B formula, compute imbalance,
+    transfer share, skew-wait share, imbalance share)."""
+
+    runs: tuple[tuple[str, int, int, float | None, float | None, float | None, float | None, float | None,
+                      float | None], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataMapEvidence(Evidence):
+    """map_data: per traced run (run, data-stall share, median host data wait s)."""
+
+    runs: tuple[tuple[str, float | None, float | None], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelMapEvidence(Evidence):
+    """map_kernels: per run (run, GEMM, attention and elementwise shares of kernel time, top
+    kernel, its share)."""
+
+    runs: tuple[tuple[str, float | None, float | None, float | None, str | None, float | None], ...]
+
+
 # ---------------------------------------------------------------- stage-2 knowledge map
 # One row per topic (issue 4): symptom, the campaign's own numbers, the tuning action and its
 # side effect. Rules pick the numbers; the template words each topic.
@@ -534,10 +583,11 @@ def build_knowledge_map(
 
     comm = [(r, transfer(r), cross(r, "skew_wait"), b.hidden_comm_s / b.step_time_s if b.step_time_s else None)
             for r, b in by_run.items()]
-    out = [Finding(kind="map_nccl", runs=tuple(by_run), evidence={"transports": tuple(nccl_transports),
-                                                                  "comm": tuple(comm)})]
+    out = [Finding(kind="map_nccl", runs=tuple(by_run), evidence=NcclMapEvidence(transports=tuple(nccl_transports),
+                                                                                 comm=tuple(comm)))]
     ddp_runs = [r for r in by_run if strategy(r) == "ddp"]
-    out.append(Finding(kind="map_ddp", runs=tuple(ddp_runs), evidence={"comm": tuple(c for c in comm if c[0] in ddp_runs)}))
+    out.append(Finding(kind="map_ddp", runs=tuple(ddp_runs),
+                       evidence=DdpMapEvidence(comm=tuple(c for c in comm if c[0] in ddp_runs))))
     zero = []
     for r, spec in runs.items():
         if spec.strategy == "zero3" and r in summary and summary[r].step_time_median_s:
@@ -546,18 +596,18 @@ def build_knowledge_map(
                          cross(r, "launch_gaps") if r in (attribution or {}) else share(r, "other"),
                          summary[r].mem_peak_reserved_gib))
     out.append(Finding(kind="map_zero", runs=tuple(z[0] for z in zero),
-                       evidence={"runs": tuple(zero), "ddp_run": ddp.run if ddp else None,
-                                 "ddp_mem_peak_reserved_gib": ddp.mem_peak_reserved_gib if ddp else None}))
+                       evidence=ZeroMapEvidence(runs=tuple(zero), ddp_run=ddp.run if ddp else None,
+                                                ddp_mem_peak_reserved_gib=ddp.mem_peak_reserved_gib if ddp else None)))
     tp_pp = [(r, runs[r].tp_degree, runs[r].pp_degree,
               cross(r, "bubble") if r in (attribution or {}) else share(r, "bubble"), by_run[r].bubble_expected,
               by_run[r].compute_imbalance, transfer(r), cross(r, "skew_wait"), cross(r, "imbalance"))
              for r in by_run if strategy(r) == "tp_pp"]
-    out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence={"runs": tuple(tp_pp)}))
+    out.append(Finding(kind="map_tp_pp", runs=tuple(t[0] for t in tp_pp), evidence=TpPpMapEvidence(runs=tuple(tp_pp))))
     data = [(r, share(r, "data_stall"), summary[r].data_wait_median_s if r in summary else None) for r in by_run]
-    out.append(Finding(kind="map_data", runs=tuple(by_run), evidence={"runs": tuple(data)}))
+    out.append(Finding(kind="map_data", runs=tuple(by_run), evidence=DataMapEvidence(runs=tuple(data))))
     kernels = [(k.run, k.shares["gemm"], k.shares["attention"], k.shares["elementwise"], k.top_kernel,
                 k.top_kernel_share) for k in kernel_rows]
-    out.append(Finding(kind="map_kernels", runs=tuple(k[0] for k in kernels), evidence={"runs": tuple(kernels)}))
+    out.append(Finding(kind="map_kernels", runs=tuple(k[0] for k in kernels), evidence=KernelMapEvidence(runs=tuple(kernels))))
     return out
 
 

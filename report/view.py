@@ -42,7 +42,7 @@ from report.parity import (
 )
 from report import rules
 from report.rules import (
-    THRESHOLDS, Finding, GapRow, build_findings, build_knowledge_map, flat_options, rule_conditions, rule_engine_knobs,
+    THRESHOLDS, Evidence, Finding, GapRow, build_findings, build_knowledge_map, flat_options, rule_conditions, rule_engine_knobs,
 )
 from core.formulas import (
     DEFAULT_CONVENTION, ZIPF_EXPONENT, compute_bubble_fraction, compute_flops_per_token, compute_mfu, zipf_entropy_nats,
@@ -467,33 +467,161 @@ def build_hang_ranks(runs: Sequence[LoadedRun]) -> tuple[HangRank, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TextEvidence(Evidence):
+    """load_problem: the loader's own sentence."""
+
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsEvidence(Evidence):
+    """unfinished: the run's measured steps and the first step not completed by every rank."""
+
+    num_steps_measured: int
+    failed_at_step: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnknownStatusEvidence(StepsEvidence):
+    """unknown_status: status.json's status as written and the statuses known (RUN_STATUSES)."""
+
+    status: object
+    known: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoppedEvidence(StepsEvidence):
+    """interrupted / skipped: status.json's cause."""
+
+    cause: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultEvidence(Evidence):
+    """fault_injected: the run's ``fault`` option table (runner.faults)."""
+
+    fault: Mapping[str, object]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorldSizesEvidence(Evidence):
+    """world_sizes_differ: (run, world size) of the ranked runs."""
+
+    world_sizes: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OversubscribedEvidence(WorldSizesEvidence):
+    """oversubscribed: CPU runs with more ranks than env.json's logical cores."""
+
+    cores: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineNameEvidence(Evidence):
+    """cpu_tp_pp_engine: the engine that ran TP+PP on CPU."""
+
+    engine: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnknownPeakEvidence(Evidence):
+    """unknown_peak: the GPU and dtype hardware.toml has no dense peak for."""
+
+    gpu_name: str
+    dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TpCrossingEvidence(Evidence):
+    """tp_crosses_nodes: TP groups crossing nodes, all TP groups, nodes."""
+
+    crossing: int
+    total: int
+    num_nodes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamMismatchEvidence(Evidence):
+    """param_mismatch: the distinct parameter counts the runs reported."""
+
+    num_params: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverheadEvidence(Evidence):
+    """measurement_overhead: the instrumented loop's overhead fraction and the window's spread."""
+
+    fraction: float
+    spread: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictionErrorEvidence(Evidence):
+    """prediction_error: the lowest and highest leave-one-out step-time errors."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlantedEvidence(Evidence):
+    """planted: the run's planted cause (report.attribution.run_plant)."""
+
+    plant: Mapping[str, object]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RescaleEvidence(Evidence):
+    """profiled_slower: traced step / unprofiled median step."""
+
+    rescale: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareEvidence(Evidence):
+    """profile_cost: the profiler's share of the run's time."""
+
+    share: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileModesEvidence(Evidence):
+    """mixed_compile: the runs compiled with torch.compile and those run eager."""
+
+    compiled: tuple[str, ...]
+    eager: tuple[str, ...]
+
+
 def build_caveats(campaign: Campaign, runs: Sequence[LoadedRun], model: ModelSection,
                   peaks: Sequence[PeakUsed], *, rows: Sequence[RunSummary] = (),
                   cores: int | None = None, placements: Sequence[RunPlacement] = ()) -> list[Finding]:
     """Caveats the reader must see next to the numbers (the template words each kind).
     rows: the metric rows (same order as runs); cores: logical CPU cores from env.json."""
-    out = [Finding(kind="load_problem", evidence={"text": p}) for p in campaign.problems]
+    out = [Finding(kind="load_problem", evidence=TextEvidence(text=p)) for p in campaign.problems]
     for r, m in zip(runs, rows):
-        ev = {"num_steps_measured": m.num_steps_measured, "failed_at_step": m.failed_at_step}
+        steps = dict(num_steps_measured=m.num_steps_measured, failed_at_step=m.failed_at_step)
         if m.status == "unfinished":
-            out.append(Finding(kind="unfinished", runs=(r.name,), evidence=ev))
+            out.append(Finding(kind="unfinished", runs=(r.name,), evidence=StepsEvidence(**steps)))
         elif m.status == "unknown":
             out.append(Finding(kind="unknown_status", runs=(r.name,),
-                               evidence={**ev, "status": r.status_name, "known": RUN_STATUSES}))
+                               evidence=UnknownStatusEvidence(**steps, status=r.status_name, known=RUN_STATUSES)))
         elif m.status in ("interrupted", "skipped"):
-            out.append(Finding(kind=m.status, runs=(r.name,), evidence={**ev, "cause": r.status.cause}))
+            out.append(Finding(kind=m.status, runs=(r.name,), evidence=StoppedEvidence(**steps, cause=r.status.cause)))
         if r.spec.options.get("fault"):
-            out.append(Finding(kind="fault_injected", runs=(r.name,), evidence={"fault": r.spec.options["fault"]}))
+            out.append(Finding(kind="fault_injected", runs=(r.name,),
+                               evidence=FaultEvidence(fault=r.spec.options["fault"])))
     ranked = [(r.name, int(r.spec.world_size)) for r, m in zip(runs, rows)
               if m.status == "ok" and m.tokens_per_s is not None]
     if len({w for _, w in ranked}) > 1:
         out.append(Finding(kind="world_sizes_differ", runs=tuple(n for n, _ in ranked),
-                           evidence={"world_sizes": tuple(ranked)}))
+                           evidence=WorldSizesEvidence(world_sizes=tuple(ranked))))
     over = tuple((r.name, int(r.spec.world_size)) for r in runs
                  if r.spec.device == "cpu" and cores is not None and int(r.spec.world_size) > cores)
     if over:
         out.append(Finding(kind="oversubscribed", runs=tuple(n for n, _ in over),
-                           evidence={"world_sizes": over, "cores": cores}))
+                           evidence=OversubscribedEvidence(world_sizes=over, cores=cores)))
     for r in runs:
         spec = r.spec
         if spec.strategy == "zero3" and spec.world_size == 1:
@@ -501,20 +629,20 @@ def build_caveats(campaign: Campaign, runs: Sequence[LoadedRun], model: ModelSec
         if spec.strategy == "tp_pp" and spec.tp_degree == 1 and spec.pp_degree == 1:
             out.append(Finding(kind="degenerate_tp_pp", runs=(r.name,)))
         if spec.strategy == "tp_pp" and spec.device == "cpu":
-            out.append(Finding(kind="cpu_tp_pp_engine", runs=(r.name,), evidence={"engine": spec.engine}))
+            out.append(Finding(kind="cpu_tp_pp_engine", runs=(r.name,), evidence=EngineNameEvidence(engine=spec.engine)))
     if any(r.spec.device == "cpu" for r in runs):
         out.append(Finding(kind="cpu_campaign"))
     for p in peaks:
         if p.flops is None:
-            out.append(Finding(kind="unknown_peak", evidence={"gpu_name": p.gpu_name, "dtype": p.dtype}))
+            out.append(Finding(kind="unknown_peak", evidence=UnknownPeakEvidence(gpu_name=p.gpu_name, dtype=p.dtype)))
     for p in placements:  # TP all-reduces on the critical path over the inter-node network
         if p.num_tp_groups_crossing:
             out.append(Finding(kind="tp_crosses_nodes", runs=(p.run,),
-                               evidence={"crossing": p.num_tp_groups_crossing, "total": p.num_tp_groups,
-                                         "num_nodes": p.num_nodes}))
+                               evidence=TpCrossingEvidence(crossing=p.num_tp_groups_crossing, total=p.num_tp_groups,
+                                                           num_nodes=p.num_nodes)))
     if len(model.num_params) > 1:
         out.append(Finding(kind="param_mismatch", runs=tuple(r.name for r in runs),
-                           evidence={"num_params": model.num_params}))
+                           evidence=ParamMismatchEvidence(num_params=model.num_params)))
     return out
 
 
@@ -537,30 +665,31 @@ def build_measurement_caveats(runs: Sequence[LoadedRun], evidence: EvidenceSecti
     for m in metric_rows:
         f, spread = m.loop_overhead_fraction, m.loop_overhead_spread
         if f is not None and spread is not None and abs(f) >= spread:
-            out.append(Finding(kind="measurement_overhead", runs=(m.run,), evidence={"fraction": f, "spread": spread}))
+            out.append(Finding(kind="measurement_overhead", runs=(m.run,),
+                               evidence=OverheadEvidence(fraction=f, spread=spread)))
     checks = predicted.checks if predicted is not None else ()
     errors = [c.error for c in checks if c.error is not None]
     if errors and max(abs(e) for e in errors) > PREDICTION_ERROR_MAX:
         out.append(Finding(kind="prediction_error", runs=(), threshold=PREDICTION_ERROR_MAX,
-                           evidence={"low": min(errors), "high": max(errors)}))
+                           evidence=PredictionErrorEvidence(low=min(errors), high=max(errors))))
     for r in runs:
         plant = run_plant(r.spec.plant)
         if plant:
-            out.append(Finding(kind="planted", runs=(r.name,), evidence={"plant": plant}))
+            out.append(Finding(kind="planted", runs=(r.name,), evidence=PlantedEvidence(plant=plant)))
     for b in evidence.rows:
         a = b.attribution
         if a is not None and a.rescale is not None and abs(a.rescale - 1) > PROFILED_SLOWER_MIN:
-            out.append(Finding(kind="profiled_slower", runs=(b.run,), evidence={"rescale": a.rescale},
+            out.append(Finding(kind="profiled_slower", runs=(b.run,), evidence=RescaleEvidence(rescale=a.rescale),
                                threshold=PROFILED_SLOWER_MIN))
         if b.profile_cost_share is not None and b.profile_cost_share > 0.02:
-            out.append(Finding(kind="profile_cost", runs=(b.run,), evidence={"share": b.profile_cost_share},
+            out.append(Finding(kind="profile_cost", runs=(b.run,), evidence=ShareEvidence(share=b.profile_cost_share),
                                threshold=0.02))
     compiled = {bool(r.spec.options.get("compile", False)): r.name for r in runs}
     if len(compiled) > 1:
         modes = {m: tuple(r.name for r in runs if bool(r.spec.options.get("compile", False)) == m)
                  for m in (True, False)}
         out.append(Finding(kind="mixed_compile", runs=tuple(r.name for r in runs),
-                           evidence={"compiled": modes[True], "eager": modes[False]}))
+                           evidence=CompileModesEvidence(compiled=modes[True], eager=modes[False])))
     if len(runs) > 1 and not any(run_repeat(r) for r in runs):
         out.append(Finding(kind="no_repeats", runs=()))
     if str(fixed.data or "synthetic") == "synthetic":
