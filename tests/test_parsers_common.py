@@ -93,6 +93,7 @@ def test_parse_result_is_frozen():
     # a timestamp before a '- key: value' list item is a prefix; before Python logging's ' - name - LEVEL - ' it is the record's
     ("2024-05-01 12:00:00,123 - Python version: 3.10.13", "- Python version: 3.10.13", None),
     ("2024-05-01 12:00:00,123 - root - INFO - step: 1", "2024-05-01 12:00:00,123 - root - INFO - step: 1", None),
+    ("[0m NCCL version 2.7.8+cuda11.1", "NCCL version 2.7.8+cuda11.1", None),  # a colour code whose ESC a paste lost
 ])
 def test_normaliser_strips_prefixes(line, body, rank):
     assert [(b, r) for _, b, _, r in iter_lines(line)] == [(body, rank)]

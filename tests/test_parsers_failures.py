@@ -238,3 +238,12 @@ def test_nccl_last_error_message_joins_its_error():
     (err,) = [x for x in r.records if x.get("event") == "nccl_error"]
     assert err["last_error"] == "socketStartConnect: Connect to 192.0.2.14<52822> failed : No route to host"
     assert r.unparsed == 0
+
+
+def test_source_line_under_another_ranks_prefix_right_after_its_frame():
+    """Random launcher prefixes (tests/test_parsers_properties.py): a frame of one rank, the next line
+    (code, no exception, no record) under another rank whose traceback is open is the frame's source line."""
+    from ingest.parsers.dispatch import parse_text
+    text = "\n".join(["[rank3]:Traceback (most recent call last):", '[80746] [rank0]:  File "/x/api.py", line 138, in __call__',
+                      "[rank3]:    return launch_agent(self._config)", "[rank3]:RuntimeError: boom"])
+    assert parse_text(text, source="t").unparsed == 0

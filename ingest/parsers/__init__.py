@@ -191,6 +191,7 @@ _PREFIX = re.compile(
     r"|[\w.\-]+/\d+ \[\d+\]:"  # TorchX "trainer/0 [0]:"
     r"|\(\w+ pid=\d+(?:, ip=[^)]*)?\)(?: |$)"  # Ray
     r"|`{3}[\w+\-]*$|`{1,3}(?=\S)"  # Markdown residue of a paste: a code fence, a stray backtick
+    r"|\[\d{1,3}(?:;\d{1,3})*m(?=\s|$)"  # an ANSI colour code whose ESC byte a paste lost ("[0m ")
     r")+"
 )
 # A tqdm bar ("desc: 6%|██ | 32040/500150 [6:28:43<94:39:17, 1.37it/s, loss=2.6]", tqdm's format_meter)

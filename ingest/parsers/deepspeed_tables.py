@@ -40,6 +40,8 @@ def to_bytes(text: str) -> int:
 FLOPS_FIELDS = {
     "world size": ("world_size", int), "data parallel size": ("dp_degree", int),
     "model parallel size": ("mp_degree", int), "batch size per gpu": ("micro_batch_size", int),
+    "model paralel size": ("mp_degree", int),  # (DeepSpeed 0.3-0.5's spelling)
+    "fwd flops per gpu = 2 * fwd macs per gpu": ("fwd_flops_per_gpu", to_si),  # (0.3-0.5)
     "device": ("device", str), "input shape": ("input_shape", str),
     "params per gpu": ("num_params_per_gpu", to_si),
     "params of model = params per gpu * mp_size": ("num_params", to_si),

@@ -99,6 +99,7 @@ _OOM_FIELDS = (
     (re.compile(r"(?P<v>expandable_segments)"), "hint", str),
 )
 
+_STAMPED = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d")  # a logger's record, not a traceback's source line
 _OTHER_WRITER = re.compile(r"[\w.\-]+:\d+:\d+ \[\d+\] |[EWIF]\d{4} \d\d:\d\d:")  # NCCL's and glog's line heads
 _CHILD_KV = re.compile(r"(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*)$")
 # ChildFailedError entry values read into two columns: key -> (pattern, its groups' int columns)
@@ -179,9 +180,14 @@ class FailureScanner(LineParser):
         # right after a frame when this rank has no traceback open (a prefix on some lines only)
         key = self._tb_key(rank)
         after_frame = key in self._after_frame or (key not in self._tbs and self._frame_lineno == lineno - 1
-                                                   and (rank is None or self._frame_key is None))  # (not another rank's line)
+                                                   and (rank is None or self._frame_key is None
+                                                        or not _STAMPED.search(body, 0, 48)))  # (not another rank's record)
         self._after_frame.discard(key)
         if key in self._tbs and not after_frame and not _TB_INSIDE.match(body):
+            if (self._frame_lineno == lineno - 1 and self._frame_key != key and self._frame_key in self._after_frame
+                    and not _EXCEPTION.match(body) and not _STAMPED.search(body, 0, 48)):
+                self._after_frame.discard(self._frame_key)  # the source line of the frame just above, under
+                return True                                 # another rank's prefix (no exception line, no record)
             closed = self._close_traceback(key, body)  # the exception line ends the traceback
             if self._feed(lineno, body, ts, rank, after_frame):
                 return True
