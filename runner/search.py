@@ -724,8 +724,11 @@ def campaign_launcher(out: Path, *, campaign, req: SearchRequest, matrix: Path):
         write_json_atomic(out / "campaign.json", to_dict(meta))
         deadline = sum(TRIAL_TIMEOUTS_S[req.device].values())  # the run's own watchdogs fire first
         with open(out / "search-runner.log", "a", encoding="utf-8") as log:
+            # a session of its own: a terminal's Ctrl-C reaches the search only, which then sends the
+            # runner one SIGTERM (a second signal during its stop would cut it before it writes the
+            # trial's status)
             proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "all", "--resume", str(out)], stdout=log,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 proc.wait(timeout=deadline)
             except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:

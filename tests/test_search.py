@@ -258,3 +258,24 @@ def test_a_resume_that_changes_the_candidate_set_is_refused(tmp_path):
                timeout=60)
     assert r.returncode == 2 and "a search of another request" in r.stderr and "micro_batch_sizes" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["search.json"]
+
+
+def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
+    """SIGINT to the search's whole process group (a terminal's Ctrl-C) during a trial: the trial's
+    status.json says 'interrupted' and the search exits 130."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "search", "--model", "tiny", "--gpus", "2", "--device",
+                             "cpu", "--max-trials", "1", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("*/metrics/rank0.jsonl")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    trial = next(out.glob("*/metrics/rank0.jsonl")).parents[1]
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert json.loads((trial / "status.json").read_text())["status"] == "interrupted"
