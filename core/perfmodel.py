@@ -30,7 +30,7 @@ from core import memory as mem
 from core.errors import ConfigError
 from core.formulas import (
     COLLECTIVES, ModelShape, compute_bubble_fraction, compute_bubble_ratio, compute_bus_factor,
-    compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token,
+    compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token, count_params,
 )
 from core.hardware import Link, load_hardware_toml, load_links, lookup_gpu  # noqa: F401 - Link, load_links: re-exported
 from core.records import EnvRecord, FixedConfig, LoadedRun, ModelConfig, RunSpec
@@ -460,6 +460,13 @@ def build_shape(model: ModelConfig, *, name: str) -> ModelShape:
                       num_heads=int(model.num_heads), num_kv_heads=int(model.num_heads),
                       ffn_hidden_size=int(model.ffn_hidden_size), vocab_size=int(model.padded_vocab_size),
                       max_position_embeddings=int(model.seq_length))
+
+
+def count_model_params(model: ModelConfig) -> int:
+    """Closed-form parameter count of the campaign's GPT (runner.model.GPT: tied embedding once,
+    padded vocab): core.formulas.count_params of its shape. Per block: 4H^2+4H (attention qkv+proj
+    with biases) + 2HF+F+H (MLP) + 4H (two LayerNorms)."""
+    return count_params(build_shape(model, name="runner.model.GPT"))
 
 
 def build_run_layout(spec: RunSpec, *, compiled: bool | None) -> Layout:

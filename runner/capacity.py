@@ -30,13 +30,12 @@ from typing import Any, Callable, Mapping
 from core.atomic import write_json_atomic
 from core.errors import ConfigError
 from core.memory import compute_offloaded_fraction
-from core.perfmodel import build_run_layout, build_shape, compute_layout_memory
+from core.perfmodel import build_run_layout, build_shape, compute_layout_memory, count_model_params
 from core.records import (
     CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_from_dict, record_problems,
     to_dict,
 )
 from runner.membudget import BUDGET_KEY
-from runner.model import count_gpt_params
 from runner.tune import load_probe_tokens_per_s
 from core.formulas import is_finite_number
 
@@ -115,7 +114,7 @@ def build_ladder(model: ModelConfig, rungs: tuple[tuple[int, int], ...], *, wher
             continue
         out.append(dataclasses.replace(model, num_layers=layers, hidden_size=hidden, num_heads=hidden // head,
                                        ffn_hidden_size=hidden * model.ffn_hidden_size // model.hidden_size))
-    sizes = [count_gpt_params(m) for m in out]
+    sizes = [count_model_params(m) for m in out]
     if not problems and any(b <= a for a, b in zip(sizes, sizes[1:])):
         problems.append(f"{where} [capacity] ladder: rungs must grow in parameters, smallest first; got "
                         + ", ".join(f"{s:,}" for s in sizes))
@@ -223,7 +222,7 @@ def summarize_trial(spec: RunSpec, status: RunStatus, *, rung: int, trial_dir: P
     return CapacityTrial(
         layout=layout.name, strategy=spec.strategy, engine=spec.engine, offload=describe_offload(spec),
         world_size=spec.world_size, tp_degree=spec.tp_degree, pp_degree=spec.pp_degree, dp_degree=spec.dp_degree,
-        rung=rung, num_params=count_gpt_params(spec.fixed.model), run_dir=rel, status=status.status,
+        rung=rung, num_params=count_model_params(spec.fixed.model), run_dir=rel, status=status.status,
         cause=status.cause, duration_s=status.duration_s,
         mem_peak_gib=tuple(mems[r].mem_peak_gib for r in ranks) if complete else (),
         mem_measure=next((m.mem_measure for m in mems.values()), None),
@@ -278,7 +277,7 @@ def run_capacity(specs: tuple[RunSpec, ...], config: CapacityConfig, *, out: Pat
         log(f"{layout.name}: {layout.strategy}/{layout.engine} on {layout.world_size} process(es), "
             f"{len(ladder)} rungs")
         largest = bisect_ladder(len(ladder), fits)
-        log(f"    largest that fits: " + (f"rung {largest} ({count_gpt_params(ladder[largest]) / 1e6:,.1f}M params)"
+        log(f"    largest that fits: " + (f"rung {largest} ({count_model_params(ladder[largest]) / 1e6:,.1f}M params)"
                                           if largest is not None else "none"))
     return dataclasses.replace(result, trials=tuple(trials))
 

@@ -596,8 +596,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     """Bisect the [capacity] ladder for every layout of the matrix (runner.capacity)."""
     from runner.capacity import build_capacity_config, build_ladder, check_layouts, predict_trial_memory, \
         build_trial_spec, run_capacity
-    from runner.model import count_gpt_params
+    from core.perfmodel import count_model_params
 
+    if args.gpus is not None and args.gpus < 0:
+        raise ToolError(f"--gpus {args.gpus}: must be 0 (CPU) or more")
     num_gpus = count_gpus() if args.gpus is None else args.gpus
     if args.gpus is not None and not args.dry_run:
         raise ToolError("--gpus only applies to --dry-run (a real probe uses the GPUs it finds)")
@@ -620,7 +622,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
               + (f", budget {config.memory_budget_gib} GiB per process (RLIMIT_DATA)" if config.memory_budget_gib else ""))
         for i, m in enumerate(ladder):
             print(f"rung {i}: {m.num_layers} layers x hidden {m.hidden_size} ({m.num_heads} heads, ffn "
-                  f"{m.ffn_hidden_size}): {count_gpt_params(m) / 1e6:,.1f}M params")
+                  f"{m.ffn_hidden_size}): {count_model_params(m) / 1e6:,.1f}M params")
         for spec in specs:
             preds = [predict_trial_memory(build_trial_spec(spec, m, rung=i, config=config)) for i, m in enumerate(ladder)]
             print(f"- {spec.name}: {spec.strategy}/{spec.engine} world {spec.world_size} tp {spec.tp_degree} pp "

@@ -19,11 +19,13 @@ import importlib
 import resource
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from core.atomic import write_json_atomic
 from core.records import RankMemory, RunSpec, to_dict
+
+if TYPE_CHECKING:  # torch is imported where a rank uses it, not by the probe that only plans
+    import torch
 
 GIB = 1024**3
 BUDGET_KEY = "memory_budget_gib"  # the option the probe writes into a trial's spec
@@ -52,6 +54,8 @@ def warm_runtime(device: torch.device) -> None:
     """One small forward, backward, AdamW step and all-reduce, so the runtime's lazy state
     (autograd threads, kernel libraries, the process group's buffers) exists before the baseline
     and is not charged to the layout."""
+    import torch
+
     layer = torch.nn.Linear(64, 64, device=device)
     opt = torch.optim.AdamW(layer.parameters(), foreach=True)
     layer(torch.ones(8, 64, device=device)).sum().backward()
@@ -66,6 +70,8 @@ def start_memory_budget(spec: RunSpec, *, device: torch.device) -> MemoryBaselin
     """For a capacity trial (``options.memory_budget_gib`` present): import the engine's library,
     take the baseline and, on CPU with a budget, set RLIMIT_DATA to the data segment now + budget.
     None for any other run (nothing measured, nothing limited)."""
+    import torch
+
     if BUDGET_KEY not in spec.options:
         return None
     for name in ("numpy", ENGINE_IMPORTS.get(spec.engine)):

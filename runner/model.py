@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.perfmodel import count_model_params
 from core.records import ModelConfig
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT initialisation
@@ -109,11 +110,4 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def count_gpt_params(cfg: ModelConfig) -> int:
-    """Closed-form parameter count of ``GPT(cfg)`` (tied embedding once, padded vocab):
-    core.formulas.count_params of its shape (core.perfmodel.build_shape). Per block: 4H^2+4H
-    (attention qkv+proj with biases) + 2HF+F+H (MLP) + 4H (two LayerNorms)."""
-    from core.formulas import count_params as count_shape_params
-    from core.perfmodel import build_shape
-
-    return count_shape_params(build_shape(cfg, name="runner.model.GPT"))
+count_gpt_params = count_model_params  # its one home: core.perfmodel.count_model_params

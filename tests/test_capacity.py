@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -272,3 +273,20 @@ def test_a_stopped_probe_keeps_the_interrupted_trial(tmp_path):
     data = json.loads((out / "capacity.json").read_text(encoding="utf-8"))
     assert record_problems(CapacityResult, data) == []
     assert data["trials"] and data["trials"][-1]["status"] == "interrupted", data["trials"]
+
+
+def test_a_dry_run_and_its_errors_do_not_import_torch():
+    """`runner capacity --dry-run` plans with core's formulas only: no torch import, so it and its
+    errors answer at once; a negative --gpus is one line."""
+    import subprocess
+
+    code = ("import sys; from runner.cli import main; rc = main(['capacity', '--matrix', "
+            "'examples/matrices/1gpu-capacity-h100-quick.toml', '--dry-run', '--gpus', '1']); "
+            "assert rc == 0 and 'torch' not in sys.modules, (rc, 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "5,118.0M params" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "runner.cli", "capacity", "--dry-run", "--gpus", "-2"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == "runner: error: --gpus -2: must be 0 (CPU) or more"
