@@ -71,13 +71,18 @@ def run_thirdparty(args: argparse.Namespace) -> int:
     model = thirdparty.parse_model_flags(args.model)
     from ingest.jobs import compute_jobs
 
-    tables.update(thirdparty.compute_trace_attribution(files, compute_jobs(tables, model=model)))
+    jobs = compute_jobs(tables, model=model)
+    tables.update(thirdparty.compute_trace_attribution(files, jobs))
     paths, notes = [], []
     try:
         campaign = thirdparty.build_thirdparty_campaign(files, name=out_dir.resolve().parent.name, model=model)
     except ToolError as e:
         campaign = None
         notes.append(f"no runs table for `report build`: {e}")
+    # the logs' failure is the run's status (as `report build LOGS` says it): the one job, or the one with steps
+    train = jobs if len(jobs) == 1 else [j for j in jobs if j.has_steps]
+    if campaign is not None and len(train) == 1:
+        campaign = thirdparty.apply_job_status(campaign, train[0])
     if campaign is not None:
         paths += write_tables(thirdparty.merge_campaign_steps(campaign, tables), out_dir)
         tables.pop("steps", None)

@@ -588,14 +588,20 @@ def load_thirdparty_jobs(path: str | os.PathLike[str], *, model: dict | None = N
     campaign = build_thirdparty_campaign(own, name=Path(path).resolve().name, model=model)
     if campaign is None:
         return None, tables, jobs
-    status = JOB_STATUS.get(train[0].status)
-    if status:
-        runs = campaign.runs.copy()
-        runs["status"] = status
-        first = train[0].first_failure
-        runs["cause"] = f"{first.label}: {first.detail} [{first.source}:{first.line}]" if first else None
-        campaign = dataclasses.replace(campaign, runs=runs)
-    return merge_campaign_steps(campaign, build_tables(own)), tables, jobs
+    return merge_campaign_steps(apply_job_status(campaign, train[0]), build_tables(own)), tables, jobs
+
+
+def apply_job_status(campaign, job):
+    """The campaign whose run is ``job``'s, with the job's failure as the run's status and cause
+    (an OOM, hang or crash the logs show; JOB_STATUS), else unchanged."""
+    status = JOB_STATUS.get(job.status)
+    if not status:
+        return campaign
+    runs = campaign.runs.copy()
+    runs["status"] = status
+    first = job.first_failure
+    runs["cause"] = f"{first.label}: {first.detail} [{first.source}:{first.line}]" if first else None
+    return dataclasses.replace(campaign, runs=runs)
 
 
 def load_thirdparty_campaign(path: str | os.PathLike[str], *, model: dict | None = None):

@@ -150,3 +150,16 @@ def test_packed_tables_are_the_records_as_dataframes():
                 pd.testing.assert_frame_equal(tables[table], pd.DataFrame(rows), check_exact=True)
             else:
                 assert table not in tables
+
+
+def test_a_log_that_ends_in_an_oom_gives_a_run_that_ended_oom(tmp_path):
+    """torchtitan steps then a CUDA OOM in one file: `ingest --out` writes the run's status and
+    cause from the logs' failure, as `report build` on the folder of logs says it, not 'ok'."""
+    log = tmp_path / "job.log"
+    log.write_bytes((FIXTURES / "25_torchtitan_2025_rank0_prefix_gc_profiler.txt").read_bytes()
+                    + (FIXTURES / "62_oom_msg_torch2.2plus_expandable_segments.txt").read_bytes())
+    out = tmp_path / "job" / "tables"
+    assert main([str(log), "--out", str(out), "--model", "num_layers=24,hidden_size=2048,num_heads=16,seq_length=2048,"
+                 "global_batch_size=8,vocab_size=50304,world_size=8"]) == 0
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert list(runs["status"]) == ["oom"] and runs["cause"].iat[0].startswith("CUDA out of memory")
