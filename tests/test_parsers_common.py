@@ -146,6 +146,19 @@ def test_wrap_joiner_tells_rows_padded_to_the_width_from_wrapped_rows():
     assert [(n, b) for n, b, _, _ in iter_lines("\n".join(wrapped))] == [(1, row.strip()), (3, row.replace("   8   ", "  16   ").strip())]
 
 
+def test_a_launcher_prefix_that_brings_a_padded_row_to_a_wrap_width_joins_nothing():
+    """topo rows padded to 181 characters; a 39-character Ray prefix makes a row or two 220 long (a wrap
+    width): they stay rows (found by test_parsers_properties' random prefixes)."""
+    from ingest.parsers.dispatch import parse_text
+    text = (FIXTURES / "41_topo_2017_mlx4_trailing_whitespace.txt").read_text(encoding="utf-8")
+    plain = parse_text(text, source="t")
+    ray = "(RayWorkerWrapper pid=1, ip=192.0.2.1) "
+    for prefixed in ({0}, {4, 5}, {5}):
+        lines = [ray + line if i in prefixed else line for i, line in enumerate(text.split("\n"))]
+        got = parse_text("\n".join(lines), source="t")
+        assert (got.unparsed, len(got.records)) == (plain.unparsed, len(plain.records)), prefixed
+
+
 def test_wrap_joiner_reads_pieces_that_look_like_a_record_start():
     """A cut just before a word that repeats the line's first word, before NCCL's '[N] ' tree entries,
     or between the cells of a header whose cells look alike is rejoined; a line longer than the width

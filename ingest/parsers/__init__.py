@@ -249,18 +249,19 @@ def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
     stripped = nxt.lstrip()
     if not stripped:
         return True
+    raw_head = head
     head, body = _unprefixed(head), _unprefixed(nxt)
     # (a piece that ends between cells, where the block's full-width lines are not padded rows, is cut
     # there: what follows is the rest of its row, however like the row's start it looks)
-    if rows or head[-2:] != "  ":
+    if rows or head[-2:] != "  " or head is not raw_head:  # (a padded head with a launcher prefix: compared too)
         a, b = _shape(head, 16), _shape(body, 16)  # (the same first 16: no need to look at the words)
         if a[:8] == b[:8] and (a == b or _words_shape(head) == _words_shape(body)):
             return True
-    if len(stripped) < len(nxt) - 1 and (rows and head[:1] in " \t" or _FRAME.match(head)):  # (one blank: a cut at a word boundary)
+    if len(stripped) < len(nxt) - 1 and (rows and raw_head[:1] in " \t" or _FRAME.match(raw_head)):  # (one blank: a cut at a word boundary)
         return True
     m = _PREFIX.match(nxt)  # a launcher or logger prefix of its own ('[N] ' or 'N: ' only after a line with one:
     if m and m.end() and not m.group(0).isspace():  # NCCL's "Trees [0] 1/-1/-1->0->-1 [1] ..." cut before a '[1] ')
-        if not _BARE_PREFIX.fullmatch(m.group(0).lstrip()) or (h := _PREFIX.match(head)) and not h.group(0).isspace():
+        if not _BARE_PREFIX.fullmatch(m.group(0).lstrip()) or (h := _PREFIX.match(raw_head)) and not h.group(0).isspace():
             return True
     return _RECORD_START.match(nxt) is not None
 
@@ -341,6 +342,8 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
     with blanks to the width is a row, not a wrap. ``held`` ([first lineno, text or None, its width, rows]) carries a
     line across blocks; ``spans``: first lineno -> last lineno of each joined line."""
     rows = _rows_at_width(lines, width) if width else held[3]
+    # a line padded with blanks to the width is a wrap's piece only where wrapping shows (2+ lines of the width)
+    padded_wraps = not rows and width > 0 and sum(len(line) == width for line in lines) >= 2
     for raw in lines:
         if held[1] is not None:
             if len(raw) <= held[2] and not _starts_record(held[1], raw, held[3]):  # (no piece is longer than the width)
@@ -354,7 +357,7 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
             yield held[0], held[1]
             held[1] = None
         # (a tab: the line's width on a terminal is not its length, so a length equal to the width is chance)
-        if len(raw) == width and "\t" not in raw and not (rows and (raw[-2:] == "  " or raw[:2].isspace())):
+        if len(raw) == width and "\t" not in raw and (padded_wraps or raw[-2:] != "  ") and not (rows and raw[:2].isspace()):
             held[0], held[1], held[2], held[3] = lineno, raw, width, rows
         else:
             yield lineno, raw
