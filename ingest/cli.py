@@ -105,11 +105,26 @@ def run_thirdparty(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_tables_out(out: Path) -> None:
+    """``--out`` must be new, empty, or a tables folder (only ``*.parquet`` files, as ingest writes):
+    tables never land among a stranger's files. Raises ConfigError naming the folder otherwise."""
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise ConfigError(f"{out}: --out exists and is not a folder; choose a new or empty folder")
+    others = sorted(p.name for p in out.iterdir() if not (p.is_file() and p.suffix == ".parquet"))
+    if others:
+        raise ConfigError(f"{out}: --out holds files that are not tables ({', '.join(others[:3])}"
+                          f"{', ...' if len(others) > 3 else ''}); choose a new or empty folder")
+
+
 def run(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not os.path.lexists(p)]
     if missing:
         raise ConfigError("; ".join(f"{p}: no such file or directory" for p in missing)
                           + "; pass a campaign directory written by `runner all`, or log files / folders")
+    if args.out:
+        check_tables_out(Path(args.out))
     if len(args.paths) == 1 and (Path(args.paths[0]) / "commbench.json").is_file():  # `runner commbench --out DIR`
         rows = load_commbench(args.paths[0])
         print(f"commbench: {len(rows)} rows ({', '.join(sorted({r['op'] for r in rows}))})")

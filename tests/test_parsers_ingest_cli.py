@@ -163,3 +163,14 @@ def test_a_log_that_ends_in_an_oom_gives_a_run_that_ended_oom(tmp_path):
                  "global_batch_size=8,vocab_size=50304,world_size=8"]) == 0
     runs = pd.read_parquet(out / "runs.parquet")
     assert list(runs["status"]) == ["oom"] and runs["cause"].iat[0].startswith("CUDA out of memory")
+
+
+def test_out_among_a_strangers_files_is_refused(tmp_path, capsys):
+    """--out that holds files other than tables: one line, exit 2, nothing written there."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "note.md").write_text("my notes", encoding="utf-8")
+    assert main([str(FIXTURES / "19_megatron_llm_fork_iteration_plain.txt"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"ingest: error: {out}: --out holds files that are not tables (note.md); choose a new or empty folder"
+    assert sorted(p.name for p in out.iterdir()) == ["note.md"]
