@@ -126,9 +126,10 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 
 def test_parsers_stay_one_small_path():
-    """The parser package: one parsing path per format in Python, at most 3,600 lines (every line
-    routed to every grammar, one normaliser for every prefix and wrap), no compiled scanners."""
+    """The parser package: one parsing path per format in Python, at most 3,800 lines (every line
+    routed to every grammar, one normaliser for every prefix and wrap, tables read without their
+    header), no compiled scanners."""
     files = list((REPO / "ingest" / "parsers").rglob("*"))
     assert not [f for f in files if f.suffix in (".pyx", ".pxd", ".c", ".so")]
     lines = sum(len(f.read_text().splitlines()) for f in files if f.suffix == ".py")
-    assert lines <= 3600, lines
+    assert lines <= 3800, lines
