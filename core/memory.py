@@ -294,6 +294,20 @@ def compute_inflight_microbatches(*, stage: int, pp_degree: int, num_microbatche
 OFFLOADS = ("none", "optimizer", "optimizer+param")
 
 
+def describe_offload(*, engine: str, options: Mapping[str, Any] | None) -> str:
+    """A run's CPU offload from its engine knobs: "none" | "optimizer" | "optimizer+param"
+    (FSDP2's ``offload`` is CPUOffloadPolicy: parameters, gradients and optimizer states together;
+    DeepSpeed's ``offload_param`` / ``offload_optimizer``)."""
+    o = options or {}
+    if engine == "fsdp2":
+        return "optimizer+param" if o.get("offload") else "none"
+    if engine == "deepspeed":
+        if o.get("offload_param"):
+            return "optimizer+param"
+        return "optimizer" if o.get("offload_optimizer") else "none"
+    return "none"
+
+
 def compute_offloaded_fraction(*, sharding: str, offload: str) -> float:
     """Share of a rank's model-state bytes (16 per parameter, bf16 weights and grads + 12 of fp32
     master, m, v) that CPU offload keeps in host memory instead of on the device:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ToolError
+from core.memory import compute_offloaded_fraction, describe_offload
 from core.hardware import lookup_peak
 from report.i18n import N_, Message, MessageList
 from core.perfmodel import (
@@ -142,12 +143,20 @@ class _Rate:
     engine: str
     compiled: bool
     rate: float
+    offload: bool = False  # CPU offload: its rate (host-bound steps) calibrates only other offload runs
+
+
+def _offloads(run: LoadedRun) -> bool:
+    return describe_offload(engine=run.spec.engine, options=run.spec.options) != "none"
 
 
 def choose_rate(pool: Sequence[_Rate], *, engine: str, compiled: bool, exclude: str | None, speedup: float,
-                speedup_source: str) -> tuple[float | None, str]:
-    """(rate, how it was chosen) by the module's rule, leaving ``exclude`` out of the pool."""
-    pool = [p for p in pool if p.run != exclude]
+                speedup_source: str, offload: bool = False) -> tuple[float | None, str]:
+    """(rate, how it was chosen) by the module's rule, leaving ``exclude`` out of the pool and
+    keeping runs with CPU offload and runs without apart."""
+    if offload and not any(p.offload and p.run != exclude for p in pool):
+        return None, Message(N_("no other run with CPU offload to calibrate from (its steps are host-bound)"))
+    pool = [p for p in pool if p.run != exclude and p.offload == offload]
     mode = "compiled" if compiled else "eager"
 
     def mean(items: Sequence[_Rate]) -> float:
@@ -228,13 +237,16 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
             rate, why[r.name] = None, (N_("%(how)s; this run cannot be modelled: %(error)s"), {"error": str(e)})
         solved[r.name] = rate
         if rate is not None:
-            pool.append(_Rate(run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), rate=rate))
+            pool.append(_Rate(run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), rate=rate,
+                              offload=_offloads(r)))
+    offloads = {r.name: _offloads(r) for r in runs}
     checks = []
     for r, s in zip(runs, summary):
         lay = layouts[r.name]
         measured = s.step_time_median_s if r.status_name == "ok" else None
         rate, how = choose_rate(pool, engine=r.spec.engine, compiled=bool(r.compiled), exclude=r.name,
-                                speedup=assumptions.compile_speedup, speedup_source="perfmodel.toml [compile]")
+                                speedup=assumptions.compile_speedup, speedup_source="perfmodel.toml [compile]",
+                                offload=_offloads(r))
         predicted = None
         if rate is not None and measured:
             try:
@@ -242,7 +254,8 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
                                      memory_limit_bytes=limit).step_time_s
             except ToolError as e:
                 rate, how = None, Message(N_("no prediction: %(error)s"), error=str(e))
-        others = [name for name in solved if name != r.name]
+        offload = _offloads(r)
+        others = [name for name in solved if name != r.name and offloads[name] == offload]
         if rate is None and others:  # other runs ended ok, but none gave a rate: say so, not "no other run"
             how = Message(N_("none of the %(count)s other runs could be calibrated (each row says why)"),
                           count=len(others))
@@ -250,6 +263,9 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
             message, params = why[r.name]
             how = Message(message, how=how, **params)
         state, act = compute_layout_memory(shape, lay, seq_length=int(fixed.model.seq_length))
+        # the device's share: offloaded model states live in host memory (core.memory)
+        state *= 1 - compute_offloaded_fraction(
+            sharding=lay.sharding, offload=describe_offload(engine=r.spec.engine, options=r.spec.options))
         checks.append(PredictedCheck(
             run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), world_size=int(r.spec.world_size),
             measured_step_time_s=measured, predicted_step_time_s=predicted,
@@ -307,12 +323,12 @@ def build_category_checks(shape: ModelShape, *, fixed: FixedConfig, runs: Sequen
             continue
         if g["compute"] > 0:  # compute time scales as 1 / rate
             rates.append(_Rate(run=name, engine=r.spec.engine, compiled=bool(r.compiled),
-                               rate=REFERENCE_RATE * at_ref / (g["compute"] / 1e3)))
+                               rate=REFERENCE_RATE * at_ref / (g["compute"] / 1e3), offload=_offloads(r)))
     out = []
     for name, g in groups.items():
         r = specs[name]
         rate, _ = choose_rate(rates, engine=r.spec.engine, compiled=bool(r.compiled), exclude=name, speedup=speedup,
-                              speedup_source="")
+                              speedup_source="", offload=_offloads(r))
         peers = [n for n in groups if n != name and specs[n].spec.engine == r.spec.engine] or \
                 [n for n in groups if n != name]
         pred: dict[str, float | None] = dict.fromkeys(CATEGORY_GROUPS)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 from core.atomic import write_json_atomic
 from core.errors import ConfigError
-from core.memory import compute_offloaded_fraction
+from core.memory import compute_offloaded_fraction, describe_offload as describe_run_offload
 from core.perfmodel import build_run_layout, build_shape, compute_layout_memory, count_model_params
 from core.records import (
     CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_from_dict, record_problems,
@@ -137,16 +137,8 @@ def check_layouts(specs: tuple[RunSpec, ...], ladder: tuple[ModelConfig, ...], *
 
 
 def describe_offload(spec: RunSpec) -> str:
-    """"none" | "optimizer" | "optimizer+param" from the run's engine knobs (FSDP2's
-    CPUOffloadPolicy offloads parameters, gradients and optimizer states together)."""
-    o = spec.options or {}
-    if spec.engine == "fsdp2":
-        return "optimizer+param" if o.get("offload") else "none"
-    if spec.engine == "deepspeed":
-        if o.get("offload_param"):
-            return "optimizer+param"
-        return "optimizer" if o.get("offload_optimizer") else "none"
-    return "none"
+    """The run's CPU offload (core.memory.describe_offload of its engine and options)."""
+    return describe_run_offload(engine=spec.engine, options=spec.options)
 
 
 def build_trial_spec(spec: RunSpec, model: ModelConfig, *, rung: int, config: CapacityConfig) -> RunSpec:

@@ -44,3 +44,22 @@ def test_the_interrupted_trial_is_recorded_as_such(capacity):
     stopped = [t for t in capacity["trials"] if t["status"] == "interrupted"]
     assert [(t["layout"], t["rung"]) for t in stopped] == [("zero3-fsdp2-offload", 2)]
     assert stopped[0]["mem_peak_gib"] == [] and stopped[0]["tokens_per_s"] is None
+
+
+def test_offload_runs_are_calibrated_apart_and_predicted_on_the_device(tmp_path):
+    """In the note's check of the model on the campaign's runs, the FSDP2 run is not calibrated
+    from the offload run (a host-bound rate), the offload run has no peer to calibrate from, and
+    its predicted device memory leaves the offloaded model states out."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "report.cli", "build", str(ROOT.parent), "--out", str(tmp_path / "n"),
+                          "--format", "md"], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "n" / "note.md").read_text().splitlines()
+            if line.startswith("| ") and "(eager) | 1 |" in line}
+    assert "zero3-fsdp2-offload" not in rows["zero3-fsdp2"].split("|")[-2]
+    assert "no other run with CPU offload to calibrate from" in rows["zero3-fsdp2-offload"]
+    measured, predicted = (float(x.split()[0]) for x in rows["zero3-fsdp2-offload"].split("|")[7].split("/"))
+    assert predicted < measured < 2 * predicted  # states on the host: 0.76 GiB predicted, 0.93 measured
