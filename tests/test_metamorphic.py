@@ -29,14 +29,11 @@ _MERGEABLE = ("kind", "kinds", "transports", "events", "values", "warn", "min_re
 
 # Why a family's variants still fail, diagnosed per family from a sample of its failures (not yet per file).
 _INTERLEAVE = "a block this file's parser reads across lines (table, traceback, config dump) is broken by the other log's lines, or a line of the other log is taken into it"
-_NO_RULES = 'the table is not found without its rule lines'
-_PREFIX = 'a prefix the normaliser strips changes how the rest of the line is read (not yet diagnosed)'
 _WRAP116 = "a wrapped line's continuation looks like a record start (rule line, indented row, same head) and is not rejoined"
 _WRAP80 = "a wrapped line's continuation looks like a record start (rule line, indented row, same head) and is not rejoined"
 
 # (file name, family) -> why the variant is still read wrongly. Strict: an entry that passes fails.
 XFAIL: dict[tuple[str, str], str] = {
-    ('050_collect_env_2023_torch2.0.1_h100_userwarning.txt', 'interleave'): _INTERLEAVE,
     ('006_nanogpt_2023_quoted_timestamps_nan_loss_cut.txt', 'interleave'): _INTERLEAVE,
     ('014_fr_trace_analyzer_verbose_tables.txt', 'interleave'): _INTERLEAVE,
     ('021_hf_trainer_deepspeed_2021_tqdm_glued_log_dist.txt', 'wrap80'): _WRAP80,
@@ -49,6 +46,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ('046_deepspeed_comms_logger_2022_summary_pr.txt', 'interleave'): _INTERLEAVE,
     ('047_deepspeed_comms_logger_2025_leading_backtick_gb.txt', 'interleave'): _INTERLEAVE,
     ('050_accelerate_env_2024_nested_default_config.txt', 'interleave'): _INTERLEAVE,
+    ('050_collect_env_2023_torch2.0.1_h100_userwarning.txt', 'interleave'): _INTERLEAVE,
     ('35_nsys_nvprof_2021_legacy_api_stats.txt', 'interleave'): _INTERLEAVE,
     ('36_flight_recorder_dump_unpickled_v2.5.txt', 'interleave'): _INTERLEAVE,
 }
