@@ -126,6 +126,22 @@ class AttributionView:
     plant: Plant | None
 
 
+def compute_category_separations(winner: AttributionView, runner_up: AttributionView) -> tuple[dict[str, float], bool]:
+    """Per category, ms per step the runner-up loses beyond the winner (signed): the runner-up's
+    what-if saving minus the winner's (ingest.whatif; a run where no what-if applies saves 0), or,
+    for a category neither has a what-if for (compute, other), its traced time minus the
+    winner's. -> (separations, whether any category fell back to traced time)."""
+    out, traced = {}, False
+    for cat in winner.traced_ms:
+        sa, sb = winner.saving_ms.get(cat), runner_up.saving_ms.get(cat)
+        if sa is not None or sb is not None:
+            out[cat] = (sb or 0.0) - (sa or 0.0)
+        else:
+            traced = True
+            out[cat] = (runner_up.traced_ms.get(cat) or 0.0) - (winner.traced_ms.get(cat) or 0.0)
+    return out, traced
+
+
 @dataclass(frozen=True, kw_only=True)
 class BreakdownRow:
     """Section 5, one run: mean seconds per analysed (rank, step) of each category on the

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from report.evidence import compute_category_separations
+
 SEARCH_FILE = "search.json"
 PRICED_CATEGORIES = ("compute", "transfer", "bubble")  # the search model's categories (report.predict's, less host)
 MAX_SEARCH_BYTES = 64 << 20
@@ -178,14 +180,7 @@ def explain_ranking(rows: Sequence[SearchRow], attribution: Mapping[str, Any]) -
     if missing:
         return RankingWhy(winner=a.name, runner_up=b.name, margin_ms=margin, winner_cat=None, winner_cat_ms=None,
                           runner_cat=None, runner_cat_ms=None, source="none", missing=missing)
-    diffs, mixed = {}, False
-    for cat in va.traced_ms:
-        sa, sb = va.saving_ms.get(cat), vb.saving_ms.get(cat)
-        if sa is not None or sb is not None:
-            diffs[cat] = (sb or 0.0) - (sa or 0.0)  # what the runner-up would save beyond the winner
-        else:
-            mixed = True
-            diffs[cat] = (vb.breakdown_ms.get(cat) or 0.0) - (va.breakdown_ms.get(cat) or 0.0)
+    diffs, mixed = compute_category_separations(va, vb)  # the executive summary's comparison, the same numbers
     runner_cat = max(diffs, key=diffs.get)
     winner_cat = min(diffs, key=diffs.get)
     return RankingWhy(

@@ -25,7 +25,7 @@ from core.records import (
     KERNEL_CLASSES, RUN_STATUSES, CpuInfo, DiskInfo, EnvRecord, FixedConfig, LoadedRun, PlantTruth, RunSpec, RunSummary,
 )
 from report import evidence as ev
-from report.evidence import BreakdownRow
+from report.evidence import BreakdownRow, compute_category_separations
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
 from core.hardware import lookup_peak
@@ -936,11 +936,7 @@ def build_why(evidence: EvidenceSection, winner: str | None, runner_up: str | No
     a, b = att.get(winner), att.get(runner_up)
     if a is None or b is None:
         return ()
-    diffs = {}
-    for cat in a.traced_ms:
-        sa, sb = a.saving_ms.get(cat), b.saving_ms.get(cat)
-        diffs[cat] = ((sb or 0.0) - (sa or 0.0) if sa is not None or sb is not None
-                      else b.traced_ms[cat] - a.traced_ms[cat])
+    diffs, _ = compute_category_separations(a, b)
     top = sorted(((c, d) for c, d in diffs.items() if d > 0), key=lambda cd: -cd[1])[:2]
     return tuple((c, float(d)) for c, d in top)
 
