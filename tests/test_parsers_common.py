@@ -171,6 +171,10 @@ def test_wrap_joiner_reads_pieces_that_look_like_a_record_start():
         assert [b for _, b, _, _ in iter_lines(text)] == [line.strip()] * 2, line
     from ingest.parsers import TextBlocks
     assert [n for n, _, _, _ in iter_lines(TextBlocks(["short\n" + "x" * 80, "y" * 90 + "\nz"]))] == [1, 2, 3, 4]
+    ray = ("(RayTrainWorker pid=615, ip=192.0.2.10) r00-01-01-00-00-0001-raycluster-a1b2c-worker-l4-8-aaaaa:615:18953"
+           " [2] NCCL INFO AllReduce: opCount 139d sendbuff 0x78d056200000 count 7382228")  # cut inside its host name
+    pieces = [ray[i:i + 80] for i in range(0, len(ray), 80)]
+    assert [b for _, b, _, _ in iter_lines("\n".join(pieces * 2))] == [ray[40:]] * 2
     rows = [f"{size:>12}{size // 4:>14}     float     sum      -1    131.6    0.06    0.12      0    130.6    0.06    0.12      0"
             for size in (2048, 4096, 8192, 16384)]  # right-aligned rows as wide as the width: rows, whatever follows
     assert {len(r) for r in rows} == {116}

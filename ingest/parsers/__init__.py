@@ -263,7 +263,8 @@ def _starts_record(head: str, nxt: str, rows: bool = True) -> bool:
     if m and m.end() and not m.group(0).isspace():  # NCCL's "Trees [0] 1/-1/-1->0->-1 [1] ..." cut before a '[1] ')
         if not _BARE_PREFIX.fullmatch(m.group(0).lstrip()) or (h := _PREFIX.match(raw_head)) and not h.group(0).isspace():
             return True
-    return _RECORD_START.match(nxt) is not None
+    # (a head that is one word, a host name cut short, goes on whatever the rest looks like: 'host:pid:tid [d] ')
+    return _RECORD_START.match(nxt) is not None and " " in head.strip()
 
 
 def _rows_at_width(lines: list[str], width: int) -> bool:
