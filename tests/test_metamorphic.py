@@ -36,7 +36,6 @@ _WRAP80 = "a wrapped line's continuation looks like a record start (rule line, i
 XFAIL: dict[tuple[str, str], str] = {
     ('006_nanogpt_2023_quoted_timestamps_nan_loss_cut.txt', 'interleave'): _INTERLEAVE,
     ('014_fr_trace_analyzer_verbose_tables.txt', 'interleave'): _INTERLEAVE,
-    ('021_hf_trainer_deepspeed_2021_tqdm_glued_log_dist.txt', 'wrap80'): _WRAP80,
     ('028_nvsmi_q_2019_quoted_gt_prefix.txt', 'interleave'): _INTERLEAVE,
     ('033_profiler_table_2025_rocm_memory_cols_gb.txt', 'wrap116'): _WRAP116,
     ('037_oom_allocator_memory_fraction_summary_table.txt', 'interleave'): _INTERLEAVE,

@@ -173,6 +173,8 @@ def test_wrap_joiner_reads_pieces_that_look_like_a_record_start():
     assert [n for n, _, _, _ in iter_lines(TextBlocks(["short\n" + "x" * 80, "y" * 90 + "\nz"]))] == [1, 2, 3, 4]
     ray = ("(RayTrainWorker pid=615, ip=192.0.2.10) r00-01-01-00-00-0001-raycluster-a1b2c-worker-l4-8-aaaaa:615:18953"
            " [2] NCCL INFO AllReduce: opCount 139d sendbuff 0x78d056200000 count 7382228")  # cut inside its host name
+    bar = "  8%|" + "#" * 13 + " " * 150 + "| 1999/24128 [1:52:09<20:27:23,  3.33s/it]"  # a tqdm bar: a piece of blanks
+    assert [b for _, b, _, _ in iter_lines("\n".join([bar[i:i + 80] for i in range(0, len(bar), 80)] + ["x" * 80, "y"]))][0] == bar.strip()
     pieces = [ray[i:i + 80] for i in range(0, len(ray), 80)]
     assert [b for _, b, _, _ in iter_lines("\n".join(pieces * 2))] == [ray[40:]] * 2
     rows = [f"{size:>12}{size // 4:>14}     float     sum      -1    131.6    0.06    0.12      0    130.6    0.06    0.12      0"

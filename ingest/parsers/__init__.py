@@ -274,7 +274,7 @@ def _rows_at_width(lines: list[str], width: int) -> bool:
     which starts where the cut fell)."""
     pairs = 0
     for a, b in zip(lines, lines[1:]):
-        if len(a) == width == len(b) and a[:2].isspace() and b[:2].isspace():
+        if len(a) == width == len(b) and a[:2].isspace() and b[:2].isspace() and not (a.isspace() or b.isspace()):
             pairs += 1
             if pairs >= 2:
                 return True
@@ -347,7 +347,8 @@ def _joined(lines: list[str], lineno: int, width: int, held: list, spans: dict) 
     padded_wraps = not rows and width > 0 and sum(len(line) == width for line in lines) >= 2
     for raw in lines:
         if held[1] is not None:
-            if len(raw) <= held[2] and not _starts_record(held[1], raw, held[3]):  # (no piece is longer than the width)
+            # (no piece is longer than the width; a piece of blanks as wide as it is a bar's padding, not a blank line)
+            if len(raw) <= held[2] and (len(raw) == held[2] and raw.isspace() or not _starts_record(held[1], raw, held[3])):
                 held[1] += raw
                 spans[held[0]] = lineno
                 lineno += 1
