@@ -272,20 +272,24 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
     translated) from its catalog. Globals: ``strong``, ``code``,
     ``lang`` (the Language), ``categories`` (ATTRIBUTION_CATEGORIES, section 5's order). Raises ConfigError for an unknown language."""
     lang = load_language(lang) if isinstance(lang, str) else lang
+    missing = lang.translations.gettext(NA)
+
+    def finalize(value: Any) -> Any:  # a value the source did not give prints as "n/a", never "None"
+        return missing if value is None else value if html else escape_md_html(value)
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
                              autoescape=html, keep_trailing_newline=True, extensions=["jinja2.ext.i18n"],
-                             bytecode_cache=_BYTECODE_CACHES[html],
-                             **({} if html else {"finalize": escape_md_html}))
+                             bytecode_cache=_BYTECODE_CACHES[html], finalize=finalize)
     env.install_gettext_translations(lang.translations, newstyle=True)
     newstyle = env.globals["gettext"]
 
     @jinja2.pass_context
     def gettext(context: Any, message: Any, /, **variables: Any) -> str:
         """Newstyle gettext; a report.i18n.Message from Python (``_(value)``) prints translated
-        with its own parameters."""
+        with its own parameters; a parameter that is None prints as "n/a"."""
         if isinstance(message, (Message, MessageList)) and not variables:
             return translate(message, lang, escape=Markup if context.eval_ctx.autoescape else None)
-        return newstyle(context, message, **variables)
+        return newstyle(context, message, **{k: missing if v is None else v for k, v in variables.items()})
 
     env.globals.update(gettext=gettext, _=gettext)
     env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})

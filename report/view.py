@@ -882,11 +882,14 @@ def gap_row(b: BreakdownRow) -> GapRow:
     return GapRow(run=b.run, step_time_s=b.step_time_s, seconds=seconds, class_shares=b.class_shares)
 
 
-def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware:
-    """The hardware the campaign ran on (env.json, cleaned)."""
+def build_hardware(env: EnvSection, *, on_gpu: bool) -> Hardware | None:
+    """The hardware the campaign ran on (env.json, cleaned); None when GPU runs' environment
+    names no GPU (third-party logs that do not print it): the note says n/a, not "0 × n/a"."""
     names = [g.name for g in env.gpus if g.name]
     mems = [g.memory_total_gib for g in env.gpus if g.memory_total_gib is not None]
     num_gpus = sum(n.gpu_count or 0 for n in env.nodes) if env.nodes else len(env.gpus)
+    if on_gpu and not num_gpus and not names:
+        return None
     return Hardware(device="cuda" if on_gpu else "cpu", num_gpus=num_gpus if on_gpu else 0,
                     gpu_name=names[0] if names else None, gpu_memory_gib=min(mems) if mems else None,
                     num_nodes=env.num_nodes or 1, cpu_model=env.cpu_model)
@@ -1086,6 +1089,10 @@ def build_predicted_or_reason(campaign: Campaign, fixed: FixedConfig, runs: Sequ
     the block's reason instead of a failed note."""
     from report.predict import build_predicted, unavailable
 
+    unsized = [r.name for r in runs if r.spec.micro_batch_size is None]
+    if unsized:  # a third-party log that does not print it: the model cannot split the batch
+        return unavailable(f"the logs do not give the micro-batch size of {', '.join(unsized)}; "
+                           "pass it with --model micro_batch_size=N")
     try:
         return build_predicted(campaign.source, fixed=fixed, runs=runs, summary=summary, env=env, breakdowns=measured)
     except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a field the model needs is missing or odd

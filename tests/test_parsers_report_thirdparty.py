@@ -178,3 +178,19 @@ def test_torchtitan_log_alone_gives_a_metric_row_from_its_tps(tmp_path, capsys):
     median_tps = statistics.median(tps.tolist())
     assert row[7].strip() == f"{median_tps / 1e3:.2f} k"  # tokens/s per GPU restates the log's median tps
     assert "step time derived from torchtitan's tps" in note
+
+
+def test_a_logs_note_prints_what_the_logs_do_not_say_as_na(tmp_path, capsys):
+    """A Megatron log with its shape passed by --model but no micro-batch size, dtype, seed or GPU
+    name: the note says n/a (never Python's None or "0 × n/a") and why there are no predictions."""
+    d = tmp_path / "job"
+    d.mkdir()
+    shutil.copy(FIXTURES / "19_megatron_llm_fork_iteration_plain.txt", d / "train.log")
+    assert report_main(["build", str(d), "--format", "md,html", "--model", "num_layers=24,hidden_size=1024,"
+                        "num_heads=16,seq_length=1024,global_batch_size=8,vocab_size=50304,world_size=8"]) == 0
+    for name in ("note.md", "note.html"):
+        assert "None" not in (d / "report" / name).read_text(encoding="utf-8"), name
+    note = (d / "report" / "note.md").read_text(encoding="utf-8")
+    assert "Hardware: n/a." in note and "| dtype | n/a |" in note
+    assert ("Predictions unavailable (the logs do not give the micro-batch size of train; pass it with --model "
+            "micro_batch_size=N).") in note
