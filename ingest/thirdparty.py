@@ -141,6 +141,11 @@ def find_artifacts(paths: list[str]) -> list[Path]:
         else:
             raise NoDataError(f"{p}: no such file or directory; pass log files or folders of them")
     if not out:
+        tables = [p for p in map(Path, paths) if (p / "files.parquet").is_file() and not (p / "runs.parquet").is_file()]
+        if tables:  # what `ingest --out` wrote when the logs gave no run (its note said why)
+            raise NoDataError(f"{tables[0]}: tables of logs without a runs table (ingest could not build a run from "
+                              "them); run `report build` on the folder of logs itself, or ingest them again with "
+                              "--model KEY=VALUE,... for what the logs do not say")
         raise NoDataError(f"{', '.join(paths)}: no files to ingest; pass log files or folders of them")
     return out
 

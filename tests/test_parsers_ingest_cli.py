@@ -174,3 +174,16 @@ def test_out_among_a_strangers_files_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == f"ingest: error: {out}: --out holds files that are not tables (note.md); choose a new or empty folder"
     assert sorted(p.name for p in out.iterdir()) == ["note.md"]
+
+
+def test_report_build_on_tables_without_a_run_says_what_they_are(tmp_path, capsys):
+    """`ingest LOG --out T` of a log with no training lines writes tables but no runs table;
+    `report build T` says so and what to do, not 'no files to ingest'."""
+    from report.cli import main as report_main
+
+    out = tmp_path / "job" / "tables"
+    assert main([str(FIXTURES / "56_watchdog_2025_lineno_and_rank_prefix.txt"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert report_main(["build", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "tables of logs without a runs table" in err and "no files to ingest" not in err
