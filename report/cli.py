@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # the default asks for every format, the PDF where it can be made; --format pdf insists on it
     pdf_optional = args.command == "build" and args.format is None
-    formats = [f.strip() for f in (args.format or ",".join(FORMATS)).split(",") if f.strip()]
+    formats = [f.strip() for f in (",".join(FORMATS) if args.format is None else args.format).split(",") if f.strip()]
     notes: list[str] = []
     try:
         sources = [args.old, args.new] if args.command == "diff" else [args.campaign_dir]

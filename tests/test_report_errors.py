@@ -91,6 +91,11 @@ def test_unknown_format(campaign):
     _assert_one_line_error(_run("report.cli", "build", str(campaign), "--format", "md,docx"), "report", "docx")
 
 
+def test_empty_format_is_an_error_not_the_default(campaign):
+    _assert_one_line_error(_run("report.cli", "build", str(campaign), "--format", ""), "report",
+                           "unknown --format (empty)")
+
+
 def test_ingest_cli_summary_and_crashed_run_loads(campaign, tmp_path):
     proc = _run("ingest.cli", str(campaign), "--out", str(tmp_path / "tables"))
     assert proc.returncode == 0, proc.stderr
