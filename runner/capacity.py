@@ -91,7 +91,7 @@ def build_capacity_config(raw: Any, *, where: str, device: str) -> CapacityConfi
         problems.append(f"{where} [capacity] memory_budget_gib: must be a number > 0, got {budget!r}")
     elif device == "cpu" and budget is None:
         problems.append(f"{where} [capacity] memory_budget_gib: required on CPU (a per-process limit for the probe "
-                        "to find; e.g. 0.5)")
+                        "to find; e.g. 0.5), or plan a GPU matrix here with --dry-run --gpus N")
     elif device == "cuda" and budget is not None:
         problems.append(f"{where} [capacity] memory_budget_gib: GPU trials are limited by the GPU's memory; drop it")
     if problems:

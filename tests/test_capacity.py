@@ -84,7 +84,8 @@ def test_capacity_section_errors_name_every_field():
         "m.toml [capacity] ladder[1]: must be [num_layers, hidden_size], positive integers, got [2]",
         "m.toml [capacity] probe_steps: must be an integer >= 2, got 1",
         "m.toml [capacity] probe_steps (1) must exceed probe_warmup_steps (2), or no step is timed",
-        "m.toml [capacity] memory_budget_gib: required on CPU (a per-process limit for the probe to find; e.g. 0.5)",
+        "m.toml [capacity] memory_budget_gib: required on CPU (a per-process limit for the probe to find; e.g. 0.5), "
+        "or plan a GPU matrix here with --dry-run --gpus N",
     ]
 
 
