@@ -47,8 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_STOP = {"requested": False}  # set by a stop signal: what fails after it failed because of it
+
+
 def _interrupt(signum, frame) -> None:
+    _STOP["requested"] = True
     raise KeyboardInterrupt
+
+
+def _interrupted(parser: argparse.ArgumentParser) -> int:
+    print(f"{parser.prog}: interrupted; --out keeps what it held before (a note is swapped in whole at the end)",
+          file=sys.stderr)
+    return 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,11 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser, argv)
     on_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None  # stop as Ctrl-C does
+    ctrl_c = on_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous_int = signal.signal(signal.SIGINT, _interrupt) if ctrl_c else None
     try:
         return _main(parser, args)
     finally:
         if on_main:
             signal.signal(signal.SIGTERM, previous)
+        if ctrl_c:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -97,13 +111,13 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted; --out keeps what it held before (a note is swapped in whole at the end)",
-              file=sys.stderr)
-        return 130
+        return _interrupted(parser)
     except OSError as e:  # permission denied, disk full...: still one line, no traceback
         print(f"{parser.prog}: error: {e.filename or ''}: {e.strerror or e}; check the path and permissions", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - last resort: a bug must still end in one line, not a traceback
+        if _STOP["requested"]:  # a stop that landed in a module's import surfaces as its ImportError
+            return _interrupted(parser)
         print(f"{parser.prog}: error: internal error {type(e).__name__}: {' '.join(str(e).split())} (please report)", file=sys.stderr)
         return 2
     for path in paths:

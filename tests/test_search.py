@@ -262,19 +262,27 @@ def test_a_resume_that_changes_the_candidate_set_is_refused(tmp_path):
 
 def test_ctrl_c_marks_the_running_trial_interrupted(tmp_path):
     """SIGINT to the search's whole process group (a terminal's Ctrl-C) during a trial: the trial's
-    status.json says 'interrupted' and the search exits 130."""
+    status.json says 'interrupted' and the search exits 130. The trial is planted to hang after its
+    warm-up, so it is still running whenever the signal comes."""
     import os
     import signal
     import time
 
     out = tmp_path / "s"
+    plan = runner("search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--dry-run", "--out", str(out),
+                  timeout=60)
+    first = next(iter(table_rows(plan.stdout)))  # the first trial: the best predicted candidate
     proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "search", "--model", "tiny", "--gpus", "2", "--device",
-                             "cpu", "--max-trials", "1", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "cpu", "--max-trials", "1", "--fault", f"{first}:hang", "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a terminal's job gets SIGINT's default action even where this test's own process
+                            # was started with SIGINT ignored (Python then keeps it ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not list(out.glob("*/metrics/rank0.jsonl")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     trial = next(out.glob("*/metrics/rank0.jsonl")).parents[1]
+    assert trial.name == first and not (trial / "status.json").exists()
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
