@@ -51,11 +51,18 @@ def main() -> int:
     ap.add_argument("--kernels", default="parity", help="kernels modes searched (comma-separated)")
     ap.add_argument("--micro-batches", help="only these micro-batch sizes (runner search --micro-batches)")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench-search")
+    ap.add_argument("--memory-gib", help="per-rank memory the candidates are pruned to and trials held to "
+                                         "(runner search --memory-gib)")
     ap.add_argument("--reuse-exhaustive", action="store_true",
-                    help="keep OUT/exhaustive from an earlier run (its steps and wall time) and run the search only")
+                    help="keep OUT/exhaustive from an earlier run (its steps, and its wall time from "
+                         "OUT/exhaustive.json) and run the search only")
+    ap.add_argument("--exhaustive-only", action="store_true",
+                    help="run the exhaustive campaign, write OUT/exhaustive.json and stop (a later "
+                         "--reuse-exhaustive runs the search)")
     ap.add_argument("--result", type=Path, default=REPO / "benchmarks" / "results" / "search-cpu.json")
     args = ap.parse_args()
-    previous = json.loads(args.result.read_text()) if args.reuse_exhaustive else None
+    timing = args.out / "exhaustive.json"  # the exhaustive campaign's wall time, for a later --reuse-exhaustive
+    previous = json.loads(timing.read_text()) if args.reuse_exhaustive else None
     if previous is None:
         shutil.rmtree(args.out, ignore_errors=True)
     shutil.rmtree(args.out / "search", ignore_errors=True)
@@ -63,6 +70,7 @@ def main() -> int:
     load_before = os.getloadavg()
     common = ["--model", args.model, "--gpus", str(args.world), "--device", args.device, "--kernels", args.kernels]
     common += ["--micro-batches", args.micro_batches] if args.micro_batches else []
+    common += ["--memory-gib", args.memory_gib] if args.memory_gib else []
     # the candidate set as the search resolves it (its own request builder, so both see the same GPU)
     from runner.search import plan_search, render_matrix
     from runner.search_cli import add_search_parser, build_search_request
@@ -79,6 +87,7 @@ def main() -> int:
     if previous is None:
         exhaustive_wall_s = runner("all", "--matrix", str(matrix), "--out", str(exhaustive),
                                    log=args.out / "exhaustive.log")
+        timing.write_text(json.dumps({"exhaustive_wall_s": exhaustive_wall_s}) + "\n", encoding="utf-8")
     else:
         exhaustive_wall_s = previous["exhaustive_wall_s"]
     steps = {c.name: load_trial(exhaustive / c.name, warmup_steps=TRIAL_STEPS[args.device]["warmup_steps"]).get("measured_step_ms")
@@ -86,6 +95,8 @@ def main() -> int:
     ok = {k: v for k, v in steps.items() if v}
     best = min(ok, key=ok.get)
     print(f"exhaustive: {exhaustive_wall_s:.0f} s, best {best} {ok[best]:.2f} ms ({len(ok)}/{len(steps)} ok)", flush=True)
+    if args.exhaustive_only:
+        return 0
     budget_min = 0.4 * exhaustive_wall_s / 60
     search = args.out / "search"
     search_wall_s = runner("search", *common, "--budget", f"{budget_min:.3f}", "--top", "3", "--out", str(search),
@@ -95,6 +106,7 @@ def main() -> int:
     result = {
         "schema_version": 1, "device": "cpu (gloo)" if args.device == "cpu" else req.gpu_name, "preset": args.model,
         "world_size": args.world, "kernels": args.kernels, "micro_batches": args.micro_batches,
+        "memory_gib": args.memory_gib,
         "num_candidates": data["num_candidates"], "num_runnable": len(runnable), "num_tried": data["num_tried"],
         "tried": data["tried"], "stop_reason": data["stop_reason"],
         "choice": choice, "choice_step_ms": data["choice_step_ms"],

@@ -8,7 +8,10 @@ with ENOMEM inside torch ("DefaultCPUAllocator: can't allocate memory"), a Pytho
 runner classifies as 'oom' like a CUDA OOM, while gloo's threads and sockets keep working.
 RLIMIT_AS would also count the address space torch and gloo reserve but never touch (thread
 stacks, allocator arenas: gigabytes), and a cgroup limit kills the process (SIGKILL) instead of
-failing the allocation, and needs privileges. On CUDA no budget is imposed: the GPU is the limit.
+failing the allocation, and needs privileges. On CUDA a budget below the device's memory (a
+`runner search --memory-gib` smaller than the GPU) is imposed through the caching allocator
+(``torch.cuda.set_per_process_memory_fraction``: an allocation past it raises the usual CUDA OOM);
+without one the GPU is the limit.
 
 Deliberately not here: the bisection (runner.capacity), launching.
 """
@@ -86,6 +89,10 @@ def start_memory_budget(spec: RunSpec, *, device: torch.device) -> MemoryBaselin
         resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
         mechanism = "RLIMIT_DATA"
     if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if budget is not None and float(budget) * GIB < total:
+            torch.cuda.set_per_process_memory_fraction(float(budget) * GIB / total, device)
+            mechanism = "torch.cuda.set_per_process_memory_fraction"
         torch.cuda.reset_peak_memory_stats(device)
     return MemoryBaseline(budget_gib=None if budget is None else float(budget), limit_mechanism=mechanism,
                           baseline_rss_gib=read_proc_status_bytes("VmRSS") / GIB)

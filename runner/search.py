@@ -655,11 +655,12 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
 
 
 def _trial_spec(spec, req: SearchRequest):
-    """A trial: its ranks record their memory (runner.membudget; a per-process budget on CPU only
-    with --memory-gib), and a planted fault where the request asks for one."""
+    """A trial: its ranks record their memory and are held to --memory-gib (runner.membudget: a
+    per-process budget on CPU; on CUDA the allocator's fraction when it is below the GPU's memory),
+    and a planted fault where the request asks for one."""
     from runner.membudget import BUDGET_KEY
 
-    options = {**spec.options, BUDGET_KEY: req.memory_gib if req.device == "cpu" else None}
+    options = {**spec.options, BUDGET_KEY: req.memory_gib}
     if spec.name in req.faults:
         options["fault"] = {"kind": req.faults[spec.name], "rank": 0, "step": spec.fixed.warmup_steps + 1}
     return dataclasses.replace(spec, options=options)
