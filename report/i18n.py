@@ -1,13 +1,20 @@
 """The note's languages: gettext message catalogs and locale-aware numbers and dates.
 
 Fixed text is written in English in the templates (``_("...")``, ``ngettext``, ``pgettext``)
-and in Python (marked ``N_("...")``, translated when printed): the English text is the
-message id, so English needs no catalog and any message a catalog does not translate
+and in Python (marked ``N_("...")``, built into ``Message`` values: core.i18n, so ingest and
+runner word sentences without importing report; translated when printed): the English text
+is the message id, so English needs no catalog and any message a catalog does not translate
 (a string added later, a fuzzy entry) prints in English. Other languages live in
 ``report/locale/<lang>/LC_MESSAGES/messages.po``, read directly with Babel at render time
 (no compile step to forget). ``python -m report.i18n update`` re-extracts
-``report/locale/messages.pot`` from templates/ and report/*.py and merges it into every
-``.po``; ``python -m report.i18n check`` lists what each catalog leaves untranslated.
+``report/locale/messages.pot`` from templates/ and the Python of core/, ingest/, runner/ and
+report/ and merges it into every ``.po``; ``python -m report.i18n check`` lists what each
+catalog leaves untranslated.
+
+Text recorded in files is English (a status.json cause, a parser's warning in the tables):
+``translate_recorded`` finds the catalog message it was built from (its literal parts, in
+order, with the parameters between them) and prints it translated; text no message matches
+prints as recorded.
 
 Numbers: Python rounds (the same digits in every language, the digits the tests compute),
 Babel writes them with the locale's CLDR symbols and patterns (decimal and group
@@ -37,6 +44,7 @@ from babel.messages.pofile import read_po, write_po
 from babel.numbers import format_decimal, format_percent
 
 from core.errors import ConfigError
+from core.i18n import Message, MessageList, N_  # noqa: F401 - re-exported: report's modules import them from here
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALE_DIR = Path(files("report") / "locale")  # package data (pyproject.toml)
@@ -45,63 +53,11 @@ DEFAULT_LANGUAGE = "en"
 # note language -> the Babel (CLDR) locale of its numbers and dates
 BABEL_LOCALES = {"en": "en", "zh": "zh_Hans_CN"}
 # what `update` extracts: (method, glob relative to the repository root)
-EXTRACT_MAPPING = [("report/**.py", "python"), ("templates/**.j2", "jinja2.ext:babel_extract")]
+EXTRACT_MAPPING = [("core/**.py", "python"), ("ingest/**.py", "python"), ("runner/**.py", "python"),
+                   ("report/**.py", "python"), ("templates/**.j2", "jinja2.ext:babel_extract")]
 EXTRACT_KEYWORDS = {"_": None, "gettext": None, "ngettext": (1, 2), "pgettext": ((1, "c"), 2),
                     "npgettext": ((1, "c"), 2, 3), "N_": None}
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sd]")
-
-
-def N_(message: str) -> str:  # noqa: N802 - the gettext convention
-    """Marks an English message in Python for extraction; the template translates it when it
-    prints it (``{{ _(value) }}``). Returns the message unchanged."""
-    return message
-
-
-class Message(str):
-    """English text built in Python from a marked message and parameters, printable translated.
-
-    The str value is the English sentence (``msgid % params``: what tests, logs and summary.json
-    see); ``msgid`` (marked ``N_`` where it is written) and ``params`` let a template's ``_(value)``
-    print it in the note's language (report.render translates ``msgid`` and every parameter that
-    is a Message or MessageList itself; other parameters are data and print as they are)."""
-
-    msgid: str
-    params: dict[str, Any]
-
-    def __new__(cls, msgid: str, /, **params: Any) -> "Message":
-        self = super().__new__(cls, msgid % {k: str(v) for k, v in params.items()})
-        self.msgid, self.params = msgid, params
-        return self
-
-    def __reduce__(self):
-        return _message, (self.msgid, self.params)
-
-    def __deepcopy__(self, memo: dict) -> "Message":
-        return self  # immutable
-
-
-def _message(msgid: str, params: dict[str, Any]) -> Message:
-    return Message(msgid, **params)
-
-
-class MessageList(str):
-    """Items (Messages or data) joined by a list separator (``", "`` or ``"; "``), translated
-    item by item with the language's separator (``pgettext("list separator", sep)``)."""
-
-    items: tuple[Any, ...]
-    sep: str
-
-    def __new__(cls, items: Any, sep: str = ", ") -> "MessageList":
-        items = tuple(items)
-        self = super().__new__(cls, sep.join(str(i) for i in items))
-        self.items, self.sep = items, sep
-        return self
-
-    def __reduce__(self):
-        return MessageList, (self.items, self.sep)
-
-    def __deepcopy__(self, memo: dict) -> "MessageList":
-        return self
 
 
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -255,7 +211,7 @@ def load_language(code: str = DEFAULT_LANGUAGE) -> Language:
 
 # ---------------------------------------------------------------------------- maintenance
 def extract_template() -> Catalog:
-    """Every message of templates/ and report/*.py (the .pot)."""
+    """Every message of templates/ and the Python of core/, ingest/, runner/ and report/ (the .pot)."""
     from babel.messages.extract import extract_from_dir
 
     catalog = Catalog(project="tradeoff-runner", domain=DOMAIN, charset="utf-8", fuzzy=False)
