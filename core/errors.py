@@ -10,6 +10,10 @@ from __future__ import annotations
 class ToolError(Exception):
     """Base of every error a user can cause and fix (bad input, missing data, failed launch)."""
 
+    def __str__(self) -> str:
+        # a message built as a core.i18n.Message stays one through str(e): a note that prints the error translates it
+        return self.args[0] if len(self.args) == 1 and isinstance(self.args[0], str) else super().__str__()
+
 
 class ConfigError(ToolError):
     """A matrix/config/CLI value is invalid (names the key and the valid choices)."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from core import memory as mem
 from core.errors import ConfigError
+from core.i18n import Message, N_
 from core.formulas import (
     COLLECTIVES, ModelShape, compute_bubble_fraction, compute_bubble_ratio, compute_bus_factor,
     compute_layer_flops_per_token, compute_model_flops_per_token, compute_output_flops_per_token, count_params,
@@ -133,8 +134,9 @@ class CommModel:
             return dataclasses.replace(self.curves[("all_gather", scope)], op=op)
         link = self.intra if scope == "intra" else self.inter
         if link is None:
-            raise ConfigError(f"no {scope}-node {op} figures: no `runner commbench` table and no nominal link "
-                              "(CPU/gloo: run `runner commbench --device cpu --out CAMPAIGN/commbench`)")
+            raise ConfigError(Message(N_("no %(scope)s-node %(op)s figures: no `runner commbench` table and no nominal "
+                                         "link (CPU/gloo: run `runner commbench --device cpu --out CAMPAIGN/commbench`)"),
+                                      scope=scope, op=op))
         return CommCurve(op=op, scope=scope, latency_us=link.latency_us, nominal_bus_bw_gbps=link.bus_bw_gbps,
                          source=f"nominal {link.name} ({link.source})")
 

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from core.formulas import COLLECTIVES, compute_bubble_ratio, compute_bus_factor
+from core.i18n import Message, N_
 from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, CollectiveRow, WhatIfRow
 from ingest.intervals import I64, intersect, measure, minus, union
 from ingest.traces import RankTimeline
@@ -164,8 +165,8 @@ def compute_attribution(timelines: Mapping[int, RankTimeline], *, run: str, pp_d
             coll_group_of[r][i] = (str(group), tuple(sorted(members)))  # a group: its name and member ranks
         matched.append((step, group, kind, seq, members, late, transfer, max(durs.values()) - transfer))
     if num_unmatched:
-        warnings.append(f"{num_unmatched} collective(s) were seen on one rank only (the others' traces lack them); "
-                        "their time counts as transfer")
+        warnings.append(Message(N_("%(num)s collective(s) were seen on one rank only (the others' traces lack them); "
+                                   "their time counts as transfer"), num=num_unmatched))
 
     # 2. per-rank, per-step categories before the cross-rank charges
     per: dict[int, dict[str, np.ndarray]] = {}

@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
+from core.i18n import Message, MessageList, N_
 from ingest.parsers import run_parsers
 from ingest.parsers.pyspy import PySpyParser, is_collective
 
@@ -17,8 +18,8 @@ from ingest.parsers.pyspy import PySpyParser, is_collective
 LIBRARY_FILE = re.compile(r"(^|/)(site-packages|dist-packages|torch|deepspeed|megatron|accelerate|multiprocessing|"
                           r"concurrent)/|^<frozen|(^|/)(threading|runpy)\.py$")
 # Innermost Python frame -> what the rank is blocked in when the collective is issued from C++
-IMPLICIT = {"_engine_run_backward": "backward (gradient all-reduce/reduce-scatter hooks)",
-            "backward": "backward (gradient all-reduce/reduce-scatter hooks)"}
+_BACKWARD = N_("backward (gradient all-reduce/reduce-scatter hooks)")
+IMPLICIT = {"_engine_run_backward": _BACKWARD, "backward": _BACKWARD}
 
 
 def parse_pyspy_dump(text: str) -> list[dict[str, Any]]:
@@ -46,7 +47,7 @@ def summarize_stack(threads: list[dict[str, Any]]) -> dict[str, Any]:
         blocked = hit["func"]
     else:
         hit = next((f for f in frames if f["func"] in IMPLICIT), frames[0])
-        blocked = IMPLICIT.get(hit["func"], hit["func"])
+        blocked = Message(IMPLICIT[hit["func"]]) if hit["func"] in IMPLICIT else hit["func"]
     return {"blocked_in": blocked, "frame": f"{hit['func']} ({hit['file']}:{hit['line']})",
             "user_frame": user_frame(frames)}
 
@@ -64,19 +65,32 @@ def describe_rank(rank: int | str, s: Mapping[str, Any]) -> str:
     (py-spy: <its error>)"."""
     blocked, frame = s.get("blocked_in"), s.get("user_frame") or s.get("frame")
     if blocked:
-        return f"rank {rank} in {blocked}" + (f" at {frame}" if frame else "")
-    state = s.get("process_state")
-    text = f"rank {rank}: " + (f"{state}, " if state else "") + "no stack"
-    return text + (f" (py-spy: {s['stack_error']})" if s.get("stack_error") else "")
+        return (Message(N_("rank %(rank)s in %(collective)s at %(frame)s"), rank=rank, collective=_known(blocked),
+                        frame=frame) if frame else
+                Message(N_("rank %(rank)s in %(collective)s"), rank=rank, collective=_known(blocked)))
+    state, error = s.get("process_state"), s.get("stack_error")
+    if error:
+        return (Message(N_("rank %(rank)s: %(state)s, no stack (py-spy: %(error)s)"), rank=rank, state=state, error=error)
+                if state else Message(N_("rank %(rank)s: no stack (py-spy: %(error)s)"), rank=rank, error=error))
+    return (Message(N_("rank %(rank)s: %(state)s, no stack"), rank=rank, state=state) if state else
+            Message(N_("rank %(rank)s: no stack"), rank=rank))
+
+
+def _known(blocked: Any) -> Any:
+    """A recorded blocked_in (a status.json read back) that is one of IMPLICIT's words, as the
+    Message it was: the note translates it."""
+    return Message(blocked) if isinstance(blocked, str) and blocked in IMPLICIT.values() else blocked
 
 
 def rank_evidence(s: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(blocked in, where) of one rank's py-spy summary, as a table shows them: a rank without a
     stack reads ("no stack (<py-spy's error>)", "process stopped (state T)"), never None."""
     if s.get("blocked_in"):
-        return s["blocked_in"], s.get("user_frame") or s.get("frame")
-    blocked = "no stack" + (f" ({s['stack_error']})" if s.get("stack_error") else "")
-    return blocked, f"process {s['process_state']}" if s.get("process_state") else "process state not recorded"
+        return _known(s["blocked_in"]), s.get("user_frame") or s.get("frame")
+    blocked = (Message(N_("no stack (%(error)s)"), error=s["stack_error"]) if s.get("stack_error") else
+               Message(N_("no stack")))
+    return blocked, (Message(N_("process %(state)s"), state=s["process_state"]) if s.get("process_state") else
+                     Message(N_("process state not recorded")))
 
 
 def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
@@ -87,7 +101,7 @@ def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, d
     a stack (py-spy failed, e.g. on a SIGSTOPped process) is odd by itself and described by
     what is known of it (describe_rank), never "None"."""
     if not per_rank:
-        return "no stack dumps could be taken", {"ranks": {}}
+        return Message(N_("no stack dumps could be taken")), {"ranks": {}}
     known = {r: s for r, s in per_rank.items() if s.get("blocked_in")}
     blind = sorted(set(per_rank) - set(known))
     counts = Counter(s["blocked_in"] for s in known.values())
@@ -95,17 +109,21 @@ def diagnose_from_stacks(per_rank: Mapping[int, dict[str, Any]]) -> tuple[str, d
     if majority is None:
         odd, cause = [], ""
     elif not rest:
-        odd, cause = [], f"all ranks wait in {majority}" if not blind else f"rank(s) {', '.join(map(str, sorted(known)))} wait in {majority}"
+        odd, cause = [], (Message(N_("all ranks wait in %(collective)s"), collective=_known(majority)) if not blind else
+                          Message(N_("rank(s) %(ranks)s wait in %(collective)s"), ranks=", ".join(map(str, sorted(known))),
+                                  collective=_known(majority)))
     elif rest[0][1] == top:  # a tie (e.g. 2 ranks): no majority to call the others odd against
         majority, odd = None, sorted(known)
-        cause = "ranks are in different collectives: " + "; ".join(describe_rank(r, per_rank[r]) for r in odd)
+        cause = Message(N_("ranks are in different collectives: %(ranks)s"),
+                        ranks=MessageList([describe_rank(r, per_rank[r]) for r in odd], "; "))
     else:
         odd = sorted(r for r, s in known.items() if s["blocked_in"] != majority)
         others = sorted(set(known) - set(odd))
-        cause = "; ".join(describe_rank(r, per_rank[r]) for r in odd) + \
-            f" while rank(s) {', '.join(map(str, others))} wait in {majority}"
+        cause = Message(N_("%(odd)s while rank(s) %(ranks)s wait in %(collective)s"),
+                        odd=MessageList([describe_rank(r, per_rank[r]) for r in odd], "; "),
+                        ranks=", ".join(map(str, others)), collective=_known(majority))
     if blind:
-        cause = "; ".join([describe_rank(r, per_rank[r]) for r in blind] + ([cause] if cause else []))
+        cause = MessageList([describe_rank(r, per_rank[r]) for r in blind] + ([cause] if cause else []), "; ")
     return cause, {"source": "py-spy", "ranks": {str(r): s for r, s in sorted(per_rank.items())},
                    "odd_ranks": sorted([*odd, *blind]), "majority_blocked_in": majority}
 
@@ -129,18 +147,24 @@ def diagnose_from_flight_recorder(per_rank: Mapping[int, dict[str, Any]], *, wor
     """Per-rank FR summaries -> (cause, diagnosis). Ranks without a dump, or behind the highest
     sequence number, are the ones missing from that collective."""
     if not per_rank:
-        return "no flight-recorder dumps were written", {"source": "flight-recorder", "ranks": {}}
+        return Message(N_("no flight-recorder dumps were written")), {"source": "flight-recorder", "ranks": {}}
     top = max((s["last_seq_id"] or 0) for s in per_rank.values())
     lead = next(s for s in per_rank.values() if (s["last_seq_id"] or 0) == top)
     missing = sorted(set(range(world_size)) - set(per_rank))
     behind = sorted(r for r, s in per_rank.items() if (s["last_seq_id"] or 0) < top)
-    cause = f"collective #{top} ({lead['last_op']}) {lead['last_state']}"
+    head = dict(seq=top, op=lead["last_op"], state=lead["last_state"])
     if behind or missing:
-        cause += f"; rank(s) {', '.join(map(str, behind + missing))} never entered it"
+        ranks = ", ".join(map(str, behind + missing))
+        cause = Message(N_("collective #%(seq)s (%(op)s) %(state)s; rank(s) %(ranks)s never entered it"), **head, ranks=ranks)
         if behind:
-            cause += " (last: " + ", ".join(f"rank {r} #{per_rank[r]['last_seq_id']} {per_rank[r]['last_op']}"
-                                            for r in behind) + ")"
+            cause = Message(N_("collective #%(seq)s (%(op)s) %(state)s; rank(s) %(ranks)s never entered it (last: %(last)s)"),
+                            **head, ranks=ranks, last=MessageList(Message(N_("rank %(rank)s #%(seq)s %(op)s"), rank=r,
+                                                                          seq=per_rank[r]["last_seq_id"],
+                                                                          op=per_rank[r]["last_op"]) for r in behind))
     elif lead["last_state"] != "completed":
-        cause += " on every rank: it was enqueued but never finished (a stuck kernel or peer)"
+        cause = Message(N_("collective #%(seq)s (%(op)s) %(state)s on every rank: it was enqueued but never finished (a "
+                           "stuck kernel or peer)"), **head)
+    else:
+        cause = Message(N_("collective #%(seq)s (%(op)s) %(state)s"), **head)
     return cause, {"source": "flight-recorder", "ranks": {str(r): s for r, s in sorted(per_rank.items())},
                    "max_seq_id": top, "behind_ranks": behind, "missing_ranks": missing}

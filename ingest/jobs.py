@@ -23,27 +23,29 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from core.formulas import is_finite_number
+from core.i18n import Message, MessageList, N_
 from ingest.hangs import (diagnose_from_flight_recorder, diagnose_from_stacks, summarize_flight_recorder,
                           user_frame)
 
 # Event kinds (ingest.parsers.failures / nccl / flight_recorder) -> (causal order, label). The order
 # is the usual chain: a rank's own error first, then the watchdogs that noticed, then the launcher.
-EVENT_ORDER: dict[str, tuple[int, str]] = {
-    "cuda_oom": (0, "CUDA out of memory"),
-    "nccl_warn": (1, "NCCL WARN"),
-    "nccl_error": (1, "NCCL error raised in torch"),
-    "error_unwind": (2, "NCCL error unwind"),
-    "abort_complete": (3, "NCCL communicator aborted"),
-    "nccl_timeout": (4, "collective timeout (NCCL watchdog)"),
-    "watchdog_exception": (5, "watchdog: last enqueued / completed work"),
-    "fr_dump": (6, "flight-recorder dump requested"),
-    "timeout_dump": (6, "watchdog timeout / dump"),
-    "nccl_failed": (7, "NCCL operations failed or timed out"),
-    "process_abort": (8, "process taken down"),
-    "watchdog_terminated": (9, "watchdog thread terminated"),
-    "agent_failed": (10, "torchrun: worker failed"),
-    "child_failed": (11, "torchrun ChildFailedError"),
-    "closing_signal": (12, "torchrun: closing signal sent to the other workers"),
+# The labels are catalogue messages (the note translates them).
+EVENT_ORDER: dict[str, tuple[int, Message]] = {
+    "cuda_oom": (0, Message(N_("CUDA out of memory"))),
+    "nccl_warn": (1, Message(N_("NCCL WARN"))),
+    "nccl_error": (1, Message(N_("NCCL error raised in torch"))),
+    "error_unwind": (2, Message(N_("NCCL error unwind"))),
+    "abort_complete": (3, Message(N_("NCCL communicator aborted"))),
+    "nccl_timeout": (4, Message(N_("collective timeout (NCCL watchdog)"))),
+    "watchdog_exception": (5, Message(N_("watchdog: last enqueued / completed work"))),
+    "fr_dump": (6, Message(N_("flight-recorder dump requested"))),
+    "timeout_dump": (6, Message(N_("watchdog timeout / dump"))),
+    "nccl_failed": (7, Message(N_("NCCL operations failed or timed out"))),
+    "process_abort": (8, Message(N_("process taken down"))),
+    "watchdog_terminated": (9, Message(N_("watchdog thread terminated"))),
+    "agent_failed": (10, Message(N_("torchrun: worker failed"))),
+    "child_failed": (11, Message(N_("torchrun ChildFailedError"))),
+    "closing_signal": (12, Message(N_("torchrun: closing signal sent to the other workers"))),
 }
 HANG_EVENTS = frozenset({"nccl_timeout", "watchdog_exception", "fr_dump", "timeout_dump"})
 _RANK_FILE = re.compile(r"rank[_-]?(\d+)", re.I)
@@ -58,7 +60,7 @@ class Fact:
     name: str
     value: Any = None
     sources: tuple[str, ...] = ()  # "file:line" (or "file") it was read from, or "--model"
-    how: str | None = None  # how it was derived, when not printed as such
+    how: Message | None = None  # how it was derived, when not printed as such
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,11 +188,11 @@ def compute_file_facts(source: str, rows: Iterable[Mapping[str, Any]]) -> dict[s
     if comms and "world_size" not in out:
         top = max(comms, key=lambda r: int(r["num_ranks"]))
         out["world_size"] = Fact(name="world_size", value=int(top["num_ranks"]), sources=(_cite(top),),
-                                 how="the largest NCCL communicator in the log")
+                                 how=Message(N_("the largest NCCL communicator in the log")))
     traces = [r for r in rows if r.get("record") == "trace_meta" and r.get("world_size")]
     if traces and "world_size" not in out:
         out["world_size"] = Fact(name="world_size", value=int(traces[0]["world_size"]), sources=(_cite(traces[0]),),
-                                 how="the trace's distributedInfo")
+                                 how=Message(N_("the trace's distributedInfo")))
     return out
 
 
@@ -201,11 +203,11 @@ def _link_keys(source: str, rows: list[dict[str, Any]]) -> set[str]:
             if r.get(col) and str(r[col]) not in ("0x0", "0"):
                 keys.add(f"{col.replace('_id', 'Id').replace('_hash', 'Hash')} {r[col]}")
         if r.get("host") and r.get("pid") is not None:
-            keys.add(f"{r['host']} pid {int(r['pid'])}")
+            keys.add(Message(N_("%(host)s pid %(pid)s"), host=r["host"], pid=int(r["pid"])))
         if r.get("record") == "trace_meta" and r.get("pg_signature"):
-            keys.add(f"profiler traces of {r['pg_signature']}")  # every rank of one job writes the same
+            keys.add(Message(N_("profiler traces of %(signature)s"), signature=r["pg_signature"]))  # every rank of one job writes the same
     if _RANK_FILE.search(Path(source).name):
-        keys.add(f"per-rank files of {_run_dir(source)}")
+        keys.add(Message(N_("per-rank files of %(folder)s"), folder=_run_dir(source)))
     return keys
 
 
@@ -251,14 +253,16 @@ def compute_jobs(tables: Mapping[str, pd.DataFrame], *, model: Mapping[str, Any]
             if a == b:
                 joined[a].add(key)
                 continue
-            clash = [f"{n}: {group_facts[a][n].value} ({', '.join(group_facts[a][n].sources)}) vs "
-                     f"{group_facts[b][n].value} ({', '.join(group_facts[b][n].sources)})"
+            clash = [Message(N_("%(fact)s: %(value)s (%(sources)s) vs %(other)s (%(other_sources)s)"), fact=n,
+                             value=group_facts[a][n].value, sources=", ".join(group_facts[a][n].sources),
+                             other=group_facts[b][n].value, other_sources=", ".join(group_facts[b][n].sources))
                      for n in group_facts[a] if n in group_facts[b] and group_facts[a][n].value != group_facts[b][n].value]
             both = trace_ranks[a] & trace_ranks[b]
             if both:  # two traces of one rank are two runs (or attempts), never one job
-                clash.append(f"both hold a profiler trace of rank(s) {_ranges(sorted(both))}")
+                clash.append(Message(N_("both hold a profiler trace of rank(s) %(ranks)s"), ranks=_ranges(sorted(both))))
             if clash:
-                refused[a].append(f"not joined with {Path(b).name} despite {key}: " + "; ".join(clash))
+                refused[a].append(Message(N_("not joined with %(file)s despite %(key)s: %(clashes)s"), file=Path(b).name,
+                                          key=key, clashes=MessageList(clash, "; ")))
                 continue
             parent[b] = a
             trace_ranks[a] |= trace_ranks[b]
@@ -311,11 +315,11 @@ def build_job(*, name: str, sources: list[str], kinds: list[str], rows: list[dic
         gbs, seq = facts.get("global_batch_size"), facts.get("seq_length")
         if gbs:
             facts["samples_per_s"] = Fact(name="samples_per_s", value=gbs.value / med, sources=gbs.sources + cite,
-                                          how="global batch ÷ median step time")
+                                          how=Message(N_("global batch ÷ median step time")))
         if gbs and seq:
             facts["tokens_per_s"] = Fact(name="tokens_per_s", value=gbs.value * seq.value / med,
                                          sources=gbs.sources + seq.sources + cite,
-                                         how="global batch × sequence length ÷ median step time")
+                                         how=Message(N_("global batch × sequence length ÷ median step time")))
     hosts = sorted({str(r["host"]) for r in rows if r.get("host")})
     if hosts:
         facts["hosts"] = Fact(name="hosts", value=", ".join(hosts[:8]) + (f" (+{len(hosts) - 8})" if len(hosts) > 8 else ""),
@@ -447,12 +451,20 @@ def compute_hang(rows: list[dict[str, Any]], *, world_size: int | None) -> HangV
         return HangView(source="flight-recorder", cause=cause, odd_ranks=odd, seq_num=diag.get("max_seq_id"),
                         waiting_ranks=tuple(r for r in summaries if r not in odd),
                         evidence=tuple(dict.fromkeys(_cite(r) for r in fr))[:4],
-                        fix=_FIX if odd else None)
+                        fix=Message(_FIX) if odd else None)
     return _hang_from_watchdog(rows, world_size=world_size)
 
 
-_FIX = ("a collective must be called by every rank of its process group, in the same order: call it on every "
-        "rank (take it out of the rank-conditional branch), or use a point-to-point send/recv for data only one rank needs")
+_FIX = N_("a collective must be called by every rank of its process group, in the same order: call it on every "
+          "rank (take it out of the rank-conditional branch), or use a point-to-point send/recv for data only one rank needs")
+
+
+def describe_fix(*, odd: Sequence[int], collective: Any, where: Any, waiting: Sequence[int], majority: Any) -> Message:
+    """The fix of a hang whose odd ranks called another collective than the others: who called
+    what where, then _FIX."""
+    return Message(N_("rank(s) %(odd)s called %(collective)s at %(where)s while rank(s) %(waiting)s wait in "
+                      "%(majority)s: %(fix)s"), odd=_ranges(list(odd)), collective=collective, where=where,
+                   waiting=_ranges(list(waiting)), majority=majority, fix=Message(_FIX))
 
 
 def _hang_from_stacks(per: dict[int, dict], *, world_size: int | None) -> HangView:
@@ -463,13 +475,13 @@ def _hang_from_stacks(per: dict[int, dict], *, world_size: int | None) -> HangVi
     odd_coll = per[odd[0]]["blocked_in"] if odd else None
     majority = diag.get("majority_blocked_in")
     if missing:
-        cause += f"; no stack for rank(s) {_ranges(list(missing))} (of world size {world_size})"
+        cause = MessageList([cause, Message(N_("no stack for rank(s) %(ranks)s (of world size %(world_size)s)"),
+                                            ranks=_ranges(list(missing)), world_size=world_size)], "; ")
     frames = tuple((r, per[r]["blocked_in"], per[r]["user_frame"] or per[r]["frame"]) for r in (*odd, *waiting))
     fix = None
     if odd and majority:
         where = per[odd[0]]["user_frame"] or per[odd[0]]["frame"]
-        fix = (f"rank(s) {_ranges(list(odd))} called {odd_coll} at {where} while rank(s) {_ranges(list(waiting))} "
-               f"wait in {majority}: {_FIX}")
+        fix = describe_fix(odd=odd, collective=odd_coll, where=where, waiting=waiting, majority=majority)
     return HangView(source="py-spy", cause=cause, odd_ranks=odd, waiting_ranks=waiting, odd_collective=odd_coll,
                     waiting_collective=majority, frames=frames, fix=fix,
                     evidence=tuple(per[r]["cite"] for r in sorted(per)))
@@ -484,17 +496,22 @@ def _hang_from_watchdog(rows: list[dict[str, Any]], *, world_size: int | None) -
     seq = seqs.most_common(1)[0][0] if seqs else None
     op = next((r.get("op_type") for r in timeouts if r.get("op_type")), None)
     reported = sorted({rk for r in timeouts + marks if (rk := _rank_of(r)) is not None})
-    parts = [f"rank(s) {_ranges(reported)} timed out waiting in {op or 'a collective'}"
-             + (f" #{seq}" if seq is not None else "")]
+    what = Message(N_("a collective")) if op is None else op
+    parts = [Message(N_("rank(s) %(ranks)s timed out waiting in %(collective)s #%(seq)s"), ranks=_ranges(reported),
+                     collective=what, seq=seq) if seq is not None else
+             Message(N_("rank(s) %(ranks)s timed out waiting in %(collective)s"), ranks=_ranges(reported), collective=what)]
     for r in marks[:3]:
-        parts.append(f"rank {_rank_of(r)} (PG {_int(r.get('pg_id'))}): last enqueued #{_int(r.get('last_enqueued_seq'))}, "
-                     f"last completed #{_int(r.get('last_completed_seq'))}")
+        parts.append(Message(N_("rank %(rank)s (PG %(pg)s): last enqueued #%(enqueued)s, last completed #%(completed)s"),
+                             rank=_rank_of(r), pg=_int(r.get("pg_id")), enqueued=_int(r.get("last_enqueued_seq")),
+                             completed=_int(r.get("last_completed_seq"))))
     absent = sorted(set(range(world_size)) - set(reported)) if world_size else []
     if absent:
-        parts.append(f"no watchdog line from rank(s) {_ranges(absent)}: the rank that never entered #{seq} is "
-                     "among them (its own log or a stack dump would say where it is)")
+        parts.append(Message(N_("no watchdog line from rank(s) %(ranks)s: the rank that never entered #%(seq)s is "
+                                "among them (its own log or a stack dump would say where it is)"),
+                             ranks=_ranges(absent), seq=seq))
     elif not world_size:
-        parts.append("world size unknown: the rank that never entered the collective cannot be named from these lines")
+        parts.append(Message(N_("world size unknown: the rank that never entered the collective cannot be named from "
+                                "these lines")))
     # attempts: the same rank timing out more than once (torchrun restarts)
     per_rank: dict[int, list[tuple]] = defaultdict(list)
     for r in timeouts:
@@ -503,7 +520,7 @@ def _hang_from_watchdog(rows: list[dict[str, Any]], *, world_size: int | None) -
     if any(len(v) > 1 for v in per_rank.values()):
         keys = {k for v in per_rank.values() for k in v}
         repeats = "same" if len(keys) == 1 else "different"
-    return HangView(source="watchdog", cause="; ".join(parts), waiting_ranks=tuple(reported), waiting_collective=op,
+    return HangView(source="watchdog", cause=MessageList(parts, "; "), waiting_ranks=tuple(reported), waiting_collective=op,
                     seq_num=seq, repeats=repeats, evidence=tuple(dict.fromkeys(_cite(r) for r in timeouts + marks))[:6])
 
 
@@ -529,9 +546,10 @@ def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None,
         med = {rk: statistics.median(v) for rk, v in sorted(per.items())}
         slow = max(med, key=med.get)
         rest = statistics.median([v for rk, v in med.items() if rk != slow])
-        text = ", ".join(f"rank {rk}: {v * 1e3:.1f} ms" for rk, v in med.items())
+        text = MessageList([Message(N_("rank %(rank)s: %(ms)s ms"), rank=rk, ms=f"{v * 1e3:.1f}") for rk, v in med.items()])
         if rest > 0 and med[slow] / rest - 1 >= STRAGGLER_MIN_EXCESS:
-            text += f"; straggler: rank {slow}, {100 * (med[slow] / rest - 1):.0f}% above the others' median"
+            text = MessageList([text, Message(N_("straggler: rank %(rank)s, %(pct)s%% above the others' median"), rank=slow,
+                                              pct=f"{100 * (med[slow] / rest - 1):.0f}")], "; ")
         out["step_time_by_rank"] = Fact(name="step_time_by_rank", value=text, sources=tuple(cites.values())[:6])
     per_timer: dict[str, list[float]] = defaultdict(list)
     tcite: dict[str, None] = {}
@@ -551,7 +569,7 @@ def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None,
     if per_timer:
         top = sorted(((statistics.mean(v), k) for k, v in per_timer.items()), reverse=True)[:6]
         out["timers_ms"] = Fact(name="timers_ms", value=", ".join(f"{k} {v:.1f} ms" for v, k in top),
-                                sources=tuple(tcite), how="mean of each timer over the lines")
+                                sources=tuple(tcite), how=Message(N_("mean of each timer over the lines")))
     edges = [r for r in rows if r.get("record") == "transport" and r.get("transport")]
     if edges:
         names = sorted({str(r["transport"]) for r in edges})
@@ -561,8 +579,11 @@ def compute_slow_run_facts(rows: list[dict[str, Any]], *, num_nodes: int | None,
         if sock:
             out["nccl_socket"] = Fact(
                 name="nccl_socket", sources=tuple(dict.fromkeys(_cite(r) for r in sock))[:3],
-                value=f"{len(sock)} channel connection(s) over NET/Socket (TCP)"
-                      + (f" between {num_nodes} hosts" if num_nodes and num_nodes > 1 else "")
-                      + ": InfiniBand/RoCE (NET/IB) or NVLink/P2P is usually expected; check NCCL_IB_DISABLE, "
-                        "NCCL_NET and that the IB plugin and devices are found")
+                value=Message(N_("%(num)s channel connection(s) over NET/Socket (TCP) between %(num_hosts)s hosts: "
+                                 "InfiniBand/RoCE (NET/IB) or NVLink/P2P is usually expected; check NCCL_IB_DISABLE, "
+                                 "NCCL_NET and that the IB plugin and devices are found"), num=len(sock), num_hosts=num_nodes)
+                if num_nodes and num_nodes > 1 else
+                Message(N_("%(num)s channel connection(s) over NET/Socket (TCP): InfiniBand/RoCE (NET/IB) or NVLink/P2P "
+                           "is usually expected; check NCCL_IB_DISABLE, NCCL_NET and that the IB plugin and devices are "
+                           "found"), num=len(sock)))
     return out

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from core.formulas import compute_bubble_ratio
+from core.i18n import Message, N_
 from core.records import ATTRIBUTION_CATEGORIES, TRANSFER_AT_COMMBENCH, AttributionRow, WhatIfRow
 from ingest.commbench import compute_bench_time_s
 from ingest.intervals import measure
@@ -401,17 +402,19 @@ def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[Attribu
         offsets = offsets_ns(ranks, keys)
         base, forced = replay_step_s(ranks, keys, offsets, Scenario())
         if base is None:
-            warnings.append("the what-if replay could not finish (a rank waits for a collective another rank never "
-                            "reaches in the trace); savings are not given")
+            warnings.append(Message(N_("the what-if replay could not finish (a rank waits for a collective another rank "
+                                       "never reaches in the trace); savings are not given")))
         else:
             if len(ranks) > 2 and any(k[1] in UNNAMED_GROUPS for k in keys):
-                warnings.append("what-if replay: the trace does not name the collectives' process groups (gloo "
-                                "ranges), so with more than two ranks collectives of different groups may be matched "
-                                "as one; the replayed step is approximate (compare it with the traced step)")
+                warnings.append(Message(N_("what-if replay: the trace does not name the collectives' process groups "
+                                           "(gloo ranges), so with more than two ranks collectives of different groups "
+                                           "may be matched as one; the replayed step is approximate (compare it with "
+                                           "the traced step)")))
             if forced:
-                warnings.append(f"what-if replay: {forced} of {len(keys)} collectives appear in a different order on "
-                                "different ranks (several process groups under one name?); each ended with the ranks "
-                                "that had arrived, so waits around them are approximate")
+                warnings.append(Message(N_("what-if replay: %(num)s of %(total)s collectives appear in a different "
+                                           "order on different ranks (several process groups under one name?); each "
+                                           "ended with the ranks that had arrived, so waits around them are "
+                                           "approximate"), num=forced, total=len(keys)))
             for cat, sc in (("transfer", Scenario(transfer_zero=True)), ("launch_gaps", _gaps_scenario(ranks)),
                             ("data_stall", _data_scenario(ranks)), ("skew_wait", _skew_scenario(ranks))):
                 step, _ = replay_step_s(ranks, keys, offsets, sc)

@@ -89,6 +89,89 @@ def translate(value: Any, lang: "Language", *, escape: Any = None) -> Any:
     return value
 
 
+_RECORDED_MIN_LITERAL = 8  # a message with fewer fixed characters would match any text ("%(a)s: %(b)s")
+_RECORDED_DEPTH = 3  # parameters of parameters, e.g. a cause inside a hang inside a status
+_RECORDED_WHERE = re.compile(r"(?P<where>[^\s:]+): (?P<what>.+)", re.S)
+
+
+def _recorded_pattern(msgid: str) -> tuple[re.Pattern, tuple[str, ...], int] | None:
+    """msgid -> (a regex matching the English text it makes, its literal parts, their length), or
+    None for a message with too few fixed characters to be told apart from data."""
+    pieces = re.split(r"(%\(\w+\)[sd]|%%)", msgid)
+    literals = tuple(p for i, p in enumerate(pieces) if i % 2 == 0 and p)
+    literal = "".join(p for i, p in enumerate(pieces) if i % 2 == 0)
+    if len(literal.strip()) < _RECORDED_MIN_LITERAL or not re.search(r"[A-Za-z]{2}", literal):
+        return None
+    seen: set[str] = set()
+    parts = []
+    for i, p in enumerate(pieces):
+        if i % 2 == 0:
+            parts.append(re.escape(p))
+        elif p == "%%":
+            parts.append("%")
+        else:
+            name = p[2:-2]
+            parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>.+?)")
+            seen.add(name)
+    return re.compile("".join(parts), re.S), literals, len(literal)
+
+
+@cache
+def _recorded_patterns(lang: "Language") -> tuple[tuple[re.Pattern, tuple[str, ...], str], ...]:
+    """The catalog's messages with parameters as recorded-text patterns, most fixed text first
+    (the most specific message wins)."""
+    out = []
+    catalog = getattr(lang.translations, "_catalog", {})
+    for msgid in catalog:
+        if not isinstance(msgid, str) or not msgid or "\x04" in msgid or "%(" not in msgid:
+            continue  # plural forms are tuples (msgid, n); pgettext ids carry a context
+        compiled = _recorded_pattern(msgid)
+        if compiled is not None:
+            out.append((compiled[0], compiled[1], msgid, compiled[2]))
+    out.sort(key=lambda t: -t[3])
+    return tuple((rx, literals, msgid) for rx, literals, msgid, _ in out)
+
+
+def translate_recorded(text: Any, lang: "Language", *, _depth: int = 0) -> Any:
+    """English text recorded in a file (a status.json cause, a parser's warning stored in the
+    tables), in ``lang``: a catalog message as such, or the message with parameters whose fixed
+    parts, in order, make the whole text (its parameters translated the same way); items
+    joined by "; " one by one. Anything else (data, text of an older version) is returned as
+    is; a Message is translated directly (report.i18n.translate). Plain text in, plain text out:
+    the caller escapes it as the untrusted text it is."""
+    if isinstance(text, (Message, MessageList)):
+        return str(translate(text, lang))
+    if not isinstance(text, str) or not text.strip() or lang.code == DEFAULT_LANGUAGE:
+        return text
+    exact = lang.gettext(text)
+    if exact != text:
+        return exact
+    for rx, literals, msgid in _recorded_patterns(lang):
+        at = 0
+        for lit in literals:  # cheap test first: every fixed part, in order
+            at = text.find(lit, at)
+            if at < 0:
+                break
+            at += len(lit)
+        else:
+            m = rx.fullmatch(text)
+            if m:
+                params = {k: (translate_recorded(v, lang, _depth=_depth + 1) if _depth < _RECORDED_DEPTH else v)
+                          for k, v in m.groupdict().items()}
+                return lang.gettext(msgid) % params
+    where = _RECORDED_WHERE.fullmatch(text)  # "<file>: <sentence>", as the trace caveats name their file
+    if where and _depth < _RECORDED_DEPTH:
+        said = translate_recorded(where["what"], lang, _depth=_depth + 1)
+        if said != where["what"]:
+            return f"{where['where']}: {said}"
+    if _depth < _RECORDED_DEPTH and "; " in text:
+        items = text.split("; ")
+        done = [translate_recorded(i, lang, _depth=_depth + 1) for i in items]
+        if done != items:
+            return lang.pgettext("list separator", "; ").join(done)
+    return text
+
+
 def _exact(value: Decimal):
     """A decimal context keeping every digit of ``value``: babel quantizes in the current context
     (28 digits by default), which raises InvalidOperation on a longer number (a 1e300 GiB peak)."""

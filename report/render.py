@@ -27,7 +27,8 @@ from ingest.io import Campaign, load_campaign, load_trace_tables
 from core.atomic import check_staged_folder, staged_folder, write_bytes_atomic
 from core.formulas import compute_step_times
 from report import FORMATS, metrics
-from report.i18n import DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate
+from report.i18n import (DEFAULT_LANGUAGE, N_, Language, Message, MessageList, load_language, translate,
+                         translate_recorded)
 from report.summary import build_campaign_summary, build_summary, render_summary_json
 from report.figures import (MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS, render_breakdown_figure,
                             render_health_figure, render_rank_step_time_figure, render_timeline_figure, write_figures)
@@ -131,13 +132,20 @@ def count(n: int | None, *, lang: Language = EN) -> str:
 
 
 def text(v: Any, *, lang: Language = EN) -> str:
-    """Any value as text; None -> 'n/a'."""
-    return _na(lang) if _missing(v) else str(v)
+    """Any value as text (a report.i18n.Message in ``lang``); None -> 'n/a'."""
+    return _na(lang) if _missing(v) else str(translate(v, lang))
 
 
 def md_cell(v: Any, *, lang: Language = EN) -> str:
-    """Text safe inside a Markdown table cell (pipes escaped, newlines flattened); None -> 'n/a'."""
-    return _na(lang) if _missing(v) else str(v).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """Text safe inside a Markdown table cell (pipes escaped, newlines flattened; a Message in
+    ``lang``); None -> 'n/a'."""
+    return _na(lang) if _missing(v) else str(translate(v, lang)).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def recorded(v: Any, *, lang: Language = EN) -> str:
+    """Text recorded in a file (a parser's warning, a status cause) in ``lang`` where the catalog
+    worded it (report.i18n.translate_recorded), else as recorded; None -> 'n/a'. Plain text."""
+    return _na(lang) if _missing(v) else str(translate_recorded(v, lang))
 
 
 def ratio(x: float | None, digits: int = 2, *, lang: Language = EN) -> str:
@@ -213,14 +221,15 @@ _MD_SPECIAL = re.compile(r"([\\`*\[\]#|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))") 
 
 
 def md_untrusted(v: Any, *, lang: Language = EN) -> str:
-    """Text from a file the tool did not word (a status.json ``cause``, a log line) as inert
+    """Text from a file (a status.json ``cause``, a log line; translated where the catalog
+    worded it: report.i18n.translate_recorded) as inert
     Markdown: one line (newlines flattened: no heading, list or block), Markdown punctuation
     backslash-escaped (no emphasis, image, link or code span; ``[`` escaped, so ``![x](u)`` is
     no image and ``(`` needs none), ``&<>`` as entities (no raw HTML)
     and ``://`` / ``www.`` broken so viewers do not autolink a URL. None -> 'n/a'."""
     if _missing(v):
         return _na(lang)
-    s = " ".join(str(v).split())
+    s = " ".join(str(translate_recorded(v, lang)).split())
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MD_SPECIAL.sub(r"\\\1", s).replace("://", ":\\/\\/").replace("www.", "www\\.")
 
@@ -287,15 +296,19 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
     def gettext(context: Any, message: Any, /, **variables: Any) -> str:
         """Newstyle gettext; a report.i18n.Message from Python (``_(value)``) prints translated
         with its own parameters; a parameter that is None prints as "n/a"."""
+        escape = Markup if context.eval_ctx.autoescape else None
         if isinstance(message, (Message, MessageList)) and not variables:
-            return translate(message, lang, escape=Markup if context.eval_ctx.autoescape else None)
-        return newstyle(context, message, **{k: missing if v is None else v for k, v in variables.items()})
+            return translate(message, lang, escape=escape)
+        return newstyle(context, message, **{k: missing if v is None else translate(v, lang, escape=escape)
+                                             for k, v in variables.items()})
 
     env.globals.update(gettext=gettext, _=gettext)
     env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})
     env.globals.update(_markup(html), lang=lang, categories=ATTRIBUTION_CATEGORIES)
-    # text from status files: inert Markdown in .md; in HTML plain text, which autoescape makes inert
-    env.filters["untrusted"] = functools.partial(text if html else md_untrusted, lang=lang)
+    # text from status files: inert Markdown in .md; in HTML plain text, which autoescape makes inert; in
+    # the note's language where it is a catalog message
+    env.filters["untrusted"] = functools.partial(recorded if html else md_untrusted, lang=lang)
+    env.filters["recorded"] = functools.partial(recorded, lang=lang)
     return env
 
 

@@ -19,18 +19,22 @@ if TYPE_CHECKING:
 from core.records import LoadedRun
 from ingest.hangs import rank_evidence
 from ingest.jobs import Evidence, HangView, Job
+from report.i18n import Message, N_
 
-# (fact, label, filter the template formats it with): the rows of each job's fact list
-FACT_ROWS = (("world_size", "World size", "text"), ("global_batch_size", "Global batch (samples)", "text"),
-             ("seq_length", "Sequence length", "text"), ("num_steps", "Iterations logged", "text"),
-             ("step_time_median_s", "Step time (median)", "duration"), ("samples_per_s", "Samples/s", "num"),
-             ("tokens_per_s", "Tokens/s", "si"), ("hosts", "Hosts", "text"), ("ranks_seen", "Ranks in the files", "text"),
-             ("gpus", "GPUs (collect_env)", "text"), ("time_range", "Time range", "text"),
-             ("nccl_version", "NCCL", "text"), ("torch_version", "torch", "text"),
-             ("step_time_by_rank", "Step time per rank (median)", "text"), ("timers_ms", "Timers (mean)", "text"),
-             ("nccl_transports", "NCCL transports", "text"), ("nccl_socket", "NCCL over sockets", "text"))
-STATUS_TEXT = {"oom": "failed: out of memory", "hang": "failed: hang", "failed": "failed",
-               "no failure logged": "no failure in these files", "unknown": "unknown (no training or failure lines)"}
+# (fact, label, filter the template formats it with): the rows of each job's fact list; labels and
+# status words are catalogue messages (the note translates them)
+FACT_ROWS = tuple((fact, Message(label), fmt) for fact, label, fmt in (
+    ("world_size", N_("World size"), "text"), ("global_batch_size", N_("Global batch (samples)"), "text"),
+    ("seq_length", N_("Sequence length"), "text"), ("num_steps", N_("Iterations logged"), "text"),
+    ("step_time_median_s", N_("Step time (median)"), "duration"), ("samples_per_s", N_("Samples/s"), "num"),
+    ("tokens_per_s", N_("Tokens/s"), "si"), ("hosts", N_("Hosts"), "text"), ("ranks_seen", N_("Ranks in the files"), "text"),
+    ("gpus", N_("GPUs (collect_env)"), "text"), ("time_range", N_("Time range"), "text"),
+    ("nccl_version", N_("NCCL"), "text"), ("torch_version", N_("torch"), "text"),
+    ("step_time_by_rank", N_("Step time per rank (median)"), "text"), ("timers_ms", N_("Timers (mean)"), "text"),
+    ("nccl_transports", N_("NCCL transports"), "text"), ("nccl_socket", N_("NCCL over sockets"), "text")))
+STATUS_TEXT = {status: Message(words) for status, words in (
+    ("oom", N_("failed: out of memory")), ("hang", N_("failed: hang")), ("failed", N_("failed")),
+    ("no failure logged", N_("no failure in these files")), ("unknown", N_("unknown (no training or failure lines)")))}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,9 +93,9 @@ def build_triage_runs(runs: Sequence[LoadedRun], *,
             called = [k for k in odd if ranks[k].get("blocked_in")]  # odd ranks with a stack (a stopped one has none)
             if called and d.get("majority_blocked_in"):
                 where = ranks[called[0]].get("user_frame") or ranks[called[0]].get("frame")
-                from ingest.jobs import _FIX, _ranges
-                fix = (f"rank(s) {_ranges(called)} called {ranks[called[0]]['blocked_in']} at {where} while rank(s) "
-                       f"{_ranges(list(waiting))} wait in {d['majority_blocked_in']}: {_FIX}")
+                from ingest.jobs import describe_fix
+                fix = describe_fix(odd=called, collective=ranks[called[0]]["blocked_in"], where=where, waiting=waiting,
+                                   majority=d["majority_blocked_in"])
             hang = HangView(source="py-spy", cause=str(r.status.cause or ""), odd_ranks=odd, waiting_ranks=waiting,
                             odd_collective=ranks[called[0]]["blocked_in"] if called else None,
                             waiting_collective=d.get("majority_blocked_in"),

@@ -31,27 +31,30 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Mapping
 
+from core.i18n import N_
+
 KERNEL_MODES = ("parity", "engine-best")
 ATTENTION = "sdpa-causal"  # F.scaled_dot_product_attention(is_causal=True); torch picks flash/cuDNN/efficient
 LOSSES = ("liger-cross-entropy", "compiled-cross-entropy", "eager-cross-entropy", "megatron-vocab-parallel")
 COMPILE_SCOPES = ("per-block", "model+loss", "none")
 
-# What an engine cannot take in parity mode, and why (printed in the note beside the run).
+# What an engine cannot take in parity mode, and why (printed in the note beside the run; catalogue
+# messages, so the note translates what the run recorded).
 NOT_TAKEN: dict[tuple[str, str], dict[str, str]] = {
     ("zero3", "deepspeed"): {
-        "compile": "DeepSpeed ZeRO-3 gathers each module's partitioned parameters in forward/backward hooks on"
-                   " every nn.Module; torch.compile of a block breaks its graph at each of those hooks (DeepSpeed's"
-                   " own compile path for ZeRO-3 is DeepCompile, a different compiler), so blocks run eager",
+        "compile": N_("DeepSpeed ZeRO-3 gathers each module's partitioned parameters in forward/backward hooks on"
+                      " every nn.Module; torch.compile of a block breaks its graph at each of those hooks (DeepSpeed's"
+                      " own compile path for ZeRO-3 is DeepCompile, a different compiler), so blocks run eager"),
     },
     ("tp_pp", "megatron"): {
-        "compile": "megatron-core 0.16 without Transformer Engine builds its layers from custom autograd"
-                   " Functions (tensor-parallel linears) and a CUDA RNG tracker; per-layer torch.compile of its"
-                   " TransformerLayer is not a supported path there, so layers run eager, with Megatron's own"
-                   " compiled bias-GELU and bias-dropout-add fusions",
+        "compile": N_("megatron-core 0.16 without Transformer Engine builds its layers from custom autograd"
+                      " Functions (tensor-parallel linears) and a CUDA RNG tracker; per-layer torch.compile of its"
+                      " TransformerLayer is not a supported path there, so layers run eager, with Megatron's own"
+                      " compiled bias-GELU and bias-dropout-add fusions"),
     },
 }
-MEGATRON_TP_LOSS_REASON = ("tp_degree > 1: Megatron's logits are vocab-sharded across TP ranks; the shared loss needs"
-                           " whole vocabulary rows, so Megatron's vocab-parallel cross entropy computes it")
+MEGATRON_TP_LOSS_REASON = N_("tp_degree > 1: Megatron's logits are vocab-sharded across TP ranks; the shared loss needs"
+                              " whole vocabulary rows, so Megatron's vocab-parallel cross entropy computes it")
 
 
 def liger_available() -> bool:

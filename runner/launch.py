@@ -31,6 +31,7 @@ from ingest.hangs import (
     summarize_stack,
 )
 from core.errors import ConfigError
+from core.i18n import Message, N_  # a cause is a sentence the note prints: a catalogue message
 from ingest.io import read_regular_text
 from core.atomic import atomic_writer, write_json_atomic
 from core.records import RunSpec, RunStatus, to_dict
@@ -129,11 +130,13 @@ def classify_failure(run_dir: Path, exit_code: int, *, world_size: int,
     if dumps or any(WATCHDOG_PATTERN.search(t) for t in logs.values()):
         cause, diagnosis = diagnose_from_flight_recorder(
             {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=world_size)
-        return "hang", f"collective timeout (NCCL watchdog): {cause}", diagnosis
+        return "hang", Message(N_("collective timeout (NCCL watchdog): %(cause)s"), cause=cause), diagnosis
     if root_exit is not None and root_exit < 0:
         sig = signal.Signals(-root_exit).name
-        hint = " (often the host's OOM killer; see dmesg)" if sig == "SIGKILL" else ""
-        return "crash", f"rank {root_rank} killed by {sig}{hint}", {"rank": root_rank, "signal": sig}
+        cause = (Message(N_("rank %(rank)s killed by %(signal)s (often the host's OOM killer; see dmesg)"), rank=root_rank,
+                         signal=sig) if sig == "SIGKILL" else
+                 Message(N_("rank %(rank)s killed by %(signal)s"), rank=root_rank, signal=sig))
+        return "crash", cause, {"rank": root_rank, "signal": sig}
     for rank, text in logs.items():
         m = OOM_PATTERN.search(text)
         if m:
@@ -144,8 +147,8 @@ def classify_failure(run_dir: Path, exit_code: int, *, world_size: int,
         if found:
             return "crash", f"rank {rank}: {found[-1][:300]}", {"rank": rank, "exception": found[-1][:2000]}
     if exit_code < 0:
-        return "crash", f"killed by signal {signal.Signals(-exit_code).name}", None
-    return "crash", f"exit code {exit_code}, no exception in the rank logs", None
+        return "crash", Message(N_("killed by signal %(signal)s"), signal=signal.Signals(-exit_code).name), None
+    return "crash", Message(N_("exit code %(code)s, no exception in the rank logs"), code=exit_code), None
 
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<exit>-?\d+)", re.DOTALL)
@@ -378,10 +381,10 @@ def run_one(spec: RunSpec, *, run_dir: Path, watchdog: Watchdog, master_port: in
     except BaseException as e:  # any exit of the runner's own (signal, full disk, bug) stops the run's group
         if proc is not None:
             _kill_group(proc)
-        cause = ("runner interrupted (SIGINT/SIGTERM)" if isinstance(e, KeyboardInterrupt)
-                 else f"runner stopped by an error: {describe_error(e)}")
+        cause = (Message(N_("runner interrupted (SIGINT/SIGTERM)")) if isinstance(e, KeyboardInterrupt)
+                 else Message(N_("runner stopped by an error: %(error)s"), error=describe_error(e)))
         if ended:
-            cause += f"; the run had ended: {ended}"
+            cause = Message(N_("%(cause)s; the run had ended: %(ended)s"), cause=cause, ended=ended)
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             from runner.owner import free_reserve
 
@@ -448,9 +451,10 @@ def _watch(proc, spec, *, run_dir, watchdog, node, run_index, tail, progress):
         if now - last_progress > limit and node is not None and size == 0 and not _rank_processes(proc):
             # torchrun's agent is still waiting in the c10d rendezvous: a node is missing, not a hang in training
             _kill_group(proc)
-            return "hang", (f"no rank started within {limit:.0f} s: the c10d rendezvous at {node.rdzv_host}:"
-                            f"{node.port_for(run_index)} did not complete; are all {node.nnodes} nodes running "
-                            "`runner all` with the same matrix and --rdzv-endpoint?"), None, {"source": "rendezvous"}
+            return "hang", Message(N_("no rank started within %(limit)s s: the c10d rendezvous at %(endpoint)s did not "
+                                      "complete; are all %(num)s nodes running `runner all` with the same matrix and "
+                                      "--rdzv-endpoint?"), limit=f"{limit:.0f}", endpoint=f"{node.rdzv_host}:"
+                                   f"{node.port_for(run_index)}", num=node.nnodes), None, {"source": "rendezvous"}
         if now - last_progress > limit:
             cause, diagnosis = diagnose_stall(proc, run_dir, world_size=spec.world_size)
             _kill_group(proc)
@@ -460,11 +464,12 @@ def _watch(proc, spec, *, run_dir, watchdog, node, run_index, tail, progress):
                 cause, diagnosis = diagnose_from_flight_recorder(
                     {r: summarize_flight_recorder(d) for r, d in dumps.items()}, world_size=spec.world_size)
                 diagnosis = {**diagnosis, "stacks": stacks}
-            return "hang", f"no step row for {limit:.0f} s; {cause}", None, diagnosis
+            return "hang", Message(N_("no step row for %(limit)s s; %(cause)s"), limit=f"{limit:.0f}", cause=cause), None, diagnosis
         if now - t0 > deadline:
             _kill_group(proc)
-            return "timeout", f"no exit within the {deadline:.0f} s deadline (derived from the observed step time)" \
-                if deadline < watchdog.deadline_s else f"no exit within the {deadline:.0f} s deadline", None, None
+            return "timeout", Message(N_("no exit within the %(limit)s s deadline (derived from the observed step time)")
+                                      if deadline < watchdog.deadline_s else N_("no exit within the %(limit)s s deadline"),
+                                      limit=f"{deadline:.0f}"), None, None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

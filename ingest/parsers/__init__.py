@@ -20,6 +20,8 @@ import string
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from core.i18n import Message, N_  # a warning is a sentence the note prints: a catalogue message
+
 MAX_LINE_CHARS = 1 << 16  # longer lines are counted unparsed unread: bounded time per line
 MAX_UNPARSED_LINENOS = 1000  # line numbers kept for --strict; the count is always exact
 
@@ -633,7 +635,7 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
                                     got = i
                                     break
             except (ValueError, IndexError, KeyError, OverflowError) as e:
-                warnings.append(f"line {lineno}: not understood ({type(e).__name__})")
+                warnings.append(Message(N_("line %(line)s: not understood (%(error)s)"), line=lineno, error=type(e).__name__))
                 got = -1
         if got >= 0:
             hits[got] += 1
@@ -659,14 +661,14 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
         unparsed += 1
         if len(linenos) < MAX_UNPARSED_LINENOS:
             linenos.append(blocks.cut_line)
-        warnings.append(f"line {blocks.cut_line}: cut (the file ends without a newline); not used")
+        warnings.append(Message(N_("line %(line)s: cut (the file ends without a newline); not used"), line=blocks.cut_line))
     records, warnings = [], []
     for p in parsers:
         p.finish()
         records.extend(p.records)
         warnings.extend(p.warnings)
     if huge:
-        warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+        warnings.append(Message(N_("%(num)s line(s) longer than %(max)s characters skipped"), num=huge, max=MAX_LINE_CHARS))
     by_kind: dict[str, int] = {}  # kinds whose parsers made records (else: that recognised lines)
     with_records = any(p.records for p, n in zip(parsers, hits) if n)
     for p, n in zip(parsers, hits):
@@ -677,16 +679,18 @@ def run_parsers(text: str | Iterable[str], parsers: list[LineParser], *, kind: s
     if kind is None:
         kind = next((k for k in KIND_PRIORITY if k in by_kind), kinds[0] if kinds else "unknown")
         if not claimed and num_bodies:
-            warnings.append(f"unknown kind: none of {num_bodies} lines is in a format the parsers know")
+            warnings.append(Message(N_("unknown kind: none of %(num)s lines is in a format the parsers know"), num=num_bodies))
     if cut_short:
-        why = "leaves a record, block or bracket open" if left_open else "starts as a line before it but is " + (
-            "shorter" if got >= 0 else "not read")
-        warnings.append(f"line {lineno}: the last line {why}: the file may be cut (truncated) there")
-    warnings += [f"line {n}: a record or block its log ends inside: the log may be cut (truncated) there"
-                 for n in sorted(opened - {lineno, None})]
+        why = (N_("line %(line)s: the last line leaves a record, block or bracket open: the file may be cut (truncated) there")
+               if left_open else N_("line %(line)s: the last line starts as a line before it but is shorter: the file may be "
+                                    "cut (truncated) there") if got >= 0 else N_("line %(line)s: the last line starts as a "
+                                    "line before it but is not read: the file may be cut (truncated) there"))
+        warnings.append(Message(why, line=lineno))
+    warnings += [Message(N_("line %(line)s: a record or block its log ends inside: the log may be cut (truncated) there"),
+                         line=n) for n in sorted(opened - {lineno, None})]
     if claimed and unparsed >= UNCLAIMED_WARN_MIN_LINES and unparsed > UNCLAIMED_WARN_FRACTION * (claimed + unparsed):
-        warnings.append(f"{unparsed} of {claimed + unparsed} lines not recognised by any parser "
-                        f"(first at line {linenos[0]}); see the unparsed line numbers")
+        warnings.append(Message(N_("%(num)s of %(total)s lines not recognised by any parser (first at line %(line)s); see the "
+                                   "unparsed line numbers"), num=unparsed, total=claimed + unparsed, line=linenos[0]))
     return ParseResult(records=records, unparsed=unparsed, warnings=warnings, kind=kind,
                        unparsed_lines=tuple(linenos), num_lines=blocks.num_lines, kinds=kinds)
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from ingest.parsers import ParseResult
+from ingest.parsers import Message, N_, ParseResult
 
 MAX_EVENT_RECORDS = 20_000  # per-event records of a non-Kineto trace; the rest are counted
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
@@ -107,21 +107,21 @@ def parse_chrome_trace(events: Iterable[dict[str, Any]], *, source: str, head: s
                             "key": "nccl_version", "value": str(info["nccl_version"])})
         warnings += list(breakdown.warnings)
         if rank is None:
-            warnings.append("no distributedInfo.rank and no rank in the file name: analysed as rank 0; "
-                            "name the file profile_rank<r>.json to place it")
+            warnings.append(Message(N_("no distributedInfo.rank and no rank in the file name: analysed as rank 0; "
+                                       "name the file profile_rank<r>.json to place it")))
     else:
         records += loose[:MAX_EVENT_RECORDS]
         if len(loose) > MAX_EVENT_RECORDS:
-            warnings.append(f"{len(loose) - MAX_EVENT_RECORDS} more events not kept as records (first "
-                            f"{MAX_EVENT_RECORDS} kept)")
-        warnings.append("not a torch.profiler (Kineto) document: its events are listed, no step breakdown")
+            warnings.append(Message(N_("%(num)s more events not kept as records (first %(max)s kept)"),
+                                    num=len(loose) - MAX_EVENT_RECORDS, max=MAX_EVENT_RECORDS))
+        warnings.append(Message(N_("not a torch.profiler (Kineto) document: its events are listed, no step breakdown")))
     if read_counts.truncated:
-        warnings.append("the trace ends inside its JSON (cut file or a crash while writing): the events before the "
-                        "cut are used")
+        warnings.append(Message(N_("the trace ends inside its JSON (cut file or a crash while writing): the events before "
+                                   "the cut are used")))
     if read_counts.num_skipped:
-        warnings.append(f"{read_counts.num_skipped} item(s) that are not JSON event objects were skipped")
+        warnings.append(Message(N_("%(num)s item(s) that are not JSON event objects were skipped"), num=read_counts.num_skipped))
     if not records:
-        warnings.append("no records: the trace holds no event this tool reads")
+        warnings.append(Message(N_("no records: the trace holds no event this tool reads")))
     result = ParseResult(records=records, unparsed=read_counts.num_skipped, warnings=warnings, kind="chrome_trace",
                          num_lines=read_counts.num_events + read_counts.num_skipped)
     return TraceParse(result=result, timeline=breakdown.rank_timeline if header["kineto"] else None, rank=rank)

@@ -17,7 +17,7 @@ import io
 import tokenize
 from typing import Iterable
 
-from ingest.parsers import MAX_LINE_CHARS, MAX_UNPARSED_LINENOS, ParseResult, iter_lines
+from ingest.parsers import MAX_LINE_CHARS, MAX_UNPARSED_LINENOS, Message, N_, ParseResult, iter_lines
 
 _NAMES = {"null": None, "None": None, "true": True, "True": True, "false": False, "False": False}
 _OPEN, _CLOSE = "([{", ")]}"
@@ -123,14 +123,15 @@ def parse_flight_recorder(text: str | Iterable[str], *, source: str) -> ParseRes
             linenos = [n for n, _ in block]
             used = set(linenos[:num_rows])
             if truncated:
-                warnings.append(f"line {linenos[num_rows - 1]}: dump cut short (truncated); entries up to here kept")
+                warnings.append(Message(N_("line %(line)s: dump cut short (truncated); entries up to here kept"),
+                                        line=linenos[num_rows - 1]))
             records = _records(root, linenos, source=source, warnings=warnings)
         else:
-            warnings.append("no complete dict literal found: not a printed flight-recorder dump")
+            warnings.append(Message(N_("no complete dict literal found: not a printed flight-recorder dump")))
     missed = [n for n, body in numbered if n not in used]
     huge = sum(1 for _, body in numbered if body is None)
     if huge:
-        warnings.append(f"{huge} line(s) longer than {MAX_LINE_CHARS} characters skipped")
+        warnings.append(Message(N_("%(num)s line(s) longer than %(max)s characters skipped"), num=huge, max=MAX_LINE_CHARS))
     return ParseResult(records=records, unparsed=len(missed), warnings=warnings, kind="flight_recorder",
                        unparsed_lines=tuple(missed[:MAX_UNPARSED_LINENOS]),
                        num_lines=numbered[-1][0] if numbered else 0)
@@ -174,7 +175,8 @@ def _records(root: ast.Dict, linenos: list[int], *, source: str, warnings: list[
         rec["top_frame"] = f"{frames[0].get('name')} ({frames[0].get('filename')}:{frames[0].get('line')})" if frames else None
         out.append(rec)
     if elided:
-        warnings.append(f"{elided} entr{'y' if elided == 1 else 'ies'} elided ('...') in the dump")
+        warnings.append(Message(N_("1 entry elided ('...') in the dump")) if elided == 1 else
+                        Message(N_("%(num)s entries elided ('...') in the dump"), num=elided))
     for key, event in (("pg_status", "fr_pg_status"), ("pg_config", "fr_pg_config")):
         for pg_id, node in _dict_items(top.get(key)).items():
             values = {k: _value(v) for k, v in _dict_items(node).items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import INT, ParseResult, StepRowParser, put_field, run_parsers, slug, to_int, to_num
+from ingest.parsers import INT, Message, N_, ParseResult, StepRowParser, put_field, run_parsers, slug, to_int, to_num
 from ingest.parsers.deepspeed import DeepSpeedParser, timer_records
 from ingest.parsers.failures import FailureScanner
 
@@ -105,7 +105,8 @@ class MegatronParser(StepRowParser):
                 else:
                     if key not in self._unknown:
                         self._unknown.add(key)
-                        self.warnings.append(f"line {lineno}: iteration field {key!r} not in the pattern table")
+                        self.warnings.append(Message(N_("line %(line)s: iteration field %(key)s not in the pattern table"),
+                                                     line=lineno, key=repr(key)))
                     continue
             put_field(row, spec, value)
         row.setdefault("loss", None)

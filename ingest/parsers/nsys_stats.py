@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import re
 
-from ingest.parsers import CELLS, RULE_LINE, LineParser, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
+from ingest.parsers import CELLS, RULE_LINE, LineParser, Message, N_, ParseResult, apply_rule, match_rules, rule, run_parsers, to_num
 from ingest.parsers.failures import FailureScanner
 
 _TIME = {"ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "microseconds": 1e-6, "ms": 1e-3, "milliseconds": 1e-3,
@@ -181,8 +181,9 @@ class NsysStatsParser(LineParser):
         self.records.append(rec)
         if headerless and not self._warned:  # cuda_api_sum, osrt_sum, cuda_gpu_kern_sum share this layout
             self._warned = True
-            self.warnings.append(f"line {lineno}: rows without their table header; read with nsys's default "
-                                 "summary columns (Time (%), Total Time (ns), Num Calls, Avg, Med, Min, Max, StdDev, Name), report unknown")
+            self.warnings.append(Message(N_("line %(line)s: rows without their table header; read with nsys's default summary "
+                                            "columns (Time (%%), Total Time (ns), Num Calls, Avg, Med, Min, Max, StdDev, Name), "
+                                            "report unknown"), line=lineno))
         return True
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.parsers import LineParser, ParseResult, TextBlocks, run_parsers
+from ingest.parsers import LineParser, Message, N_, ParseResult, TextBlocks, run_parsers
 from ingest.parsers.failures import FailureScanner
 
 _MULTI = (("CPU Affinity", "CPU_Affinity"), ("NUMA Affinity", "NUMA_Affinity"), ("GPU NUMA ID", "GPU_NUMA_ID"))
@@ -84,8 +84,10 @@ class TopoParser(LineParser):
                 links = len(cells)
             cols = [f"GPU{j}" if j < num_gpus else f"NIC{j - num_gpus}" if sure else f"column{j}" for j in range(links)]
             self._row(lineno, dev, cols + [b for _, b in _MULTI], cells)
-        self.warnings.append(f"line {rows[0][0]}: topology rows without their header: columns named by position "
-                             f"(GPUs, then NICs, then CPU / NUMA affinity){'' if sure else '; past the GPUs seen, by number'}")
+        self.warnings.append(Message(N_("line %(line)s: topology rows without their header: columns named by position (GPUs, "
+                                        "then NICs, then CPU / NUMA affinity)") if sure else N_("line %(line)s: topology rows "
+                                        "without their header: columns named by position (GPUs, then NICs, then CPU / NUMA "
+                                        "affinity); past the GPUs seen, by number"), line=rows[0][0]))
         self._headless = []
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ingest.parsers import (BINARY, CELLS, RULE_LINE, SI, Col, LineParser, ParseResult, apply_rule, match_rules,
+from ingest.parsers import (BINARY, CELLS, RULE_LINE, SI, Col, LineParser, Message, N_, ParseResult, apply_rule, match_rules,
                             read_scaled, rule, run_parsers, to_num)
 from ingest.parsers.failures import FailureScanner
 
@@ -162,8 +162,8 @@ class ProfilerTableParser(LineParser):
             if cols is None:
                 return False
             self._cols, self._header, self._fewest = cols, "(no header: columns by torch's order and units)", len(cols)
-            self.warnings.append(f"line {lineno}: profiler rows without their header: columns read by torch's order "
-                                 "and the cells' units")
+            self.warnings.append(Message(N_("line %(line)s: profiler rows without their header: columns read by torch's "
+                                            "order and the cells' units"), line=lineno))
         if len(cells) < 2:
             return False
         self.open_line = lineno if len(cells) < (self._fewest or len(cells)) else None
@@ -192,8 +192,8 @@ class ProfilerTableParser(LineParser):
 
     def finish(self) -> None:
         if self._bare_header is not None:  # (no silent loss: a table whose rows are gone is said so)
-            self.warnings.append(f"line {self._bare_header}: a profiler table header with no rows after it: "
-                                 "the table may be cut (truncated) there")
+            self.warnings.append(Message(N_("line %(line)s: a profiler table header with no rows after it: the table may "
+                                            "be cut (truncated) there"), line=self._bare_header))
 
 
 def parse_profiler_table(text, *, source: str) -> ParseResult:
