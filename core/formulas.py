@@ -257,8 +257,14 @@ def compute_tokens_per_s(steps: pd.DataFrame, *, tokens_per_step: float, warmup_
     times = compute_step_times(steps, warmup_steps=warmup_steps)["step_time_s"].to_numpy(dtype=float)
     if times.size == 0:
         return None
-    median = float(np.percentile(times, 50, method="linear"))
-    return tokens_per_step / median if median > 0 else None
+    return compute_tokens_per_s_at(tokens_per_step=tokens_per_step,
+                                   step_time_median_s=float(np.percentile(times, 50, method="linear")))
+
+
+def compute_tokens_per_s_at(*, tokens_per_step: float, step_time_median_s: float) -> float | None:
+    """compute_tokens_per_s from a run's median measured step time (s): tokens per step over
+    it; None unless it is > 0."""
+    return tokens_per_step / step_time_median_s if step_time_median_s > 0 else None
 
 
 def compute_bus_factor(op: str, group_size: int) -> float:

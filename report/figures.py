@@ -61,10 +61,15 @@ def _svg(fig: plt.Figure) -> bytes:
 
 
 def render_loss_figure(loss_curve: pd.DataFrame, *, loss_floor_nats: float | None = None,
-                       gettext: Gettext = _identity) -> bytes:
-    """Loss vs step, one line per run. loss_curve: columns run, step, loss (nats). -> SVG bytes."""
+                       band: pd.DataFrame | None = None, gettext: Gettext = _identity) -> bytes:
+    """Loss vs step, one line per run. loss_curve: columns run, step, loss (nats), the runs
+    drawn; band: columns step, loss_min, loss_max (report.metrics.compute_loss_band over every
+    run), drawn as a grey band under the lines, or None. -> SVG bytes."""
     _ = gettext
     fig, ax = plt.subplots(figsize=(6.0, 3.2), layout="constrained")
+    if band is not None and not band.empty:
+        ax.fill_between(band["step"], band["loss_min"], band["loss_max"], color="0.85", linewidth=0,
+                        label=_(N_("every run: lowest to highest loss")))
     for run, df in loss_curve.groupby("run", sort=False):
         ax.plot(df["step"], df["loss"], label=str(run), linewidth=1.2)
     if loss_floor_nats is not None:
@@ -105,11 +110,13 @@ def render_step_time_figure(step_times: pd.DataFrame, *, runs: list[str], gettex
 
 
 def write_figures(loss_curve: pd.DataFrame, step_times: pd.DataFrame, *, runs: list[str], out_dir: Path,
-                  loss_floor_nats: float | None = None, gettext: Gettext = _identity) -> dict[str, Path]:
-    """Write loss.svg and step_time.svg into out_dir; returns {"loss": path, "step_time": path}."""
+                  loss_floor_nats: float | None = None, loss_band: pd.DataFrame | None = None,
+                  gettext: Gettext = _identity) -> dict[str, Path]:
+    """Write loss.svg and step_time.svg into out_dir (render_loss_figure, render_step_time_figure:
+    the runs of the tables given); returns {"loss": path, "step_time": path}."""
     return {
         "loss": write_bytes_atomic(out_dir / "loss.svg", render_loss_figure(
-            loss_curve, loss_floor_nats=loss_floor_nats, gettext=gettext)),
+            loss_curve, loss_floor_nats=loss_floor_nats, band=loss_band, gettext=gettext)),
         "step_time": write_bytes_atomic(out_dir / "step_time.svg", render_step_time_figure(
             step_times, runs=runs, gettext=gettext)),
     }

@@ -146,17 +146,17 @@ def build_health_rule(thresholds: Mapping[str, float]) -> HealthRule:
                       grad_norm_explode_multiple=float(thresholds["grad_norm_explode_multiple"]))
 
 
-def _trainer_non_finite(rows: pd.DataFrame, column: str) -> pd.Series:
+def _trainer_non_finite(rows: pd.DataFrame, column: str) -> np.ndarray:
     """Per row: the value is inf, or NaN on a rank that recorded a finite value earlier and no
-    finite value from this step on (see the module docstring). rows: one run, sorted by step."""
+    finite value from this step on (see the module docstring). rows: sorted by run, step and
+    rank (any number of runs)."""
     v = rows[column].to_numpy(dtype=float)
     finite = pd.Series(np.isfinite(v), index=rows.index)
-    by_rank = finite.groupby(rows["rank"])
-    seen_before = by_rank.cumsum() - finite > 0
+    keys = [rows["run"], rows["rank"]]
+    seen_before = (finite.groupby(keys).cumsum() - finite).to_numpy() > 0
     # finite values at this row or later on the rank: a reversed cumulative sum
-    finite_after = finite[::-1].groupby(rows["rank"][::-1]).cumsum()[::-1] > 0
-    return pd.Series(np.isinf(v), index=rows.index) | (pd.Series(np.isnan(v), index=rows.index)
-                                                       & seen_before & ~finite_after)
+    finite_after = finite[::-1].groupby([k[::-1] for k in keys]).cumsum()[::-1].to_numpy() > 0
+    return np.isinf(v) | (np.isnan(v) & seen_before & ~finite_after)
 
 
 def compute_health_curves(steps: pd.DataFrame) -> pd.DataFrame:
@@ -164,58 +164,73 @@ def compute_health_curves(steps: pd.DataFrame) -> pd.DataFrame:
     loss_non_finite (any rank's loss non-finite, _trainer_non_finite), grad_norm = max over ranks
     of the finite norms, grad_norm_non_finite likewise, grad_norm_recorded (any rank recorded
     one, finite or not). steps: StepRow columns. Columns run, step, loss, loss_non_finite,
-    grad_norm, grad_norm_non_finite, grad_norm_recorded."""
+    grad_norm, grad_norm_non_finite, grad_norm_recorded; rows sorted by run, then step."""
     cols = ["run", "step", "loss", "loss_non_finite", "grad_norm", "grad_norm_non_finite", "grad_norm_recorded"]
     if steps.empty:
         return pd.DataFrame(columns=cols)
-    parts = []
-    for _, rows in steps.sort_values(["run", "step", "rank"], kind="stable").groupby("run", sort=False):
-        df = rows[["run", "step", "rank"]].copy()
-        for c in ("loss", "grad_norm"):
-            v = rows[c].astype(float)
-            df[f"{c}_non_finite"] = _trainer_non_finite(rows, c)
-            df[c] = v.where(np.isfinite(v))
-        df["grad_norm_recorded"] = df["grad_norm"].notna() | df["grad_norm_non_finite"]
-        parts.append(df)
-    rows = pd.concat(parts)
-    return rows.groupby(["run", "step"], as_index=False, sort=False).agg(
+    rows = steps.sort_values(["run", "step", "rank"], kind="stable")
+    df = rows[["run", "step", "rank"]].copy()
+    for c in ("loss", "grad_norm"):
+        v = rows[c].astype(float)
+        df[f"{c}_non_finite"] = _trainer_non_finite(rows, c)
+        df[c] = v.where(np.isfinite(v))
+    df["grad_norm_recorded"] = df["grad_norm"].notna() | df["grad_norm_non_finite"]
+    return df.groupby(["run", "step"], as_index=False, sort=False).agg(
         loss=("loss", "mean"), loss_non_finite=("loss_non_finite", "any"), grad_norm=("grad_norm", "max"),
         grad_norm_non_finite=("grad_norm_non_finite", "any"),
-        grad_norm_recorded=("grad_norm_recorded", "any"))[cols]
+        grad_norm_recorded=("grad_norm_recorded", "any"))[cols].reset_index(drop=True)
 
 
-def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_steps: int
-                           ) -> tuple[np.ndarray, np.ndarray]:
+# rows of trailing windows built at a time: bounds the (rows x window) copies at 10,000+ runs
+_TRAILING_CHUNK_ROWS = 65536
+
+
+def compute_trailing_stats(values: np.ndarray, *, window_steps: int, min_window_steps: int,
+                           groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Median of the up to ``window_steps`` values before each position (the value itself
     excluded; NaNs skipped) and the MAD of their step-to-step differences; NaN where fewer than
-    ``min_window_steps`` are finite. values: 1-D float array in step order. Returns
-    (median, diff_mad), each values' shape."""
+    ``min_window_steps`` are finite. values: 1-D float array in step order; groups: a label per
+    value (e.g. the run), each group's values contiguous: a window never reaches into the group
+    before (None: one group). Returns (median, diff_mad), each values' shape."""
+    values = np.asarray(values, dtype=float)
     n = len(values)
     if n == 0:
         return np.array([]), np.array([])
-    padded = np.concatenate([np.full(window_steps, np.nan), np.asarray(values, dtype=float)])
-    views = np.lib.stride_tricks.sliding_window_view(padded[:-1], window_steps)  # row t: values[t-W:t]
-    count = np.sum(~np.isnan(views), axis=1)
-    with warnings.catch_warnings():  # an all-NaN window is NaN, as intended
-        warnings.simplefilter("ignore", RuntimeWarning)
-        median = np.nanmedian(views, axis=1)
-        diffs = np.diff(views, axis=1)
-        mad = np.nanmedian(np.abs(diffs - np.nanmedian(diffs, axis=1)[:, None]), axis=1)
+    if groups is None:
+        group_index = np.zeros(n, dtype=np.int64)
+    else:
+        g = np.asarray(groups)
+        group_index = np.cumsum(np.r_[True, g[1:] != g[:-1]]) - 1
+    # each group's values after window_steps NaNs of its own: row t's window is padded[pos_t - W : pos_t]
+    pos = np.arange(n) + window_steps * (group_index + 1)
+    padded = np.full(n + window_steps * (int(group_index[-1]) + 1), np.nan)
+    padded[pos] = values
+    windows = np.lib.stride_tricks.sliding_window_view(padded, window_steps)
+    median, mad, count = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
+    for lo in range(0, n, _TRAILING_CHUNK_ROWS):
+        views = windows[pos[lo:lo + _TRAILING_CHUNK_ROWS] - window_steps]
+        part = slice(lo, lo + len(views))
+        count[part] = np.sum(~np.isnan(views), axis=1)
+        with warnings.catch_warnings():  # an all-NaN window is NaN, as intended
+            warnings.simplefilter("ignore", RuntimeWarning)
+            median[part] = np.nanmedian(views, axis=1)
+            diffs = np.diff(views, axis=1)
+            mad[part] = np.nanmedian(np.abs(diffs - np.nanmedian(diffs, axis=1)[:, None]), axis=1)
     short = count < max(1, min_window_steps)
     median[short], mad[short] = np.nan, np.nan
     return median, mad
 
 
 def compute_loss_spikes(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
-    """One run's curve (compute_health_curves rows, step order) with columns rolling_median,
-    noise_sd_nats (the noise SD: MAD_TO_SD x the MAD of the step-to-step differences in the window of
-    finite losses before each step / sqrt 2) and spike (HealthRule's test). The window slides
-    over the steps that have a finite loss."""
+    """Curves (compute_health_curves rows of one or more runs, sorted by run then step) with
+    columns rolling_median, noise_sd_nats (the noise SD: MAD_TO_SD x the MAD of the step-to-step
+    differences in the window of finite losses before each step / sqrt 2) and spike (HealthRule's
+    test). The window slides over each run's steps that have a finite loss."""
     out = curve.copy()
     finite = out["loss"].notna()
     values = out.loc[finite, "loss"].to_numpy(dtype=float)
-    median, mad = compute_trailing_stats(values, window_steps=rule.window_steps,
-                                         min_window_steps=rule.min_window_steps)
+    median, mad = compute_trailing_stats(values, window_steps=rule.window_steps, min_window_steps=rule.min_window_steps,
+                                         groups=out.loc[finite, "run"].to_numpy())
     out["rolling_median"], out["noise_sd_nats"] = np.nan, np.nan
     out.loc[finite, "rolling_median"], out.loc[finite, "noise_sd_nats"] = median, MAD_TO_SD * mad / np.sqrt(2)
     limit = np.maximum(rule.spike_k * out["noise_sd_nats"], rule.spike_min_nats)
@@ -224,13 +239,14 @@ def compute_loss_spikes(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
 
 
 def compute_grad_explosions(curve: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
-    """One run's curve with columns grad_rolling_median (median of the finite norms in the
-    window before each step) and explosion (non-finite, or above grad_norm_explode_multiple x
-    that median)."""
+    """Curves (one or more runs, sorted by run then step) with columns grad_rolling_median
+    (median of the run's finite norms in the window before each step) and explosion
+    (non-finite, or above grad_norm_explode_multiple x that median)."""
     out = curve.copy()
     finite = out["grad_norm"].notna()
     median, _ = compute_trailing_stats(out.loc[finite, "grad_norm"].to_numpy(dtype=float),
-                                       window_steps=rule.window_steps, min_window_steps=rule.min_window_steps)
+                                       window_steps=rule.window_steps, min_window_steps=rule.min_window_steps,
+                                       groups=out.loc[finite, "run"].to_numpy())
     out["grad_rolling_median"] = np.nan
     out.loc[finite, "grad_rolling_median"] = median
     high = (out["grad_norm"] > rule.grad_norm_explode_multiple * out["grad_rolling_median"]).fillna(False)
@@ -251,56 +267,88 @@ def _none(x: float) -> float | None:
 
 def compute_flagged_curves(steps: pd.DataFrame, rule: HealthRule) -> pd.DataFrame:
     """compute_health_curves with, per run, compute_loss_spikes' and compute_grad_explosions'
-    columns (rolling_median, noise_sd_nats, spike, grad_rolling_median, explosion); step order."""
+    columns (rolling_median, noise_sd_nats, spike, grad_rolling_median, explosion); rows sorted
+    by run, then step."""
     curves = compute_health_curves(steps)
     if curves.empty:
         return curves.assign(rolling_median=[], noise_sd_nats=[], spike=[], grad_rolling_median=[], explosion=[])
-    return pd.concat([compute_grad_explosions(compute_loss_spikes(c.sort_values("step"), rule), rule)
-                      for _, c in curves.groupby("run", sort=False)], ignore_index=True)
+    return compute_grad_explosions(compute_loss_spikes(curves, rule), rule)
 
 
-def summarize_run_health(run: str, curve: pd.DataFrame, rank_times: pd.DataFrame, rule: HealthRule) -> RunHealth:
-    """One run's RunHealth from its compute_flagged_curves rows and compute_rank_step_times rows."""
-    losses = curve["loss"].dropna()
-    first = _none(losses.iloc[0]) if len(losses) else None
-    spikes = tuple(LossSpike(step=int(r.step), loss=float(r.loss), rolling_median=float(r.rolling_median),
-                             noise_sd_nats=float(r.noise_sd_nats), excess_nats=float(r.loss - r.rolling_median))
-                   for r in curve[curve["spike"]].itertuples())
-    non_finite = curve.loc[curve["loss_non_finite"], "step"]
-    above = curve.loc[curve["loss"] > first + rule.diverge_nats, "step"] if first is not None else pd.Series([], dtype=int)
-    diverged_at, divergence = None, None
-    if len(non_finite) or len(above):
-        nf, ab = (int(non_finite.min()) if len(non_finite) else None), (int(above.min()) if len(above) else None)
-        diverged_at, divergence = min((s, k) for s, k in ((nf, "non_finite"), (ab, "above_start")) if s is not None)
-    divergence_loss = None
-    if diverged_at is not None:
-        at = curve[curve["step"] == diverged_at].iloc[0]
-        divergence_loss = _none(at["loss"]) if divergence == "above_start" else None
-    explosions = tuple(GradExplosion(step=int(r.step), non_finite=bool(r.grad_norm_non_finite),
-                                     grad_norm=None if r.grad_norm_non_finite else _none(r.grad_norm),
-                                     rolling_median=_none(r.grad_rolling_median),
-                                     ratio=None if r.grad_norm_non_finite else _none(r.grad_norm / r.grad_rolling_median))
-                       for r in curve[curve["explosion"]].itertuples())
-    reasons = tuple(k for k, hit in (
-        ("loss_non_finite", divergence == "non_finite"), ("loss_above_start", divergence == "above_start"),
-        ("grad_norm_non_finite", any(e.non_finite for e in explosions)),
-        ("grad_norm_explosion", any(not e.non_finite for e in explosions))) if hit)
-    recorded = bool(curve["grad_norm_recorded"].any())
-    norms = curve["grad_norm"].dropna()
-    has_any = len(losses) or curve["loss_non_finite"].any() or recorded
-    verdict = "not_recorded" if not has_any else "unhealthy" if reasons else "healthy"
-    ranks = []
-    for rank, g in rank_times.groupby("rank"):
-        t = g["step_time_s"].to_numpy(dtype=float)
-        ranks.append(RankStepTime(rank=int(rank), num_steps=len(t), median_s=float(np.percentile(t, 50, method="linear")),
-                                  p90_s=float(np.percentile(t, 90, method="linear")), max_s=float(t.max())))
-    return RunHealth(
-        run=run, verdict=verdict, reasons=reasons, num_loss_steps=int(len(losses)), loss_first=first,
-        loss_last=_none(losses.iloc[-1]) if len(losses) else None, loss_max=_none(losses.max()) if len(losses) else None,
-        spikes=spikes, diverged_at_step=diverged_at, divergence=divergence, divergence_loss=divergence_loss,
-        grad_norm_recorded=recorded, grad_norm_median=_none(norms.median()) if len(norms) else None,
-        grad_norm_max=_none(norms.max()) if len(norms) else None, explosions=explosions,
-        rank_step_times=tuple(sorted(ranks, key=lambda r: (-r.median_s, r.rank))))
+def _run_slices(keys: np.ndarray) -> dict[str, slice]:
+    """Label -> its rows' slice, in a table sorted by that label (each label's rows contiguous)."""
+    if len(keys) == 0:
+        return {}
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return {keys[s]: slice(int(s), int(e)) for s, e in zip(starts, np.r_[starts[1:], len(keys)])}
+
+
+def _rank_step_times(rank_times: pd.DataFrame) -> dict[str, tuple[RankStepTime, ...]]:
+    """Run -> its RankStepTime per rank, slowest median first. rank_times: compute_rank_step_times
+    rows (sorted by run, rank, step)."""
+    t = rank_times["step_time_s"].to_numpy(dtype=float)
+    run, rank = rank_times["run"].to_numpy(), rank_times["rank"].to_numpy()
+    if len(t) == 0:
+        return {}
+    starts = np.flatnonzero(np.r_[True, (run[1:] != run[:-1]) | (rank[1:] != rank[:-1])])
+    out: dict[str, list[RankStepTime]] = {}
+    for lo, hi in zip(starts, np.r_[starts[1:], len(t)]):
+        v = t[lo:hi]
+        out.setdefault(run[lo], []).append(RankStepTime(
+            rank=int(rank[lo]), num_steps=len(v), median_s=float(np.percentile(v, 50, method="linear")),
+            p90_s=float(np.percentile(v, 90, method="linear")), max_s=float(v.max())))
+    return {r: tuple(sorted(ranks, key=lambda x: (-x.median_s, x.rank))) for r, ranks in out.items()}
+
+
+def summarize_health(curves: pd.DataFrame, rank_times: pd.DataFrame, rule: HealthRule) -> dict[str, RunHealth]:
+    """Run -> its RunHealth, for every run of ``curves`` (compute_flagged_curves rows) with its
+    compute_rank_step_times rows (a run without any has no rank step times)."""
+    spikes: dict[str, list[LossSpike]] = {}
+    for r in curves[curves["spike"]].itertuples():
+        spikes.setdefault(r.run, []).append(LossSpike(
+            step=int(r.step), loss=float(r.loss), rolling_median=float(r.rolling_median),
+            noise_sd_nats=float(r.noise_sd_nats), excess_nats=float(r.loss - r.rolling_median)))
+    explosions: dict[str, list[GradExplosion]] = {}
+    for r in curves[curves["explosion"]].itertuples():
+        explosions.setdefault(r.run, []).append(GradExplosion(
+            step=int(r.step), non_finite=bool(r.grad_norm_non_finite),
+            grad_norm=None if r.grad_norm_non_finite else _none(r.grad_norm),
+            rolling_median=_none(r.grad_rolling_median),
+            ratio=None if r.grad_norm_non_finite else _none(r.grad_norm / r.grad_rolling_median)))
+    ranks = _rank_step_times(rank_times)
+    step = curves["step"].to_numpy()
+    loss, norm = curves["loss"].to_numpy(dtype=float), curves["grad_norm"].to_numpy(dtype=float)
+    loss_nf = curves["loss_non_finite"].to_numpy(dtype=bool)
+    recorded_any = curves["grad_norm_recorded"].to_numpy(dtype=bool)
+    out = {}
+    for run, sl in _run_slices(curves["run"].to_numpy()).items():
+        losses, steps_, nf = loss[sl], step[sl], loss_nf[sl]
+        losses = losses[~np.isnan(losses)]
+        first = _none(losses[0]) if len(losses) else None
+        above = steps_[loss[sl] > first + rule.diverge_nats] if first is not None else steps_[:0]
+        hits = [(int(x.min()), k) for x, k in ((steps_[nf], "non_finite"), (above, "above_start")) if len(x)]
+        diverged_at, divergence = min(hits) if hits else (None, None)
+        divergence_loss = None
+        if divergence == "above_start":
+            divergence_loss = _none(loss[sl][np.flatnonzero(steps_ == diverged_at)[0]])
+        run_explosions = tuple(explosions.get(run, ()))
+        reasons = tuple(k for k, hit in (
+            ("loss_non_finite", divergence == "non_finite"), ("loss_above_start", divergence == "above_start"),
+            ("grad_norm_non_finite", any(e.non_finite for e in run_explosions)),
+            ("grad_norm_explosion", any(not e.non_finite for e in run_explosions))) if hit)
+        recorded = bool(recorded_any[sl].any())
+        norms = norm[sl][~np.isnan(norm[sl])]
+        has_any = len(losses) or nf.any() or recorded
+        out[run] = RunHealth(
+            run=run, verdict="not_recorded" if not has_any else "unhealthy" if reasons else "healthy",
+            reasons=reasons, num_loss_steps=int(len(losses)), loss_first=first,
+            loss_last=_none(losses[-1]) if len(losses) else None, loss_max=_none(losses.max()) if len(losses) else None,
+            spikes=tuple(spikes.get(run, ())), diverged_at_step=diverged_at, divergence=divergence,
+            divergence_loss=divergence_loss, grad_norm_recorded=recorded,
+            grad_norm_median=_none(np.median(norms)) if len(norms) else None,
+            grad_norm_max=_none(norms.max()) if len(norms) else None, explosions=run_explosions,
+            rank_step_times=ranks.get(run, ()))
+    return out
 
 
 def build_health_section(steps: pd.DataFrame, runs: Sequence[str], *, warmup_steps: int,
@@ -309,9 +357,7 @@ def build_health_section(steps: pd.DataFrame, runs: Sequence[str], *, warmup_ste
     steps: StepRow columns, all runs; thresholds: report.rules.THRESHOLDS with overrides."""
     rule = build_health_rule(thresholds)
     curves = compute_flagged_curves(steps, rule)
-    rank_times = compute_rank_step_times(steps, warmup_steps=warmup_steps) if not steps.empty else None
-    by_run = dict(tuple(curves.groupby("run", sort=False))) if not curves.empty else {}
-    times = dict(tuple(rank_times.groupby("run", sort=False))) if rank_times is not None else {}
-    empty = pd.DataFrame(columns=["run", "rank", "step", "step_time_s"])
-    return HealthSection(rule=rule, runs=tuple(summarize_run_health(r, by_run[r], times.get(r, empty), rule)
-                                               for r in runs if r in by_run))
+    rank_times = compute_rank_step_times(steps, warmup_steps=warmup_steps) if not steps.empty else \
+        pd.DataFrame(columns=["run", "rank", "step", "step_time_s"])
+    health = summarize_health(curves, rank_times, rule) if not curves.empty else {}
+    return HealthSection(rule=rule, runs=tuple(health[r] for r in runs if r in health))

@@ -386,11 +386,17 @@ def build_figures(campaign: Campaign, out_dir: Path, *, loss_floor_nats: float,
                   lang: Language = EN) -> tuple[Figure, ...]:
     """Compute the figure tables (report.metrics), plot them into out_dir/figures (labels in ``lang``)."""
     warmup = campaign.campaign.fixed.warmup_steps
-    paths = write_figures(metrics.compute_loss_curve(campaign.steps),
-                          compute_step_times(campaign.steps, warmup_steps=warmup),
-                          runs=list(campaign.runs["run"]), out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats,
-                          gettext=lang.gettext)
-    return tuple(Figure(kind=kind, path=paths[kind].relative_to(out_dir).as_posix()) for kind in ("loss", "step_time"))
+    loss_curve, step_times = (metrics.compute_loss_curve(campaign.steps),
+                              compute_step_times(campaign.steps, warmup_steps=warmup))
+    runs = list(campaign.runs["run"])
+    drawn, band, subset = metrics.select_figure_runs(step_times, runs), None, {}
+    if drawn != runs:  # the fastest and slowest runs, over the band of every run's loss (the caption says so)
+        band, subset = metrics.compute_loss_band(loss_curve), {"num_drawn": len(drawn), "num_runs": len(runs)}
+        loss_curve, step_times = loss_curve[loss_curve["run"].isin(drawn)], step_times[step_times["run"].isin(drawn)]
+    paths = write_figures(loss_curve, step_times, runs=drawn, out_dir=out_dir / "figures", loss_floor_nats=loss_floor_nats,
+                          loss_band=band, gettext=lang.gettext)
+    return tuple(Figure(kind=kind, path=paths[kind].relative_to(out_dir).as_posix(), **subset)
+                 for kind in ("loss", "step_time"))
 
 
 def build_evidence_figures(note: Note, trace_tables, out_dir: Path, *, lang: Language = EN) -> tuple[Figure, ...]:

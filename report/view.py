@@ -196,6 +196,9 @@ class HangRank:
 class Figure:
     kind: str  # "loss" | "step_time" | "breakdown" | "timeline": the templates word title and caption
     path: str  # relative to the note's directory
+    # runs drawn of the campaign's (report.metrics.select_figure_runs), where the figure shows only some
+    num_drawn: int | None = None
+    num_runs: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1003,6 +1006,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
                                        num_params=model.num_params[0] if model.num_params else None,
                                        num_gpus=len(env.gpus) if on_gpu else 0, dtype=model.dtype))
     configs = tuple(build_config(r) for r in runs)
+    mode = ranking_mode(runs)  # once: inside the loop below it was a scan of every run per run
     predicted = build_predicted_or_reason(campaign, fixed, runs, summary, env_record, measured={
         b.run: dict(b.attribution.breakdown_ms) for b in evidence.rows if b.attribution is not None})
     return Note(
@@ -1030,7 +1034,7 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
             not_layout_only=next((tuple(f.evidence.classes) for f in findings if f.kind == "not_layout_only"), ()),
             repeat_spread=next((f for f in findings if f.kind.startswith("margin_") and f.kind.endswith("_repeats")),
                                None),
-            unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != ranking_mode(runs)),
+            unranked_modes=tuple((r.name, kernels_mode(r)) for r in runs if kernels_mode(r) != mode),
             unhealthy=tuple(health.unhealthy),
             **_why(evidence, parity, findings)),
         parity=parity, repeats=repeats,

@@ -290,3 +290,28 @@ def test_real_lr_spike_diverges_from_the_next_step(lr_campaign):
     h = health["lr-spike"]
     assert h.verdict == "unhealthy" and h.diverged_at_step == LR_SPIKE_STEP + 1
     assert h.spike_steps[0] == LR_SPIKE_STEP + 1 and h.explosion_steps[0] == LR_SPIKE_STEP + 1
+
+
+def test_trailing_windows_never_reach_into_the_run_before():
+    """All runs' windows are built in one pass: a run's first steps have no window (too few of its
+    own values), never the previous run's last values."""
+    values = np.array([1.0, 1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0])
+    median, _ = compute_trailing_stats(values, window_steps=3, min_window_steps=2, groups=np.array(list("aaaabbbb")))
+    assert np.isnan(median[[0, 1, 4, 5]]).all()
+    assert median[[2, 3, 6, 7]].tolist() == [1.0, 1.0, 5.0, 5.0]
+
+
+def test_a_run_starting_above_the_previous_runs_end_is_not_a_spike():
+    """Run b's flat loss at 5 nats after run a's flat 1 nat: judged against a's values, each of b's
+    first steps would be a 4-nat spike."""
+    import pandas as pd
+
+    rows = [dict(run=run, rank=0, step=s, loss=level + 0.001 * (s % 2), grad_norm=1.0 + 0.01 * (s % 3),
+                 step_time_s=0.1) for run, level in (("a", 1.0), ("b", 5.0)) for s in range(30)]
+    health = build_health_section(pd.DataFrame(rows), ["a", "b"], warmup_steps=WARMUP, thresholds=THRESHOLDS)
+    assert [(h.run, h.verdict, h.spike_steps, h.explosion_steps) for h in health.runs] == [
+        ("a", "healthy", (), ()), ("b", "healthy", (), ())]
+    # and a spike in b is still found at its step, with b's own median
+    rows[30 + 20]["loss"] = 9.0
+    b = build_health_section(pd.DataFrame(rows), ["a", "b"], warmup_steps=WARMUP, thresholds=THRESHOLDS).runs[1]
+    assert b.spike_steps == (20,) and b.spikes[0].rolling_median == pytest.approx(5.0005)

@@ -139,3 +139,42 @@ def test_loss_agreement_is_judged_from_the_first_measured_step():
     late = {"a": {1: 9.60, 10: 9.00, 20: 6.50}, "b": {1: 9.60, 10: 9.20, 20: 6.51}}  # 0.2 after the warm-up
     (h,) = rule_loss(rows, THRESHOLDS, late, from_step=10)
     assert h.kind == "loss_disagrees" and h.evidence.worst_step == 10
+
+
+def test_each_run_of_one_table_gets_its_own_straggler():
+    """Stragglers of several runs come from one pass over their rows: run a's rank 1 enters 5 ms
+    after rank 0 in every step, run b's rank 0 enters 2 ms after rank 1 in 3 of its 4 steps;
+    b's step 3 lacks rank 1's entry time and is left out."""
+    from report.metrics import compute_straggler, compute_stragglers
+
+    rows = [dict(run="a", rank=r, step=s, step_entry_time_s=10.0 * s + 0.005 * r) for s in range(4) for r in (0, 1)]
+    rows += [dict(run="b", rank=0, step=s, step_entry_time_s=10.0 * s + (0.002 if s < 3 else 0.0)) for s in range(5)]
+    rows += [dict(run="b", rank=1, step=s, step_entry_time_s=10.0 * s + (0.0 if s != 2 else 0.004)) for s in range(5)]
+    rows[-2]["step_entry_time_s"] = None  # b, rank 1, step 3
+    rows += [dict(run="c", rank=0, step=s, step_entry_time_s=float(s)) for s in range(3)]  # one rank: none
+    steps = pd.DataFrame(rows).astype({"step_entry_time_s": "float64"})
+    out = compute_stragglers(steps)
+    assert sorted(out) == ["a", "b"]
+    assert out["a"]["straggler_rank"] == 1 and out["a"]["straggler_last_share"] == 1.0
+    assert out["a"]["straggler_lag_median_s"] == pytest.approx(0.005)
+    # b's steps 0, 1, 2, 4: rank 0's lags 2, 2, 0, 0 ms (median 1); rank 1's 0, 0, 2, 0 (median 0)
+    assert out["b"]["straggler_rank"] == 0 and out["b"]["straggler_lag_median_s"] == pytest.approx(0.001)
+    assert out["b"]["straggler_last_share"] == 0.75  # last in steps 0, 1 and 4 (a tie: the lower rank)
+    assert compute_straggler(steps[steps["run"] == "b"]) == out["b"]
+
+
+def test_figures_draw_the_fastest_and_slowest_runs_of_many():
+    from report.metrics import compute_loss_band, select_figure_runs
+
+    runs = [f"r{i:02d}" for i in range(20)]
+    median_s = {r: 1.0 + (i * 7 % 20) / 10 for i, r in enumerate(runs)}  # r00 1.0 s, r03 1.1, r06 1.2 ... r17 2.9
+    step_times = pd.DataFrame([dict(run=r, step=s, step_time_s=median_s[r] + 0.01 * (s - 1)) for r in runs
+                               for s in range(3)])
+    assert select_figure_runs(step_times, runs[:16]) == runs[:16]  # few enough: all, in their order
+    drawn = select_figure_runs(step_times, runs, max_runs=4)
+    assert drawn == ["r00", "r03", "r14", "r17"]  # two fastest (1.0, 1.1 s), two slowest (2.8, 2.9 s)
+    # a run without measured steps is never drawn in place of one with them
+    assert select_figure_runs(step_times[step_times["run"] != "r00"], runs, max_runs=4) == ["r03", "r06", "r14", "r17"]
+    loss = pd.DataFrame([dict(run=r, step=s, loss=5.0 - s + i) for i, r in enumerate(runs[:3]) for s in range(2)])
+    band = compute_loss_band(loss)
+    assert band.to_dict("list") == {"step": [0, 1], "loss_min": [5.0, 4.0], "loss_max": [7.0, 6.0]}
