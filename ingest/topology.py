@@ -4,6 +4,17 @@ Deliberately not here: parsing (ingest.parsers.nccl, nvidia_smi) and file access
 """
 from __future__ import annotations
 
+from core.i18n import Message, MessageList, N_
+
+# a communicator's line: (nodes known, ranks per node known) -> its catalogue message
+_COMM_LINE = {
+    (False, False): N_("NCCL communicator (%(key)s): %(num)s ranks; ranks in the log: %(seen)s"),
+    (True, False): N_("NCCL communicator (%(key)s): %(num)s ranks, %(nodes)s nodes; ranks in the log: %(seen)s"),
+    (False, True): N_("NCCL communicator (%(key)s): %(num)s ranks, %(local)s ranks per node; ranks in the log: %(seen)s"),
+    (True, True): N_("NCCL communicator (%(key)s): %(num)s ranks, %(nodes)s nodes, %(local)s ranks per node; ranks in "
+                     "the log: %(seen)s"),
+}
+
 
 def nccl_transports(recs: list[dict]) -> list[str]:
     """Transport names (P2P/CUMEM, SHM, NET/IB...) of the ``transport`` records, sorted."""
@@ -12,7 +23,8 @@ def nccl_transports(recs: list[dict]) -> list[str]:
 
 def summarize_nccl_topology(recs: list[dict]) -> list[str]:
     """Lines describing NCCL communicators, transports, rings and channels (and an
-    nvidia-smi topology matrix) from ``comm_topology`` records of the parsers. [] if none."""
+    nvidia-smi topology matrix) from ``comm_topology`` records of the parsers (sentences as
+    core.i18n Messages). [] if none."""
     if not recs:
         return []
     lines = []
@@ -25,9 +37,8 @@ def summarize_nccl_topology(recs: list[dict]) -> list[str]:
         nodes = next((x.get("num_nodes") for x in rs if x.get("num_nodes") is not None), None)
         local = next((x.get("num_local_ranks") for x in rs if x.get("num_local_ranks") is not None), None)
         seen = sorted({x["rank"] for x in rs if x.get("rank") is not None})
-        lines.append(f"NCCL communicator ({key}): {rs[0].get('num_ranks')} ranks"
-                     + (f", {nodes} nodes" if nodes is not None else "") + (f", {local} ranks per node" if local else "")
-                     + f"; ranks in the log: {', '.join(map(str, seen))}")
+        lines.append(Message(_COMM_LINE[(nodes is not None, bool(local))], key=key, num=rs[0].get("num_ranks"),
+                             nodes=nodes, local=local, seen=", ".join(map(str, seen))))
     edges = [r for r in recs if r.get("record") == "transport"]
     if edges:
         kinds: dict[str, list[int]] = {}
@@ -35,16 +46,19 @@ def summarize_nccl_topology(recs: list[dict]) -> list[str]:
             k = kinds.setdefault(e["transport"], [0, 0])
             k[0] += 1
             k[1] += e["num_channels"]
-        lines.append("NCCL transports seen: " + "; ".join(
-            f"{t} ({n} edges, {c} channel connections)" for t, (n, c) in sorted(kinds.items())))
+        lines.append(Message(N_("NCCL transports seen: %(transports)s"), transports=MessageList(
+            (Message(N_("%(transport)s (%(num)s edges, %(channels)s channel connections)"), transport=t, num=n, channels=c)
+             for t, (n, c) in sorted(kinds.items())), "; ")))
     rings = [r for r in recs if r.get("record") == "ring"]
     if rings:
-        lines.append(f"NCCL rings: {len(rings)} channel rings logged, e.g. channel {rings[0]['channel']}: {rings[0]['ring']}")
+        lines.append(Message(N_("NCCL rings: %(num)s channel rings logged, e.g. channel %(channel)s: %(ring)s"), num=len(rings),
+                             channel=rings[0]["channel"], ring=rings[0]["ring"]))
     ch = [r for r in recs if r.get("record") == "channels"]
     if ch:
         c = ch[0]
-        lines.append(f"NCCL channels: {c.get('num_coll_channels')} coll, {c.get('num_nvls_channels')} nvls, "
-                     f"{c.get('num_collnet_channels')} collnet, {c.get('num_p2p_channels')} p2p")
+        lines.append(Message(N_("NCCL channels: %(coll)s coll, %(nvls)s nvls, %(collnet)s collnet, %(p2p)s p2p"),
+                             coll=c.get("num_coll_channels"), nvls=c.get("num_nvls_channels"),
+                             collnet=c.get("num_collnet_channels"), p2p=c.get("num_p2p_channels")))
     links = [r for r in recs if r.get("record") == "smi_link"]
     if links:
         devs = list(dict.fromkeys(r["device"] for r in links))
