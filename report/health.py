@@ -14,6 +14,7 @@ from that step to its last row (a NaN loss poisons the weights: every later step
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,8 +133,9 @@ class HealthSection:
     runs: tuple[RunHealth, ...]
     figures: tuple = ()
 
-    @property
+    @functools.cached_property
     def unhealthy(self) -> dict[str, RunHealth]:
+        """Run -> its RunHealth, for the unhealthy runs (built once: the note asks it per run)."""
         return {h.run: h for h in self.runs if h.verdict == "unhealthy"}
 
 

@@ -15,6 +15,7 @@ ingest.io.load_commbench.
 """
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Mapping, Sequence
 import dataclasses
@@ -240,6 +241,8 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
             pool.append(_Rate(run=r.name, engine=r.spec.engine, compiled=bool(r.compiled), rate=rate,
                               offload=_offloads(r)))
     offloads = {r.name: _offloads(r) for r in runs}
+    # runs ended ok with a measured step time, by offload (counted once: a list per run was quadratic)
+    num_solved = collections.Counter(offloads[name] for name in solved)
     checks = []
     for r, s in zip(runs, summary):
         lay = layouts[r.name]
@@ -255,10 +258,10 @@ def build_predicted(source: str | Path, *, fixed: FixedConfig, runs: Sequence[Lo
             except ToolError as e:
                 rate, how = None, Message(N_("no prediction: %(error)s"), error=str(e))
         offload = _offloads(r)
-        others = [name for name in solved if name != r.name and offloads[name] == offload]
+        others = num_solved[offload] - (r.name in solved and offloads[r.name] == offload)
         if rate is None and others:  # other runs ended ok, but none gave a rate: say so, not "no other run"
             how = Message(N_("none of the %(count)s other runs could be calibrated (each row says why)"),
-                          count=len(others))
+                          count=others)
         if rate is None and why.get(r.name):
             message, params = why[r.name]
             how = Message(message, how=how, **params)
