@@ -7,8 +7,9 @@ and writers: the matrix resolved by runner.matrix.resolve_matrix (CPU, tiny pres
 and TP x PP layouts of 1 and 2 ranks in turn), env.json from runner.env.collect_env, every record
 written by core.atomic.write_json_atomic from core.records (CampaignRecord, RunSpec, RunStatus,
 RunInfo), and one StepRow line per step per rank as runner.recorder writes them. Step times carry
-a per-run offset and a per-step jitter; every 50th run ended in OOM and every 97th crashed (a
-status cause each), so per-run caveats and a campaign caveat naming many runs are both present.
+a per-run offset and a per-step jitter, and each rank an entry time (epoch s) with a per-step skew
+(the straggler columns); every 50th run ended in OOM and every 97th crashed (a status cause
+each), so per-run caveats and a campaign caveat naming many runs are both present.
 
 `report build CAMPAIGN --out DIR` then runs as a subprocess (the command a user runs; default formats,
 where the PDF of a note past report.render.MAX_PDF_HTML_BYTES is skipped with one line):
@@ -91,7 +92,8 @@ def synthesize_campaign(root: Path, *, num_runs: int, steps: int) -> Path:
                         run=spec.name, rank=rank, step=step, step_time_s=step_s, tokens=tokens,
                         loss=6.2 - 0.05 * step if last_stage else None, lr=6e-4, grad_norm=1.0,
                         mem_peak_allocated_gib=None, mem_peak_reserved_gib=None, data_wait_s=0.001,
-                        wall_time_s=step * base_s, engine=spec.engine))) + "\n")
+                        wall_time_s=step * base_s, engine=spec.engine,
+                        step_entry_time_s=1.8e9 + step * base_s + 0.0005 * ((step + rank) % 3)))) + "\n")
     return root
 
 

@@ -424,12 +424,16 @@ def build_health_figures(campaign: Campaign, note: Note, out_dir: Path, *, lang:
     curves = compute_flagged_curves(steps[steps["run"].isin(runs[:MAX_HEALTH_FIGURE_RUNS])], note.health.rule)
     health = write_bytes_atomic(out_dir / "figures" / "health.svg",
                                 render_health_figure(curves, runs=runs, gettext=lang.gettext))
+    rank_times = compute_rank_step_times(steps[steps["run"].isin(runs[:MAX_RANK_STEP_TIME_PANELS])],
+                                         warmup_steps=campaign.campaign.fixed.warmup_steps)
     ranks = write_bytes_atomic(out_dir / "figures" / "rank_step_time.svg", render_rank_step_time_figure(
-        compute_rank_step_times(steps[steps["run"].isin(runs[:MAX_RANK_STEP_TIME_PANELS])],
-                                warmup_steps=campaign.campaign.fixed.warmup_steps), runs=runs,
-        gettext=lang.gettext))
-    figures = (Figure(kind="health", path=health.relative_to(out_dir).as_posix()),
-               Figure(kind="rank_step_time", path=ranks.relative_to(out_dir).as_posix()))
+        rank_times, runs=runs, gettext=lang.gettext))
+    # past the figures' limits the captions say how many runs they draw
+    drawn = {"health": curves["run"].nunique(), "rank_step_time": rank_times["run"].nunique()}
+    figures = tuple(Figure(kind=kind, path=path.relative_to(out_dir).as_posix(),
+                           **({"num_drawn": drawn[kind], "num_runs": len(runs)} if len(runs) > limit else {}))
+                    for kind, path, limit in (("health", health, MAX_HEALTH_FIGURE_RUNS),
+                                              ("rank_step_time", ranks, MAX_RANK_STEP_TIME_PANELS)))
     return dataclasses.replace(note, health=dataclasses.replace(note.health, figures=figures))
 
 

@@ -50,3 +50,21 @@ def test_the_figures_draw_the_fastest_and_slowest_runs_and_the_captions_say_so(n
     # every run is still in the metric table and summary.json
     summary = json.loads((note / "summary.json").read_text())
     assert len(summary["runs"]) == NUM_RUNS and all(f"| r{k:05d}-" in md for k in range(NUM_RUNS))
+
+
+def test_the_health_figures_say_how_many_runs_they_draw(note):
+    from report.figures import MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS
+
+    md = (note / "note.md").read_text()
+    for drawn in (MAX_HEALTH_FIGURE_RUNS, MAX_RANK_STEP_TIME_PANELS):
+        assert md.count(f"Drawn: {drawn} of the {NUM_RUNS} runs, the unhealthy ones first, then in campaign order; "
+                        "the table above gives every run.") == 1
+
+
+def test_the_captions_are_translated(note, tmp_path):
+    campaign = next(p for p in note.parent.iterdir() if p.name == "c40")
+    build_report(campaign, out_dir=tmp_path / "zh", formats=("md", "html"), lang="zh")
+    for name in ("note.md", "note.html"):
+        text = (tmp_path / "zh" / name).read_text()
+        assert text.count(f"绘制：{NUM_RUNS} 个运行中的 {MAX_FIGURE_RUNS} 个，即中位步时间最低和最高的运行") == 2, name
+        assert "绘制：40 个运行中的 20 个，先是不健康的运行" in text and "Drawn:" not in text, name
