@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
     from core.records import PlantTruth
 
 from core.errors import NoDataError, ParseError, ToolError
+from core.i18n import Message, N_  # a problem is a caveat the note prints: a catalogue message
 from core.redact import redact_value
 from ingest.paths import check_run_inside, is_inside, resolved, run_name_problem
 from core.atomic import write_bytes_atomic
@@ -253,12 +254,14 @@ def _read_record(path: Path, cls: type, problems: list[str]) -> dict[str, Any] |
     data = _read_json(path)
     where = f"{path.parent.name}/{path.name}"
     if not isinstance(data, dict):
-        problems.append(f"{where}: expected a JSON object, got {type(data).__name__}; file ignored")
+        problems.append(Message(N_("%(file)s: expected a JSON object, got %(type)s; file ignored"), file=where,
+                                type=type(data).__name__))
         return None
     _check_version(path, data)
     bad = _field_problems(cls, data)
     if bad:
-        problems.append(f"{where}: does not match {cls.__name__} ({'; '.join(bad)}); file ignored")
+        problems.append(Message(N_("%(file)s: does not match %(record)s (%(problems)s); file ignored"), file=where,
+                                record=cls.__name__, problems="; ".join(bad)))
         return None
     return redact_value(dataclasses.asdict(cls(**data)))  # campaigns written before redaction too
 
@@ -332,8 +335,9 @@ def _metrics_lines(path: Path, where: str, problems: list[str]):
                     raise ParseError(f"{path}:{lineno}: not UTF-8 text ({e.reason}); fix or delete the file") from None
             if num_read > MAX_METRICS_FILE_BYTES:
                 if f.read(1):
-                    problems.append(f"{where}: larger than {format_bytes(MAX_METRICS_FILE_BYTES)}, not one run's metrics; "
-                                    f"lines after {lineno} not read (the numbers use the rows before)")
+                    problems.append(Message(N_("%(file)s: larger than %(size)s, not one run's metrics; lines after "
+                                               "%(line)s not read (the numbers use the rows before)"), file=where,
+                                            size=format_bytes(MAX_METRICS_FILE_BYTES), line=lineno))
                 return
 
 
@@ -372,17 +376,19 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
             _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step)
             last_step = rows[-1]["step"] if rows else last_step
     except OSError as e:
-        problems.append(f"{where}: cannot read ({e.strerror or e}); file skipped")
+        problems.append(Message(N_("%(file)s: cannot read (%(error)s); file skipped"), file=where, error=e.strerror or e))
         return []
     if torn is not None:
-        problems.append(f"{where}:{torn[0]}: truncated line skipped ({torn[1]}; the run stopped mid-write?)")
+        problems.append(Message(N_("%(file)s:%(line)s: truncated line skipped (%(why)s; the run stopped mid-write?)"),
+                                file=where, line=torn[0], why=torn[1]))
     shown = skipped[:3] + ([f"{where}: {len(skipped) - 3} more such lines"] if len(skipped) > 3 else [])
     problems.extend(f"{text}; line skipped" for text in shown)
     if dropped:
         num = sum(len(v) for v in dropped.values())
         why = "; ".join(f"{len(v)} {reason} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
                         for reason, v in dropped.items())
-        problems.append(f"{where}: {num} row(s) dropped: {why}; the numbers use the {len(rows)} valid rows")
+        problems.append(Message(N_("%(file)s: %(num)s row(s) dropped: %(why)s; the numbers use the %(valid)s valid rows"),
+                                file=where, num=num, why=why, valid=len(rows)))
     return rows
 
 
@@ -472,11 +478,11 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     check_run_inside(run_dir.parent, name)
     spec_path = run_dir / "spec.json"
     if not spec_path.exists():
-        problems.append(f"run {name}: no {spec_path} (never started?); left out of the note")
+        problems.append(Message(N_("run %(run)s: no %(path)s (never started?); left out of the note"), run=name, path=spec_path))
         return None
     raw = _read_json(spec_path)
     if not isinstance(raw, dict):
-        problems.append(f"run {name}: {name}/spec.json is not a JSON object; left out of the note")
+        problems.append(Message(N_("run %(run)s: %(run)s/spec.json is not a JSON object; left out of the note"), run=name))
         return None
     _check_version(spec_path, raw)
     if run_name_problem(raw.get("name")):  # the name becomes a path: <campaign>/<name>/logs, trace
@@ -485,8 +491,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     bad += [f"{k}: must be >= 1, got {raw[k]!r}" for k in _POSITIVE_SPEC_FIELDS
             if not bad and isinstance(raw.get(k), int) and raw[k] < 1]
     if bad:
-        problems.append(f"run {name}: {name}/spec.json does not match RunSpec ({'; '.join(bad)}); "
-                        "left out of the note (regenerate it with `runner all`)")
+        problems.append(Message(N_("run %(run)s: %(run)s/spec.json does not match RunSpec (%(problems)s); left out of "
+                                   "the note (regenerate it with `runner all`)"), run=name, problems="; ".join(bad)))
         return None
     spec = run_spec_from_dict(raw)
     row: dict[str, Any] = {"run": spec.name}
@@ -521,7 +527,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     steps = [r for p in files for r in _read_metrics(p, problems)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:
-        problems.append(f"run {name}: neither metrics nor status.json in {run_dir}; the run left no record")
+        problems.append(Message(N_("run %(run)s: neither metrics nor status.json in %(folder)s; the run left no record"),
+                                run=name, folder=run_dir))
     return row, steps
 
 
@@ -557,7 +564,7 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
         if not isinstance(env_json, dict):
             raise ParseError(f"{root / 'env.json'}: expected a JSON object; regenerate it with `runner env`")
     else:
-        problems.append(f"{root / 'env.json'} is missing: the environment section is empty")
+        problems.append(Message(N_("%(file)s is missing: the environment section is empty"), file=root / "env.json"))
     names = campaign.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
     bad_names = [p for n in names if (p := run_name_problem(n))]
     twice = sorted({str(n) for n in names if names.count(n) > 1}) if not bad_names else []
@@ -568,8 +575,9 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     live = live_runner(root)
     for name in names:
         if live and not (root / str(name) / "status.json").is_file():
-            problems.append(f"run {name}: not finished yet; the campaign's runner is still running ({live}), so this "
-                            f"note leaves the run out; build the note again once `{shlex.join(['runner', 'status', str(root)])}` shows it done")
+            problems.append(Message(N_("run %(run)s: not finished yet; the campaign's runner is still running (%(live)s), "
+                                       "so this note leaves the run out; build the note again once `%(command)s` shows it "
+                                       "done"), run=name, live=live, command=shlex.join(["runner", "status", str(root)])))
             continue
         loaded = _load_run(root / str(name), str(name), problems)
         if loaded:

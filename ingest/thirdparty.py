@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.errors import NoDataError, ParseError
+from core.i18n import Message, N_
 from ingest.io import iter_text_blocks, read_text_head
 from core.atomic import write_bytes_atomic
 from ingest.parsers import HEAD_CHARS, ParseResult, detect_kind
@@ -468,23 +469,25 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
     num_params, pos = count_params(num_layers=shape["num_layers"], hidden_size=shape["hidden_size"], ffn_hidden_size=ffn,
                                    vocab_size=shape["vocab_size"], seq_length=shape["seq_length"], learned_positions=learned)
     tp, pp = shape.get("tp_degree") or 1, shape.get("pp_degree") or 1
-    world_note = None if shape.get("world_size") else f"{name}: world size {world} taken from the NCCL communicator in the same folder"
+    world_note = None if shape.get("world_size") else Message(
+        N_("%(name)s: world size %(world)s taken from the NCCL communicator in the same folder"), name=name, world=world)
     problems = [f"{f.path}: {f.result.unparsed} unparsed lines ({f.result.kind})" for f in files if f.result.unparsed]
     if not shape.get("tp_degree") or not shape.get("pp_degree"):
-        problems.append(f"{name}: parallel layout not in the log; TP/PP shown as given or 1")
+        problems.append(Message(N_("%(name)s: parallel layout not in the log; TP/PP shown as given or 1"), name=name))
     if world_note:
         problems.append(world_note)
-    problems.append(f"{name}: parameter count computed from the model shape (GPT layout, tied embedding), not reported by the run")
+    problems.append(Message(N_("%(name)s: parameter count computed from the model shape (GPT layout, tied embedding), not "
+                               "reported by the run"), name=name))
     env = build_env_record(files)
     gpu_name = shape.get("gpu_name") or next((g["name"] for g in env["gpus"] if g.get("name")), None)
     tokens_per_step = shape["global_batch_size"] * shape["seq_length"]
-    fixed = {"preset": "third-party log", "model": {
+    fixed = {"preset": N_("third-party log"), "model": {
         "num_layers": shape["num_layers"], "hidden_size": shape["hidden_size"], "num_heads": shape["num_heads"],
         "ffn_hidden_size": ffn, "seq_length": shape["seq_length"], "vocab_size": shape["vocab_size"],
         "padded_vocab_size": shape.get("padded_vocab_size") or shape["vocab_size"]},
         "global_batch_size": shape["global_batch_size"], "dtype": shape.get("dtype"), "seed": None, "steps": None,
         "warmup_steps": 0, "lr": None, "min_lr": None, "lr_warmup_steps": None, "weight_decay": None,
-        "adam_beta1": None, "adam_beta2": None, "grad_clip": None, "data": "as in the original run"}
+        "adam_beta1": None, "adam_beta2": None, "grad_clip": None, "data": N_("as in the original run")}
     runs, step_rows = [], []
     for f in train:
         run = Path(f.path).stem
@@ -492,8 +495,9 @@ def build_thirdparty_campaign(files: list[IngestedFile], *, name: str, model: di
                                           global_batch_size=shape["global_batch_size"],
                                           seq_length=shape["seq_length"], world_size=world)
         if derived:
-            problems.append(f"{run}: the log prints no iteration time; step time derived from {derived} "
-                            "(tokens per step ÷ the framework's throughput), so tokens/s and MFU restate its throughput")
+            problems.append(Message(N_("%(run)s: the log prints no iteration time; step time derived from %(derived)s "
+                                       "(tokens per step ÷ the framework's throughput), so tokens/s and MFU restate its "
+                                       "throughput"), run=run, derived=derived))
         fixed["steps"] = max(r["step"] for r in rows)
         runs.append({"run": run, "campaign": name, "strategy": f"{f.result.kind} log", "engine": f.result.kind,
                      "world_size": world, "tp_degree": tp, "pp_degree": pp, "dp_degree": max(world // (tp * pp), 1),
@@ -541,10 +545,10 @@ def derive_step_times(rows: list[dict], *, global_batch_size: int, seq_length: i
         if r.get("step_time_s") is None:
             if r.get("tokens_per_s_per_gpu"):
                 r = {**r, "step_time_s": global_batch_size * seq_length / (r["tokens_per_s_per_gpu"] * world_size)}
-                derived = "torchtitan's tps (tokens/s per GPU)"
+                derived = Message(N_("torchtitan's tps (tokens/s per GPU)"))
             elif r.get("samples_per_s"):
                 r = {**r, "step_time_s": global_batch_size / r["samples_per_s"]}
-                derived = "DeepSpeed's SamplesPerSec"
+                derived = Message(N_("DeepSpeed's SamplesPerSec"))
             else:
                 continue
         out.append(r)
