@@ -65,7 +65,8 @@ class RankingWhy:
     the category the winner pays more for, by winner_cat_ms; runner_cat: the one the runner-up pays
     more for, by runner_cat_ms (None when there is none). source: "whatif" (every compared number
     a what-if saving) or "mixed" (section-5 times where no what-if applies). missing: runs with no
-    traced evidence (then no category is named)."""
+    traced evidence (then no category is named). within_spread: the two trials' p10-p90 step
+    ranges overlap, so the measured order is not distinguishable from step-to-step noise."""
 
     winner: str
     runner_up: str
@@ -76,6 +77,7 @@ class RankingWhy:
     runner_cat_ms: float | None
     source: str
     missing: tuple[str, ...]
+    within_spread: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,11 +177,13 @@ def explain_ranking(rows: Sequence[SearchRow], attribution: Mapping[str, Any]) -
         return None
     a, b = ok[0], ok[1]
     margin = b.measured_ms - a.measured_ms
+    within = a.measured_p90_ms is not None and b.measured_p10_ms is not None and a.measured_p90_ms >= b.measured_p10_ms
     va, vb = attribution.get(a.name), attribution.get(b.name)
     missing = tuple(r.name for r, v in ((a, va), (b, vb)) if v is None)
     if missing:
         return RankingWhy(winner=a.name, runner_up=b.name, margin_ms=margin, winner_cat=None, winner_cat_ms=None,
-                          runner_cat=None, runner_cat_ms=None, source="none", missing=missing)
+                          runner_cat=None, runner_cat_ms=None, source="none", missing=missing,
+                          within_spread=within)
     diffs, mixed = compute_category_separations(va, vb)  # the executive summary's comparison, the same numbers
     runner_cat = max(diffs, key=diffs.get)
     winner_cat = min(diffs, key=diffs.get)
@@ -189,7 +193,7 @@ def explain_ranking(rows: Sequence[SearchRow], attribution: Mapping[str, Any]) -
         winner_cat_ms=-diffs[winner_cat] if diffs[winner_cat] < 0 else None,
         runner_cat=runner_cat if diffs[runner_cat] > 0 else None,
         runner_cat_ms=diffs[runner_cat] if diffs[runner_cat] > 0 else None,
-        source="mixed" if mixed else "whatif", missing=())
+        source="mixed" if mixed else "whatif", missing=(), within_spread=within)
 
 
 def build_search_section(data: Mapping[str, Any], *, attribution: Mapping[str, Any]) -> SearchSection:

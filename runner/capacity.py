@@ -259,9 +259,10 @@ def run_capacity(specs: tuple[RunSpec, ...], config: CapacityConfig, *, out: Pat
             trials.append(trial)
             write_json_atomic(out / CAPACITY_FILE, to_dict(dataclasses.replace(result, trials=tuple(trials))))
             peak = max(trial.mem_peak_gib, default=None)
+            # the measured peak is the device's on a GPU (offloaded states are not in it), the RSS on CPU
+            predicted = trial.predicted_device_gib + (0.0 if spec.device == "cuda" else trial.predicted_host_gib)
             log(f"    {layout.name} rung {rung} ({trial.num_params / 1e6:,.1f}M params): {status.status}"
-                + (f", peak {peak:.3f} GiB/rank (predicted {trial.predicted_device_gib + trial.predicted_host_gib:.3f})"
-                   if peak is not None else "")
+                + (f", peak {peak:.3f} GiB/rank (predicted {predicted:.3f})" if peak is not None else "")
                 + (f", {trial.tokens_per_s:,.0f} tokens/s" if trial.tokens_per_s else "")
                 + (f": {status.cause}" if status.cause and status.status != "ok" else ""))
             return status.status == "ok"

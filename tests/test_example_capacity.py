@@ -1,7 +1,9 @@
-"""The committed 1-GPU capacity campaign (examples/h200-1gpu-capacity, one H200): its recorded
-predictions are what the memory model gives today for each trial's spec, and the model meets
-the 10% target where it is claimed (DDP and FSDP2 without offload); the interrupted trial is a
-record, not a size that did not fit."""
+"""The committed 1-GPU capacity probes (examples/h200-1gpu-capacity, one H200;
+examples/h100-1gpu-capacity-4layouts, one H100, with DeepSpeed): their recorded predictions are
+what the memory model gives today for each trial's spec, the model meets the 10% target where it
+is claimed (the layouts without offload), it predicts the largest size that fits for every
+layout it was measured to the end for, and an interrupted trial is a record, not a size that did
+not fit."""
 from __future__ import annotations
 
 import json
@@ -12,19 +14,28 @@ import pytest
 from core.records import CapacityResult, record_problems, run_spec_from_dict
 from runner.capacity import GIB, predict_trial_memory
 
-ROOT = Path(__file__).resolve().parents[1] / "examples" / "h200-1gpu-capacity" / "capacity"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = EXAMPLES / "h200-1gpu-capacity" / "capacity"
+PROBES = {"h200": ROOT, "h100-4layouts": EXAMPLES / "h100-1gpu-capacity-4layouts" / "capacity"}
+USABLE = 1.0  # a trial fits when its predicted device bytes are within the GPU's memory (the probe's limit)
 
 
-@pytest.fixture(scope="module")
-def capacity() -> dict:
-    data = json.loads((ROOT / "capacity.json").read_text(encoding="utf-8"))
+def load_probe(root: Path) -> dict:
+    data = json.loads((root / "capacity.json").read_text(encoding="utf-8"))
     assert record_problems(CapacityResult, data) == []
     return data
 
 
-def test_recorded_predictions_are_the_memory_models(capacity):
-    for t in capacity["trials"]:
-        spec = run_spec_from_dict(json.loads((ROOT / t["run_dir"] / "spec.json").read_text(encoding="utf-8")))
+@pytest.fixture(scope="module")
+def capacity() -> dict:
+    return load_probe(ROOT)
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_recorded_predictions_are_the_memory_models(probe):
+    root = PROBES[probe]
+    for t in load_probe(root)["trials"]:
+        spec = run_spec_from_dict(json.loads((root / t["run_dir"] / "spec.json").read_text(encoding="utf-8")))
         state, act, device, host = predict_trial_memory(spec)
         assert t["predicted_device_gib"] == pytest.approx(device / GIB, rel=1e-9), t["run_dir"]
         assert t["predicted_host_gib"] == pytest.approx(host / GIB, rel=1e-9), t["run_dir"]
@@ -38,6 +49,28 @@ def test_device_memory_predicted_within_ten_percent_without_offload(capacity):
             assert abs(peak / t["predicted_device_gib"] - 1) <= 0.10, (t["layout"], t["rung"], peak)
             checked += 1
     assert checked == 4  # DDP and FSDP2 at 2.65 G and 5.12 G parameters
+
+
+def test_h100_probe_predicts_memory_and_the_largest_size_that_fits():
+    """On the 80 GB H100: DDP, ZeRO-3 on DeepSpeed and on FSDP2 fit 2.65 G parameters and run out
+    of memory at 5.12 G; each ok trial's device peak is within 10% of the model, and the model
+    puts each OOM trial above the GPU's memory and each ok one below it."""
+    data = load_probe(PROBES["h100-4layouts"])
+    limit = data["memory_limit_gib"] * USABLE
+    ok = [t for t in data["trials"] if t["status"] == "ok" and t["offload"] == "none"]
+    assert sorted(t["layout"] for t in ok) == ["ddp", "zero3", "zero3-fsdp2"]
+    for t in ok:
+        assert abs(max(t["mem_peak_gib"]) / t["predicted_device_gib"] - 1) <= 0.10, t["layout"]
+    for t in data["trials"]:
+        if t["status"] == "oom":
+            assert t["predicted_device_gib"] > limit, t["layout"]
+        elif t["status"] == "ok":
+            assert t["predicted_device_gib"] <= limit, t["layout"]
+    largest = {}
+    for t in data["trials"]:
+        if t["status"] == "ok":
+            largest[t["layout"]] = max(largest.get(t["layout"], -1), t["rung"])
+    assert largest == {"ddp": 1, "zero3": 1, "zero3-fsdp2": 1, "zero3-fsdp2-offload": 1}
 
 
 def test_the_interrupted_trial_is_recorded_as_such(capacity):

@@ -4,6 +4,7 @@ search on 2 gloo ranks with a planted failing trial, its resume after an interru
 input."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -217,6 +218,14 @@ def test_ranking_is_explained_from_both_runs_whatif():
     assert why.source == "mixed" and why.missing == ()
     plain = explain_ranking(rows, {"pp2": view(bubble=4.0, transfer=1.0)})
     assert plain.missing == ("tp2",) and plain.winner_cat is None
+    assert not why.within_spread  # 26 ms every step vs 30 ms every step
+
+    def spread(name: str, ms: float, p10: float, p90: float) -> SearchRow:
+        return dataclasses.replace(row(name, ms), measured_p10_ms=p10, measured_p90_ms=p90)
+
+    noisy = explain_ranking([spread("tp2", 27.0, 25.0, 29.0), spread("pp2", 26.0, 24.0, 28.0)],
+                            {"pp2": view(bubble=4.0, transfer=1.0), "tp2": view(bubble=1.0, transfer=8.0)})
+    assert noisy.winner == "pp2" and noisy.within_spread  # 24-28 ms overlaps 25-29 ms: not distinguishable
 
 
 def test_an_engine_that_does_not_import_is_pruned(monkeypatch):
