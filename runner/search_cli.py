@@ -122,7 +122,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     from runner.search import SEARCH_FILE, plan_search, render_header, render_table, run_search
 
     req = build_search_request(args)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"search-{args.out.name}") or "search"
+    # the campaign is named after --out, prefixed once ("runs/search-cpu" -> "search-cpu", "runs/x" -> "search-x")
+    base = args.out.resolve().name
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", base if base.startswith("search") else f"search-{base}") or "search"
     if args.dry_run:
         candidates, _, _ = plan_search(req, name=name, out=args.out if args.out.is_dir() else None)
         print(render_header(req, candidates) + render_table(candidates, req), end="")
