@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from report.evidence import compute_category_separations
+from report.i18n import Message, N_
 
 SEARCH_FILE = "search.json"
 PRICED_CATEGORIES = ("compute", "transfer", "bubble")  # the search model's categories (report.predict's, less host)
@@ -118,9 +119,9 @@ def load_search(source: str | Path) -> tuple[dict | None, str | None]:
     try:
         data = json.loads(read_regular_text(path, max_bytes=MAX_SEARCH_BYTES))
     except (ToolError, OSError, ValueError) as e:
-        return None, f"{path}: unreadable ({str(e)[:120]})"
+        return None, Message(N_("%(file)s: unreadable (%(error)s)"), file=path, error=str(e)[:120])
     if not isinstance(data, dict) or not isinstance(data.get("candidates"), list) or data.get("schema_version") != 1:
-        return None, f"{path}: not a search record of schema version 1"
+        return None, Message(N_("%(file)s: not a search record of schema version 1"), file=path)
     return data, None
 
 

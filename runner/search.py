@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, ToolError
+from core.i18n import Message, N_  # reasons are sentences the note prints: catalogue messages
 from core.perfmodel import Layout, build_run_layout, build_shape, compute_layout_memory, predict_run, solve_rate
 
 SEARCH_SCHEMA_VERSION = 1
@@ -268,17 +269,20 @@ def resolve_candidates(req: SearchRequest, candidates: list[Candidate], *, name:
     for c in candidates:
         reason = None
         if c.engine.startswith("("):
-            reason = f"not runnable: the campaign runner has no {c.sharding} engine (ZeRO stage 3 only)"
+            reason = Message(N_("not runnable: the campaign runner has no %(sharding)s engine (ZeRO stage 3 only)"),
+                             sharding=c.sharding)
         elif c.recompute == "full":
-            reason = "not runnable: no activation-recomputation switch in the campaign runner"
+            reason = Message(N_("not runnable: no activation-recomputation switch in the campaign runner"))
         elif c.engine in ENGINE_MODULES and importlib.util.find_spec(ENGINE_MODULES[c.engine].split(".")[0]) is None:
-            reason = f"engine {c.engine} is not importable here ({ENGINE_MODULES[c.engine]})"
+            reason = Message(N_("engine %(engine)s is not importable here (%(module)s)"), engine=c.engine,
+                             module=ENGINE_MODULES[c.engine])
         else:
             try:
                 one = tomllib.loads(render_matrix(req, [c.run], name=name))
                 resolve_matrix(one, source="candidate", num_gpus=num_gpus)
             except ConfigError as e:
-                reason = "runner refuses it: " + re.sub(r"^candidate run 1 \('[^']*'\):? ?", "", str(e).splitlines()[0])
+                reason = Message(N_("runner refuses it: %(error)s"),
+                                 error=re.sub(r"^candidate run 1 \('[^']*'\):? ?", "", str(e).splitlines()[0]))
         if reason is None:
             keep.append(c)
         out.append(dataclasses.replace(c, state="pruned", reason=reason) if reason else c)
@@ -364,9 +368,10 @@ def plan_search(req: SearchRequest, *, name: str, out: Path | None = None):
         c = dataclasses.replace(c, mem_peak_gib=mem_gib, before=before,
                                 micro_batch_size=spec.micro_batch_size, num_microbatches=spec.num_microbatches)
         if mem_gib * GIB > req.memory_limit_bytes:
-            c = dataclasses.replace(c, state="pruned", reason=(
-                f"predicted {mem_gib:.2f} GiB on its fullest rank > {req.memory_limit_bytes / GIB:.2f} GiB usable "
-                f"({req.usable_fraction:.0%} of {req.memory_gib:g} GiB)"))
+            c = dataclasses.replace(c, state="pruned", reason=Message(
+                N_("predicted %(mem)s GiB on its fullest rank > %(usable)s GiB usable (%(fraction)s of %(total)s GiB)"),
+                mem=f"{mem_gib:.2f}", usable=f"{req.memory_limit_bytes / GIB:.2f}", fraction=f"{req.usable_fraction:.0%}",
+                total=f"{req.memory_gib:g}"))
         done.append(c)
     return order(done), campaign, comm
 
@@ -587,14 +592,15 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
             tried = [c for c in candidates if c.trial_index is not None]
             untried = [c for c in order(candidates) if c.state == "untried"]
             if not untried:
-                stop_reason = "every runnable candidate was tried"
+                stop_reason = Message(N_("every runnable candidate was tried"))
                 break
             if req.max_trials is not None and len(tried) >= req.max_trials:
-                stop_reason = f"--max-trials {req.max_trials} reached"
+                stop_reason = Message(N_("--max-trials %(num)s reached"), num=req.max_trials)
                 break
             mean_trial = (sum(c.trial_wall_s or 0 for c in tried) / len(tried)) if tried else 0.0
             if tried and elapsed + mean_trial > req.budget_s:
-                stop_reason = f"budget: {elapsed:.0f} s spent + a trial's {mean_trial:.0f} s > {req.budget_s:.0f} s"
+                stop_reason = Message(N_("budget: %(spent)s s spent + a trial's %(trial)s s > %(budget)s s"),
+                                      spent=f"{elapsed:.0f}", trial=f"{mean_trial:.0f}", budget=f"{req.budget_s:.0f}")
                 break
             ok = [c for c in candidates if c.state == "ok" and c.measured_step_ms]
             nxt = untried[0]
