@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	rm -rf $(DEMO)
 	$(VENV)/bin/runner all --out $(DEMO)
+	# gloo's collectives measured beside the campaign: the note's per-category predictions price transfer with them
+	$(VENV)/bin/runner commbench --device cpu --nproc 4 --out $(DEMO)/commbench
 	$(VENV)/bin/report build $(DEMO)
 	@echo "commands: . $(VENV)/bin/activate puts runner, report and ingest on PATH (README: First commands)"
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.errors import ToolError
 from core.memory import compute_offloaded_fraction, describe_offload
 from core.hardware import lookup_peak
@@ -94,10 +96,14 @@ class CategoryCheck:
     """One traced run predicted per category from the other runs (leave-one-out), ms per step:
     measured from section 5 (breakdown_median_ms: compute; transfer; bubble + imbalance; the rest
     -- host time: launch gaps, skew wait, data stall, other --, summing to the unprofiled median
-    step), predicted by core.perfmodel with the compute rate of the other runs' traced compute
-    (report.predict.choose_rate's rule), their exposed communication and bubble, and the other
-    runs' host time (same engine, else all). error: predicted / measured - 1 per category (None
-    where measured is under 1 ms) and for the step; calibrated: |step error| <= UNCALIBRATED_ERROR."""
+    step). Predicted: compute by core.perfmodel at the compute rate of the other runs' traced
+    compute (report.predict.choose_rate's rule); transfer and bubble by core.perfmodel, each
+    times the ratio measured / modelled summed over the other runs of the same communication
+    pattern (COMM_PATTERN: TP, PP, sharding) -- 1 where there is none (transfer_from, bubble_from
+    name the runs); host time the median of the other runs' of the same engine and kernel mode,
+    else of all of them (host_from; host_same_engine says which). error: predicted / measured - 1
+    per category (None where measured is under 1 ms) and for the step; calibrated: |step error|
+    <= UNCALIBRATED_ERROR."""
 
     run: str
     measured_ms: Mapping[str, float]
@@ -108,6 +114,9 @@ class CategoryCheck:
     step_error: float | None
     calibrated: bool
     host_from: tuple[str, ...]  # the runs whose host time was carried over
+    host_same_engine: bool = True  # host_from ran this engine in this kernel mode (else: every other run)
+    transfer_from: tuple[str, ...] = ()  # the runs whose measured / modelled transfer scaled this one's
+    bubble_from: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,13 +319,22 @@ def _measured_groups(ms: Mapping[str, float]) -> dict[str, float]:
             "other": ms["skew_wait"] + ms["launch_gaps"] + ms["data_stall"] + ms["other"]}
 
 
+def comm_pattern(lay: Layout) -> tuple[bool, bool, str]:
+    """What a run's exposed communication is made of: (TP collectives, PP p2p, sharding of the
+    data-parallel traffic). Runs of one pattern calibrate each other's transfer."""
+    return lay.tp_degree > 1, lay.pp_degree > 1, lay.sharding if lay.dp_degree > 1 else "none"
+
+
+MIN_MODELLED_MS = 0.5  # a run whose model gives less of a category than this does not scale it
+
+
 def build_category_checks(shape: ModelShape, *, fixed: FixedConfig, runs: Sequence[LoadedRun],
                           layouts: Mapping[str, Layout], comm: CommModel, per_node: int,
                           measured: Mapping[str, Mapping[str, float]], speedup: float) -> list[CategoryCheck]:
     """CategoryCheck per run with section 5's breakdown (``measured``: run -> breakdown_median_ms),
-    each predicted from the other such runs only."""
+    each predicted from the other such runs only (CategoryCheck says how)."""
     groups = {r.name: _measured_groups(measured[r.name]) for r in runs if r.name in measured}
-    rates, specs = [], {r.name: r for r in runs if r.name in groups}
+    rates, specs, own = [], {r.name: r for r in runs if r.name in groups}, {}
     for name, g in groups.items():
         r = specs[name]
         try:
@@ -325,25 +343,38 @@ def build_category_checks(shape: ModelShape, *, fixed: FixedConfig, runs: Sequen
         except ToolError:
             continue
         if g["compute"] > 0:  # compute time scales as 1 / rate
-            rates.append(_Rate(run=name, engine=r.spec.engine, compiled=bool(r.compiled),
-                               rate=REFERENCE_RATE * at_ref / (g["compute"] / 1e3), offload=_offloads(r)))
+            rate = REFERENCE_RATE * at_ref / (g["compute"] / 1e3)
+            rates.append(_Rate(run=name, engine=r.spec.engine, compiled=bool(r.compiled), rate=rate,
+                               offload=_offloads(r)))
+            own[name] = _modelled(shape, layouts[name], fixed=fixed, comm=comm, rate=rate, per_node=per_node)
+
+    def scale(name: str, category: str, peers: Sequence[str]) -> tuple[float, tuple[str, ...]]:
+        """measured / modelled of ``category`` summed over ``peers`` (each at its own traced rate)."""
+        used = tuple(n for n in peers if n in own and own[n][category] >= MIN_MODELLED_MS)
+        modelled = sum(own[n][category] for n in used)
+        return (sum(groups[n][category] for n in used) / modelled, used) if modelled > 0 else (1.0, ())
+
     out = []
     for name, g in groups.items():
         r = specs[name]
         rate, _ = choose_rate(rates, engine=r.spec.engine, compiled=bool(r.compiled), exclude=name, speedup=speedup,
                               speedup_source="", offload=_offloads(r))
-        peers = [n for n in groups if n != name and specs[n].spec.engine == r.spec.engine] or \
-                [n for n in groups if n != name]
+        others = [n for n in groups if n != name]
+        same = [n for n in others if specs[n].spec.engine == r.spec.engine and bool(specs[n].compiled) == bool(r.compiled)]
+        peers = same or others
         pred: dict[str, float | None] = dict.fromkeys(CATEGORY_GROUPS)
+        transfer_from: tuple[str, ...] = ()
+        bubble_from: tuple[str, ...] = ()
         if rate is not None:
             try:
-                p = predict_run(shape, layouts[name], fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
-                                memory_limit_bytes=math.inf)
-                pred.update(compute=p.compute_time_s * 1e3, bubble=p.bubble_time_s * 1e3,
-                            transfer=(p.exposed_comm_s + p.stage_time_s - p.compute_time_s) * 1e3)
+                m = _modelled(shape, layouts[name], fixed=fixed, comm=comm, rate=rate, per_node=per_node)
+                k_transfer, transfer_from = scale(name, "transfer", [n for n in others if comm_pattern(layouts[n])
+                                                                       == comm_pattern(layouts[name])])
+                k_bubble, bubble_from = scale(name, "bubble", [n for n in others if layouts[n].pp_degree > 1])
+                pred.update(compute=m["compute"], transfer=m["transfer"] * k_transfer, bubble=m["bubble"] * k_bubble)
             except ToolError:
                 pass
-        pred["other"] = float(sum(groups[n]["other"] for n in peers) / len(peers)) if peers else None
+        pred["other"] = float(np.median([groups[n]["other"] for n in peers])) if peers else None
         step = sum(pred.values()) if all(v is not None for v in pred.values()) else None
         measured_step = sum(g.values())
         err = {c: (pred[c] / g[c] - 1 if pred[c] is not None and g[c] >= 1.0 else None) for c in CATEGORY_GROUPS}
@@ -351,8 +382,18 @@ def build_category_checks(shape: ModelShape, *, fixed: FixedConfig, runs: Sequen
         out.append(CategoryCheck(run=name, measured_ms=g, predicted_ms=pred, error=err, step_measured_ms=measured_step,
                                  step_predicted_ms=step, step_error=step_error,
                                  calibrated=step_error is not None and abs(step_error) <= UNCALIBRATED_ERROR,
-                                 host_from=tuple(peers)))
+                                 host_from=tuple(peers), host_same_engine=bool(same), transfer_from=transfer_from,
+                                 bubble_from=bubble_from))
     return out
+
+
+def _modelled(shape: ModelShape, lay: Layout, *, fixed: FixedConfig, comm: CommModel, rate: float,
+              per_node: int) -> dict[str, float]:
+    """core.perfmodel's compute, exposed transfer and bubble (ms per step) at ``rate``."""
+    p = predict_run(shape, lay, fixed=fixed, comm=comm, rate=rate, num_gpus_per_node=per_node,
+                    memory_limit_bytes=math.inf)
+    return {"compute": p.compute_time_s * 1e3, "bubble": p.bubble_time_s * 1e3,
+            "transfer": (p.exposed_comm_s + p.stage_time_s - p.compute_time_s) * 1e3}
 
 
 def _strategy_of(lay: Layout) -> tuple[str, str] | None:
