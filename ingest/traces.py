@@ -31,6 +31,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from core.i18n import Message, N_
 from core.records import (BREAKDOWN_CATEGORIES, PHASE_RANGES, PLANT_EXTRA_MATMUL_RANGE, KernelSummaryRow,
                           StepBreakdownRow, TimelineSpanRow)
 from ingest.intervals import EMPTY, I64, clip, intersect, measure, merge_gaps, minus, tile, union, union_of
@@ -271,8 +272,9 @@ def _drop_outliers(c: _Collected) -> str | None:
     c.comm_args = {int(new_index[i]): a for i, a in c.comm_args.items() if not g_bad[i]}
     c.g_ts, c.g_dur, c.g_corr, c.g_name = (keep(a, g_bad) for a in (c.g_ts, c.g_dur, c.g_corr, c.g_name))
     c.steps = [st for st, b in zip(c.steps, s_bad) if not b]
-    return (f"{num} event(s) more than {OUTLIER_SPAN_US / 86_400e6:g} days from the trace's median time "
-            f"({median:.17g} us) or longer than that were left out as clock outliers: {'; '.join(examples[:5])}")
+    return Message(N_("%(num)s event(s) more than %(days)s days from the trace's median time (%(median)s us) or longer "
+                      "than that were left out as clock outliers: %(examples)s"), num=num,
+                   days=f"{OUTLIER_SPAN_US / 86_400e6:g}", median=f"{median:.17g}", examples="; ".join(examples[:5]))
 
 
 _DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1,
@@ -792,7 +794,7 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
     c = _collect(events)
     warnings: list[str] = []
     if c.num_ignored:
-        warnings.append(f"{c.num_ignored} complete events without usable ts/dur/name/args were ignored")
+        warnings.append(Message(N_("%(num)s complete events without usable ts/dur/name/args were ignored"), num=c.num_ignored))
     outliers = _drop_outliers(c)
     if outliers:
         warnings.append(outliers)
@@ -803,10 +805,17 @@ def compute_step_breakdown(events: Iterable[dict[str, Any]], *, run: str, rank: 
 
 UNMARKED_CHOICES = ("skip", "whole", "split")
 STEP_SPLIT_PREFIX = "no ProfilerStep marks: steps split by"
-WHOLE_TRACE_WARNING = ("no ProfilerStep marks: the whole trace is analysed as one window (step 0), from its first "
-                       "host op or launch to its last")
-WINDOW_WARNING = ("no ProfilerStep marks, no repeating annotation and no repeating kernel pattern: the whole trace "
-                  "is analysed as one window (step 0), from its first host op or launch to its last")
+WHOLE_TRACE_WARNING = Message(N_("no ProfilerStep marks: the whole trace is analysed as one window (step 0), from its "
+                                 "first host op or launch to its last"))
+WINDOW_WARNING = Message(N_("no ProfilerStep marks, no repeating annotation and no repeating kernel pattern: the whole "
+                            "trace is analysed as one window (step 0), from its first host op or launch to its last"))
+# a split trace's steps are not ProfilerSteps: _steps_breakdown's warnings as the split words them
+_SPLIT_WORDING = {
+    N_("%(num)s GPU events were launched outside every ProfilerStep of the trace; left out as in HTA"):
+        N_("%(num)s GPU events were launched outside every step of the trace; left out as in HTA"),
+    N_("no GPU event was launched inside an analysed ProfilerStep"): N_("no GPU event was launched inside an analysed step"),
+    N_("ProfilerStep(s) %(steps)s launched no GPU event; not analysed"): N_("step(s) %(steps)s launched no GPU event; not analysed"),
+}
 
 
 def _steps_breakdown(c: _Collected, step_k, step_s, step_e, tid: int, *, run: str, rank: int, pp_degree: int,
@@ -831,14 +840,16 @@ def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans:
         if split is not None:
             n = split.step_s.size
             period_ms = float(np.median(np.diff(split.step_s))) / 1e3 if n > 1 else float("nan")
-            what = "annotation" if split.method == "annotation" else "kernel"
-            said = (f"{STEP_SPLIT_PREFIX} the repeating {what} {split.name!r} "
-                    f"({n} periods, one every {period_ms:.3g} ms"
-                    + (", the last one not analysed as with marks)" if len(c.g_ts) else ")"))
+            what = Message(N_("annotation")) if split.method == "annotation" else Message(N_("kernel"))
+            said = Message(N_("no ProfilerStep marks: steps split by the repeating %(what)s %(name)s (%(num)s periods, one "
+                              "every %(period)s ms, the last one not analysed as with marks)") if len(c.g_ts) else
+                           N_("no ProfilerStep marks: steps split by the repeating %(what)s %(name)s (%(num)s periods, one "
+                              "every %(period)s ms)"), what=what, name=repr(split.name), num=n, period=f"{period_ms:.3g}")
             own: list[str] = []
             result = _steps_breakdown(c, np.arange(n, dtype=I64), split.step_s, split.step_e, split.tid, run=run,
                                       rank=rank, pp_degree=pp_degree, max_spans=max_spans, warnings=own)
-            own = [w.replace("ProfilerStep(s)", "step(s)").replace("ProfilerStep", "step") for w in own]
+            own = [Message(_SPLIT_WORDING[w.msgid], **w.params) if isinstance(w, Message) and w.msgid in _SPLIT_WORDING
+                   else w.replace("ProfilerStep(s)", "step(s)").replace("ProfilerStep", "step") for w in own]
             return dataclasses.replace(result, warnings=tuple(warnings + [said] + own), step_split=split.method,
                                        step_split_name=split.name)
     if unmarked in ("whole", "split") and (len(c.h_ts) or len(c.l_ts)):
@@ -847,8 +858,8 @@ def _breakdown(c: _Collected, *, run: str, rank: int, pp_degree: int, max_spans:
                                         said=WINDOW_WARNING if unmarked == "split" else WHOLE_TRACE_WARNING)
         if result is not None:
             return dataclasses.replace(result, step_split="window")
-    warnings.append("no ProfilerStep#<k> range in the trace: cannot split it into steps "
-                    "(profile with torch.profiler's schedule and call prof.step())")
+    warnings.append(Message(N_("no ProfilerStep#<k> range in the trace: cannot split it into steps (profile with "
+                               "torch.profiler's schedule and call prof.step())")))
     return TraceBreakdown(steps=(), kernels=(), spans=(), timeline=None, warnings=tuple(warnings))
 
 
@@ -892,8 +903,8 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     l_ts, l_corr = np.frombuffer(c.l_ts, np.float64), np.frombuffer(c.l_corr, np.int64)
     num_analysed = step_k.size - 1 if step_k.size > 1 else 1
     if step_k.size == 1:
-        warnings.append("only one ProfilerStep in the trace; it is analysed although its last "
-                        "kernels may be cut off (HTA warns the same)")
+        warnings.append(Message(N_("only one ProfilerStep in the trace; it is analysed although its last kernels may be "
+                                   "cut off (HTA warns the same)")))
     # launch time of each GPU event via its correlation id
     order = np.argsort(l_corr, kind="stable")
     lc, lt = l_corr[order], l_ts[order]
@@ -911,14 +922,14 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     step_k, step_s, step_e = step_k[:num_analysed], step_s[:num_analysed], step_e[:num_analysed]
     num_unlaunched = int((~matched).sum())
     if num_unlaunched:
-        warnings.append(f"{num_unlaunched} GPU events have no launch (correlation) in the trace; left out")
+        warnings.append(Message(N_("%(num)s GPU events have no launch (correlation) in the trace; left out"), num=num_unlaunched))
     # the dropped last step's events are left out by design (as in HTA); others are worth a word
     num_outside = int((matched & ~in_step & ~in_next).sum())
     if num_outside:
-        warnings.append(f"{num_outside} GPU events were launched outside every ProfilerStep of the trace; "
-                        "left out as in HTA")
+        warnings.append(Message(N_("%(num)s GPU events were launched outside every ProfilerStep of the trace; left out as "
+                                   "in HTA"), num=num_outside))
     if not in_step.any():
-        warnings.append("no GPU event was launched inside an analysed ProfilerStep")
+        warnings.append(Message(N_("no GPU event was launched inside an analysed ProfilerStep")))
         return TraceBreakdown(steps=(), kernels=(), spans=(), timeline="gpu", warnings=tuple(warnings))
     ev_step, ts_us, dur_us, name = sic[in_step], g_ts[in_step], g_dur[in_step], g_name[in_step]
     base = float(ts_us.min())
@@ -951,7 +962,7 @@ def _gpu_breakdown(c: _Collected, step_k: np.ndarray, step_s: np.ndarray, step_e
     num_kernels = np.bincount(ev_step, minlength=step_k.size)[used]
     if used.size < step_k.size:
         missing = sorted(set(step_k.tolist()) - set(step_k[used].tolist()))
-        warnings.append(f"ProfilerStep(s) {missing} launched no GPU event; not analysed")
+        warnings.append(Message(N_("ProfilerStep(s) %(steps)s launched no GPU event; not analysed"), steps=missing))
 
     A = union(start, end)
     cm = is_compute[name]

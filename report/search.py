@@ -24,6 +24,9 @@ from report.evidence import compute_category_separations
 from report.i18n import Message, N_
 
 SEARCH_FILE = "search.json"
+# reasons earlier versions of runner search recorded in search.json (catalogue messages, so a note built from
+# such a file prints them translated: report.i18n.translate_recorded)
+RECORDED_REASONS = (N_("not runnable: no activation-recomputation switch in the campaign runner"),)
 PRICED_CATEGORIES = ("compute", "transfer", "bubble")  # the search model's categories (report.predict's, less host)
 MAX_SEARCH_BYTES = 64 << 20
 
