@@ -78,8 +78,9 @@ def translate(value: Any, lang: "Language", *, escape: Any = None) -> Any:
     escaped by Markup's %, their Markdown code spans made <code>), None for plain text."""
     if isinstance(value, Message):
         text = lang.gettext(value.msgid)
-        if escape is not None:
-            text = escape(text)
+        if escape is not None:  # the message is text (escaped), its Markdown code spans (`runner commbench`) <code>
+            text = escape("").join(escape("<code>{}</code>").format(part) if i % 2 else escape.escape(part)
+                                   for i, part in enumerate(_CODE_SPAN.split(text)))
             return text % {k: _html_param(translate(v, lang, escape=escape), escape) for k, v in value.params.items()}
         return text % {k: translate(v, lang, escape=escape) for k, v in value.params.items()}
     if isinstance(value, MessageList):
