@@ -15,6 +15,7 @@ translate.
 from __future__ import annotations
 
 import html as htmlmod
+import json
 import re
 import shutil
 from pathlib import Path
@@ -157,3 +158,27 @@ def test_the_zh_triage_note_of_real_failure_logs_has_no_english_sentence(tmp_pat
 def test_the_demo_campaigns_zh_note_has_no_english_sentence(demo_campaign):
     _, _, note = load_note(demo_campaign)
     assert _untranslated(note) == {}
+
+
+# ------------------------------------------------------------------ English recorded in files
+def test_recorded_english_prints_translated_and_data_stays_as_recorded():
+    """translate_recorded: the catalogue message a recorded text was built from, found by its fixed
+    parts, in Chinese with its parameters (themselves translated where they are messages)."""
+    from report.i18n import load_language, translate_recorded
+
+    zh = load_language("zh")
+    status = json.loads((ROOT / "examples" / "h200-nccl-hang" / "ddp-gpu-hang" / "status.json").read_text())
+    assert status["cause"] == ("no step row for 60 s; collective #125 (nccl:all_reduce) scheduled on every rank: it was "
+                               "enqueued but never finished (a stuck kernel or peer)")  # as the runner recorded it
+    assert translate_recorded(status["cause"], zh) == (
+        "60 秒没有新的步记录；集合通信 #125（nccl:all_reduce）在每个 rank 上的状态都是 scheduled：已入队但从未完成（卡住的 kernel 或对端）")
+    # a parser's warning as the tables store it, and one a trace caveat prefixes with its file
+    line = "line 14: the last line leaves a record, block or bracket open: the file may be cut (truncated) there"
+    assert translate_recorded(line, zh) == "第 14 行：最后一行留下了未结束的记录、块或括号：文件可能在此处被截断"
+    assert translate_recorded(f"ddp/trace/rank0.json: {line}", zh).startswith("ddp/trace/rank0.json: 第 14 行：")
+    # items joined by "; ", each translated
+    assert translate_recorded("no stack; process state not recorded", zh) == "无调用栈；未记录进程状态"
+    # data and text no message makes print as recorded; English is never touched
+    for text in ("RuntimeError: injected fault: crash on rank 0 at step 3", "ddp-gpu-hang", "", "42"):
+        assert translate_recorded(text, zh) == text
+    assert translate_recorded(line, load_language("en")) == line
