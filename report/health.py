@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from core.formulas import select_measured
+from report.metrics import run_slices
 
 # the MAD of a normal sample times this is its standard deviation (Rousseeuw & Croux 1993; the
 # Hampel filter's scale). The loss's noise is read from its step-to-step differences (their MAD
@@ -277,14 +278,6 @@ def compute_flagged_curves(steps: pd.DataFrame, rule: HealthRule) -> pd.DataFram
     return compute_grad_explosions(compute_loss_spikes(curves, rule), rule)
 
 
-def _run_slices(keys: np.ndarray) -> dict[str, slice]:
-    """Label -> its rows' slice, in a table sorted by that label (each label's rows contiguous)."""
-    if len(keys) == 0:
-        return {}
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    return {keys[s]: slice(int(s), int(e)) for s, e in zip(starts, np.r_[starts[1:], len(keys)])}
-
-
 def _rank_step_times(rank_times: pd.DataFrame) -> dict[str, tuple[RankStepTime, ...]]:
     """Run -> its RankStepTime per rank, slowest median first. rank_times: compute_rank_step_times
     rows (sorted by run, rank, step)."""
@@ -323,7 +316,7 @@ def summarize_health(curves: pd.DataFrame, rank_times: pd.DataFrame, rule: Healt
     loss_nf = curves["loss_non_finite"].to_numpy(dtype=bool)
     recorded_any = curves["grad_norm_recorded"].to_numpy(dtype=bool)
     out = {}
-    for run, sl in _run_slices(curves["run"].to_numpy()).items():
+    for run, sl in run_slices(curves["run"].to_numpy()).items():
         losses, steps_, nf = loss[sl], step[sl], loss_nf[sl]
         losses = losses[~np.isnan(losses)]
         first = _none(losses[0]) if len(losses) else None

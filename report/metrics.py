@@ -67,8 +67,9 @@ def _summarize_one(run: LoadedRun, t: "_RunTables", *, warmup_steps: int, peak: 
     return RunSummary(**row)
 
 
-def _run_slices(keys: np.ndarray) -> dict[str, slice]:
-    """Run name -> its rows' slice, in a table sorted by run (each run's rows contiguous)."""
+def run_slices(keys: np.ndarray) -> dict[str, slice]:
+    """Run name -> its rows' slice, for the run column (keys) of a table sorted by run (each run's
+    rows contiguous), in table order: numpy per run over one table, not a pandas group per run."""
     if len(keys) == 0:
         return {}
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
@@ -87,7 +88,7 @@ class _RunTables:
         # per (run, step): the slowest rank gates the step
         per_step = measured.groupby(["run", "step"], sort=True).agg(
             step_time_s=("step_time_s", "max"), data_wait_s=("data_wait_s", "max"), tokens=("tokens", "max"))
-        self.per_step = _run_slices(per_step.index.get_level_values("run").to_numpy())
+        self.per_step = run_slices(per_step.index.get_level_values("run").to_numpy())
         self.step_time_s = per_step["step_time_s"].to_numpy(dtype=float)
         self.data_wait_s = per_step["data_wait_s"].to_numpy(dtype=float)
         self.tokens = per_step["tokens"].to_numpy()
@@ -99,7 +100,7 @@ class _RunTables:
         losses = steps.dropna(subset=["loss"]).groupby(["run", "step"], sort=True)["loss"].mean()
         values = losses.to_numpy(dtype=float)
         self.losses = {r: (float(values[s.start]), float(values[s.stop - 1]))
-                       for r, s in _run_slices(losses.index.get_level_values("run").to_numpy()).items()}
+                       for r, s in run_slices(losses.index.get_level_values("run").to_numpy()).items()}
         self.stragglers = compute_stragglers(measured)
 
     def rows(self, run: str) -> pd.DataFrame:
@@ -273,7 +274,7 @@ def select_figure_runs(step_times: pd.DataFrame, runs: Sequence[str], *, max_run
     t = step_times.sort_values("run", kind="stable")
     values = t["step_time_s"].to_numpy(dtype=float)
     medians = {r: float(np.percentile(values[s], 50, method="linear"))
-               for r, s in _run_slices(t["run"].to_numpy()).items()}
+               for r, s in run_slices(t["run"].to_numpy()).items()}
     ranked = sorted((r for r in runs if r in medians), key=lambda r: medians[r])  # stable: ties keep runs' order
     if len(ranked) <= max_runs:
         return ranked

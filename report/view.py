@@ -992,8 +992,11 @@ def build_note(campaign: Campaign, *, figures: Sequence[Figure] = (), convention
     repeats = build_repeat_groups(runs, summary)
     ranked = ranked_runs(runs, repeats, first_round=rounds[0])
     curve = metrics.compute_loss_curve(campaign.steps) if not campaign.steps.empty else None
-    loss_curves = ({run: dict(zip(g["step"].astype(int), g["loss"].astype(float))) for run, g in curve.groupby("run")}
-                   if curve is not None else None)
+    loss_curves = None
+    if curve is not None:  # run -> {step: loss}; curve is sorted by run, then step
+        steps_, losses = curve["step"].astype(int).tolist(), curve["loss"].astype(float).tolist()
+        loss_curves = {run: dict(zip(steps_[sl], losses[sl]))
+                       for run, sl in metrics.run_slices(curve["run"].to_numpy()).items()}
     findings = tuple(build_findings(summary, runs, gpu_memory_gib=gpu_mem, on_gpu=on_gpu, thresholds=thresholds,
                                     loss_curves=loss_curves, loss_from_step=fixed.warmup_steps or 0, ranked=ranked,
                                     health=health.runs))
