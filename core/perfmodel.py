@@ -474,7 +474,8 @@ def count_model_params(model: ModelConfig) -> int:
 def build_run_layout(spec: RunSpec, *, compiled: bool | None) -> Layout:
     """A campaign run's layout: DDP, DeepSpeed ZeRO-3, Megatron (distributed optimizer when the
     run's knob says so; sequence parallel with TP > 1, as runner.strategies.tp_pp_megatron), the
-    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored.
+    torch TP+PP engine (replicated optimizer, no SP). Attention is SDPA flash: scores never stored
+    ("selective"); ``options.recompute = "full"``: only each layer's input is stored ("full").
     compiled: torch.compile on (the run's RunInfo.compile; None: not recorded, taken as off)."""
     options = spec.options or {}
     if spec.strategy == "zero3":
@@ -485,7 +486,7 @@ def build_run_layout(spec: RunSpec, *, compiled: bool | None) -> Layout:
         sharding = "ddp"
     return Layout(tp_degree=int(spec.tp_degree), pp_degree=int(spec.pp_degree), dp_degree=int(spec.dp_degree),
                   micro_batch_size=int(spec.micro_batch_size), num_microbatches=int(spec.num_microbatches),
-                  sharding=sharding, recompute="selective",
+                  sharding=sharding, recompute="full" if options.get("recompute") == "full" else "selective",
                   sequence_parallel=spec.engine == "megatron" and int(spec.tp_degree) > 1,
                   grad_reduce_bytes=grad_reduce_bytes(spec),
                   logits_bytes=logits_bytes(spec.engine, compiled=bool(compiled)),

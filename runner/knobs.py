@@ -54,6 +54,10 @@ MEGATRON_UNAVAILABLE = ("transformer_engine layer spec (TE fused attention, Laye
 class CommonKnobs:
     tf32: bool = False  # TF32 matmuls/convolutions; off so bf16 runs compare bf16 kernels only
     fused_adamw: bool | None = None  # torch.optim.AdamW(fused=True); None -> on for CUDA
+    # activation recomputation: "full" keeps each block's input only and recomputes the block in
+    # backward (torch engines: a non-reentrant checkpoint per block, torchtitan's full AC; Megatron:
+    # recompute_granularity "full", method "uniform", 1 layer per group); "none" stores every activation
+    recompute: str = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +105,7 @@ class TorchTPPPKnobs(CommonKnobs):
 
 
 PP_SCHEDULES = ("1F1B", "Interleaved1F1B")
+RECOMPUTE_MODES = ("none", "full")
 REDUCE_DTYPES = ("bf16", "fp32")
 
 
@@ -269,7 +274,8 @@ def resolve_knobs(strategy: str, engine: str, options: Mapping[str, Any], *, dev
                         " one overlapped); drop it or set use_distributed_optimizer = true")
     if "init" in given and given["init"] not in ("runner", "megatron"):
         problems.append(f"{where}: 'init' must be 'runner' or 'megatron', got {given['init']!r}")
-    for key, valid_values in (("schedule", PP_SCHEDULES), ("reduce_dtype", REDUCE_DTYPES)):
+    for key, valid_values in (("schedule", PP_SCHEDULES), ("reduce_dtype", REDUCE_DTYPES),
+                              ("recompute", RECOMPUTE_MODES)):
         if key in given and given[key] is not None and given[key] not in valid_values:
             problems.append(f"{where}: '{key}' must be one of {', '.join(valid_values)}, got {given[key]!r}")
     for key, minimum in KNOB_MINIMUMS.items():

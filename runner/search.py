@@ -218,6 +218,8 @@ def enumerate_candidates(req: SearchRequest) -> list[Candidate]:
                 run = {"name": name, "strategy": strategy, "engine": engine, "world_size": lay.world_size,
                        "tp_degree": lay.tp_degree, "pp_degree": lay.pp_degree,
                        "micro_batch_size": lay.micro_batch_size, "kernels": kernels, "overlap": "single"}
+                if lay.recompute == "full":  # the runner's switch (runner.knobs CommonKnobs.recompute)
+                    options = {**options, "recompute": "full"}
                 if options:
                     run["options"] = dict(options)
                 out.append(Candidate(name=name, strategy=strategy, engine=engine, tp_degree=lay.tp_degree,
@@ -257,8 +259,8 @@ def render_matrix(req: SearchRequest, runs: Sequence[Mapping[str, Any]], *, name
 
 
 def resolve_candidates(req: SearchRequest, candidates: list[Candidate], *, name: str):
-    """Prune what the runner would refuse, what does not import here, full recomputation (the
-    runner has no switch for it) and what is predicted not to fit; resolve the rest as one
+    """Prune what the runner would refuse, what does not import here and what is predicted not
+    to fit; resolve the rest as one
     campaign (one set of fixed variables). -> (candidates, the resolved Campaign or None)."""
     from runner.matrix import resolve_matrix
 
@@ -271,8 +273,6 @@ def resolve_candidates(req: SearchRequest, candidates: list[Candidate], *, name:
         if c.engine.startswith("("):
             reason = Message(N_("not runnable: the campaign runner has no %(sharding)s engine (ZeRO stage 3 only)"),
                              sharding=c.sharding)
-        elif c.recompute == "full":
-            reason = Message(N_("not runnable: no activation-recomputation switch in the campaign runner"))
         elif c.engine in ENGINE_MODULES and importlib.util.find_spec(ENGINE_MODULES[c.engine].split(".")[0]) is None:
             reason = Message(N_("engine %(engine)s is not importable here (%(module)s)"), engine=c.engine,
                              module=ENGINE_MODULES[c.engine])

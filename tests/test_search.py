@@ -34,11 +34,11 @@ def table_rows(text: str) -> dict[str, str]:
     return {m.group(1): line for line in text.splitlines() if (m := re.match(r"\s*\d+ (\S+)\s", line))}
 
 
-def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int, extra_bytes_per_param: float = 0.0
-                     ) -> float:
+def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int, extra_bytes_per_param: float = 0.0,
+                     recompute: str = "selective") -> float:
     """Peak bytes of gpt-125m on one GPU (one stage, dp 1), from core.memory's formulas: model
     states (+ an engine's extra bytes per parameter) + 12 layers of activations (flash attention:
-    scores never stored) + the output layer."""
+    scores never stored; "full" recomputation: each layer's input only) + the output layer."""
     p = PRESETS["gpt-125m"]
     shape = ModelShape(name="gpt-125m", num_layers=p.num_layers, hidden_size=p.hidden_size, num_heads=p.num_heads,
                        num_kv_heads=p.num_heads, ffn_hidden_size=p.ffn_hidden_size,
@@ -47,7 +47,7 @@ def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int,
     state = mem.compute_model_state_bytes(params, sharding=sharding, dp_degree=1)
     state += (params.dense + params.expert) * extra_bytes_per_param
     act = p.num_layers * mem.compute_activation_bytes_per_layer(
-        shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size, recompute="selective")
+        shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size, recompute=recompute)
     out = mem.compute_output_activation_bytes(shape, seq_length=p.seq_length, micro_batch_size=micro_batch_size,
                                               logits_bytes=logits_bytes)
     return (state + act + out) / GIB
@@ -56,7 +56,8 @@ def gpt125m_peak_gib(*, micro_batch_size: int, sharding: str, logits_bytes: int,
 def test_dry_run_prunes_by_memory_on_one_gpu():
     """gpt-125m on one H100: memory decides between micro-batch and engine. The eager DeepSpeed
     loss keeps 10 bytes per logit, the compiled DDP one 4: at micro-batch 128 DDP fits, ZeRO-3 on
-    DeepSpeed does not; full recomputation is pruned as unrunnable; nothing is launched."""
+    DeepSpeed does not, and with full recomputation it does (the runner's recompute switch);
+    nothing is launched."""
     r = runner("search", "--model", "gpt-125m", "--gpus", "1", "--gpu", "h100_sxm", "--dry-run", "--out",
                "/nonexistent/search", timeout=60)
     assert r.returncode == 0, r.stderr
@@ -75,7 +76,9 @@ def test_dry_run_prunes_by_memory_on_one_gpu():
             in rows["zero3-ds-dp1-mb128"])
     small = gpt125m_peak_gib(micro_batch_size=16, sharding="zero3", logits_bytes=10)
     assert f"{small:9.3f}" in rows["zero3-ds-dp1-mb16"] and "pruned" not in rows["zero3-ds-dp1-mb16"]
-    assert "no activation-recomputation switch" in rows["ddp-dp1-mb16-full"]
+    ds_full = gpt125m_peak_gib(micro_batch_size=128, sharding="zero3", logits_bytes=10, recompute="full")
+    assert ds_full < limit_gib and f"{ds_full:9.3f}" in rows["zero3-ds-dp1-mb128-full"]
+    assert rows["zero3-ds-dp1-mb128-full"].endswith("untried")
     assert not Path("/nonexistent/search").exists()
     # every candidate is listed once: runnable ones with a prediction, pruned ones with a reason
     assert all(("pruned (" in line) or line.endswith("untried") for line in rows.values())

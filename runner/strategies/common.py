@@ -35,6 +35,19 @@ def build_adamw(params: list[dict], spec: RunSpec, *, device: torch.device) -> t
                              foreach=None if fused else True)
 
 
+def apply_recompute(blocks: nn.ModuleList, spec: RunSpec) -> None:
+    """Full activation recomputation (``options.recompute = "full"``): each block wrapped in
+    torch's non-reentrant activation checkpoint (torch.distributed's checkpoint_wrapper, as
+    torchtitan's full AC), so forward keeps only the block's input and backward recomputes the
+    block. Applied before torch.compile and before any sharding wrapper; a no-op for "none"."""
+    if spec.options.get("recompute", "none") != "full":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -18,8 +18,8 @@ from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
-    TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, load_torch_checkpoint, phase,
-    save_torch_checkpoint, set_lr,
+    TORCH_CHECKPOINT_FORMAT, apply_recompute, autocast, build_adamw, build_param_groups, load_torch_checkpoint,
+    phase, save_torch_checkpoint, set_lr,
 )
 
 
@@ -51,6 +51,7 @@ class DDPTrainer:
         self.kernels = spec_kernels(spec.options, strategy=spec.strategy, engine=spec.engine,
                                     device=ctx.device.type, tp_degree=1)
         scope = self.kernels["compile"]
+        apply_recompute(model.blocks, spec)
         if scope == "per-block":
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = torch.compile(block)

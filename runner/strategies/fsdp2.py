@@ -49,8 +49,8 @@ from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
-    TORCH_CHECKPOINT_FORMAT, build_adamw, build_param_groups, load_torch_checkpoint, phase, save_torch_checkpoint,
-    set_lr,
+    TORCH_CHECKPOINT_FORMAT, apply_recompute, build_adamw, build_param_groups, load_torch_checkpoint, phase,
+    save_torch_checkpoint, set_lr,
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -80,6 +80,7 @@ class FSDP2Trainer:
         self.kernels = spec_kernels(opts, strategy=spec.strategy, engine=spec.engine, device=ctx.device.type,
                                     tp_degree=1)
         self.loss_fn = build_loss_fn(self.kernels)
+        apply_recompute(model.blocks, spec)  # before compile and sharding (torchtitan's order)
         if self.kernels["compile"] == "per-block":
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = torch.compile(block)  # hooks of fully_shard below stay outside the graph

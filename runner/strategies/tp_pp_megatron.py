@@ -83,7 +83,7 @@ def pipeline_layout(pp_layers: tuple[int, ...]) -> str:
 
 def build_transformer_config(
     cfg: ModelConfig, *, dtype: str, tp_degree: int, pp_degree: int, pp_layers: tuple[int, ...] | None = None,
-    use_cpu_initialization: bool = False, fused_bias_ops: bool = False,
+    use_cpu_initialization: bool = False, fused_bias_ops: bool = False, recompute: str = "none",
 ):
     """The TransformerConfig matching runner.model.GPT(cfg). ``dtype``: "bf16" | "fp32".
 
@@ -94,7 +94,9 @@ def build_transformer_config(
     CUDA): the MLP's bias + GELU and each residual's bias + dropout + add as Megatron's own fused
     functions (``megatron.core.fusions``, compiled by its jit_fuser, torch.compile); the fused
     GELU is the tanh approximation, its constants sqrt(2/pi) and 0.044715 to float32 precision,
-    selected by ``activation_func=F.gelu``. Off: ``gelu_tanh`` and unfused adds."""
+    selected by ``activation_func=F.gelu``. Off: ``gelu_tanh`` and unfused adds. ``recompute``
+    "full": Megatron's full activation recomputation, every layer (granularity "full", method
+    "uniform", one layer per checkpoint: only each layer's input is kept); "none": off."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     bf16 = dtype == "bf16"
@@ -126,6 +128,8 @@ def build_transformer_config(
         deallocate_pipeline_outputs=True,  # Megatron-LM's default: free sent activations early
         calculate_per_token_loss=False,
         pipeline_model_parallel_layout=pipeline_layout(pp_layers) if pp_layers is not None else None,
+        **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+           if recompute == "full" else {}),
     )
 
 
@@ -330,7 +334,8 @@ class MegatronTPPPTrainer:
         tensor_parallel.model_parallel_cuda_manual_seed(f.seed + 100 * pp_rank)
 
         self.config = build_transformer_config(cfg, dtype=f.dtype, tp_degree=spec.tp_degree, pp_degree=spec.pp_degree,
-                                               pp_layers=_planted_pp_layers(spec), fused_bias_ops=True)
+                                               pp_layers=_planted_pp_layers(spec), fused_bias_ops=True,
+                                               recompute=str(spec.options.get("recompute", "none")))
         model = build_gpt_model(cfg, self.config, pp_rank=pp_rank)
         # what was built, gathered over the pipeline: the run's record of its stage split
         self.pp_stage_num_layers = gather_stage_num_layers(

@@ -57,7 +57,7 @@ from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
-    TORCH_CHECKPOINT_FORMAT, autocast, build_adamw, build_param_groups, gather_stage_num_layers,
+    TORCH_CHECKPOINT_FORMAT, apply_recompute, autocast, build_adamw, build_param_groups, gather_stage_num_layers,
     load_torch_checkpoint, phase, pipeline_layer_split, save_torch_checkpoint, set_lr,
 )
 
@@ -177,10 +177,12 @@ class TPPPTorchTrainer:
                                     tp_degree=tp)
         loss_fn = build_loss_fn(self.kernels)
         for chunk in chunks:
-            for i, block in enumerate(chunk.blocks):
-                if tp > 1:
+            if tp > 1:
+                for block in chunk.blocks:
                     parallelize_module(block, self.mesh["tp"], BLOCK_TP_PLAN)
-                if self.kernels["compile"] == "per-block":
+            apply_recompute(chunk.blocks, spec)  # after TP (its plan names the block's own submodules)
+            if self.kernels["compile"] == "per-block":
+                for i, block in enumerate(chunk.blocks):
                     chunk.blocks[i] = torch.compile(block)
         self.stage_module = nn.ModuleList(chunks)  # every parameter of this rank, for the optimizer and norms
         # what was built, gathered: the run's record that a planted split is really in place

@@ -18,7 +18,7 @@ from runner.model import GPT
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.knobs import ZERO3_DEFAULTS
-from runner.strategies.common import build_adamw, build_param_groups, phase, set_lr
+from runner.strategies.common import apply_recompute, build_adamw, build_param_groups, phase, set_lr
 
 def build_offload_config(options: Mapping[str, Any], *, device: str) -> dict[str, Any]:
     """zero_optimization's offload entries for ``options.offload_optimizer`` / ``offload_param``
@@ -83,6 +83,7 @@ class Zero3Trainer:
                                     device=ctx.device.type, tp_degree=1)
         self.loss_fn = build_loss_fn(self.kernels)
         self.ds_config = build_deepspeed_config(spec, zero_overrides=spec.options.get("zero", {}))
+        apply_recompute(model.blocks, spec)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
