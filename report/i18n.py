@@ -97,8 +97,11 @@ _RECORDED_WHERE = re.compile(r"(?P<where>[^\s:]+): (?P<what>.+)", re.S)
 
 def _recorded_pattern(msgid: str) -> tuple[re.Pattern, tuple[str, ...], int] | None:
     """msgid -> (a regex matching the English text it makes, its literal parts, their length), or
-    None for a message with too few fixed characters to be told apart from data."""
+    None for a message with too few fixed characters to be told apart from data, or with a %d
+    placeholder (recorded text gives strings)."""
     pieces = re.split(r"(%\(\w+\)[sd]|%%)", msgid)
+    if any(p.endswith(")d") for p in pieces[1::2]):
+        return None
     literals = tuple(p for i, p in enumerate(pieces) if i % 2 == 0 and p)
     literal = "".join(p for i, p in enumerate(pieces) if i % 2 == 0)
     if len(literal.strip()) < _RECORDED_MIN_LITERAL or not re.search(r"[A-Za-z]{2}", literal):
@@ -122,7 +125,7 @@ def _recorded_patterns(lang: "Language") -> tuple[tuple[re.Pattern, tuple[str, .
     """The catalog's messages with parameters as recorded-text patterns, most fixed text first
     (the most specific message wins)."""
     out = []
-    catalog = getattr(lang.translations, "_catalog", {})
+    catalog = getattr(lang.translations, "_catalog", {})  # GNUTranslations' msgid -> msgstr (no public listing)
     for msgid in catalog:
         if not isinstance(msgid, str) or not msgid or "\x04" in msgid or "%(" not in msgid:
             continue  # plural forms are tuples (msgid, n); pgettext ids carry a context
