@@ -39,9 +39,7 @@ TRIAGE_LOGS = ("14_nccl_socket_error_unwind_abort_watchdog.txt", "36_flight_reco
 MIN_WORDS = 4
 # Terms of the trade the zh catalogue keeps in English (lower case; a hyphenated term is one word)
 TECH_TERMS = frozenset({"rank", "ranks", "torch", "torchrun", "eager", "watchdog", "py-spy", "flight", "recorder",
-                        "flight-recorder", "all-reduce", "all-gather", "reduce-scatter", "send", "recv", "kernel",
-                        "kernels", "worker", "socket", "communicator", "tokens", "samples", "dmesg", "scheduled",
-                        "completed", "started", "megatron", "deepspeed", "liger", "triton", "kineto", "exitcode"})
+                        "flight-recorder", "all-reduce", "all-gather", "reduce-scatter", "megatron", "deepspeed"})
 _WORD = re.compile(r"[A-Za-z]+(?:[-'’][A-Za-z]+)*")
 _EDGE = "()[]{}.,;:!?\"'“”‘’*_#>«»…"
 
