@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # imported where used: reading a trace or a log needs neither
     from core.records import PlantTruth
 
 from core.errors import NoDataError, ParseError, ToolError
-from core.i18n import Message, N_  # a problem is a caveat the note prints: a catalogue message
+from core.i18n import Message, MessageList, N_  # a problem is a caveat the note prints: a catalogue message
 from core.redact import redact_value
 from ingest.paths import check_run_inside, is_inside, resolved, run_name_problem
 from core.atomic import write_bytes_atomic
@@ -381,12 +381,14 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     if torn is not None:
         problems.append(Message(N_("%(file)s:%(line)s: truncated line skipped (%(why)s; the run stopped mid-write?)"),
                                 file=where, line=torn[0], why=torn[1]))
-    shown = skipped[:3] + ([f"{where}: {len(skipped) - 3} more such lines"] if len(skipped) > 3 else [])
-    problems.extend(f"{text}; line skipped" for text in shown)
+    shown = skipped[:3] + ([Message(N_("%(file)s: %(num)s more such lines"), file=where, num=len(skipped) - 3)]
+                           if len(skipped) > 3 else [])
+    problems.extend(Message(N_("%(problem)s; line skipped"), problem=text) for text in shown)
     if dropped:
         num = sum(len(v) for v in dropped.values())
-        why = "; ".join(f"{len(v)} {reason} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
-                        for reason, v in dropped.items())
+        why = MessageList((Message(N_("%(num)s %(reason)s (%(lines)s)"), num=len(v), reason=reason,
+                                   lines=", ".join(v[:3]) + (", ..." if len(v) > 3 else ""))
+                           for reason, v in dropped.items()), "; ")
         problems.append(Message(N_("%(file)s: %(num)s row(s) dropped: %(why)s; the numbers use the %(valid)s valid rows"),
                                 file=where, num=num, why=why, valid=len(rows)))
     return rows
@@ -397,19 +399,21 @@ def _check_metrics_row(path: Path, where: str, lineno: int, data: Any, rows: lis
     """Append the parsed line ``data`` to ``rows`` as a StepRow dict, or say in ``skipped`` /
     ``dropped`` why not."""
     if not isinstance(data, dict):
-        skipped.append(f"{where}:{lineno}: expected a JSON object, got {type(data).__name__}")
+        skipped.append(Message(N_("%(file)s:%(line)s: expected a JSON object, got %(type)s"), file=where, line=lineno,
+                               type=type(data).__name__))
         return
     _check_version(path, data, lineno)
     bad = _field_problems(StepRow, data)
     if bad:
-        skipped.append(f"{where}:{lineno}: not a StepRow ({'; '.join(bad)})")
+        skipped.append(Message(N_("%(file)s:%(line)s: not a StepRow (%(problems)s)"), file=where, line=lineno,
+                               problems="; ".join(bad)))
         return
     impossible = step_row_problem(data)
     if impossible:
-        dropped.setdefault("impossible values", []).append(f"line {lineno}: {impossible}")
+        dropped.setdefault(Message(N_("impossible values")), []).append(f"line {lineno}: {impossible}")
         return
     if data["step"] <= last_step:
-        dropped.setdefault("duplicate or out-of-order step", []).append(f"line {lineno}")
+        dropped.setdefault(Message(N_("duplicate or out-of-order step")), []).append(f"line {lineno}")
         return
     rows.append(dataclasses.asdict(StepRow(**data)))
 
