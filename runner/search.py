@@ -579,6 +579,9 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
         if prev_name in by_name:
             by_name[prev_name] = dataclasses.replace(by_name[prev_name], trial_index=i + 1)
     candidates = list(by_name.values())
+    # what an earlier start recorded of each trial: a final one is read back, not run again
+    earlier = {r.get("name"): r for r in previous.get("candidates", []) if isinstance(r, dict)}
+    final_at_start = {name: _final_status(out / name) for name in earlier}  # the campaign's resume keeps these
     launch = launch_trial or campaign_launcher(out, campaign=campaign, req=req, matrix=out / MATRIX_FILE)
     stop_reason = None
     wall_before = previous.get("search_wall_s", 0.0)
@@ -629,6 +632,10 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                        key=lambda c: c.trial_index)
         status, cause = launch(out, specs[nxt.name], [specs[c.name] for c in tried])
         wall = time.monotonic() - t0
+        before = earlier.get(nxt.name) or {}
+        kept = final_at_start.get(nxt.name) == status and before.get("trial_wall_s") is not None
+        if kept:
+            wall = float(before["trial_wall_s"])
         measured = load_trial(out / nxt.name, warmup_steps=specs[nxt.name].fixed.warmup_steps) if status == "ok" else {}
         done = dataclasses.replace(nxt, state=status, reason=cause if status != "ok" else None, trial_wall_s=wall,
                                    **measured)
@@ -642,7 +649,8 @@ def run_search(req: SearchRequest, *, out: Path, name: str, log: Callable[[str],
                f"{done.measured_step_p90_ms:.2f})" if done.measured_step_ms else "-"
         mem = f", peak {max(done.measured_mem_peak_gib):.3f} GiB/rank (predicted {done.mem_peak_gib:.3f})" \
             if done.measured_mem_peak_gib else ""
-        log(f"trial {done.trial_index} {done.name}: {done.state} in {wall:.1f} s, step {step}{mem}"
+        took = f"(kept from an earlier start, where it took {wall:.1f} s)" if kept else f"in {wall:.1f} s"
+        log(f"trial {done.trial_index} {done.name}: {done.state} {took}, step {step}{mem}"
             + (f" [{done.reason}]" if done.reason else "")
             + (f"; best so far {best.name} {best.measured_step_ms:.2f} ms" if best else "; no trial ok yet"))
         write_json_atomic(out / SEARCH_FILE, build_search_dict(req, candidates, wall_s=wall_before + time.monotonic()
@@ -670,6 +678,15 @@ def _trial_spec(spec, req: SearchRequest):
     if spec.name in req.faults:
         options["fault"] = {"kind": req.faults[spec.name], "rank": 0, "step": spec.fixed.warmup_steps + 1}
     return dataclasses.replace(spec, options=options)
+
+
+def _final_status(run_dir: Path) -> str | None:
+    """The run's recorded status when it is final (anything but 'interrupted' and 'running'), else None."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if status in (None, "interrupted", "running") else status
 
 
 def load_previous(out: Path, req: SearchRequest) -> dict[str, Any]:

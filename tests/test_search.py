@@ -167,6 +167,9 @@ def test_interrupted_search_resumes(cpu_search, tmp_path):
     assert r2.returncode == 0, r2.stdout[-3000:] + r2.stderr[-3000:]
     log = (out / "search-runner.log").read_text()
     assert f"{third}: already ok, kept" in log
+    trials = {line.split()[2].rstrip(":"): line for line in r2.stdout.splitlines() if line.startswith("trial ")}
+    assert "ok (kept from an earlier start, where it took" in trials[third]  # not "ok in 0.3 s"
+    assert " ok in " in trials[second]  # run again
     assert (out / second / "attempt-1").is_dir()  # the interrupted attempt is archived, the run made again
     again = json.loads((out / "search.json").read_text())
     assert again["tried"] == data["tried"]
