@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from core.formulas import COLLECTIVES, compute_bubble_ratio, compute_bus_factor
-from core.i18n import Message, N_
+from core.i18n import Message, MessageList, N_
 from core.records import ATTRIBUTION_CATEGORIES, AttributionRow, CollectiveRow, WhatIfRow
 from ingest.intervals import I64, intersect, measure, minus, union
 from ingest.traces import RankTimeline
@@ -119,11 +119,14 @@ def _align_unmarked_steps(timelines: Mapping[int, RankTimeline]) -> tuple[dict[i
         shift = int(timelines[ref].steps[k]) - int(tl.steps[0])
         if shift and abs(ref_starts[k] - first) <= half_period:
             out[r] = dataclasses.replace(tl, steps=tl.steps + shift, coll_step=tl.coll_step + shift)
-            shifted.append(f"rank {r} by {shift:+d}")
-    said = ("the ranks' traces share the Unix-epoch clock (as far as their hosts' clocks agree): the steps of "
-            f"rank(s) {', '.join(map(str, sorted(unmarked)))}, found without ProfilerStep marks, are aligned by "
-            "start time")
-    return out, [said + (f" (renumbered: {', '.join(shifted)})" if shifted else "")]
+            shifted.append(Message(N_("rank %(rank)s by %(shift)s"), rank=r, shift=f"{shift:+d}"))
+    ranks = ", ".join(map(str, sorted(unmarked)))
+    if shifted:
+        return out, [Message(N_("the ranks' traces share the Unix-epoch clock (as far as their hosts' clocks agree): the "
+                                "steps of rank(s) %(ranks)s, found without ProfilerStep marks, are aligned by start time "
+                                "(renumbered: %(shifted)s)"), ranks=ranks, shifted=MessageList(shifted))]
+    return out, [Message(N_("the ranks' traces share the Unix-epoch clock (as far as their hosts' clocks agree): the steps "
+                            "of rank(s) %(ranks)s, found without ProfilerStep marks, are aligned by start time"), ranks=ranks)]
 
 
 def _gap_sizes(tl: RankTimeline, i: int) -> np.ndarray:

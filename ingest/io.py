@@ -360,15 +360,16 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
             if line is not None and not line.strip():
                 continue
             if torn is not None:
-                dropped.setdefault("malformed JSON (interleaved writers?)", []).append(f"line {torn[0]}")
+                dropped.setdefault(Message(N_("malformed JSON (interleaved writers?)")), []).append(f"line {torn[0]}")
                 torn = None
             if line is None:
-                dropped.setdefault(f"longer than {format_bytes(MAX_METRICS_LINE_BYTES)}", []).append(f"line {lineno}")
+                dropped.setdefault(Message(N_("longer than %(size)s"), size=format_bytes(MAX_METRICS_LINE_BYTES)),
+                                   []).append(f"line {lineno}")
                 continue
             try:
                 data = json.loads(line)
             except RecursionError:
-                dropped.setdefault("JSON nested too deeply", []).append(f"line {lineno}")
+                dropped.setdefault(Message(N_("JSON nested too deeply")), []).append(f"line {lineno}")
                 continue
             except json.JSONDecodeError as e:
                 torn = (lineno, e.msg)
@@ -1003,7 +1004,7 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
         if not match or path.is_symlink():
             continue
         if not is_regular_file(path):
-            warnings.append(f"{name}/trace/{path.name}: not a regular file (a FIFO?); skipped")
+            warnings.append(Message(N_("%(file)s: not a regular file (a FIFO?); skipped"), file=f"{name}/trace/{path.name}"))
             continue
         found = True
         try:
@@ -1024,7 +1025,7 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
             try:
                 bench = load_commbench(root / "commbench")
             except ToolError as e:
-                warnings.append(f"commbench: {e}; the what-if at its bandwidth is left out")
+                warnings.append(Message(N_("commbench: %(error)s; the what-if at its bandwidth is left out"), error=str(e)))
         att = compute_attribution(timelines, run=name, pp_degree=pp_degree, num_microbatches=num_microbatches,
                                   commbench=bench)
         attributed += att.rows
@@ -1038,13 +1039,14 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
             metas.append({"run": name, "rank": data.get("rank"), "export_s": float(data["export_s"]),
                           "trace_bytes": data.get("trace_bytes")})
         else:
-            warnings.append(f"{path}: not a profiler-window record; its export time is not counted")
+            warnings.append(Message(N_("%(file)s: not a profiler-window record; its export time is not counted"), file=path))
     recs = []
     for path in sorted((run_dir / "logs").glob("rank*.log*")):
         if not re.fullmatch(r"rank\d+\.log(?:\.gz)?", path.name):
             continue
         if not is_regular_file(path) or not (resolved(path) or root).is_relative_to(root.resolve()):
-            warnings.append(f"{name}/logs/{path.name}: not a regular file inside the campaign; skipped")
+            warnings.append(Message(N_("%(file)s: not a regular file inside the campaign; skipped"),
+                                    file=f"{name}/logs/{path.name}"))
             continue
         found = True
         text = read_text_head(path, 1 << 22)
@@ -1195,7 +1197,7 @@ def load_plant_truths(source: str | os.PathLike[str], names: Iterable[str]) -> t
     for name in names:
         path = Path(source) / name / "plant_truth.json"
         if path.is_symlink():
-            problems.append(f"{name}/plant_truth.json: a symlink; not followed")
+            problems.append(Message(N_("%(file)s: a symlink; not followed"), file=f"{name}/plant_truth.json"))
             continue
         try:
             data = _read_record(path, PlantTruth, problems)

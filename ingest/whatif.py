@@ -425,9 +425,9 @@ def compute_whatif(timelines: Mapping[int, RankTimeline], rows: Sequence[Attribu
                 savings[TRANSFER_AT_COMMBENCH] = base - step if step is not None else None
                 missing = sum(t is None for t in bench)
                 if missing:
-                    warnings.append(f"what-if at commbench's bandwidth: {missing} of {len(bench)} collectives have no "
-                                    "commbench measurement of their op at their group size and keep their traced "
-                                    "transfer")
+                    warnings.append(Message(N_("what-if at commbench's bandwidth: %(num)s of %(total)s collectives have "
+                                               "no commbench measurement of their op at their group size and keep their "
+                                               "traced transfer"), num=missing, total=len(bench)))
     method = {c: "replay" for c in savings}
     for cat, saving in _pipeline_savings(rows, pp_degree=pp_degree, num_microbatches=num_microbatches).items():
         savings[cat], method[cat] = saving, "analytic"
