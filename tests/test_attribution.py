@@ -1,7 +1,8 @@
 """Section 5 proven on planted causes: real DDP and torch-native PP runs on CPU (gloo, tiny
 preset widened so a layer costs something), each with a known cause of known size, and the
 note must find each in its own category within +-30%, not in the others, with compute within
-+-25% of an unplanted run of its layout and the straggler named. Also the committed H200 planted campaign."""
++-25% of an unplanted run of its layout and the straggler named (the campaign: tests/planted_campaign.py,
+shared with test_plants). Also the committed H200 planted campaign."""
 from __future__ import annotations
 
 import json
@@ -11,75 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from planted_campaign import DATA_DELAY_MS, HOST_DELAY_MS, PP_UNEVEN_LAYERS
 
 REPO = Path(__file__).resolve().parent.parent
-HOST_DELAY_MS = 200.0
-DATA_DELAY_MS = 200.0
 COMPUTE_RUNS = ("clean", "host-delay", "data-delay", "clean-last")
 CATEGORIES = ("compute", "transfer", "skew_wait", "bubble", "imbalance", "launch_gaps", "data_stall", "other")
-
-MATRIX = f"""
-[campaign]
-name = "cpu-planted"
-preset = "tiny"
-
-[fixed]
-steps = 24
-profile_start_step = 14
-profile_num_steps = 5
-num_layers = 8
-hidden_size = 128
-ffn_hidden_size = 512
-
-[[runs]]
-name = "clean"
-strategy = "ddp"
-world_size = 2
-
-[[runs]]
-name = "host-delay"
-strategy = "ddp"
-world_size = 2
-plant = {{ host_delay_ms = {HOST_DELAY_MS}, host_delay_rank = 1 }}
-
-[[runs]]
-name = "data-delay"
-strategy = "ddp"
-world_size = 2
-plant = {{ data_delay_ms = {DATA_DELAY_MS} }}
-
-[[runs]]
-name = "pp-even"
-strategy = "tp_pp"
-pp_degree = 2
-world_size = 2
-
-[[runs]]
-name = "pp-uneven"
-strategy = "tp_pp"
-pp_degree = 2
-world_size = 2
-plant = {{ pp_layers = [2, 6] }}
-
-[[runs]]
-name = "pp-m2"
-strategy = "tp_pp"
-pp_degree = 2
-world_size = 2
-micro_batch_size = 8
-
-[[runs]]
-name = "pp-m4"
-strategy = "tp_pp"
-pp_degree = 2
-world_size = 2
-micro_batch_size = 4
-
-[[runs]]
-name = "clean-last"
-strategy = "ddp"
-world_size = 2
-"""
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -87,17 +24,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def summary(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("planted")
-    (root / "m.toml").write_text(MATRIX)
-    run = _cli("runner.cli", "all", "--matrix", str(root / "m.toml"), "--out", str(root / "camp"))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    rep = _cli("report.cli", "build", str(root / "camp"), "--out", str(root / "rep"), "--format", "md")
-    assert rep.returncode == 0, rep.stderr
+def summary(cpu_planted_campaign) -> dict:
+    """The planted campaign's summary.json and note (conftest.cpu_planted_campaign, shared with
+    test_plants)."""
+    root = cpu_planted_campaign
     data = json.loads((root / "rep" / "summary.json").read_text())
     data["note_md"] = (root / "rep" / "note.md").read_text()
     data["camp"] = root / "camp"
     return data
+
+
+@pytest.fixture(scope="module")
+def h200_2gpu_note(tmp_path_factory) -> Path:
+    """`report build examples/h200-2gpu --format md` (note.md, summary.json), read by two tests."""
+    out = tmp_path_factory.mktemp("h200-2gpu")
+    rep = _cli("report.cli", "build", str(REPO / "examples" / "h200-2gpu"), "--out", str(out), "--format", "md")
+    assert rep.returncode == 0, rep.stderr
+    return out
 
 
 def _best_compute_ms(summary: dict, name: str) -> float:
@@ -193,7 +136,8 @@ def test_uneven_pipeline_split_is_imbalance_with_the_split_that_fixes_it(summary
     assert "would balance them" in summary["note_md"]
     # worded as a prediction from the evenly split run, with its error on this run's own split
     assert "from the per-layer compute of the evenly split run pp-even" in summary["note_md"]
-    assert "That per-layer model predicts the stages of pp-uneven (layers 2+6) within" in summary["note_md"]
+    layers = "+".join(map(str, PP_UNEVEN_LAYERS))
+    assert f"That per-layer model predicts the stages of pp-uneven (layers {layers}) within" in summary["note_md"]
 
 
 @pytest.mark.parametrize("name,num_microbatches", [("pp-m2", 2), ("pp-m4", 4), ("pp-even", 8)])
@@ -220,13 +164,11 @@ def test_pipeline_waits_fall_with_more_microbatches(summary):
     assert share("pp-m2") > share("pp-even")
 
 
-def test_h200_2gpu_section5_is_absolute_and_replayed(tmp_path):
+def test_h200_2gpu_section5_is_absolute_and_replayed(h200_2gpu_note):
     """On a GPU timeline the profiled steps' extra time goes to the host categories only (the
     device categories keep the kernels' own traced time); the replay reproduces the traced step
     and bounds what fixing a late rank saves by the waiting rank's own host."""
-    rep = _cli("report.cli", "build", str(REPO / "examples" / "h200-2gpu"), "--out", str(tmp_path), "--format", "md")
-    assert rep.returncode == 0, rep.stderr
-    for r in json.loads((tmp_path / "summary.json").read_text())["runs"]:
+    for r in json.loads((h200_2gpu_note / "summary.json").read_text())["runs"]:
         ms, traced = r["breakdown_median_ms"], r["breakdown_ms"]
         assert sum(ms.values()) == pytest.approx(r["step_time_median_s"] * 1e3, rel=1e-6)
         for cat in ("compute", "transfer", "bubble", "imbalance", "data_stall"):
@@ -234,7 +176,7 @@ def test_h200_2gpu_section5_is_absolute_and_replayed(tmp_path):
         assert ms["launch_gaps"] < traced["launch_gaps"]  # these profiled steps ran slower than unprofiled ones
         # the replay of the trace as recorded reproduces the traced step
         assert r["replay_step_ms"] == pytest.approx(sum(traced.values()), rel=0.01)
-    runs = {r["run"]: r for r in json.loads((tmp_path / "summary.json").read_text())["runs"]}
+    runs = {r["run"]: r for r in json.loads((h200_2gpu_note / "summary.json").read_text())["runs"]}
     # waiting is not saving: FSDP2's and TP2's waiting rank sat in host code of its own, so fixing the
     # late rank gains only that rank's slack (a reviewer measured <= 44-47 ms of cudaStreamSynchronize)
     for name in ("zero3-fsdp2", "megatron-tp2"):
@@ -256,16 +198,14 @@ def test_committed_h200_planted_campaign_recovers_both_causes(tmp_path):
                 == pytest.approx(runs["clean"]["breakdown_ms"]["compute"], rel=0.25))
 
 
-def test_one_number_one_home(tmp_path):
+def test_one_number_one_home(h200_2gpu_note):
     """A quantity printed twice in the note has one value: the metric table's communication time is
     section 5's exposed collective time (transfer + skew wait), and a run analysed across ranks shows
     its bubble, compute and the rest in the across-ranks table only."""
     from report.render import duration
 
-    rep = _cli("report.cli", "build", str(REPO / "examples" / "h200-2gpu"), "--out", str(tmp_path), "--format", "md")
-    assert rep.returncode == 0, rep.stderr
-    md = (tmp_path / "note.md").read_text()
-    runs = {r["run"]: r for r in json.loads((tmp_path / "summary.json").read_text())["runs"]}
+    md = (h200_2gpu_note / "note.md").read_text()
+    runs = {r["run"]: r for r in json.loads((h200_2gpu_note / "summary.json").read_text())["runs"]}
 
     def table(header: str) -> dict[str, list[str]]:
         text = md.split(header, 1)[1].split("\n\n", 1)[0]

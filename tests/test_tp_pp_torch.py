@@ -35,6 +35,10 @@ from runner.strategies import RankContext, build_trainer
 REPO = Path(__file__).resolve().parents[1]
 RTOL = 1e-5
 LAYOUTS = {"tp2pp2": (2, 2), "tp2pp1": (2, 1), "tp1pp2": (1, 2)}  # name -> (tp, pp)
+# Steps of the two layouts launched here (the demo's runs have 30): enough to learn > 1 nat from
+# ln V = 6.9 (measured: a mean 5.63 over steps 7-11; the losses are deterministic), and the first 3 steps, compared
+# with DDP, run at the warm-up learning rate, which does not depend on the step count.
+LAUNCHED_STEPS = 12
 
 
 def _spec(*, name: str, strategy: str, engine: str, world_size: int, tp: int, pp: int, mbs: int) -> RunSpec:
@@ -86,7 +90,9 @@ def runs(demo_campaign, tmp_path_factory) -> dict[str, list[list[dict]]]:
     for name in ("tp2pp1", "tp1pp2"):
         tp, pp = LAYOUTS[name]
         spec = dataclasses.replace(base, name=name, world_size=tp * pp, tp_degree=tp, pp_degree=pp, plant=None,
-                                   fixed=dataclasses.replace(base.fixed, profile_num_steps=0, profile_start_step=0))
+                                   checkpoint_step=None, checkpoint_verify_steps=0,  # e2e checks the torch checkpoint
+                                   fixed=dataclasses.replace(base.fixed, steps=LAUNCHED_STEPS, profile_num_steps=0,
+                                                             profile_start_step=0))
         out[name] = _launch(root / name, spec)
         out[name + "/info"] = json.loads((root / name / "run_info.json").read_text())
     return out
@@ -100,12 +106,12 @@ def _is_last_stage(rank: int, *, tp: int, pp: int) -> bool:
 def test_rows_and_loss_only_on_last_stage(runs, name):
     tp, pp = LAYOUTS[name]
     for rank, rows in enumerate(runs[name]):
-        assert [r["step"] for r in rows] == list(range(30))
+        assert [r["step"] for r in rows] == list(range(30 if name == "tp2pp2" else LAUNCHED_STEPS))
         has_loss = [r["loss"] is not None for r in rows]
         assert all(has_loss) if _is_last_stage(rank, tp=tp, pp=pp) else not any(has_loss), rank
         assert all(r["grad_norm"] is not None for r in rows)
     last = runs[name][-1]
-    assert sum(r["loss"] for r in last[-5:]) / 5 < last[0]["loss"] - 1.0  # ~6.9 -> ~4.8
+    assert sum(r["loss"] for r in last[-5:]) / 5 < last[0]["loss"] - 1.0  # ~6.9 -> ~4.8 (30 steps), ~5.6 (12)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
