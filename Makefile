@@ -24,5 +24,7 @@ demo: venv
 	$(VENV)/bin/report build $(DEMO)
 	@echo "commands: . $(VENV)/bin/activate puts runner, report and ingest on PATH (README: First commands)"
 
+# Two pytest-xdist workers: the tests that launch real engines run one after another in one of them
+# (tests/conftest.py: ENGINE_MODULES), the other modules beside them in the other.
 test: venv
-	$(PY) -m pytest -q --clean-checkout --durations=30
+	$(PY) -m pytest -q -n 2 --clean-checkout --durations=30
