@@ -97,10 +97,11 @@ _RECORDED_WHERE = re.compile(r"(?P<where>[^\s:]+): (?P<what>.+)", re.S)
 
 def _recorded_pattern(msgid: str) -> tuple[re.Pattern, tuple[str, ...], int] | None:
     """msgid -> (a regex matching the English text it makes, its literal parts, their length), or
-    None for a message with too few fixed characters to be told apart from data, or with a %d
-    placeholder (recorded text gives strings)."""
+    None for a message with too few fixed characters to be told apart from data, with a %d
+    placeholder (recorded text gives strings) or with two placeholders side by side (no fixed
+    text between them to tell where one ends)."""
     pieces = re.split(r"(%\(\w+\)[sd]|%%)", msgid)
-    if any(p.endswith(")d") for p in pieces[1::2]):
+    if any(p.endswith(")d") for p in pieces[1::2]) or re.search(r"%\(\w+\)s%\(", msgid):
         return None
     literals = tuple(p for i, p in enumerate(pieces) if i % 2 == 0 and p)
     literal = "".join(p for i, p in enumerate(pieces) if i % 2 == 0)

@@ -180,3 +180,21 @@ def test_recorded_english_prints_translated_and_data_stays_as_recorded():
     for text in ("RuntimeError: injected fault: crash on rank 0 at step 3", "ddp-gpu-hang", "", "42"):
         assert translate_recorded(text, zh) == text
     assert translate_recorded(line, load_language("en")) == line
+
+
+def test_every_message_recorded_text_can_come_from_is_found_again():
+    """For each catalogue message with parameters that translate_recorded matches, the English text
+    it makes (placeholder values that are no message) is matched back to that message, not to
+    another whose fixed parts it also holds."""
+    from report.i18n import _recorded_pattern, load_language, translate_recorded
+
+    zh = load_language("zh")
+    checked, wrong = 0, []
+    for msgid in zh.translations._catalog:
+        if not isinstance(msgid, str) or "\x04" in msgid or "%(" not in msgid or _recorded_pattern(msgid) is None:
+            continue
+        params = {k: f"v{i}x" for i, k in enumerate(dict.fromkeys(re.findall(r"%\((\w+)\)s", msgid)))}
+        checked += 1
+        if translate_recorded(msgid % params, zh) != zh.gettext(msgid) % params:
+            wrong.append(msgid)
+    assert checked > 100 and wrong == []
