@@ -207,7 +207,10 @@ class _Rank:
             except _Stall:
                 return False
         if self.s:
-            self._end(len(self.s) - 1)
+            try:  # the chain's last item may be a collective not ended yet: wait for it like any other
+                self._end(len(self.s) - 1)
+            except _Stall:
+                return False
         return True
 
 

@@ -49,10 +49,12 @@ def test_knobs_resolved_into_the_spec_with_expert_defaults():
                           source="m", num_gpus=0)
     d, z, t = camp.runs
     assert {sp.options.pop("kernels")["mode"] for sp in (d, z, t)} == {"parity"}  # runner.kernels, tests/test_parity_cpu.py
-    assert d.options == {"tf32": False, "fused_adamw": False, "bucket_cap_mb": 25, "gradient_as_bucket_view": True,
-                         "static_graph": False, "overlap_grad_reduce": True, "compile": False}
+    assert d.options == {"tf32": False, "fused_adamw": False, "recompute": "none", "bucket_cap_mb": 25,
+                         "gradient_as_bucket_view": True, "static_graph": False, "overlap_grad_reduce": True,
+                         "compile": False}
     assert z.options["zero"] == {**ZERO3_DEFAULTS, "overlap_comm": False}
-    assert t.options == {"tf32": False, "fused_adamw": False, "schedule": "1F1B", "virtual_stages": 1, "compile": False}
+    assert t.options == {"tf32": False, "fused_adamw": False, "recompute": "none", "schedule": "1F1B",
+                         "virtual_stages": 1, "compile": False}
     gpu = resolve_matrix(_matrix({"name": "d", "strategy": "ddp"},
                                  {"name": "m", "strategy": "tp_pp", "engine": "megatron"}), source="m", num_gpus=2)
     assert gpu.runs[0].options["compile"] is True and gpu.runs[0].options["fused_adamw"] is True
