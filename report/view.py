@@ -29,7 +29,7 @@ from report.evidence import BreakdownRow, compute_category_separations
 from report.data_rounds import DataRoundSection, build_data_round_section
 from report import metrics
 from core.hardware import lookup_peak
-from report.i18n import N_
+from report.i18n import N_, Message, MessageList
 from report.placement import RunPlacement, compute_placements
 from report.attribution import AttributionView, build_attribution, commbench_rows, run_plant
 from report.engines import EngineGroup, build_engine_groups
@@ -436,8 +436,12 @@ def describe_micro_batch_search(options: Mapping[str, Any]) -> str | None:
         return None
     parts = [f"{r['micro_batch_size']} " + (f"{r['tokens_per_s'] / 1e3:.0f}k tok/s" if r.get("tokens_per_s") else r["status"])
              for r in search.get("results", [])]
-    reused = f" (the search of {search['reused_from']})" if search.get("reused_from") else ""
-    return f"auto ({search.get('policy')}): {search['chosen']} of " + ", ".join(parts) + reused
+    if search.get("reused_from"):
+        return Message(N_("auto (%(policy)s): %(chosen)s of %(tried)s (the search of %(run)s)"),
+                       policy=search.get("policy"), chosen=search["chosen"], tried=", ".join(parts),
+                       run=search["reused_from"])
+    return Message(N_("auto (%(policy)s): %(chosen)s of %(tried)s"), policy=search.get("policy"),
+                   chosen=search["chosen"], tried=", ".join(parts))
 
 
 def _gpu_name(run: LoadedRun, env: EnvRecord) -> str | None:
@@ -459,10 +463,14 @@ def build_hang_ranks(runs: Sequence[LoadedRun]) -> tuple[HangRank, ...]:
             if not isinstance(s, dict):
                 continue
             if d.get("source") == "flight-recorder":
-                blocked = (f"collective #{s['last_seq_id']} {s.get('last_op') or 'op unknown'} ({s.get('last_state') or 'state unknown'})"
-                           if s.get("last_seq_id") is not None else "no collective recorded")
+                blocked = (Message(N_("collective #%(seq)s %(op)s (%(state)s)"), seq=s["last_seq_id"],
+                                   op=s.get("last_op") or Message(N_("op unknown")),
+                                   state=s.get("last_state") or Message(N_("state unknown")))
+                           if s.get("last_seq_id") is not None else Message(N_("no collective recorded")))
                 done = s.get("last_completed_seq_id")
-                where = "flight recorder, " + (f"last completed #{done}" if done is not None else "none completed")
+                where = Message(N_("flight recorder, %(completed)s"),
+                                completed=Message(N_("last completed #%(seq)s"), seq=done) if done is not None
+                                else Message(N_("none completed")))
             else:  # a rank without a stack (py-spy failed, e.g. on a stopped process): what is known of it
                 blocked, where = rank_evidence(s)
             out.append(HangRank(run=r.name, rank=int(rank) if str(rank).isdigit() else str(rank),
@@ -1098,8 +1106,8 @@ def build_predicted_or_reason(campaign: Campaign, fixed: FixedConfig, runs: Sequ
 
     unsized = [r.name for r in runs if r.spec.micro_batch_size is None]
     if unsized:  # a third-party log that does not print it: the model cannot split the batch
-        return unavailable(f"the logs do not give the micro-batch size of {', '.join(unsized)}; "
-                           "pass it with --model micro_batch_size=N")
+        return unavailable(Message(N_("the logs do not give the micro-batch size of %(runs)s; pass it with "
+                                      "--model micro_batch_size=N"), runs=MessageList(unsized)))
     try:
         return build_predicted(campaign.source, fixed=fixed, runs=runs, summary=summary, env=env, breakdowns=measured)
     except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a field the model needs is missing or odd
