@@ -681,12 +681,14 @@ def _trial_spec(spec, req: SearchRequest):
 
 
 def _final_status(run_dir: Path) -> str | None:
-    """The run's recorded status when it is final (anything but 'interrupted' and 'running'), else None."""
+    """The run's recorded status when the campaign's resume keeps it (runner.cli.FINAL_STATUSES), else None."""
+    from runner.cli import FINAL_STATUSES
+
     try:
         status = json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("status")
     except (OSError, ValueError, AttributeError):
         return None
-    return None if status in (None, "interrupted", "running") else status
+    return status if status in FINAL_STATUSES else None
 
 
 def load_previous(out: Path, req: SearchRequest) -> dict[str, Any]:
