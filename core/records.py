@@ -24,6 +24,8 @@ STRATEGY_ENGINES: dict[str, tuple[str, ...]] = {
 }
 
 RUN_STATUSES = ("ok", "oom", "crash", "hang", "timeout", "interrupted", "skipped")
+# Statuses a resumed campaign or search keeps; "interrupted" (and a run still "running") is run again.
+FINAL_STATUSES = frozenset(RUN_STATUSES) - {"interrupted"}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,8 @@ from pathlib import Path
 from core.errors import ConfigError, ToolError
 from core.redact import redact_text
 from core.records import (
-    CampaignNodes, CampaignRecord, DatasetRecord, Plant, StorageInfo, SupervisionLimits, run_spec_from_dict, to_dict,
+    FINAL_STATUSES, CampaignNodes, CampaignRecord, DatasetRecord, Plant, StorageInfo, SupervisionLimits,
+    run_spec_from_dict, to_dict,
 )
 from runner import __version__
 from runner.matrix import Campaign, attach_dataset, load_matrix, resolve_matrix, tokens_read
@@ -137,9 +138,6 @@ def describe_plant(plant: Plant) -> str:
     fields = {f.name: getattr(plant, f.name) for f in dataclasses.fields(plant)}
     return "{" + ", ".join(f"{k} = {list(v) if isinstance(v, tuple) else v}" for k, v in fields.items()
                            if v is not None) + "}"
-
-
-FINAL_STATUSES = {"ok", "oom", "crash", "hang", "timeout", "skipped"}  # "interrupted" is re-run by --resume
 
 
 def node_command(argv: list[str], *, node_rank: int) -> list[str]:

@@ -45,6 +45,7 @@ from typing import Any
 from core.errors import ConfigError, ToolError
 from core.i18n import Message, N_  # reasons are sentences the note prints: catalogue messages
 from core.perfmodel import Layout, build_run_layout, build_shape, compute_layout_memory, predict_run, solve_rate
+from core.records import FINAL_STATUSES
 
 SEARCH_SCHEMA_VERSION = 1
 SEARCH_FILE = "search.json"
@@ -681,9 +682,7 @@ def _trial_spec(spec, req: SearchRequest):
 
 
 def _final_status(run_dir: Path) -> str | None:
-    """The run's recorded status when the campaign's resume keeps it (runner.cli.FINAL_STATUSES), else None."""
-    from runner.cli import FINAL_STATUSES
-
+    """The run's recorded status when a resumed campaign keeps it (core.records.FINAL_STATUSES), else None."""
     try:
         status = json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("status")
     except (OSError, ValueError, AttributeError):
