@@ -119,8 +119,11 @@ class PlantTruth:
     extra_collective_bytes (the rank that arrived last waited for nobody: its time is the
     transfer); _before_s / _after_s: the same over one loop. extra_matmul_s: mean over ranks of
     each rank's median time of one extra_matmul_n x extra_matmul_n matmul in
-    extra_matmul_dtype (extra_matmul_flop = 2 n^3 exactly); _before_s / _after_s likewise. None
-    where that plant is not set."""
+    extra_matmul_dtype (extra_matmul_flop = 2 n^3 exactly); _before_s / _after_s likewise.
+    _in_step_s: the same reduction over the op timed by its own clock inside each of the
+    _in_step_num steps after the warm-up (the cost the op has among the step's other work, on
+    a machine whose other load the loops do not see); the note's known answer where present.
+    None where that plant is not set."""
 
     schema_version: int = SCHEMA_VERSION
     run: str
@@ -133,12 +136,16 @@ class PlantTruth:
     extra_collective_s: float | None = None
     extra_collective_before_s: float | None = None
     extra_collective_after_s: float | None = None
+    extra_collective_in_step_s: float | None = None
+    extra_collective_in_step_num: int | None = None
     extra_matmul_n: int | None = None
     extra_matmul_flop: int | None = None
     extra_matmul_dtype: str | None = None
     extra_matmul_s: float | None = None
     extra_matmul_before_s: float | None = None
     extra_matmul_after_s: float | None = None
+    extra_matmul_in_step_s: float | None = None
+    extra_matmul_in_step_num: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

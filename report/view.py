@@ -853,12 +853,13 @@ def build_plant_checks(rows: Sequence[BreakdownRow], runs: Sequence[LoadedRun],
             if share is not None:  # the split's share from the even run, at this run's total compute
                 mean = float(sum(a.stages.stage_compute_s) / len(a.stages.stage_compute_s))
                 causes.append(("pp_layers", share * mean * 1e3, "imbalance", None, "even split's per-layer cost"))
-        if (a.plant.extra_collective_bytes and truth is not None and truth.extra_collective_s
-                and int(world_size or 1) > 1):  # on one rank an all-reduce moves nothing: nothing to find
-            causes.append(("extra_collective_bytes", truth.extra_collective_s * 1e3, "transfer", None,
+        # the op's cost timed in its own steps where recorded, else in the loops around the training loop
+        coll_s = truth and (truth.extra_collective_in_step_s or truth.extra_collective_s)
+        if a.plant.extra_collective_bytes and coll_s and int(world_size or 1) > 1:
+            causes.append(("extra_collective_bytes", coll_s * 1e3, "transfer", None,  # one rank moves nothing
                            "plant_truth.json"))
-        if a.plant.extra_matmul_gflop and truth is not None and truth.extra_matmul_s:
-            causes.append(("extra_matmul_gflop", truth.extra_matmul_s * 1e3, "compute", None, "plant_truth.json"))
+        if a.plant.extra_matmul_gflop and (mm_s := truth and (truth.extra_matmul_in_step_s or truth.extra_matmul_s)):
+            causes.append(("extra_matmul_gflop", mm_s * 1e3, "compute", None, "plant_truth.json"))
         for cause, planted, cat, rank, source in causes:
             got = a.traced_ms.get(cat)
             base = att[ref].traced_ms.get(cat) if ref and cause != "pp_layers" else 0.0

@@ -4,17 +4,18 @@ What a run's plant adds to each step, and nothing else: the delays (seconds this
 extra per-step work (one all-reduce of known bytes after the trainer's step, one square matmul of
 known FLOPs before the forward), each inside its own profiler range (core.records.PLANT_RANGES),
 and the truth of that work -- timed here, in separate loops right before and right after the
-training loop, never taken from the trace the analysis judges -- as a PlantTruth record
-(<run>/plant_truth.json).
+training loop and by a clock of its own around the op in every kept step, never taken from the
+trace the analysis judges -- as a PlantTruth record (<run>/plant_truth.json).
 Deliberately not here: when in the step the work runs (runner.train.run_loop), validation
 (runner.matrix.build_plant), and any reading of traces.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -46,14 +47,54 @@ def planted_lr_factor(spec: RunSpec, *, step: int) -> float:
     return plant.lr_spike_factor if hit else 1.0
 
 
+class InStepClock:
+    """Durations of the planted ops inside the training steps, by a clock apart from the profiler:
+    time.perf_counter on CPU (gloo collectives and CPU matmuls return when done), else a pair of
+    CUDA events on the current stream around the op (no host synchronisation in the step; read
+    after the loop). Only the steps ``span`` is told to keep are timed."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._marks: dict[str, list] = {"collective": [], "matmul": []}
+
+    @contextlib.contextmanager
+    def span(self, op: str, *, keep: bool) -> Iterator[None]:
+        """Times the body as one sample of ``op`` ("collective" | "matmul") when ``keep``."""
+        if not keep:
+            yield
+            return
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._marks[op].append((start, end))
+            return
+        t0 = time.perf_counter()
+        yield
+        self._marks[op].append(time.perf_counter() - t0)
+
+    def seconds(self, op: str) -> list[float]:
+        """This rank's samples of ``op`` in step order, seconds (waits for the CUDA events)."""
+        out = []
+        for mark in self._marks[op]:
+            if isinstance(mark, tuple):
+                mark[1].synchronize()
+                mark = mark[0].elapsed_time(mark[1]) / 1e3
+            out.append(float(mark))
+        return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlantWork:
     """The extra per-step work of a run's plant on one rank, its tensors allocated once (so a
     step spends only the op's own time). collective: the fp32 tensor all-reduced (numel = bytes / 4),
-    or None. matmul: (a, b, out), n x n each in the run's dtype, or None."""
+    or None. matmul: (a, b, out), n x n each in the run's dtype, or None. in_step: the clock
+    the training loop times each op with in the steps it keeps (runner.train.run_loop)."""
 
     collective: torch.Tensor | None = None
     matmul: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    in_step: InStepClock | None = field(default=None, compare=False)
 
     def run_collective(self) -> None:
         """One all-reduce (sum) of ``collective`` on the world process group; blocks like the
@@ -85,7 +126,8 @@ def build_plant_work(spec: RunSpec, *, device: torch.device) -> PlantWork:
         gen = torch.Generator().manual_seed(TRUTH_SEED)
         a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=matmul_dtype(spec)) for _ in range(2))
         mm = (a, b, torch.empty_like(a))
-    return PlantWork(collective=coll, matmul=mm)
+    return PlantWork(collective=coll, matmul=mm, in_step=InStepClock(device) if coll is not None or mm is not None
+                     else None)
 
 
 def _timed_s(fn: Callable[[], None], *, ctx: RankContext) -> float:
@@ -111,8 +153,12 @@ def _every_rank_s(fn: Callable[[], None], *, ctx: RankContext) -> list[list[floa
     (a collective): [rank][iteration] seconds."""
     for _ in range(TRUTH_NUM_WARMUP):
         _timed_s(fn, ctx=ctx)
-    mine = torch.tensor([_timed_s(fn, ctx=ctx) for _ in range(TRUTH_NUM_TIMED)], dtype=torch.float64,
-                        device=ctx.device)
+    return _gathered([_timed_s(fn, ctx=ctx) for _ in range(TRUTH_NUM_TIMED)], ctx=ctx)
+
+
+def _gathered(samples: list[float], *, ctx: RankContext) -> list[list[float]]:
+    """Every rank's ``samples`` (the same count on each rank; a collective): [rank][iteration]."""
+    mine = torch.tensor(samples, dtype=torch.float64, device=ctx.device)
     if ctx.world_size == 1:
         return [mine.tolist()]
     everyone = [torch.empty_like(mine) for _ in range(ctx.world_size)]
@@ -167,6 +213,13 @@ def build_plant_truth(spec: RunSpec, work: PlantWork, *, before: PlantTimings, a
               "extra_matmul_dtype": str(work.matmul[0].dtype).removeprefix("torch."),
               "extra_matmul_s": _matmul_s(_joined(before.matmul, after.matmul)),
               "extra_matmul_before_s": _matmul_s(before.matmul), "extra_matmul_after_s": _matmul_s(after.matmul)}
+    in_step = work.in_step
+    if in_step is not None and work.collective is not None and (samples := in_step.seconds("collective")):
+        coll["extra_collective_in_step_s"] = _collective_s(_gathered(samples, ctx=ctx))
+        coll["extra_collective_in_step_num"] = len(samples)
+    if in_step is not None and work.matmul is not None and (samples := in_step.seconds("matmul")):
+        mm["extra_matmul_in_step_s"] = _matmul_s(_gathered(samples, ctx=ctx))
+        mm["extra_matmul_in_step_num"] = len(samples)
     clock = "CUDA events on the current stream" if ctx.device.type == "cuda" else "time.perf_counter"
     return PlantTruth(
         run=spec.name, device=ctx.device.type, world_size=ctx.world_size, num_warmup=TRUTH_NUM_WARMUP,
@@ -174,5 +227,6 @@ def build_plant_truth(spec: RunSpec, work: PlantWork, *, before: PlantTimings, a
         method=(f"in the run's processes, one loop right before the training loop and one right after it:"
                 f" {TRUTH_NUM_WARMUP} warm-up and {TRUTH_NUM_TIMED} timed iterations of each op per loop, each"
                 f" after a barrier on an idle device, timed with {clock}; collective: median over both loops'"
-                " iterations of the shortest rank's time; matmul: mean over ranks of each rank's median"),
+                " iterations of the shortest rank's time; matmul: mean over ranks of each rank's median;"
+                f" in the steps: {clock} around the op in every step after the warm-up, reduced alike"),
         **coll, **mm)

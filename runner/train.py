@@ -343,13 +343,14 @@ def run_loop(spec: RunSpec, trainer, prefetcher: BatchPrefetcher, recorder: Step
         if host_delay_s:  # planted: host time on the training thread right before the forward
             with plant_range(PLANT_HOST_DELAY_RANGE):
                 time.sleep(host_delay_s)
+        kept = step >= f.warmup_steps  # the steps the metric table keeps: the plant's own clock times these
         if work.matmul is not None:  # planted: compute of known FLOPs right before the forward
-            with plant_range(PLANT_EXTRA_MATMUL_RANGE):
+            with plant_range(PLANT_EXTRA_MATMUL_RANGE), work.in_step.span("matmul", keep=kept):
                 work.run_matmul()
         entry_time_s = time.time()  # wall clock: comparable across ranks of one host
         out_step = trainer.train_step(microbatches, lr=lr)
         if work.collective is not None:  # planted: a collective of known bytes, after the step's own
-            with plant_range(PLANT_EXTRA_COLLECTIVE_RANGE):
+            with plant_range(PLANT_EXTRA_COLLECTIVE_RANGE), work.in_step.span("collective", keep=kept):
                 work.run_collective()
         recorder.end_step(step=step, loss=out_step.loss, grad_norm=out_step.grad_norm, lr=lr, data_wait_s=data_wait_s,
                             entry_time_s=entry_time_s, profiled=step in window)

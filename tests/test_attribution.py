@@ -81,18 +81,25 @@ def test_breakdown_ms_has_the_eight_categories_and_sums_to_the_median_step(summa
 
 
 # The what-if saving against what the plant cost, on this live CPU campaign: the cost is a difference
-# of two runs' median steps on 2 shared cores, so it carries their noise (a fresh-clone run at load 1.5
-# read 159 ms saved against 191 ms of cost, 17% apart). The issue's +-15% is held on the committed H100
-# campaign (test_committed_h100_whatif_campaign_recovers_and_saves_what_each_plant_cost), whose runs
-# had a GPU to themselves; here +-25%.
+# of two runs' median steps on 2 shared cores, so it carries their noise, and a run's compute drifts by
+# tens of ms with the VM's other load (a data-delay run traced 79 ms more compute per step than its clean
+# twins, which no what-if of a delay explains: its raw cost read 316 ms against 200 ms saved). So the
+# cost is taken at equal compute, as the note's plant check states it (cost + kernel drift): measured
+# over 3 campaigns, 10-19% apart from the saving where the raw cost was up to 58% apart. The issue's
+# +-15% on the raw cost is held on the committed H100 campaign
+# (test_committed_h100_whatif_campaign_recovers_and_saves_what_each_plant_cost), whose runs had a GPU
+# to themselves; here +-25%.
 CPU_SAVING_REL = 0.25
 
 
 def _cost_ms(summary: dict, name: str) -> float:
-    """What a plant measurably cost: the planted run's median (unprofiled) step minus the clean
-    runs' (the mean of the one at each end of the campaign)."""
-    clean = [_run(summary, c)["step_time_median_s"] for c in ("clean", "clean-last")]
-    return (_run(summary, name)["step_time_median_s"] - sum(clean) / len(clean)) * 1e3
+    """What a plant measurably cost, at equal compute: the planted run's median (unprofiled) step
+    minus the clean runs' (the mean of the one at each end of the campaign), less the planted run's
+    traced compute per step above theirs."""
+    clean = [_run(summary, c) for c in ("clean", "clean-last")]
+    step_s = _run(summary, name)["step_time_median_s"] - sum(c["step_time_median_s"] for c in clean) / len(clean)
+    drift_ms = _run(summary, name)["breakdown_ms"]["compute"] - sum(c["breakdown_ms"]["compute"] for c in clean) / 2
+    return step_s * 1e3 - drift_ms
 
 
 def test_host_delay_is_skew_wait_charged_to_the_planted_rank(summary):

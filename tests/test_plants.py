@@ -287,12 +287,23 @@ def test_plant_truth_is_timed_apart_for_the_planted_work_only(work_planted):
     assert mm.extra_matmul_flop == 2 * n**3 == pytest.approx(MATMUL_GFLOP * 1e9, rel=0.01)
     loops = (mm.extra_matmul_before_s, mm.extra_matmul_after_s)
     assert all(1e-3 < s < 2.0 for s in loops) and min(loops) / 2 <= mm.extra_matmul_s <= max(loops) * 2
+    # timed again inside every step after the warm-up (steps 2..11) by the plant's own clock: the same
+    # op among the step's other work (within 2x of the loops, which saw 0.6x-1.6x on a shared 2-core VM),
+    # and a part of its step, not the step
+    assert coll.extra_collective_in_step_num == mm.extra_matmul_in_step_num == 10
+    for t, in_step_s, loops in ((coll, coll.extra_collective_in_step_s, (coll.extra_collective_before_s,
+                                                                          coll.extra_collective_after_s)),
+                                (mm, mm.extra_matmul_in_step_s, (mm.extra_matmul_before_s, mm.extra_matmul_after_s))):
+        assert min(loops) / 2 <= in_step_s <= max(loops) * 2, t
+        steps_s = [r["step_time_s"] for r in _rows(work_planted / t.run, 0).values() if r["step"] >= 2]
+        assert in_step_s < statistics.median(steps_s), (t, steps_s)
+        assert "in the steps" in t.method
 
 
 def test_planted_work_runs_in_its_own_range_on_every_rank_every_step(work_planted):
     for run, name, truth_s in (("collective", "plant_extra_collective", _truth(work_planted / "collective")
-                                .extra_collective_s),
-                               ("matmul", "plant_extra_matmul", _truth(work_planted / "matmul").extra_matmul_s)):
+                                .extra_collective_in_step_s),
+                               ("matmul", "plant_extra_matmul", _truth(work_planted / "matmul").extra_matmul_in_step_s)):
         for rank in (0, 1):
             traced = _trace_ranges(work_planted / run, rank, name)
             assert len(traced) == 8, (run, rank, traced)  # one per traced step (the warm-up step is not kept)
@@ -305,7 +316,9 @@ def test_planted_work_runs_in_its_own_range_on_every_rank_every_step(work_plante
 
 
 def test_extra_collective_is_transfer_of_its_measured_size(work_planted):
-    truth_ms = _truth(work_planted / "collective").extra_collective_s * 1e3
+    # the known answer: the all-reduce timed by its own clock in the same steps (not from the trace);
+    # the loops around the training loop missed in-step slowdowns of up to 30% on a shared 2-core VM
+    truth_ms = _truth(work_planted / "collective").extra_collective_in_step_s * 1e3
     added = _added_ms(work_planted, "collective")
     assert added["transfer"] == pytest.approx(truth_ms, rel=0.30), (truth_ms, added)
     # not compute: the model's own compute differs between two runs by the 2-core machine's other
@@ -315,7 +328,7 @@ def test_extra_collective_is_transfer_of_its_measured_size(work_planted):
 
 
 def test_extra_matmul_is_compute_of_its_measured_size(work_planted):
-    truth_ms = _truth(work_planted / "matmul").extra_matmul_s * 1e3
+    truth_ms = _truth(work_planted / "matmul").extra_matmul_in_step_s * 1e3
     added = _added_ms(work_planted, "matmul")
     assert added["compute"] == pytest.approx(truth_ms, rel=0.30), (truth_ms, added)
     for other in ("transfer", "skew_wait", "launch_gaps", "data_stall", "other"):
