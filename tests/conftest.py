@@ -80,21 +80,30 @@ _BEFORE = pytest.StashKey[set]()
 # that starts doing so belongs here.
 ENGINE_MODULES = frozenset({
     "test_attribution", "test_bounded_input", "test_commbench", "test_data_round", "test_e2e_cpu",
-    "test_engines_cpu", "test_faults", "test_hang_e2e", "test_hostile_input", "test_layout", "test_megatron_engine",
-    "test_overlap", "test_plants", "test_progress", "test_redact", "test_report_health", "test_tp_pp_torch",
-    "test_true_words", "test_recompute", "test_zh_sentences",
+    "test_engines_cpu", "test_faults", "test_hang_e2e", "test_megatron_engine", "test_overlap", "test_plants",
+    "test_progress", "test_redact", "test_report_health", "test_tp_pp_torch", "test_true_words", "test_recompute",
+    "test_zh_sentences",
 })
+# Modules that read the demo campaign only in the tests of their "demo" parameter (the note
+# rendered from it): those tests run with the engines, the module's others in the other worker.
+DEMO_PARAM_MODULES = frozenset({"test_layout"})
 # Modules that launch real runs but judge no timing and read no shared campaign (a search's trial
 # choice, a memory probe's boundary, two nodes' rendezvous, runner ownership and orphans, kernel
 # parity, the tuner's memory-limited search, the data preparer's signals): they run beside the
 # engine tests in the other worker, pausing like any test there while a timed campaign is built
-# (cpu_alone).
+# (cpu_alone). test_hostile_input: report build and the runner's refusals on synthetic campaigns.
 # The session's shared real campaigns (below): only tests of ENGINE_MODULES may read them.
 SHARED_CAMPAIGNS = ("demo_campaign", "cpu_planted_campaign")
 
 
+def is_engine_nodeid(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` (path::name[params]) runs in the engines' worker."""
+    module = Path(nodeid.split("::", 1)[0]).stem
+    return module in ENGINE_MODULES or (module in DEMO_PARAM_MODULES and "[demo]" in nodeid)
+
+
 def is_engine_test(item: pytest.Item) -> bool:
-    return item.path.stem in ENGINE_MODULES
+    return is_engine_nodeid(item.nodeid)
 
 
 class CpuShare:
@@ -158,15 +167,14 @@ def pytest_configure_node(node):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist, in the controller: xdist's load-scope scheduling with ENGINE_MODULES as one scope and
-    every other module a scope of its own; whatever --dist says. (xdist's own --dist loadgroup
+    """xdist, in the controller: xdist's load-scope scheduling with the engines' tests
+    (is_engine_nodeid) as one scope and every other module a scope of its own; whatever --dist says. (xdist's own --dist loadgroup
     does not group under pytest 9.2: it renames items through an attribute pytest no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class EngineScopeScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "engines" if Path(module).stem in ENGINE_MODULES else module
+            return "engines" if is_engine_nodeid(nodeid) else nodeid.split("::", 1)[0]
 
     return EngineScopeScheduling(config, log)
 
