@@ -8,6 +8,9 @@
    (search-matrix.toml: every runnable candidate, the trials' step counts).
 2. Exhaustive: `runner all --matrix that-file` runs every candidate once, one campaign.
 3. Search: `runner search` with a budget of 40% of the exhaustive wall time (the issue's target).
+4. Recheck (--recheck N, default 3): the search's choice and the exhaustive best run again in one
+   campaign, alternately, N times each, so their comparison carries its own noise: on a shared
+   2-core machine one candidate's two single measurements differed by 35%.
 Each run's step time is the median of its measured steps, slowest rank per step
 (runner.search.load_trial, the search's own reader). The search's choice is also looked up in the
 exhaustive campaign, so the two are compared under the same conditions.
@@ -22,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +47,30 @@ def runner(*args: str, log: Path) -> float:
     return time.monotonic() - t0
 
 
+def _recheck(req, runnable, names: list[str], *, times: int, out: Path, device: str) -> dict[str, list[float]]:
+    """Run ``names`` again, alternately (a, b, a, b, ...), ``times`` each, as one campaign
+    (OUT/recheck); -> name -> measured step ms per repetition (None where a repetition failed)."""
+    from runner.search import render_matrix
+
+    if times <= 0:
+        return {}
+    by_name = {c.name: c for c in runnable}
+    runs = [{**by_name[n].run, "name": f"{n}-r{i}"} for i in range(times) for n in names if n in by_name]
+    matrix = out / "recheck.toml"
+    matrix.write_text(render_matrix(req, runs, name="recheck"), encoding="utf-8")
+    shutil.rmtree(out / "recheck", ignore_errors=True)
+    runner("all", "--matrix", str(matrix), "--out", str(out / "recheck"), log=out / "recheck.log")
+    warmup = TRIAL_STEPS[device]["warmup_steps"]
+    return {n: [load_trial(out / "recheck" / f"{n}-r{i}", warmup_steps=warmup).get("measured_step_ms")
+                for i in range(times)] for n in names if n in by_name}
+
+
+def _median_ratio(a: list | None, b: list | None) -> float | None:
+    """median(a) / median(b) - 1 over the repetitions that finished; None without any of one."""
+    a, b = [v for v in a or () if v], [v for v in b or () if v]
+    return statistics.median(a) / statistics.median(b) - 1 if a and b else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4, help="CPU ranks or GPUs")
@@ -59,6 +87,8 @@ def main() -> int:
     ap.add_argument("--exhaustive-only", action="store_true",
                     help="run the exhaustive campaign, write OUT/exhaustive.json and stop (a later "
                          "--reuse-exhaustive runs the search)")
+    ap.add_argument("--recheck", type=int, default=3,
+                    help="times the choice and the exhaustive best run again, alternately (0: none)")
     ap.add_argument("--result", type=Path, default=REPO / "benchmarks" / "results" / "search-cpu.json")
     args = ap.parse_args()
     timing = args.out / "exhaustive.json"  # the exhaustive campaign's wall time, for a later --reuse-exhaustive
@@ -103,6 +133,8 @@ def main() -> int:
                            log=args.out / "search.log")
     data = json.loads((search / "search.json").read_text())
     choice = data["choice"]
+    recheck = _recheck(req, runnable, [choice, best] if choice != best else [best], times=args.recheck,
+                       out=args.out, device=args.device)
     result = {
         "schema_version": 1, "device": "cpu (gloo)" if args.device == "cpu" else req.gpu_name, "preset": args.model,
         "world_size": args.world, "kernels": args.kernels, "micro_batches": args.micro_batches,
@@ -118,6 +150,8 @@ def main() -> int:
         "memory_measure": ("CPU: peak RSS above the rank's start-up RSS (runner.membudget) vs the model's device bytes"
                            if args.device == "cpu" else "cuda max_memory_allocated vs the model's device bytes"),
         "step_error_max": data["step_error_max"],
+        "recheck_step_ms": recheck,
+        "recheck_choice_vs_best": _median_ratio(recheck.get(choice), recheck.get(best)),
         "exhaustive_step_ms": dict(sorted(ok.items(), key=lambda kv: kv[1])),
         "exhaustive_reused": previous is not None,
         "load_average_before": load_before, "load_average_after": os.getloadavg(), "cpu_count": os.cpu_count(),
