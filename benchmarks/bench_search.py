@@ -55,14 +55,15 @@ def _recheck(req, runnable, names: list[str], *, times: int, out: Path, device: 
     if times <= 0:
         return {}
     by_name = {c.name: c for c in runnable}
-    runs = [{**by_name[n].run, "name": f"{n}-r{i}"} for i in range(times) for n in names if n in by_name]
+    names = [n for n in dict.fromkeys(names) if n in by_name]  # the choice may be the best: once
+    runs = [{**by_name[n].run, "name": f"{n}-r{i}"} for i in range(times) for n in names]
     matrix = out / "recheck.toml"
     matrix.write_text(render_matrix(req, runs, name="recheck"), encoding="utf-8")
     shutil.rmtree(out / "recheck", ignore_errors=True)
     runner("all", "--matrix", str(matrix), "--out", str(out / "recheck"), log=out / "recheck.log")
     warmup = TRIAL_STEPS[device]["warmup_steps"]
     return {n: [load_trial(out / "recheck" / f"{n}-r{i}", warmup_steps=warmup).get("measured_step_ms")
-                for i in range(times)] for n in names if n in by_name}
+                for i in range(times)] for n in names}
 
 
 def _median_ratio(a: list | None, b: list | None) -> float | None:
@@ -133,8 +134,7 @@ def main() -> int:
                            log=args.out / "search.log")
     data = json.loads((search / "search.json").read_text())
     choice = data["choice"]
-    recheck = _recheck(req, runnable, [choice, best] if choice != best else [best], times=args.recheck,
-                       out=args.out, device=args.device)
+    recheck = _recheck(req, runnable, [choice, best], times=args.recheck, out=args.out, device=args.device)
     result = {
         "schema_version": 1, "device": "cpu (gloo)" if args.device == "cpu" else req.gpu_name, "preset": args.model,
         "world_size": args.world, "kernels": args.kernels, "micro_batches": args.micro_batches,

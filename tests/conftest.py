@@ -168,8 +168,9 @@ def pytest_configure_node(node):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist, in the controller: xdist's load-scope scheduling with the engines' tests
-    (is_engine_nodeid) as one scope and every other module a scope of its own; whatever --dist says. (xdist's own --dist loadgroup
-    does not group under pytest 9.2: it renames items through an attribute pytest no longer reads.)"""
+    (is_engine_nodeid) as one scope and every other module a scope of its own; whatever --dist
+    says. (xdist's own --dist loadgroup does not group under pytest 9.2: it renames items through
+    an attribute pytest no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class EngineScopeScheduling(LoadScopeScheduling):
