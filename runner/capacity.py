@@ -35,7 +35,7 @@ from core.records import (
     CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_from_dict, record_problems,
     to_dict,
 )
-from runner.membudget import BUDGET_KEY
+from runner.membudget import BUDGET_KEY, INIT_ON_DEVICE_KEY
 from runner.tune import load_probe_tokens_per_s
 from core.formulas import is_finite_number
 
@@ -143,14 +143,17 @@ def describe_offload(spec: RunSpec) -> str:
 
 def build_trial_spec(spec: RunSpec, model: ModelConfig, *, rung: int, config: CapacityConfig) -> RunSpec:
     """The layout's spec at one rung: probe_steps steps (probe_warmup_steps untimed), no profiler
-    window, no checkpoint, the memory budget in options (runner.membudget reads it)."""
+    window, no checkpoint, the memory budget in options (runner.membudget reads it), weights
+    drawn on the device (runner.membudget.INIT_ON_DEVICE_KEY: the DDP, ZeRO-3 and Megatron engines;
+    torch TP+PP builds the whole model on the host before taking its stage)."""
     f = spec.fixed
     fixed = dataclasses.replace(f, model=model, steps=config.probe_steps, warmup_steps=config.probe_warmup_steps,
                                 profile_num_steps=0, profile_start_step=0,
                                 lr_warmup_steps=min(f.lr_warmup_steps, config.probe_steps))
     return dataclasses.replace(spec, name=f"{spec.name}-rung{rung}", fixed=fixed, nsys=False, checkpoint_step=None,
                                checkpoint_verify_steps=0,
-                               options={**spec.options, BUDGET_KEY: config.memory_budget_gib})
+                               options={**spec.options, BUDGET_KEY: config.memory_budget_gib,
+                                        INIT_ON_DEVICE_KEY: True})
 
 
 def predict_trial_memory(spec: RunSpec) -> tuple[float, float, float, float]:

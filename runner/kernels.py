@@ -118,4 +118,6 @@ def apply_engine_knobs(kernels: Mapping[str, Any], options: Mapping[str, Any], *
         out["compile"] = "model (DeepSpeedEngine.compile)"
     if "fused_adamw" in options and not options["fused_adamw"] and out["optimizer"] == "adamw-fused":
         out["optimizer"] = "adamw-foreach"
+    elif options.get("fused_adamw") and out["optimizer"] == "adamw-foreach":  # set on a CPU run: fused there
+        out["optimizer"] = "adamw-fused"
     return out

@@ -218,9 +218,9 @@ TEST_OPTION_KEYS = {"fault", "simulate_oom_above_micro_batch_size"}
 # The real data round's loader (LoaderKnobs), resolved by runner.matrix for real-round runs.
 DATA_OPTION_KEYS = {"loader"}
 # Written by the runner (never set in a matrix): a micro-batch search's record; a capacity trial's
-# per-process memory budget (runner.capacity).
+# per-process memory budget and weights drawn on the device (runner.capacity).
 # An overlap pair's twin (runner.matrix) names the run it pairs with: ``overlap_off_of``.
-RUNNER_OPTION_KEYS = {"micro_batch_search", "memory_budget_gib", "overlap_off_of"}
+RUNNER_OPTION_KEYS = {"micro_batch_search", "memory_budget_gib", "init_on_device", "overlap_off_of"}
 
 
 def valid_option_keys(strategy: str, engine: str) -> set[str]:

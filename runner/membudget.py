@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # torch is imported where a rank uses it, not by the probe th
 
 GIB = 1024**3
 BUDGET_KEY = "memory_budget_gib"  # the option the probe writes into a trial's spec
+INIT_ON_DEVICE_KEY = "init_on_device"  # the probe's trials draw their weights on the device (runner.model.build_gpt)
 # what an engine imports lazily at build time: loaded before the baseline, so its code is not charged
 ENGINE_IMPORTS = {"deepspeed": "deepspeed"}
 

@@ -86,6 +86,18 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def build_gpt(cfg: ModelConfig, *, device: torch.device, on_device: bool = False) -> GPT:
+    """The GPT on ``device``, fp32. Default: weights drawn by the CPU generator from the seed the
+    caller set, then moved, so every engine and device starts from the same values. on_device:
+    the module is created on ``device`` and drawn by its own generator (the same distribution,
+    other values, no host copy of the fp32 weights); the device holds the same fp32 model either
+    way. Raises torch.OutOfMemoryError when the fp32 model does not fit ``device``."""
+    if on_device:
+        with torch.device(device):
+            return GPT(cfg)
+    return GPT(cfg).to(device)
+
+
 def init_gpt_weights(module: nn.Module, *, num_layers: int) -> None:
     """GPT-2 init: N(0, 0.02) for linears/embeddings, residual projections scaled by
     1/sqrt(2L) (GPT-2 paper section 2.3; nanoGPT model.py), zero biases, unit LayerNorm."""

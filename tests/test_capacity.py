@@ -123,7 +123,7 @@ from runner.matrix import resolve_matrix
 from runner.strategies import RankContext, build_trainer
 
 engine, options = sys.argv[1], json.loads(sys.argv[2])
-raw = {"campaign": {"name": "off", "preset": "tiny"},
+raw = {"campaign": {"name": "off", "preset": "tiny", "kernels": "engine-best"},
        "runs": [{"name": "z", "strategy": "zero3", "engine": engine, "world_size": 1, "options": options}]}
 spec = resolve_matrix(raw, source="m", num_gpus=0).runs[0]
 with socket.socket() as s:
@@ -141,6 +141,7 @@ try:
     x = torch.randint(0, 1000, (4, spec.fixed.model.seq_length))
     out = trainer.train_step([(x, x)], lr=1e-3)
     print(json.dumps({"offloaded": offloaded, "loss": float(out.loss),
+                      "fused": [bool(g.get("fused")) for g in trainer.optimizer.param_groups],
                       "grad_norm": None if out.grad_norm is None else float(out.grad_norm)}))
 finally:
     dist.destroy_process_group()
@@ -149,11 +150,15 @@ finally:
 
 @pytest.mark.parametrize("engine,options", [
     ("fsdp2", {"offload": True}),
+    ("fsdp2", {"offload": True, "fused_adamw": True}),
     ("deepspeed", {"offload_optimizer": True, "offload_param": True,
+                   "zero": {"reduce_bucket_size": 500_000, "stage3_prefetch_bucket_size": 500_000}}),
+    ("deepspeed", {"offload_optimizer": True, "offload_param": True, "fused_adamw": True,
                    "zero": {"reduce_bucket_size": 500_000, "stage3_prefetch_bucket_size": 500_000}}),
 ])
 def test_offload_engines_train_on_cpu(engine, options):
-    """The real engines take their CPU offload path (one rank, gloo) and train a step."""
+    """The real engines take their CPU offload path (one rank, gloo) and train a step, with the
+    host optimizer foreach or fused (``fused_adamw``: a CUDA run's offloaded AdamW steps fused)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -163,8 +168,29 @@ def test_offload_engines_train_on_cpu(engine, options):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["offloaded"] and math.isfinite(out["loss"])
+    assert set(out["fused"]) == {bool(options.get("fused_adamw"))}
     if engine == "fsdp2":  # DeepSpeed's offload path leaves its engine's global grad norm unset (None)
         assert out["grad_norm"] > 0
+
+
+def test_weights_drawn_on_the_device_are_created_there():
+    """build_gpt(on_device=True) creates the fp32 GPT on the device itself ('meta' here: no data,
+    so nothing can have been drawn on the host and copied), the LM head still tied to the embedding
+    and every parameter counted; the default path draws on the host and moves the weights."""
+    import torch
+
+    from runner.model import build_gpt
+    from runner.presets import PRESETS, build_model_config
+
+    cfg = build_model_config(PRESETS["tiny"], max_tp_degree=1)
+    model = build_gpt(cfg, device=torch.device("meta"), on_device=True)
+    assert all(p.is_meta for p in model.parameters()) and model.lm_head.weight is model.wte.weight
+    assert sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) == count_gpt_params(cfg)
+    torch.manual_seed(0)
+    host = build_gpt(cfg, device=torch.device("cpu"))
+    torch.manual_seed(0)
+    drawn = build_gpt(cfg, device=torch.device("cpu"), on_device=True)  # the CPU's generator either way
+    assert all(torch.equal(a, b) for a, b in zip(host.parameters(), drawn.parameters()))
 
 
 def test_probe_finds_the_boundary_under_a_real_budget(tmp_path, capsys):
@@ -186,6 +212,10 @@ def test_probe_finds_the_boundary_under_a_real_budget(tmp_path, capsys):
             mem = json.loads((out / t["run_dir"] / "memory" / f"rank{r}.json").read_text(encoding="utf-8"))
             assert record_problems(RankMemory, mem) == [] and mem["limit_mechanism"] == "RLIMIT_DATA"
             assert mem["mem_peak_gib"] == t["mem_peak_gib"][r]
+    # every trial draws its weights on its device (runner.model.build_gpt)
+    for t in data["trials"]:
+        spec = json.loads((out / t["run_dir"] / "spec.json").read_text(encoding="utf-8"))
+        assert spec["options"]["init_on_device"] is True
     # ZeRO-3 at the larger rung holds less per rank than DDP would: its states are halved
     assert got[("zero3-fsdp2", 1)]["predicted_state_gib"] == pytest.approx(
         16 * 6_884_608 / 2 / 2**30, rel=0.02)

@@ -25,10 +25,12 @@ def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weig
 
 
 def build_adamw(params: list[dict], spec: RunSpec, *, device: torch.device) -> torch.optim.AdamW:
-    """torch AdamW with the campaign's betas; the fused CUDA kernel (one launch for all tensors)
-    when ``options.fused_adamw`` (default on CUDA; the same update as the foreach path), else foreach."""
+    """torch AdamW with the campaign's betas, stepping on ``device``: the fused kernel (one pass over
+    each tensor's weights, gradient and moments; CUDA, or CPU for an offloaded optimizer's host
+    shards) when ``options.fused_adamw`` (resolved on for CUDA runs, off on CPU; absent: on for a
+    CUDA ``device``), the same update as the foreach path, else foreach."""
     f = spec.fixed
-    fused = bool(spec.options.get("fused_adamw", True)) and device.type == "cuda"
+    fused = bool(spec.options.get("fused_adamw", device.type == "cuda"))
     # not fused: foreach, named explicitly (torch's default picks it on CUDA only; on CPU it would loop
     # per tensor), the "adamw-foreach" of runner.kernels on every device
     return torch.optim.AdamW(params, lr=f.lr, betas=(f.adam_beta1, f.adam_beta2), eps=1e-8, fused=fused or None,

@@ -14,7 +14,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from core.records import RunSpec
-from runner.model import GPT, count_params
+from runner.membudget import INIT_ON_DEVICE_KEY
+from runner.model import GPT, build_gpt, count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
@@ -42,7 +43,8 @@ class DDPTrainer:
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec = spec
         self.ctx = ctx
-        model = GPT(spec.fixed.model).to(ctx.device)
+        model = build_gpt(spec.fixed.model, device=ctx.device,
+                          on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
         self.num_params = count_params(model)
         self.num_params_position_embedding = model.wpe.weight.numel()
         # kernels (runner.strategies.parity): parity compiles each block and calls the shared loss

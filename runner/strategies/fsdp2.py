@@ -45,7 +45,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor
 
 from core.records import RunSpec
-from runner.model import GPT, count_params
+from runner.membudget import INIT_ON_DEVICE_KEY
+from runner.model import build_gpt, count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
@@ -70,7 +71,8 @@ class FSDP2Trainer:
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec, self.ctx = spec, ctx
         opts = spec.options
-        model = GPT(spec.fixed.model).to(ctx.device)  # same seed -> the DDP run's initial weights
+        model = build_gpt(spec.fixed.model, device=ctx.device,  # same seed -> the DDP run's initial weights
+                          on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
         self.num_params = count_params(model)
         self.num_params_position_embedding = model.wpe.weight.numel()
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))

@@ -67,6 +67,7 @@ import torch.nn.functional as F
 
 from core.records import ModelConfig, RunSpec
 from runner.strategies import RankContext, StepOutput
+from runner.membudget import INIT_ON_DEVICE_KEY
 from runner.strategies.megatron_attention import build_gpt_block_spec, gelu_tanh
 from runner.strategies.common import gather_stage_num_layers, phase, pipeline_layer_split
 
@@ -341,7 +342,8 @@ class MegatronTPPPTrainer:
         self.pp_stage_num_layers = gather_stage_num_layers(
             len(model.decoder.layers), group=parallel_state.get_pipeline_model_parallel_group(),
             device=ctx.device) if spec.pp_degree > 1 else None
-        init = spec.options.get("init", "runner")
+        # a capacity trial (INIT_ON_DEVICE_KEY) takes Megatron's own init, drawn per stage on the device
+        init = "megatron" if spec.options.get(INIT_ON_DEVICE_KEY) else spec.options.get("init", "runner")
         if init == "runner":
             _load_runner_gpt_init(model, spec, tp_rank=tp_rank, pp_rank=pp_rank)
         elif init != "megatron":

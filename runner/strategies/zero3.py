@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from core.records import RunSpec
-from runner.model import GPT
+from runner.membudget import INIT_ON_DEVICE_KEY
+from runner.model import build_gpt
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.knobs import ZERO3_DEFAULTS
@@ -69,7 +70,8 @@ class Zero3Trainer:
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         self.spec = spec
         self.ctx = ctx
-        model = GPT(spec.fixed.model).to(ctx.device)
+        model = build_gpt(spec.fixed.model, device=ctx.device,  # same seed -> the DDP run's initial weights
+                          on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
         self.num_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         self.num_params_position_embedding = model.wpe.weight.numel()
         # offloaded optimizer: AdamW steps the host partitions (not fused: a CUDA kernel)
