@@ -242,7 +242,8 @@ def diagnose_stall(proc: subprocess.Popen, run_dir: Path, *, world_size: int) ->
 
 def load_json(path: Path) -> dict:
     """Read one of our JSON artifacts (a JSON object); ConfigError naming the file when missing,
-    not a regular file (a FIFO would block), malformed, nested too deeply or not an object."""
+    not a regular file (a FIFO would block), malformed, nested too deeply, holding an integer past
+    Python's 4,300-digit limit, or not an object."""
     try:
         text = read_regular_text(path)
     except FileNotFoundError:
@@ -255,6 +256,9 @@ def load_json(path: Path) -> dict:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e}); the campaign is damaged") from None
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{path}: holds an integer of more than 4,300 digits, which no field of ours takes; "
+                          "the campaign is damaged") from None
     except RecursionError:
         raise ConfigError(f"{path}: JSON nested too deeply to read; the campaign is damaged") from None
     if not isinstance(data, dict):

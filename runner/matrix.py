@@ -365,7 +365,8 @@ MAX_MATRIX_BYTES = 16 << 20
 def load_matrix(path: Path) -> dict[str, Any]:
     """Read a matrix TOML: a regular file (a FIFO or a device such as /dev/zero is refused, never
     read) of at most MAX_MATRIX_BYTES. Raises ConfigError naming the file (and line) when
-    unreadable, too large, or nested deeper than the TOML reader's stack."""
+    unreadable, too large, nested deeper than the TOML reader's stack, or holding an integer past
+    Python's 4,300-digit conversion limit."""
     from ingest.io import read_regular_text
 
     try:
@@ -384,6 +385,9 @@ def load_matrix(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read ({e.strerror}); pass --matrix with a TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax") from None
+    except ValueError:  # tomllib's int() past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{path}: holds an integer of more than 4,300 digits; no matrix field takes one, "
+                          "write a smaller number") from None
 
 
 def _check_shape(raw: Mapping[str, Any], source: str) -> None:

@@ -113,7 +113,7 @@ def launcher_log_name(node: NodeLaunch | None) -> str:
 def _load(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # also an integer past 4,300 digits
         return None  # half-collected directories are normal; the note says what is missing
 
 

@@ -79,7 +79,7 @@ class MetricsTail:
         for line in lines:
             try:
                 row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (ValueError, RecursionError):  # bad JSON or UTF-8, or an integer past 4,300 digits
                 continue
             if isinstance(row, dict) and isinstance(row.get("loss"), (int, float)):
                 self._last_loss = row["loss"]
@@ -107,7 +107,7 @@ class MetricsTail:
             self.num_rows += 1
             try:
                 row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # bad JSON or UTF-8, or an integer past 4,300 digits
                 continue
             if isinstance(row, dict):
                 rows.append(row)
