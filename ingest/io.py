@@ -242,6 +242,23 @@ def _read_json(path: Path) -> Any:
         ) from None
     except RecursionError:  # hostile input: nesting deeper than the decoder's stack
         raise ParseError(f"{path}: JSON nested too deeply to read; not an artifact of ours") from None
+    except ValueError:  # an integer past Python's int-from-text digit limit (not a JSONDecodeError)
+        raise ParseError(f"{path}:{_long_integer_line(text)}: {_LONG_INTEGER}; fix or regenerate the file") from None
+
+
+# The one ValueError json.loads raises that is not a JSONDecodeError: an integer literal longer
+# than sys.get_int_max_str_digits() (4,300 by default; CVE-2020-10735). No artifact of ours has one.
+_LONG_INTEGER = "an integer longer than Python reads (4,300 digits); not an artifact of ours"
+
+
+def _long_integer_line(text: str) -> int:
+    """The line (1-based) of ``text``'s first run of more than 4,300 digits: where json.loads
+    refused an integer (best effort: a digit run inside a string counts too); 1 when none."""
+    import sys
+
+    limit = sys.get_int_max_str_digits() or 4300
+    m = re.search(rf"\d{{{limit + 1},}}", text)
+    return text.count("\n", 0, m.start()) + 1 if m else 1
 
 
 def _read_record(path: Path, cls: type, problems: list[str]) -> dict[str, Any] | None:
@@ -373,6 +390,9 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
                 continue
             except json.JSONDecodeError as e:
                 torn = (lineno, e.msg)
+                continue
+            except ValueError:  # an integer past Python's digit limit (_LONG_INTEGER)
+                dropped.setdefault(Message(N_("an integer longer than 4,300 digits")), []).append(f"line {lineno}")
                 continue
             _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step)
             last_step = rows[-1]["step"] if rows else last_step
@@ -858,12 +878,19 @@ def read_text_head(path: str | os.PathLike[str], num_chars: int = 64 * 1024) -> 
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+# The most events one trace file may yield: a torch.profiler window of a few steps of a large
+# model holds 10^4-10^6; past this the file is refused (ParseError), so memory stays bounded
+# whatever the file's size or layout (repeated or concatenated documents).
+MAX_TRACE_EVENTS = 5_000_000
+
+
 def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool = False):
     """Yield the events of a Chrome trace file (torch.profiler / Kineto, NCCL profiler plugin,
     pasted fragments), streamed: gzip is detected by its magic bytes (1f 8b), not by the name.
 
     counts: an ``ingest.trace_reader.TraceReadCounts`` to receive events read, items skipped and
-    truncation. lean: skip flow events and cpu_op args (``iter_trace_events``). Raises ParseError if the file cannot be opened or is a corrupt gzip stream.
+    truncation. lean: skip flow events and cpu_op args (``iter_trace_events``). Raises ParseError
+    if the file cannot be opened, is a corrupt gzip stream or yields more than MAX_TRACE_EVENTS.
     """
     import gzip
 
@@ -878,7 +905,12 @@ def open_trace_events(path: str | os.PathLike[str], *, counts=None, lean: bool =
         raw.seek(0)
         fp = _bounded_gzip(raw, path) if magic == _GZIP_MAGIC else raw
         try:
-            yield from iter_trace_events(fp, counts=counts, lean=lean)
+            for num_events, event in enumerate(iter_trace_events(fp, counts=counts, lean=lean), 1):
+                if num_events > MAX_TRACE_EVENTS:
+                    raise ParseError(f"{path}: more than {MAX_TRACE_EVENTS:,} trace events, where a profiler window "
+                                     "of a few steps holds far fewer; not read. Profile fewer steps "
+                                     "(profile_num_steps) or cut the trace to the steps you need")
+                yield event
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise ParseError(f"{path}: corrupt gzip stream ({e}); re-copy the trace") from None
 

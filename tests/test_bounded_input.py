@@ -93,6 +93,24 @@ def test_gzip_bomb_stops_at_the_cap_naming_the_file(tmp_path):
         list(open_trace_events(trace))
 
 
+def test_a_trace_past_the_event_cap_is_refused_naming_the_file(monkeypatch):
+    """Memory per trace is bounded by its event count, whatever the file's size or layout: a
+    real H200 trace read whole under a cap above its events, refused in one ParseError under
+    one below them."""
+    import ingest.io
+    from core.errors import ParseError
+    from ingest.io import open_trace_events
+
+    trace = ROOT / "examples" / "h200-1gpu" / "ddp" / "trace" / "profile_rank0.json.gz"
+    num_events = sum(1 for _ in open_trace_events(trace, lean=True))
+    assert 1000 < num_events < ingest.io.MAX_TRACE_EVENTS
+    monkeypatch.setattr(ingest.io, "MAX_TRACE_EVENTS", num_events)
+    assert sum(1 for _ in open_trace_events(trace, lean=True)) == num_events
+    monkeypatch.setattr(ingest.io, "MAX_TRACE_EVENTS", num_events - 1)
+    with pytest.raises(ParseError, match=rf"profile_rank0\.json\.gz: more than {num_events - 1:,} trace events"):
+        sum(1 for _ in open_trace_events(trace, lean=True))
+
+
 def test_a_real_log_that_compresses_190x_is_read_whole():
     from ingest.io import DECOMPRESSED_FREE_BYTES, iter_text_blocks
 
