@@ -115,7 +115,7 @@ def _json_text(value: Any) -> Any:
         return value
     try:
         return json.loads(value) if value else None
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: a JSONDecodeError or an integer past Python's digit limit
         return None
 
 
@@ -688,7 +688,7 @@ def load_tables(path: str | os.PathLike[str]) -> Campaign:
         kv = table.schema.metadata or {}
         try:
             meta = {k: json.loads(kv[k.encode()]) for k in _META_KEYS}
-        except (KeyError, json.JSONDecodeError):
+        except (KeyError, ValueError, RecursionError):  # ValueError: malformed JSON or an over-long integer
             raise ParseError(f"{root / name}: no schema_version/campaign metadata; was it written by `ingest`?") from None
         if meta["schema_version"] > SCHEMA_VERSION:
             raise ParseError(f"{root / name}: schema_version {meta['schema_version']} is newer than {SCHEMA_VERSION}; upgrade the tool")

@@ -1,0 +1,71 @@
+"""Hostile campaign files at ingest: values the campaign's GPU cannot produce, rows and files that
+claim another run or rank, a spec named after another run, integers past Python's digit limit, a
+metrics folder that links to itself. Each is a caveat naming the file (and line) or a one-line
+error, never a traceback and never the impossible number in the note."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.synthetic_campaign import write_synthetic_campaign
+
+LONG_INT = "9" * 5000  # past Python's 4,300-digit limit for int("...")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300)
+
+
+def _build(camp: Path, out: Path) -> subprocess.CompletedProcess:
+    return _cli("report.cli", "build", str(camp), "--out", str(out), "--format", "md")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _one_line_error(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, (res.args, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    return res.stderr
+
+
+# ---- D: integers longer than 4,300 digits
+
+def test_an_over_long_integer_in_a_metrics_row_is_a_caveat_naming_the_line(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4].replace('"tokens": 256', f'"tokens": {LONG_INT}')
+    assert LONG_INT in lines[4]
+    path.write_text("\n".join(lines) + "\n")
+    res = _build(camp, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert ("ddp/metrics/rank0.jsonl: 1 row(s) dropped: 1 an integer longer than 4,300 digits (line 5); "
+            "the numbers use the 11 valid rows") in note
+    res = _cli("ingest.cli", str(camp), "--out", str(tmp_path / "tables"))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("record", ["status.json", "spec.json", "run_info.json"])
+def test_an_over_long_integer_in_a_record_is_a_one_line_error_naming_file_and_line(tmp_path, record):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    path = camp / "ddp" / record
+    text = path.read_text().splitlines()
+    text.insert(2, f' "x_extra": {LONG_INT},')  # line 3 of the file
+    path.write_text("\n".join(text))
+    for res in (_build(camp, tmp_path / "out"), _cli("ingest.cli", str(camp), "--out", str(tmp_path / "tables")),
+                _cli("report.cli", "diff", str(camp), str(camp), "--out", str(tmp_path / "diff"), "--format", "md")):
+        err = _one_line_error(res)
+        assert f"ddp/{record}:3: an integer longer than Python reads (4,300 digits)" in err, err
