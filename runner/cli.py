@@ -603,8 +603,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise ToolError("--gpus only applies to --dry-run (a real probe uses the GPUs it finds)")
     matrix_path = args.matrix or MATRIX_DIR / CAPACITY_MATRICES.get(num_gpus, "1gpu-capacity.toml")
     raw = load_matrix(matrix_path)
+    # the [capacity] table first: a matrix without one is refused before its runs are resolved
+    config = build_capacity_config(raw.get("capacity"), where=str(matrix_path), device="cuda" if num_gpus > 0 else "cpu")
     campaign = resolve_matrix(raw, source=str(matrix_path), num_gpus=num_gpus, overrides={"preset": args.preset})
-    config = build_capacity_config(raw.get("capacity"), where=str(matrix_path), device=campaign.device)
     specs = tuple(s for s in campaign.runs if s.data_round == "synthetic" and int(s.options.get("repeat", 1)) == 1)
     searched = [s.name for s in specs if "micro_batch_search" in s.options]
     if searched:

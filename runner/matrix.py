@@ -134,6 +134,10 @@ FIXED_LIMITS = {
 # 1e9, where the cores are not known)
 CPU_RANKS_PER_CORE = 4
 MAX_CPU_WORLD_SIZE = 1024
+# Runs one matrix may expand to ([[runs]] x data rounds x repeats, overlap twins included): far past
+# any comparison (the committed examples hold under 50); a matrix of millions held every RunSpec,
+# its dry-run listing and its sbatch script in memory (1.76M runs: 72 s and 2 GB before a word)
+MAX_RUNS = 10_000
 DEFAULT_PROFILE_NUM_STEPS = 8  # traced steps per run; one warm-up step precedes them
 MIN_MEASURED_OUTSIDE_WINDOW = 10  # a default window is dropped from shorter runs (the metric table needs steps)
 # the run's last steps, replayed through a bare loop after the run to price the instrumentation
@@ -453,6 +457,14 @@ def micro_batch_candidates(per_dp_batch: int, *, min_microbatches: int,
     return fits[:max_candidates] or [1]
 
 
+def check_run_count(num_runs: int, *, source: str, how: str) -> None:
+    """ConfigError naming the matrix when it expands to more than MAX_RUNS runs; called with the
+    count before any run is built, so a matrix of millions is refused in the time it takes to read."""
+    if num_runs > MAX_RUNS:
+        raise ConfigError(f"{source}: expands to {num_runs:,} runs ({how}), more than the {MAX_RUNS:,} a campaign "
+                          "may hold; split it into several matrices or lower [campaign] repeats")
+
+
 def resolve_matrix(
     raw: Mapping[str, Any], *, source: str, num_gpus: int, overrides: Mapping[str, Any] | None = None,
     num_cpus: int | None = None,
@@ -463,7 +475,8 @@ def resolve_matrix(
     have (None: not known; then only MAX_CPU_WORLD_SIZE bounds a CPU run's world_size, else
     CPU_RANKS_PER_CORE per core does). overrides: CLI values for
     campaign/fixed keys (CLI > file > preset defaults). Raises ConfigError listing every
-    problem, one per line.
+    problem, one per line; a matrix expanding to more than MAX_RUNS runs is refused alone, counted
+    before any run is built.
     """
     overrides = dict(overrides or {})
     _check_shape(raw, source)
@@ -538,6 +551,8 @@ def resolve_matrix(
     runs_raw = raw.get("runs", [])
     if not runs_raw:
         problems.append(f"{source}: no [[runs]]; add at least one run table")
+    check_run_count(len(runs_raw) * len(rounds) * repeats, source=source,
+                    how=f"{len(runs_raw):,} [[runs]] x {len(rounds)} data round(s) x {repeats:,} repeat(s)")
     names: set[str] = set()
     layouts: list[dict[str, Any]] = []
     for i, run in enumerate(runs_raw):
@@ -695,6 +710,7 @@ def resolve_matrix(
                 checkpoint_verify_steps=checkpoint.verify_steps if checkpoint.enabled else 0,
                 checkpoint_keep=checkpoint.keep, plant=plant,
             ))
+    check_run_count(len(specs), source=source, how="overlap twins included")
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:

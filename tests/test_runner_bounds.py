@@ -69,3 +69,33 @@ def test_a_5000_digit_integer_in_the_matrix_is_one_line(tmp_path):
     matrix.write_text(f'[campaign]\nname = "b"\npreset = "tiny"\n[fixed]\nsteps = {BIG}\n'
                       '[[runs]]\nname = "a"\nstrategy = "ddp"\nworld_size = 2\n')
     _one_error_line(_runner("all", "--matrix", str(matrix), "--dry-run"), str(matrix), "more than 4,300 digits")
+
+
+# ---- E. a matrix that expands to millions of runs
+
+def _matrix(path: Path, *, num_runs: int, campaign: str = "") -> Path:
+    path.write_text(f'[campaign]\nname = "h"\npreset = "tiny"\n{campaign}\n'
+                    + "".join(f'[[runs]]\nname = "r{i}"\nstrategy = "ddp"\n' for i in range(num_runs)))
+    return path
+
+
+@pytest.mark.parametrize("cmd", [["all", "--dry-run", "--gpus", "0"],
+                                 ["slurm", "--nodes", "1", "--gpus-per-node", "2", "--dry-run"]])
+def test_a_matrix_of_a_billion_runs_is_refused_before_it_is_built(tmp_path, cmd):
+    """1 layout x 10^9 repeats: counted, not built (the timeout is the 72 s, 2 GB this guards against)."""
+    matrix = _matrix(tmp_path / "rep.toml", num_runs=1, campaign="repeats = 1000000000")
+    _one_error_line(_runner(*cmd, "--matrix", str(matrix), timeout=30), str(matrix),
+                    "expands to 1,000,000,000 runs (1 [[runs]] x 1 data round(s) x 1,000,000,000 repeat(s))",
+                    "more than the 10,000 a campaign may hold")
+
+
+def test_overlap_twins_count_toward_the_run_limit(tmp_path):
+    matrix = _matrix(tmp_path / "twins.toml", num_runs=5001, campaign="overlap_pairs = true")
+    _one_error_line(_runner("all", "--dry-run", "--gpus", "0", "--matrix", str(matrix)), str(matrix),
+                    "expands to 10,002 runs (overlap twins included)")
+
+
+def test_capacity_without_a_capacity_table_says_so_before_resolving_runs(tmp_path):
+    matrix = _matrix(tmp_path / "rep.toml", num_runs=1, campaign="repeats = 1000000000")
+    _one_error_line(_runner("capacity", "--dry-run", "--gpus", "0", "--matrix", str(matrix), timeout=30),
+                    str(matrix), "no [capacity] table")
