@@ -137,9 +137,9 @@ def text(v: Any, *, lang: Language = EN) -> str:
 
 
 def md_cell(v: Any, *, lang: Language = EN) -> str:
-    """Text safe inside a Markdown table cell (pipes escaped, newlines flattened; a Message in
-    ``lang``); None -> 'n/a'."""
-    return _na(lang) if _missing(v) else str(translate(v, lang)).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """A value (a Message in ``lang``) as inert Markdown text, safe inside a table cell or a
+    sentence: escape_md; None -> 'n/a'."""
+    return _na(lang) if _missing(v) else escape_md(str(translate(v, lang)))
 
 
 def recorded(v: Any, *, lang: Language = EN) -> str:
@@ -217,21 +217,49 @@ FILTERS = {"metric_value": metric_value, "metric_delta": metric_delta, "signed_p
            "date": date, "num": num, "basename": lambda p, *, lang=EN: Path(str(p)).name}
 
 
-_MD_SPECIAL = re.compile(r"([\\`*\[\]#|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")  # "(x)" and a_b stay as they are
+# Markdown's inline punctuation: emphasis, code, link and image brackets, tables, strikes; a "#"
+# (heading) or ">" (quote) where the text starts a line, a "!" before "[" (an image). "(x)", a_b,
+# "#1580" and "->" inside a line stay as they are: without "[" no "(" opens a link
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|~]|^[#>]|!(?=\[)|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def escape_md(s: str) -> str:
+    """Text from a file (a campaign, host or GPU name, a command, a cause, a log line) as inert
+    Markdown, the one escape every recorded string printed in a .md goes through: one line
+    (whitespace runs, newlines included, made one space: no heading, list, block or table row),
+    Markdown punctuation backslash-escaped (no emphasis, image, link, heading or code span:
+    ``![x](u)`` is no image), ``&<>`` as entities where a ``<`` could open raw HTML or a
+    ``<url>`` autolink (escape_md_html), and ``://`` / ``www.`` broken so viewers do not
+    autolink a bare URL."""
+    s = escape_md_html(" ".join(s.split()))
+    return _MD_SPECIAL.sub(r"\\\1", s).replace("://", ":\\/\\/").replace("www.", "www\\.")
 
 
 def md_untrusted(v: Any, *, lang: Language = EN) -> str:
-    """Text from a file (a status.json ``cause``, a log line; translated where the catalog
-    worded it: report.i18n.translate_recorded) as inert
-    Markdown: one line (newlines flattened: no heading, list or block), Markdown punctuation
-    backslash-escaped (no emphasis, image, link or code span; ``[`` escaped, so ``![x](u)`` is
-    no image and ``(`` needs none), ``&<>`` as entities (no raw HTML)
-    and ``://`` / ``www.`` broken so viewers do not autolink a URL. None -> 'n/a'."""
-    if _missing(v):
-        return _na(lang)
-    s = " ".join(str(translate_recorded(v, lang)).split())
-    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_SPECIAL.sub(r"\\\1", s).replace("://", ":\\/\\/").replace("www.", "www\\.")
+    """Text recorded in a file (a status.json ``cause``, a log line) in ``lang`` where the
+    catalog worded it (report.i18n.translate_recorded), as inert Markdown: escape_md. None -> 'n/a'."""
+    return _na(lang) if _missing(v) else escape_md(str(translate_recorded(v, lang)))
+
+
+_BACKTICK_RUN = re.compile(r"`+")
+
+
+def md_code(v: Any) -> str:
+    """A Markdown code span of ``v`` (shown literally): on one line (a newline would end the
+    paragraph and let the rest be read as Markdown), fenced by one backtick more than the
+    longest backtick run inside it, so no text can close the span early (CommonMark 6.1)."""
+    s = " ".join(str(v).split())
+    if not s:
+        return ""
+    fence = "`" * (max((len(m) for m in _BACKTICK_RUN.findall(s)), default=0) + 1)
+    pad = " " if s[0] == "`" or s[-1] == "`" else ""  # "`` `x` ``": a space keeps the fence apart from the text
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def md_fence(v: Any) -> str:
+    """The fence of a Markdown code block holding ``v`` verbatim: three backticks, or one more
+    than the longest backtick run in ``v``, so no line of ``v`` closes the block (CommonMark 4.5)."""
+    return "`" * max(3, max((len(m) for m in _BACKTICK_RUN.findall(str(v))), default=0) + 1)
 
 
 def _markup(html: bool) -> dict[str, Any]:
@@ -239,7 +267,7 @@ def _markup(html: bool) -> dict[str, Any]:
     strong(x) and code(x), x escaped in HTML."""
     if html:
         return {"strong": lambda s: Markup("<b>%s</b>") % s, "code": lambda s: Markup("<code>%s</code>") % s}
-    return {"strong": lambda s: f"**{s}**", "code": lambda s: f"`{s}`"}
+    return {"strong": lambda s: f"**{s}**", "code": md_code}
 
 
 _MD_HTML_START = re.compile(r"<(?=[A-Za-z/!?])")  # where CommonMark starts raw HTML (a tag, comment, PI)
@@ -304,7 +332,7 @@ def build_environment(*, html: bool, lang: Language | str = DEFAULT_LANGUAGE) ->
 
     env.globals.update(gettext=gettext, _=gettext)
     env.filters.update({name: functools.partial(fn, lang=lang) for name, fn in FILTERS.items()})
-    env.globals.update(_markup(html), lang=lang, categories=ATTRIBUTION_CATEGORIES)
+    env.globals.update(_markup(html), lang=lang, categories=ATTRIBUTION_CATEGORIES, fence=md_fence)
     # text from status files: inert Markdown in .md; in HTML plain text, which autoescape makes inert; in
     # the note's language where it is a catalog message
     env.filters["untrusted"] = functools.partial(recorded if html else md_untrusted, lang=lang)

@@ -1,0 +1,66 @@
+"""The report stage at its edges: recorded text that tries to become Markdown or HTML, diff
+arguments and inputs out of range, folders that are no campaign, campaigns still running."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import mistune
+
+from report import render
+from report.cli import main as report_main
+from synthetic_campaign import write_synthetic_campaign
+
+# a heading, an image, a link, raw HTML, a bare URL, and backticks that would close a code span
+PAYLOAD = ("x\n# PWN ![i](http://evil.example/p.png) [l](http://evil.example/l) <script>alert(1)</script> "
+           "www.evil.example `a``b")
+
+
+def _plant(camp: Path) -> None:
+    """PAYLOAD in every recorded field the note prints: campaign name, a run's cause, hostname,
+    launch command, GPU name, CPU model, OS, disk path, a version, an env var, the topology."""
+    def rewrite(path: Path, change) -> None:
+        record = json.loads(path.read_text())
+        change(record)
+        path.write_text(json.dumps(record))
+
+    rewrite(camp / "campaign.json", lambda c: c.update(name=PAYLOAD))
+    rewrite(camp / "zero3" / "status.json", lambda s: s.update(cause="rank 0: " + PAYLOAD))
+
+    def env(e):
+        e.update(hostname="h " + PAYLOAD, launch_command=["runner", PAYLOAD], os=PAYLOAD, env_vars={"X": PAYLOAD},
+                 topology="GPU0 X\n```\n# PWN ![t](http://evil.example/t.png)\n````")
+        e["cpu"]["model"], e["disk"]["path"], e["versions"]["torch"] = PAYLOAD, PAYLOAD, PAYLOAD
+    rewrite(camp / "env.json", env)
+
+
+def _live_markdown(md: str) -> list[str]:
+    """What a CommonMark + GFM viewer (tables, bare-URL autolinks) would make live of PAYLOAD."""
+    html = mistune.create_markdown(escape=False, plugins=["table", "url", "strikethrough"])(md)
+    return (re.findall(r"<img[^>]*evil[^>]*>", html) + re.findall(r"<a [^>]*evil[^>]*>", html)
+            + re.findall(r"<h\d>\s*PWN[^<]*", html) + re.findall(r"<script", html))
+
+
+def test_markdown_in_recorded_fields_stays_text(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp", device_name="NVIDIA H200 " + PAYLOAD, statuses={"zero3": "crash"})
+    _plant(camp)
+    assert report_main(["build", str(camp), "--out", str(tmp_path / "out"), "--format", "md,html"]) == 0
+    md = (tmp_path / "out" / "note.md").read_text()
+    assert md.count("PWN") >= 12  # every planted field is printed ...
+    assert _live_markdown(md) == []  # ... and none of it is an image, link, heading or HTML
+    assert md.startswith("# Parallel layout trade-off: x # PWN \\!\\[i\\](http:\\/\\/evil.example/p.png)")
+    assert "| Host | h x # PWN \\!\\[i\\](http:\\/\\/evil.example/p.png)" in md
+    assert "Campaign ```x # PWN ![i](http://evil.example/p.png)" in md  # a code span no backtick run closes
+    assert "\n`````\nGPU0 X\n```\n# PWN" in md  # the topology's block: a fence longer than its lines
+    html = (tmp_path / "out" / "note.html").read_text()
+    assert "<script>alert" not in html and not re.search(r"<(img|a)\b[^>]*evil", html)
+    assert "<h1>Parallel layout trade-off: x\n# PWN ![i](http://evil.example/p.png)" in html
+
+
+def test_markdown_code_span_and_escape():
+    assert render.md_code("a``b\nc") == "```a``b c```"
+    assert render.md_code("`x`") == "`` `x` ``"
+    assert render.md_fence("a\n````\nb") == "`````" and render.md_fence("plain") == "```"
+    assert render.md_cell("![i](http://e.x/p.png)\n# h <b>") == "\\!\\[i\\](http:\\/\\/e.x/p.png) # h &lt;b&gt;"
+    assert render.md_cell("# h > q -> r") == "\\# h > q -> r" and render.md_cell("> q") == "\\> q"
