@@ -299,26 +299,58 @@ def _field_problems(cls: type, data: Any, prefix: str = "") -> list[str]:
 
 
 def load_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every rank's validated StepRows of one run (``<run>/metrics/rank*.jsonl``, as the note
-    reads them) and the problems found. ParseError when a file is not UTF-8."""
+    """Every rank's validated StepRows of one run (``<run>/metrics/rank<r>.jsonl``, as the note
+    reads them: each row naming the run folder and its file's rank) and the problems found.
+    ParseError when a file is not UTF-8."""
     problems: list[str] = []
     files = _metrics_files(Path(run_dir), problems)
-    return [r for p in files for r in _read_metrics(p, problems)], problems
+    return [r for rank, p in files for r in _read_metrics(p, problems, run=Path(run_dir).name, rank=rank)], problems
 
 
-def _metrics_files(run_dir: Path, problems: list[str]) -> list[Path]:
-    """The run's metrics/rank*.jsonl that are regular files inside the run folder; a symlink
+# A rank's metrics file as the runner names it (runner.recorder.open_metrics_file): the rank in
+# canonical decimal, so rank0.jsonl and rank00.jsonl (or "rank1\n# x.jsonl") never both count.
+_RANK_FILE = re.compile(r"rank(0|[1-9][0-9]{0,8})\.jsonl", re.ASCII)
+
+
+def _shown_name(text: str) -> str:
+    """A file name for a one-line caveat: as is when printable, else its repr (a newline shown as \\n)."""
+    return text if text.isprintable() else repr(text)
+
+
+def _metrics_files(run_dir: Path, problems: list[str]) -> list[tuple[int, Path]]:
+    """(rank, path) of the run's metrics/rank<r>.jsonl that are regular files inside the run
+    folder, by rank; a metrics folder that loops, leaves the run or is not a folder, a file
+    matching rank*.jsonl that is not named rank<r>.jsonl (r in canonical decimal), a symlink
     loop, a link out of the run or a FIFO is a caveat in ``problems``, never read."""
     name = run_dir.name
-    files = sorted((run_dir / "metrics").glob("rank*.jsonl"))
-    looped = [p for p in files if resolved(p) is None]
+    folder = run_dir / "metrics"
+    if folder.is_symlink() or folder.exists():
+        why = (N_("a symlink loop") if resolved(folder) is None else
+               N_("a link out of the run's folder") if not is_inside(folder, run_dir) else
+               N_("not a folder") if not folder.is_dir() else None)
+        if why:
+            problems.append(Message(N_("%(folder)s: %(why)s, so no metrics were read; remove it or restore the run's "
+                                       "metrics folder"), folder=f"{name}/metrics", why=Message(why)))
+            return []
+    files, misnamed = [], []
+    for p in folder.glob("rank*.jsonl"):
+        if m := _RANK_FILE.fullmatch(p.name):
+            files.append((int(m.group(1)), p))
+        else:
+            misnamed.append(p)
+    problems.extend(Message(N_("%(file)s: not a rank's metrics file as the runner names them (rank0.jsonl, "
+                               "rank1.jsonl, ...); not read (rename or remove it)"),
+                            file=_shown_name(f"{name}/metrics/{p.name}"))
+                    for p in sorted(misnamed))
+    files.sort()
+    looped = [p for _, p in files if resolved(p) is None]
     problems.extend(f"{name}/metrics/{p.name}: a symlink loop; not read" for p in looped)
-    outside = [p for p in files if p not in looped and not is_inside(p, run_dir)]
+    outside = [p for _, p in files if p not in looped and not is_inside(p, run_dir)]
     problems.extend(f"{name}/metrics/{p.name}: a link to a file outside the campaign; not read" for p in outside)
     outside += looped
-    odd = [p for p in files if p not in outside and not is_regular_file(p)]
+    odd = [p for _, p in files if p not in outside and not is_regular_file(p)]
     problems.extend(f"{name}/metrics/{p.name}: not a regular file (a FIFO?); not read" for p in odd)
-    return [p for p in files if p not in outside and p not in odd]
+    return [(r, p) for r, p in files if p not in outside and p not in odd]
 
 
 # The most read of one rank's metrics JSONL, streamed line by line: a row is ~300 bytes (the
@@ -358,12 +390,13 @@ def _metrics_lines(path: Path, where: str, problems: list[str]):
                 return
 
 
-def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+def _read_metrics(path: Path, problems: list[str], *, run: str, rank: int) -> list[dict[str, Any]]:
     """StepRows of one rank's JSONL, streamed (``_metrics_lines``: per-line and per-file caps,
-    a caveat naming the file when over), validated: a row is kept only if it is a StepRow whose
-    numbers are possible (``step_row_problem``) and whose step is greater than every step kept
-    before it (a duplicated or out-of-order row means two writers or a replay: it is dropped,
-    not averaged in). Every dropped line is counted in one caveat in ``problems`` naming the
+    a caveat naming the file when over), validated: a row is kept only if it is a StepRow of
+    ``run`` and ``rank`` (the run's folder and the file's rank: a row of another run or rank
+    would count twice), whose numbers are possible (``step_row_problem``) and whose step is
+    greater than every step kept before it (a duplicated or out-of-order row means two writers
+    or a replay: it is dropped, not averaged in). Every dropped line is counted in one caveat in ``problems`` naming the
     file and the first few lines; a malformed LAST line is a crash mid-write. Never raises on
     content; ParseError only when a line is not UTF-8."""
     rows: list[dict[str, Any]] = []
@@ -394,7 +427,7 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
             except ValueError:  # an integer past Python's digit limit (_LONG_INTEGER)
                 dropped.setdefault(Message(N_("an integer longer than 4,300 digits")), []).append(f"line {lineno}")
                 continue
-            _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step)
+            _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step, run=run, rank=rank)
             last_step = rows[-1]["step"] if rows else last_step
     except OSError as e:
         problems.append(Message(N_("%(file)s: cannot read (%(error)s); file skipped"), file=where, error=e.strerror or e))
@@ -416,9 +449,9 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
 
 
 def _check_metrics_row(path: Path, where: str, lineno: int, data: Any, rows: list, skipped: list[str],
-                       dropped: dict[str, list[str]], last_step: int) -> None:
+                       dropped: dict[str, list[str]], last_step: int, *, run: str, rank: int) -> None:
     """Append the parsed line ``data`` to ``rows`` as a StepRow dict, or say in ``skipped`` /
-    ``dropped`` why not."""
+    ``dropped`` why not (a row must name ``run`` and ``rank``)."""
     if not isinstance(data, dict):
         skipped.append(Message(N_("%(file)s:%(line)s: expected a JSON object, got %(type)s"), file=where, line=lineno,
                                type=type(data).__name__))
@@ -428,6 +461,10 @@ def _check_metrics_row(path: Path, where: str, lineno: int, data: Any, rows: lis
     if bad:
         skipped.append(Message(N_("%(file)s:%(line)s: not a StepRow (%(problems)s)"), file=where, line=lineno,
                                problems="; ".join(bad)))
+        return
+    if data["run"] != run or data["rank"] != rank:
+        reason = Message(N_("naming another run or rank than the file's (%(run)s, rank %(rank)s)"), run=run, rank=rank)
+        dropped.setdefault(reason, []).append(f"line {lineno}: {str(data['run'])[:40]!r}, rank {str(data['rank'])[:20]}")
         return
     impossible = step_row_problem(data)
     if impossible:
@@ -549,7 +586,7 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         value = ckpt[col[5:]] if ckpt else None
         row[col] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
     files = _metrics_files(run_dir, problems)
-    steps = [r for p in files for r in _read_metrics(p, problems)]
+    steps = [r for rank, p in files for r in _read_metrics(p, problems, run=name, rank=rank)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:
         problems.append(Message(N_("run %(run)s: neither metrics nor status.json in %(folder)s; the run left no record"),

@@ -69,3 +69,68 @@ def test_an_over_long_integer_in_a_record_is_a_one_line_error_naming_file_and_li
                 _cli("report.cli", "diff", str(camp), str(camp), "--out", str(tmp_path / "diff"), "--format", "md")):
         err = _one_line_error(res)
         assert f"ddp/{record}:3: an integer longer than Python reads (4,300 digits)" in err, err
+
+
+# ---- B: rows and files that claim another run or rank (duplicate (run, rank, step) crashed report build)
+
+def _claim_other_run(camp: Path) -> str:
+    for path in (camp / "zero3" / "metrics").glob("rank*.jsonl"):
+        _write_rows(path, [dict(r, run="ddp") for r in _rows(path)])
+    return ("zero3/metrics/rank0.jsonl: 12 row(s) dropped: 12 naming another run or rank than the file's (zero3, "
+            "rank 0) (line 1: 'ddp', rank 0, line 2: 'ddp', rank 0, line 3: 'ddp', rank 0, ...); the numbers use the "
+            "0 valid rows")
+
+
+def _claim_other_rank(camp: Path) -> str:
+    path = camp / "ddp" / "metrics" / "rank1.jsonl"
+    _write_rows(path, [dict(r, rank=0) for r in _rows(path)])
+    return "ddp/metrics/rank1.jsonl: 12 row(s) dropped: 12 naming another run or rank than the file's (ddp, rank 1)"
+
+
+def _padded_copy(camp: Path) -> str:
+    (camp / "ddp" / "metrics" / "rank00.jsonl").write_bytes((camp / "ddp" / "metrics" / "rank0.jsonl").read_bytes())
+    return ("ddp/metrics/rank00.jsonl: not a rank's metrics file as the runner names them (rank0.jsonl, rank1.jsonl, "
+            "...); not read (rename or remove it)")
+
+
+def _newline_copy(camp: Path) -> str:
+    (camp / "ddp" / "metrics" / "rank1\n# PWN.jsonl").write_bytes((camp / "ddp" / "metrics" / "rank1.jsonl").read_bytes())
+    return "'ddp/metrics/rank1\\n# PWN.jsonl': not a rank's metrics file as the runner names them"
+
+
+@pytest.mark.parametrize("forge", [_claim_other_run, _claim_other_rank, _padded_copy, _newline_copy])
+def test_rows_of_another_run_or_rank_are_dropped_and_the_note_builds(tmp_path, forge):
+    from ingest.io import load_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    caveat = forge(camp)
+    campaign = load_campaign(camp)
+    assert not campaign.steps.duplicated(["run", "rank", "step"]).any()
+    assert any(caveat in p for p in campaign.problems), campaign.problems
+    rows = campaign.steps.groupby(["run", "rank"]).size().to_dict()
+    expected = {("ddp", 0): 12, ("ddp", 1): 12, ("zero3", 0): 12, ("zero3", 1): 12}
+    if forge is _claim_other_run:
+        del expected[("zero3", 0)], expected[("zero3", 1)]
+    if forge is _claim_other_rank:
+        del expected[("ddp", 1)]
+    assert rows == expected
+    res = _build(camp, tmp_path / "out")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert caveat.replace("<", "&lt;") in note
+    assert "\n# PWN" not in note  # the newline of a file name never starts a line of the note
+
+
+# ---- P: a metrics folder that is a symlink to itself
+
+def test_a_metrics_folder_linking_to_itself_is_a_caveat(tmp_path):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    for p in (camp / "ddp" / "metrics").iterdir():
+        p.unlink()
+    (camp / "ddp" / "metrics").rmdir()
+    os.symlink("metrics", camp / "ddp" / "metrics")
+    res = _build(camp, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert ("ddp/metrics: a symlink loop, so no metrics were read; remove it or restore the run's metrics folder"
+            in note)
