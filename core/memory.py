@@ -327,3 +327,38 @@ def compute_offloaded_fraction(*, sharding: str, offload: str) -> float:
     if sharding != "zero3":
         raise ConfigError(f"offload {offload!r} needs the zero3 sharding, got {sharding!r}")
     return 12 / 16 if offload == "optimizer" else 1.0
+
+
+def round_pinned_bytes(num_bytes: int) -> int:
+    """Host bytes PyTorch's pinned-memory allocator takes for one tensor of ``num_bytes``: the
+    next power of two (CachingHostAllocator rounds every block up to one, c10::llvm::PowerOf2Ceil
+    in aten/src/ATen/core/CachingHostAllocator.h); 0 for 0."""
+    return 0 if num_bytes <= 0 else 1 << (int(num_bytes) - 1).bit_length()
+
+
+def list_gpt_param_shapes(shape: ModelShape) -> list[tuple[int, int]]:
+    """The (dim 0, dim 1) of every parameter tensor of the campaign's GPT (runner.model.GPT: tied
+    embedding once, learned positions, biases, GELU MLP); a vector is (n, 1). Their sizes sum
+    to core.formulas.count_params(shape)."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    block = [(h, 1), (h, 1), (3 * h, h), (3 * h, 1), (h, h), (h, 1),  # ln_1, qkv, attention proj
+             (h, 1), (h, 1), (f, h), (f, 1), (h, f), (h, 1)]  # ln_2, MLP fc and proj
+    return [(shape.vocab_size, h), (int(shape.max_position_embeddings or 0), h),
+            *block * shape.num_layers, (h, 1), (h, 1)]
+
+
+def compute_fsdp2_offload_host_bytes(shape: ModelShape, *, shard_degree: int) -> int:
+    """Host bytes of torch FSDP2's CPU offload on one rank (``CPUOffloadPolicy(pin_memory=True)``,
+    fp32 shards): each parameter's fp32 shard and its fp32 gradient in pinned memory, each
+    tensor rounded up by ``round_pinned_bytes``, plus AdamW's momentum and variance in pageable
+    memory (8 bytes per parameter, unrounded). A shard is ceil(dim 0 / shard_degree) rows (FSDP2
+    pads dim 0 to the mesh). Unpinned (pin_memory=False, no CUDA) the same tensors hold 16
+    bytes per parameter. Raises ConfigError for shard_degree < 1."""
+    if shard_degree < 1:
+        raise ConfigError(f"shard_degree must be >= 1, got {shard_degree}")
+    total = 0
+    for rows, cols in list_gpt_param_shapes(shape):
+        numel = math.ceil(rows / shard_degree) * cols
+        total += 2 * round_pinned_bytes(4 * numel) + 8 * numel
+    return total
+

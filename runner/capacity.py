@@ -29,7 +29,8 @@ from typing import Any, Callable, Mapping
 
 from core.atomic import write_json_atomic
 from core.errors import ConfigError
-from core.memory import compute_offloaded_fraction, describe_offload as describe_run_offload
+from core.memory import compute_fsdp2_offload_host_bytes, compute_offloaded_fraction, \
+    describe_offload as describe_run_offload
 from core.perfmodel import build_run_layout, build_shape, compute_layout_memory, count_model_params
 from core.records import (
     CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_from_dict, record_problems,
@@ -160,12 +161,17 @@ def predict_trial_memory(spec: RunSpec) -> tuple[float, float, float, float]:
     """(model states, activations, device, host) bytes on the trial's fullest rank: the memory
     model of the note's predicted block (core.perfmodel.compute_layout_memory on the run's layout)
     with the offloaded share of the model states (core.memory.compute_offloaded_fraction) moved
-    from the device to the host."""
+    from the device to the host. Host bytes of FSDP2's offload on CUDA are its pinned tensors'
+    (core.memory.compute_fsdp2_offload_host_bytes: pinned blocks round up to a power of two)."""
     layout = build_run_layout(spec, compiled=bool((spec.options.get("kernels") or {}).get("compile", "none") != "none"))
-    state, act = compute_layout_memory(build_shape(spec.fixed.model, name=spec.name), layout,
-                                       seq_length=int(spec.fixed.model.seq_length))
-    host = state * compute_offloaded_fraction(sharding=layout.sharding, offload=describe_offload(spec))
-    return state, act, state - host + act, host
+    shape = build_shape(spec.fixed.model, name=spec.name)
+    state, act = compute_layout_memory(shape, layout, seq_length=int(spec.fixed.model.seq_length))
+    offload = describe_offload(spec)
+    host = state * compute_offloaded_fraction(sharding=layout.sharding, offload=offload)
+    device = state - host + act
+    if spec.engine == "fsdp2" and offload != "none" and spec.device == "cuda":
+        host = float(compute_fsdp2_offload_host_bytes(shape, shard_degree=spec.dp_degree))
+    return state, act, device, host
 
 
 def bisect_ladder(num_rungs: int, fits: Callable[[int], bool]) -> int | None:

@@ -62,6 +62,23 @@ def test_offload_moves_the_stated_share_of_model_states():
         compute_offloaded_fraction(sharding="ddp", offload="optimizer")
 
 
+def test_pinned_host_bytes_round_each_tensor_to_a_power_of_two():
+    from core.memory import compute_fsdp2_offload_host_bytes, list_gpt_param_shapes, round_pinned_bytes
+    from core.perfmodel import build_shape
+    from runner.presets import PRESETS, build_model_config
+
+    assert [round_pinned_bytes(n) for n in (0, 1, 4096, 4097, 3 << 20)] == [0, 1, 4096, 8192, 4 << 20]
+    cfg = build_model_config(PRESETS["gpt-125m"], max_tp_degree=1)
+    shape = build_shape(cfg, name="gpt-125m")
+    shapes = list_gpt_param_shapes(shape)
+    assert sum(a * b for a, b in shapes) == count_gpt_params(cfg)
+    expected = sum(2 * round_pinned_bytes(4 * a * b) + 8 * a * b for a, b in shapes)
+    assert compute_fsdp2_offload_host_bytes(shape, shard_degree=1) == expected
+    # over 2 ranks each tensor's rows are split (dim 0 padded up), so a rank holds about half
+    half = compute_fsdp2_offload_host_bytes(shape, shard_degree=2)
+    assert expected / 2 <= half < expected / 2 * 1.01 + 2 * 4 * 50304 * 768
+
+
 def test_ladder_keeps_the_head_size_and_mlp_ratio():
     from runner.presets import PRESETS, build_model_config
 
