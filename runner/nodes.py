@@ -18,12 +18,13 @@ here: the torchrun command itself (runner.launch) and the Slurm script (runner.s
 """
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import re
 import shutil
 import dataclasses
+import errno
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from core.errors import ConfigError
 from core.atomic import atomic_writer
 from core.records import SCHEMA_VERSION, NodeEnv, RankPlacement, env_record_from_dict, record_from_dict, to_dict
 
-ENV_NODE_PATTERN = re.compile(r"^env_node(\d+)\.json$")
+ENV_NODE_PATTERN = re.compile(r"^env_node([0-9]{1,7})\.json\Z")
 # Written by node 0 only; a node directory brought to `runner collect` may hold its own copy.
 NODE0_FILES = {"campaign.json", "env.json"}
 
@@ -159,19 +160,41 @@ def refresh_env_record(out: Path, run_names: list[str]) -> None:
                                                                      placement=placement)))
 
 
+# The files a node writes inside one run folder (module docstring, runner.launch, runner.train,
+# runner.membudget, runner.checkpoint, ingest.io's tables), as paths relative to the run folder;
+# <rank> a global rank and <node> a node rank, both below the run's world_size. Also under a
+# previous attempt's folder (runner.launch.archive_attempt) and a micro-batch probe's (runner.tune).
+# Not the checkpoint/ folder: an engine's own files, and not what the note reads (checkpoint.json is).
+_NUMBER = r"(?:0|[1-9][0-9]{0,6})"  # as the runner writes it: rank1, never rank01 or rank١
+_RANK, _NODE = rf"(?P<rank>{_NUMBER})", rf"(?P<node>{_NUMBER})"
+RUN_FILE_PATTERNS = tuple(re.compile(r"(?:attempt-[0-9]{1,7}/|probes/mbs[0-9]{1,7}/)?" + p) for p in (
+    r"(?:spec|status|run_info|placement|plant_truth|checkpoint)\.json", rf"(?:spec|status)_node{_NODE}\.json",
+    r"logs/(?:launcher|ingest)\.log", rf"logs/launcher_node{_NODE}\.log", rf"logs/rank{_RANK}\.log",
+    rf"metrics/rank{_RANK}\.jsonl", rf"memory/rank{_RANK}\.json", rf"data/samples_rank{_RANK}\.json",
+    rf"trace/profile_rank{_RANK}\.json(?:\.gz)?", rf"trace/profile_meta_rank{_RANK}\.json",
+    rf"trace/flight_recorder_rank{_RANK}", rf"trace/stacks_rank{_RANK}\.txt", rf"trace/nsys_node{_NODE}\.nsys-rep",
+    r"tables/trace_[a-z]{1,20}\.parquet"))
+RUN_SUBDIRS = re.compile(r"logs|metrics|memory|data|trace|tables|attempt-[0-9]{1,7}|probes|mbs[0-9]{1,7}")
+
+
 def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     """Merge nodes' campaign directories into ``campaign_dir`` (node 0's, with campaign.json):
     copy every file it lacks of those a node's directory is expected to hold (``_node_files``:
-    env_node<K>.json, logs/, the campaign's run folders; never a symlink); identical files are
-    skipped; node 0's campaign.json/env.json are never replaced. Returns the copied paths
-    (relative). Raises ConfigError, before copying anything, listing every node directory that
-    is not one (no env_node<K>.json: /etc, a home folder), every symlink in one and every
-    conflict (same path, different bytes)."""
+    env_node<K>.json and, in the campaign's run folders, the names RUN_FILE_PATTERNS lists for
+    the run's ranks and nodes; anything else is left out); identical files are skipped; node 0's
+    campaign.json/env.json are never replaced. Every file is opened without following a link, at
+    any component (``open_node_file``), so a file swapped for a link after the check is not read.
+    Returns the copied paths (relative). Raises ConfigError, before copying anything, listing
+    every node directory that is not one (a symbolic link, no env_node<K>.json: /etc, a home
+    folder), every symlink and hard link in one and every conflict (same path, different bytes)."""
     problems = []
     if not (campaign_dir / "campaign.json").is_file():
         problems.append(f"{campaign_dir}: no campaign.json; the first argument is node 0's campaign directory")
     for d in node_dirs:
-        if not d.is_dir() or d.is_symlink():
+        if d.is_symlink():
+            problems.append(f"{d}: a symbolic link (to {os.readlink(d)}), not followed; pass the node's --out "
+                            "directory itself")
+        elif not d.is_dir():
             problems.append(f"{d}: not a directory; pass each node's --out directory")
         elif not any(ENV_NODE_PATTERN.match(p.name) for p in d.iterdir()):
             problems.append(f"{d}: not a node's campaign directory (no env_node<K>.json, which `runner all --nnodes` "
@@ -179,62 +202,128 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     if problems:
         raise ConfigError("\n".join(problems))
     meta = _load(campaign_dir / "campaign.json") or {}
-    runs = {str(n) for n in meta.get("runs", []) if isinstance(n, str)}
-    plan: list[tuple[Path, Path]] = []
-    planned: dict[Path, Path] = {}
+    runs = {str(n): _world_size(campaign_dir / n) for n in meta.get("runs", []) if isinstance(n, str)}
+    plan: list[tuple[Path, Path, Path]] = []
+    planned: dict[Path, tuple[Path, Path]] = {}
     for d in node_dirs:
-        for src, rel in _node_files(d, runs, problems):
-            dst = campaign_dir / rel
-            if rel in planned:
-                if not filecmp.cmp(planned[rel], src, shallow=False):
-                    problems.append(f"{rel}: differs between {planned[rel].parent} and {d}; remove the wrong copy")
-            elif dst.exists():
-                if not filecmp.cmp(dst, src, shallow=False):
-                    problems.append(f"{rel}: {src} differs from {dst}; remove the wrong copy and collect again")
-            else:
-                planned[rel] = src
-                plan.append((src, dst))
+        for rel in _node_files(d, runs, problems):
+            src, dst = d / rel, campaign_dir / rel
+            try:
+                if rel in planned:
+                    if not _same_bytes(planned[rel], (d, rel)):
+                        problems.append(f"{rel}: differs between {planned[rel][0]} and {d}; remove the wrong copy")
+                elif dst.exists():
+                    if not _same_bytes((campaign_dir, rel), (d, rel)):
+                        problems.append(f"{rel}: {src} differs from {dst}; remove the wrong copy and collect again")
+                else:
+                    planned[rel] = (d, rel)
+                    plan.append((d, rel, dst))
+            except ConfigError as e:
+                problems.append(str(e))
     if problems:
         raise ConfigError("\n".join(["refusing to merge (nothing was copied):", *problems]))
-    for src, dst in plan:
+    for d, rel, dst in plan:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        with src.open("rb") as f, atomic_writer(dst) as out:
+        with open_node_file(d, rel) as f, atomic_writer(dst) as out:
             shutil.copyfileobj(f, out, 1 << 20)
-        shutil.copystat(src, dst)
+            st = os.fstat(f.fileno())
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     refresh_env_record(campaign_dir, [str(n) for n in meta.get("runs", [])])
-    return [dst.relative_to(campaign_dir) for _, dst in plan]
+    return [dst.relative_to(campaign_dir) for _, _, dst in plan]
 
 
-def _node_files(node_dir: Path, runs: set[str], problems: list[str]) -> list[tuple[Path, Path]]:
-    """(path, path relative to node_dir) of the files a node's directory is expected to hold: its
-    env_node<K>.json, logs/, and the folders of the campaign's runs (``runs``), regular files only,
-    walked without following symlinks. A symlink anywhere is a problem naming it (it could point
-    anywhere: /etc/shadow); other special files (FIFOs) and anything else are left out."""
+def _world_size(run_dir: Path) -> int | None:
+    """The run's world_size from node 0's spec.json; None when unknown (then no rank's file is expected)."""
+    spec = _load(run_dir / "spec.json")
+    size = spec.get("world_size") if isinstance(spec, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+
+
+def open_node_file(root: Path, rel: Path):
+    """``root / rel`` opened for reading (binary) without following a symbolic link at any component
+    below ``root`` (O_NOFOLLOW, each folder opened relative to the last), so a file or folder
+    swapped for a link after it was checked is refused, not read. Raises ConfigError naming the
+    file when it is a link, not a regular file (a FIFO is not waited on) or a hard link (more than
+    one name: its bytes may be anyone's file)."""
+    path = root / rel
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in rel.parts[:-1]:
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        fd, parent = os.open(rel.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd), fd
+        os.close(parent)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ConfigError(f"{path}: a symbolic link on the way (not followed); a node's files are never links, "
+                              "remove it") from None
+        raise ConfigError(f"{path}: cannot read ({e.strerror}); check the node's directory") from None
+    st = os.fstat(fd)
+    problem = ("not a regular file; remove it" if not stat.S_ISREG(st.st_mode) else
+               f"a hard link ({st.st_nlink} names for one file: it may be any file of the node); copy it instead "
+               "of linking it" if st.st_nlink > 1 else None)
+    if problem:
+        os.close(fd)
+        raise ConfigError(f"{path}: {problem}")
+    return os.fdopen(fd, "rb")
+
+
+def _same_bytes(a: tuple[Path, Path], b: tuple[Path, Path]) -> bool:
+    with open_node_file(*a) as fa, open_node_file(*b) as fb:
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def _node_files(node_dir: Path, runs: dict[str, int | None], problems: list[str]) -> list[Path]:
+    """Paths (relative to node_dir) of the files a node's directory is expected to hold: its
+    env_node<K>.json and, in the folders of the campaign's runs (``runs``: name -> world_size),
+    the files RUN_FILE_PATTERNS names for that run's ranks and nodes; regular files with one name
+    only, walked without following symlinks. A symlink or a hard link is a problem naming it (it
+    could be anything: /etc/shadow); anything else (FIFOs, stray files, a rank the run does not
+    have) is left out."""
     out = []
     for top, dirs, files in os.walk(node_dir):  # os.walk never descends into a symlinked folder
         here = Path(top)
         rel_top = here.relative_to(node_dir)
-        if rel_top.parts and rel_top.parts[0] not in runs and rel_top.parts[0] != "logs":
+        if rel_top.parts and (rel_top.parts[0] not in runs
+                              or len(rel_top.parts) > 1 and not RUN_SUBDIRS.fullmatch(rel_top.name)):
             dirs.clear()
             continue
         for name in sorted(dirs + files):
             path = here / name
             rel = path.relative_to(node_dir)
-            if path.is_symlink():
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
                 problems.append(f"{path}: a symbolic link (to {os.readlink(path)}); a node's files are never links, "
                                 "remove it")
-            elif name in files and path.is_file() and _expected_node_file(rel, runs):
-                out.append((path, rel))
+            elif name in files and stat.S_ISREG(st.st_mode) and _expected_node_file(rel, runs):
+                if st.st_nlink > 1:
+                    problems.append(f"{path}: a hard link ({st.st_nlink} names for one file: it may be any file of "
+                                    "the node); copy it instead of linking it")
+                else:
+                    out.append(rel)
         dirs[:] = sorted(n for n in dirs if not (here / n).is_symlink())
     return out
 
 
-def _expected_node_file(rel: Path, runs: set[str]) -> bool:
-    if rel.name.endswith(".tmp") or rel.name.startswith("."):
-        return False
+def _expected_node_file(rel: Path, runs: dict[str, int | None]) -> bool:
     if len(rel.parts) == 1:
-        return bool(ENV_NODE_PATTERN.match(rel.name))
-    return rel.parts[0] in runs or rel.parts[0] == "logs"
+        return bool(ENV_NODE_PATTERN.fullmatch(rel.name))
+    world_size = runs.get(rel.parts[0])
+    for pattern in RUN_FILE_PATTERNS:
+        m = pattern.fullmatch("/".join(rel.parts[1:]))
+        if m:
+            numbers = [int(v) for v in m.groupdict().values() if v is not None]
+            return not numbers or (world_size is not None and all(n < world_size for n in numbers))
+    return False
 
 
 def placement_record(*, run: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:

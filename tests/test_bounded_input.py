@@ -203,7 +203,8 @@ def _node_dirs(tmp_path: Path) -> tuple[Path, Path]:
     node1 = tmp_path / "node1"
     (node1 / "ddp" / "metrics").mkdir(parents=True)
     (node1 / "env_node1.json").write_text('{"schema_version": 1, "node_rank": 1}\n')
-    (node1 / "ddp" / "metrics" / "rank5.jsonl").write_text((node0 / "ddp" / "metrics" / "rank0.jsonl").read_text())
+    # rank 1 of the 2 ranks, as if it ran on node 1 (runner collect copies only the run's ranks' files)
+    os.replace(node0 / "ddp" / "metrics" / "rank1.jsonl", node1 / "ddp" / "metrics" / "rank1.jsonl")
     return node0, node1
 
 
@@ -229,7 +230,7 @@ def test_collect_refuses_symlinks_and_folders_that_are_not_a_nodes(tmp_path):
     (node1 / "elsewhere" / "x.json").write_text("{}")
     res = _cli("runner.cli", "collect", str(node0), str(node1))
     assert res.returncode == 0 and "collected 2 file(s)" in res.stdout, (res.stdout, res.stderr)
-    assert (node0 / "ddp" / "metrics" / "rank5.jsonl").is_file() and not (node0 / "notes.txt").exists()
+    assert (node0 / "ddp" / "metrics" / "rank1.jsonl").is_file() and not (node0 / "notes.txt").exists()
     assert not (node0 / "elsewhere").exists()
 
 

@@ -5,6 +5,7 @@ in a subprocess; the answer is one line and exit 2, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -99,3 +100,82 @@ def test_capacity_without_a_capacity_table_says_so_before_resolving_runs(tmp_pat
     matrix = _matrix(tmp_path / "rep.toml", num_runs=1, campaign="repeats = 1000000000")
     _one_error_line(_runner("capacity", "--dry-run", "--gpus", "0", "--matrix", str(matrix), timeout=30),
                     str(matrix), "no [capacity] table")
+
+
+# ---- M. runner collect copies only what a node writes
+
+def _node_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """Node 0's campaign (the synthetic one, ddp of 2 ranks) and node 1's folder holding rank 1's files."""
+    node0 = write_synthetic_campaign(tmp_path / "node0")
+    node1 = tmp_path / "node1"
+    for sub in ("metrics", "logs", "extra"):
+        (node1 / "ddp" / sub).mkdir(parents=True)
+    (node1 / "env_node1.json").write_text('{"schema_version": 1, "node_rank": 1}\n')
+    (node0 / "ddp" / "metrics" / "rank1.jsonl").rename(node1 / "ddp" / "metrics" / "rank1.jsonl")
+    (node1 / "ddp" / "logs" / "rank1.log").write_text("rank 1\n")
+    (node1 / "ddp" / "logs" / "launcher_node1.log").write_text("agent\n")
+    (node1 / "ddp" / "status_node1.json").write_text("{}\n")
+    return node0, node1
+
+
+def test_collect_copies_only_the_files_a_node_writes_for_the_runs_ranks(tmp_path):
+    node0, node1 = _node_pair(tmp_path)
+    (node1 / "ddp" / "extra" / "x.txt").write_text("stray\n")
+    (node1 / "ddp" / "logs" / "rank9.log").write_text("no such rank\n")  # ddp has ranks 0 and 1
+    (node1 / "ddp" / "logs" / "rank1.log\nrank0.log").write_text("a newline in the name\n")
+    (node1 / "ddp" / "metrics" / "rank01.jsonl").write_text("{}\n")
+    (node1 / "ddp" / "notes.txt").write_text("stray\n")
+    res = _runner("collect", str(node0), str(node1))
+    assert res.returncode == 0, res.stderr
+    assert "collected 5 file(s)" in res.stdout, res.stdout
+    for rel in ("env_node1.json", "ddp/metrics/rank1.jsonl", "ddp/logs/rank1.log", "ddp/logs/launcher_node1.log",
+                "ddp/status_node1.json"):
+        assert (node0 / rel).read_bytes() == (node1 / rel).read_bytes(), rel
+    for rel in ("ddp/extra", "ddp/logs/rank9.log", "ddp/logs/rank1.log\nrank0.log", "ddp/metrics/rank01.jsonl",
+                "ddp/notes.txt"):
+        assert not (node0 / rel).exists(), rel
+
+
+def test_collect_refuses_a_hard_link_naming_it(tmp_path):
+    node0, node1 = _node_pair(tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("another user's file\n")
+    (node1 / "ddp" / "logs" / "rank1.log").unlink()
+    os.link(outside, node1 / "ddp" / "logs" / "rank1.log")
+    before = sorted(p.relative_to(node0) for p in node0.rglob("*"))
+    res = _runner("collect", str(node0), str(node1))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "refusing to merge (nothing was copied)" in res.stderr
+    assert f"{node1 / 'ddp' / 'logs' / 'rank1.log'}: a hard link (2 names for one file" in res.stderr
+    assert sorted(p.relative_to(node0) for p in node0.rglob("*")) == before
+
+
+def test_collect_says_a_node_dir_that_is_a_symlink_is_not_followed(tmp_path):
+    node0, node1 = _node_pair(tmp_path)
+    os.symlink(node1, tmp_path / "nnlink")
+    _one_error_line(_runner("collect", str(node0), str(tmp_path / "nnlink")),
+                    f"{tmp_path / 'nnlink'}: a symbolic link (to {node1}), not followed")
+
+
+def test_a_node_file_swapped_for_a_link_after_the_check_is_not_opened(tmp_path):
+    """The open itself refuses links (the walk's check happens earlier: a race), at the file and at
+    any folder on the way."""
+    from core.errors import ConfigError
+    from runner.nodes import open_node_file
+
+    node0, node1 = _node_pair(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret\n")
+    with open_node_file(node1, Path("ddp/logs/rank1.log")) as f:
+        assert f.read() == b"rank 1\n"
+    (node1 / "ddp" / "logs" / "rank1.log").unlink()
+    os.symlink(secret, node1 / "ddp" / "logs" / "rank1.log")
+    with pytest.raises(ConfigError, match="rank1.log: a symbolic link on the way"):
+        open_node_file(node1, Path("ddp/logs/rank1.log"))
+    (node1 / "ddp" / "metrics").rename(tmp_path / "metrics-elsewhere")
+    os.symlink(tmp_path / "metrics-elsewhere", node1 / "ddp" / "metrics")
+    with pytest.raises(ConfigError, match="a symbolic link on the way"):
+        open_node_file(node1, Path("ddp/metrics/rank1.jsonl"))
+    os.mkfifo(node1 / "ddp" / "logs" / "rank0.log")
+    with pytest.raises(ConfigError, match="rank0.log: not a regular file"):
+        open_node_file(node1, Path("ddp/logs/rank0.log"))
