@@ -549,6 +549,11 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
     _check_version(spec_path, raw)
     if run_name_problem(raw.get("name")):  # the name becomes a path: <campaign>/<name>/logs, trace
         raise ParseError(f"{spec_path}: {run_name_problem(raw.get('name'))}; the campaign is damaged or not ours")
+    if raw["name"] != name:  # a spec copied from another run: its layout may be that run's, so no label is safe
+        problems.append(Message(N_("run %(run)s: %(run)s/spec.json names the run %(other)s, not its folder; left out of "
+                                   "the note (`runner all --resume` refuses it too; restore the run's own spec.json)"),
+                                run=name, other=repr(raw["name"])))
+        return None
     bad = _field_problems(RunSpec, raw)
     bad += [f"{k}: must be >= 1, got {raw[k]!r}" for k in _POSITIVE_SPEC_FIELDS
             if not bad and isinstance(raw.get(k), int) and raw[k] < 1]

@@ -134,3 +134,23 @@ def test_a_metrics_folder_linking_to_itself_is_a_caveat(tmp_path):
     note = (tmp_path / "out" / "note.md").read_text()
     assert ("ddp/metrics: a symlink loop, so no metrics were read; remove it or restore the run's metrics folder"
             in note)
+
+
+# ---- C: a spec.json whose name is another run's
+
+def test_a_spec_naming_another_run_leaves_that_run_out_with_a_caveat(tmp_path):
+    from ingest.io import load_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    spec = json.loads((camp / "zero3" / "spec.json").read_text())
+    (camp / "zero3" / "spec.json").write_text(json.dumps(dict(spec, name="ddp")))
+    campaign = load_campaign(camp)
+    assert list(campaign.runs["run"]) == ["ddp", "tp_pp"]  # no second "ddp"
+    caveat = ("run zero3: zero3/spec.json names the run 'ddp', not its folder; left out of the note (`runner all "
+              "--resume` refuses it too; restore the run's own spec.json)")
+    assert caveat in campaign.problems
+    res = _build(camp, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert caveat.replace("`", "\\`") in note or caveat in note
+    assert len([x for x in note.splitlines() if x.startswith("| ddp | ok |")]) == 1
