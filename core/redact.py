@@ -14,6 +14,14 @@ What is redacted (each match becomes ``<redacted>``):
 - known token shapes: Hugging Face ``hf_``, GitHub ``ghp_/gho_/ghu_/ghs_/ghr_`` and
   ``github_pat_``, OpenAI/Anthropic-style ``sk-``, Slack ``xox[abprs]-``, each followed by >= 16
   token characters; AWS access key ids ``AKIA``/``ASIA`` + 16 upper-case letters or digits;
+- HTTP credentials: an ``Authorization:``/``Proxy-Authorization:`` header's whole value (also
+  ``"authorization": "..."`` and ``HTTP_AUTHORIZATION=...``) -> ``Authorization: <redacted>``; ``Bearer`` + >= 16 token characters -> ``Bearer <redacted>``;
+  ``Basic`` + >= 8 base64 characters with a digit, ``+``, ``/``, ``=`` or an inner upper-case
+  letter (a base64 credential, not an English word) -> ``Basic <redacted>``; whatever their case;
+- a secret by its key: ``token=``, ``access_token=``, ``api_key:``, ``password=``, ``secret=``,
+  ``auth=``, ``HF_TOKEN=`` ... (a key ending in token, secret, password, passwd, api key, access
+  key, private key, auth or credential(s), ``=`` or ``:``) followed by >= 6 characters up to a
+  space, ``&``, ``;``, ``,`` or a quote: the value becomes ``<redacted>``, the key is kept;
 - AWS secret-key shape: exactly 40 characters of ``[A-Za-z0-9/+]`` standing alone, starting with
   a letter or digit, random-looking (below) with entropy >= 4.3 bits per character;
 - long random-looking tokens: a run of >= 24 characters of ``[A-Za-z0-9+-]`` (a path's ``/``,
@@ -27,7 +35,8 @@ What is redacted (each match becomes ``<redacted>``):
 
 Deliberately kept: paths, hostnames, version strings (short runs between ``/`` and ``.``),
 hex commit ids and UUIDs (no upper-case letter), identifiers of words (low entropy). A hex-only
-or all-lower-case secret is not recognised by value; its variable name must give it away.
+or all-lower-case secret standing alone is not recognised by value; its variable name, its key
+(``token=``) or its scheme (``Bearer``) must give it away.
 """
 from __future__ import annotations
 
@@ -46,6 +55,12 @@ _URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>
 _KNOWN = re.compile(
     r"(?<![A-Za-z0-9])(?:hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,}"
     r"|sk-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[A-Z0-9]{16})(?![A-Za-z0-9])")
+_AUTH_HEADER = re.compile(r"(?i)(?<![A-Za-z0-9])(?P<key>(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)(?!<redacted>)[^\s\"'][^\r\n\"']*")
+_BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])(?P<key>bearer\s+)[A-Za-z0-9._~+/-]{16,}=*(?![A-Za-z0-9._~+/=-])")
+_BASIC = re.compile(r"(?i)(?<![A-Za-z0-9])(?P<key>basic\s+)(?P<cred>[A-Za-z0-9+/]{8,}=*)(?![A-Za-z0-9+/=])")
+_SECRET_KEY = re.compile(
+    r"(?i)(?<![A-Za-z0-9_])(?P<key>(?:[A-Za-z0-9]+[_-])*(?:token|secret|password|passwd|api[_-]?key|access[_-]?key"
+    r"|private[_-]?key|auth|credentials?)\s*[=:]\s*[\"']?)(?!<redacted>)[^\s&;,\"'<>]{6,}")
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+._-])[A-Za-z0-9][A-Za-z0-9/+]{39}(?![A-Za-z0-9/+=._-])")
 _TOKEN = re.compile(r"[A-Za-z0-9+-]{%d,}" % MIN_TOKEN_CHARS)
 _WORD = re.compile(r"[A-Z]?[a-z]{3,}")
@@ -73,6 +88,12 @@ def _redact_if_random(m: re.Match) -> str:
     return REDACTED if _random_looking(m.group(0)) else m.group(0)
 
 
+def _redact_basic(m: re.Match) -> str:
+    cred = m.group("cred")
+    encoded = any(c.isdigit() or c in "+/=" for c in cred) or any(c.isupper() for c in cred[1:])
+    return m.group("key") + REDACTED if encoded else m.group(0)
+
+
 def _redact_if_aws_secret(m: re.Match) -> str:
     return REDACTED if _random_looking(m.group(0), min_entropy_bits=AWS_MIN_ENTROPY_BITS) else m.group(0)
 
@@ -80,10 +101,14 @@ def _redact_if_aws_secret(m: re.Match) -> str:
 def redact_text(text: str) -> str:
     """``text`` with every credential-shaped part (module docstring) replaced by ``<redacted>``.
     Pure; the same string back (same object) when nothing matched."""
-    if len(text) < 16:  # shorter than any shape above
+    if len(text) < 11:  # shorter than any shape above (the shortest: auth=xxxxxx)
         return text
     out = _URL_PASSWORD.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
     out = _KNOWN.sub(REDACTED, out)
+    out = _AUTH_HEADER.sub(lambda m: m.group("key") + REDACTED, out)
+    out = _BEARER.sub(lambda m: m.group("key") + REDACTED, out)
+    out = _BASIC.sub(_redact_basic, out)
+    out = _SECRET_KEY.sub(lambda m: m.group("key") + REDACTED, out)
     out = _AWS_SECRET.sub(_redact_if_aws_secret, out)
     out = _TOKEN.sub(_redact_if_random, out)
     return text if out == text else out

@@ -8,6 +8,7 @@ tool gives None, never an exception. Deliberately not here: parsing third-party 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import os
@@ -18,11 +19,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from core.records import CpuInfo, DiskInfo, EnvRecord, GpuInfo, StorageInfo
-from core.redact import redact_text
+from core.redact import redact_text, redact_value
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_")
 SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -126,12 +128,28 @@ def collect_tool_commit() -> str | None:
     return described.strip() if described else None
 
 
+def redact_record(record: Any) -> Any:
+    """``record`` (a frozen dataclass such as EnvRecord or StorageInfo, or a tuple or dict of them)
+    with every string in it passed through core.redact.redact_text, however deep: the one
+    redaction every recorded value goes through, so a token in --out (a path) or a hostname is
+    caught as one in an environment value is."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return dataclasses.replace(record, **{f.name: redact_record(getattr(record, f.name))
+                                              for f in dataclasses.fields(record) if f.init})
+    if isinstance(record, tuple):
+        return tuple(redact_record(v) for v in record)
+    if isinstance(record, dict):
+        return {k: redact_record(v) for k, v in record.items()}
+    return redact_value(record)
+
+
 def collect_env(*, launch_command: list[str], data_dir: Path) -> EnvRecord:
-    """The whole environment record (core.records.EnvRecord; env.json is its to_dict)."""
+    """The whole environment record (core.records.EnvRecord; env.json is its to_dict), every
+    value redacted (redact_record)."""
     gpus = collect_gpus()
     disk = shutil.disk_usage(data_dir)
     topology = _run(["nvidia-smi", "topo", "-m"])
-    return EnvRecord(
+    return redact_record(EnvRecord(
         collected_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         hostname=socket.gethostname(),
         os=platform.platform(),
@@ -144,10 +162,10 @@ def collect_env(*, launch_command: list[str], data_dir: Path) -> EnvRecord:
         gpus=gpus,
         topology=ANSI_ESCAPE.sub("", topology) if topology else None,
         versions=collect_versions(),
-        launch_command=tuple(redact_text(a) for a in launch_command),
+        launch_command=tuple(launch_command),
         tool_git_commit=collect_tool_commit(),
         env_vars=collect_env_vars(),
-    )
+    ))
 
 
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuse.sshfs", "9p", "glusterfs")
@@ -172,7 +190,8 @@ def collect_storage(paths: dict[str, Path]) -> tuple[StorageInfo, ...]:
     """Where the campaign's data and checkpoints live: per role ("campaign", "data",
     "checkpoints"), the path, its mount point, filesystem type, device, disk kind (nvme / ssd /
     hdd / network / memory, None when unknown), total and free GiB. Best effort: a path that does
-    not exist yet is measured at its nearest existing parent."""
+    not exist yet is measured at its nearest existing parent. Every value redacted (redact_record):
+    a path may carry a token (--out /tmp/run-hf_...)."""
     parts = sorted(psutil.disk_partitions(all=True), key=lambda p: len(p.mountpoint), reverse=True)
     out = []
     for role, path in paths.items():
@@ -192,4 +211,4 @@ def collect_storage(paths: dict[str, Path]) -> tuple[StorageInfo, ...]:
                                fstype=fstype, device=mount.device if mount else None, kind=kind,
                                total_gib=usage.total / 1024**3 if usage else None,
                                free_gib=usage.free / 1024**3 if usage else None))
-    return tuple(out)
+    return redact_record(tuple(out))

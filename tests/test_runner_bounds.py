@@ -179,3 +179,59 @@ def test_a_node_file_swapped_for_a_link_after_the_check_is_not_opened(tmp_path):
     os.mkfifo(node1 / "ddp" / "logs" / "rank0.log")
     with pytest.raises(ConfigError, match="rank0.log: not a regular file"):
         open_node_file(node1, Path("ddp/logs/rank0.log"))
+
+
+# ---- N. secrets in HTTP shapes and in recorded paths
+
+LOWER_BEARER = "abcdefghijklmnopqrstuvwxyzabcdef"  # all lower case: no value rule alone catches it
+PATH_TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUv12"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f"Authorization: Bearer {LOWER_BEARER}", "Authorization: <redacted>"),
+    (f'{{"authorization": "token {LOWER_BEARER}"}}', '{"authorization": "<redacted>"}'),
+    (f"curl -H 'Proxy-Authorization: Basic dXNlcjpwYXNz' x", "curl -H 'Proxy-Authorization: <redacted>' x"),
+    (f"bearer {LOWER_BEARER}", "bearer <redacted>"),
+    ("Basic dXNlcjpwYXNzd29yZA==", "Basic <redacted>"),
+    ("https://mirror/x?token=abcdef123456&page=2", "https://mirror/x?token=<redacted>&page=2"),
+    ("HF_TOKEN=plainlowercasevalue", "HF_TOKEN=<redacted>"),
+    ('--api-key "sekretsekret" password="hunter2hunter"', '--api-key "sekretsekret" password="<redacted>"'),
+    ("auth=abcdef", "auth=<redacted>"),
+])
+def test_http_credential_shapes_are_redacted_and_stay_redacted(text, expected):
+    from core.redact import redact_text
+
+    assert redact_text(text) == expected
+    assert redact_text(expected) == expected  # read back (ingest redacts again): unchanged
+
+
+@pytest.mark.parametrize("text", [
+    "Basic Configuration", "basic setup of the mirror", "max_token=128", "num_tokens: 500000",
+    "tokenizer=gpt2-large", 'eos_token="</s>"', "--auth=none", "Bearer tokens",
+])
+def test_words_near_credential_shapes_are_kept(text):
+    from core.redact import redact_text
+
+    assert redact_text(text) is text
+
+
+def test_every_recorded_env_value_is_redacted(tmp_path):
+    """A credential in an environment value, the launch command and the --out path (disk.path,
+    storage[].path) reaches no field of env.json."""
+    from core.records import to_dict
+    from runner.env import collect_env, collect_env_vars, collect_storage
+
+    out = tmp_path / f"run-{PATH_TOKEN}"
+    out.mkdir()
+    os.environ["PYTORCH_BASIC"] = f"Authorization: Bearer {LOWER_BEARER}"
+    try:
+        env = collect_env(launch_command=["runner", "all", "--out", str(out)], data_dir=out)
+        env_vars = collect_env_vars()
+    finally:
+        del os.environ["PYTORCH_BASIC"]
+    storage = collect_storage({"campaign": out, "checkpoints": out / "ckpt"})
+    text = json.dumps([to_dict(env), env_vars, [to_dict(s) for s in storage]])
+    assert PATH_TOKEN not in text and LOWER_BEARER not in text, text
+    assert env.disk.path == str(tmp_path / "run-<redacted>") and env_vars["PYTORCH_BASIC"] == "Authorization: <redacted>"
+    assert [s.path for s in storage] == [str(tmp_path / "run-<redacted>"), str(tmp_path / "run-<redacted>" / "ckpt")]
+    assert env.launch_command[-1] == str(tmp_path / "run-<redacted>")
