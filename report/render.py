@@ -508,6 +508,7 @@ def load_note(source: str | Path, *, model: dict | None = None) -> tuple[Campaig
     if is_thirdparty_folder(source):
         campaign, tables, jobs = load_thirdparty_jobs(source, model=model)
         if campaign is None:
+            check_some_record(source, tables.get("files"))
             return None, None, build_logs_note(Path(source).resolve().name, tables, jobs)
     else:
         campaign = load_campaign(source)
@@ -516,6 +517,18 @@ def load_note(source: str | Path, *, model: dict | None = None) -> tuple[Campaig
     if jobs is not None:
         note = dataclasses.replace(note, triage=dataclasses.replace(build_triage_section(jobs), runs=()))
     return campaign, trace_tables, note
+
+
+def check_some_record(source: str | Path, files: pd.DataFrame | None) -> None:
+    """Raise NoDataError when no file of a folder of logs gave a record: every line of every
+    file was in no format the parsers know, or only looked like one (a line of dashes, as a
+    torchrun failure banner draws) and held nothing; its note would list every file as a job
+    of which nothing is known."""
+    if files is None or not len(files) or not (files["num_records"] > 0).any():
+        num_files = 0 if files is None else len(files)
+        raise NoDataError(f"{source}: none of its {num_files} file(s) holds a record of a log, trace or table the "
+                          "report reads; pass a campaign dir (`runner all`), a tables dir (`ingest`) or a folder of "
+                          "NCCL / Megatron-LM / DeepSpeed / torchtitan logs, profiler traces or tables")
 
 
 def _check_formats(formats: Sequence[str]) -> None:
@@ -639,7 +652,15 @@ def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir
                               "(`ingest`) or a folder of third-party logs")
     out = Path(out_dir) if out_dir else default_diff_out(old_source, new_source)
     check_staged_folder(out, marker=DIFF_MARKER, hint=DIFF_OUT_HINT)  # before the long loads: say it at once
-    summaries = [build_campaign_summary(load_note(source)[2]) for source in (old_source, new_source)]
+    summaries = []
+    for source in (old_source, new_source):
+        note = load_note(source)[2]
+        if isinstance(note, LogsNote):  # logs of several jobs (or none that trained): no runs to compare
+            raise NoDataError(f"{source}: a folder of logs of {len(note.triage.jobs)} job(s), not one training job, "
+                              f"so no campaign to compare; `report diff` takes two campaign dirs (`runner all`), "
+                              f"tables dirs (`ingest`) or folders of one training job's logs (`report build {source}` "
+                              "writes this folder's triage note)")
+        summaries.append(build_campaign_summary(note))
     diff = build_diff(*summaries, threshold=threshold, old_source=str(old_source), new_source=str(new_source))
     with staged_folder(out, marker=DIFF_MARKER, entries=DIFF_ENTRIES, hint=DIFF_OUT_HINT) as stage:
         written = [write_bytes_atomic(stage / "diff.json", render_summary_json(dataclasses.asdict(diff)))]

@@ -64,3 +64,38 @@ def test_markdown_code_span_and_escape():
     assert render.md_fence("a\n````\nb") == "`````" and render.md_fence("plain") == "```"
     assert render.md_cell("![i](http://e.x/p.png)\n# h <b>") == "\\!\\[i\\](http:\\/\\/e.x/p.png) # h &lt;b&gt;"
     assert render.md_cell("# h > q -> r") == "\\# h > q -> r" and render.md_cell("> q") == "\\> q"
+
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+
+
+def _one_line_error(capsys, args: list[str]) -> str:
+    assert report_main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err, err
+    return err
+
+
+def test_a_folder_where_no_file_holds_a_record_is_refused(tmp_path, capsys):
+    folder = tmp_path / "notes"
+    folder.mkdir()  # text in no known format, and a rule of dashes that looks like torchrun's failure banner
+    (folder / "readme.txt").write_text("Policy files\n" + "-" * 72 + "\nThese are not logs.\n")
+    (folder / "todo").write_text("buy milk\n")
+    err = _one_line_error(capsys, ["build", str(folder), "--out", str(tmp_path / "out"), "--format", "md"])
+    assert f"{folder}: none of its 2 file(s) holds a record" in err and "a folder of NCCL" in err
+    assert not (tmp_path / "out").exists()
+    (folder / "oom.log").write_text((REAL / "60_oom_msg_torch2.0_style_then_app_output.txt").read_text())
+    assert report_main(["build", str(folder), "--out", str(tmp_path / "out2"), "--format", "md"]) == 0  # one log: a note
+    assert "OutOfMemoryError" in (tmp_path / "out2" / "note.md").read_text()
+
+
+def test_diff_of_a_folder_of_unrelated_logs_says_it_is_no_campaign(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("51_torchrun_childfailed_multi_failures_sigabrt.txt", "54_watchdog_2022_legacy_no_numel.txt"):
+        (logs / name).write_text((REAL / name).read_text())
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    for args in ([str(logs), str(camp)], [str(camp), str(logs)]):
+        err = _one_line_error(capsys, ["diff", *args, "--out", str(tmp_path / "dd")])
+        assert f"{logs}: a folder of logs of 2 job(s), not one training job" in err and "report build" in err
+    assert not (tmp_path / "dd").exists()
