@@ -633,19 +633,26 @@ def default_diff_out(old_source: str | Path, new_source: str | Path) -> Path:
     return Path("runs") / f"diff-{Path(old_source).resolve().name}-vs-{Path(new_source).resolve().name}"
 
 
+# A relative change past 10x (1000%) flags nothing a reader would call a regression; larger values
+# are typos (1e400 reads as inf, which JSON cannot hold)
+MAX_DIFF_THRESHOLD = 10.0
+
+
 def build_diff_report(old_source: str | Path, new_source: str | Path, *, out_dir: str | Path | None = None,
                       threshold: float = 0.05, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Compare two campaigns (each a campaign dir, tables dir or third-party folder): write
     diff.json (report.diff's records) and diff.<fmt> into out_dir (default runs/diff-OLD-vs-NEW).
-    threshold: relative change beyond which a worse move is flagged. out_dir must be new, empty
+    threshold: relative change beyond which a worse move is flagged, 0 to MAX_DIFF_THRESHOLD
+    (else ConfigError). out_dir must be new, empty
     or a diff folder an earlier diff made (DIFF_MARKER); its files replace the previous diff's as
     one set, one diff at a time (core.atomic.staged_folder). Returns written paths. Raises
     ToolError subclasses."""
     from report.diff import build_diff
 
     _check_formats(formats)
-    if not (threshold >= 0):
-        raise ConfigError(f"--threshold {threshold}: must be a relative change >= 0 (0.05 = 5%)")
+    if not 0 <= threshold <= MAX_DIFF_THRESHOLD:  # also NaN and inf (1e400): diff.json has no digits for them
+        raise ConfigError(f"--threshold {threshold}: must be a relative change from 0 to {MAX_DIFF_THRESHOLD:g} "
+                          f"(0.05 = 5%, {MAX_DIFF_THRESHOLD:g} = {MAX_DIFF_THRESHOLD:.0%}); the default is 0.05")
     for source in (old_source, new_source):
         if not Path(source).is_dir():
             raise NoDataError(f"{source}: not a directory; give a campaign dir (`runner all`), a tables dir "

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import mistune
+import pytest
 
 from report import render
 from report.cli import main as report_main
@@ -99,3 +100,14 @@ def test_diff_of_a_folder_of_unrelated_logs_says_it_is_no_campaign(tmp_path, cap
         err = _one_line_error(capsys, ["diff", *args, "--out", str(tmp_path / "dd")])
         assert f"{logs}: a folder of logs of 2 job(s), not one training job" in err and "report build" in err
     assert not (tmp_path / "dd").exists()
+
+
+@pytest.mark.parametrize("threshold", ["1e400", "nan", "-0.1", "11"])
+def test_diff_threshold_out_of_range_is_one_line(tmp_path, capsys, threshold):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    err = _one_line_error(capsys, ["diff", str(camp), str(camp), "--threshold", threshold, "--out", str(tmp_path / "dd")])
+    assert "--threshold" in err and "must be a relative change from 0 to 10" in err
+    assert not (tmp_path / "dd").exists()
+    assert report_main(["diff", str(camp), str(camp), "--threshold", "10", "--out", str(tmp_path / "ok"),
+                        "--format", "md"]) == 0  # the largest allowed: diff.json holds it
+    assert json.loads((tmp_path / "ok" / "diff.json").read_text())["threshold"] == 10
