@@ -511,12 +511,31 @@ def load_note(source: str | Path, *, model: dict | None = None) -> tuple[Campaig
             check_some_record(source, tables.get("files"))
             return None, None, build_logs_note(Path(source).resolve().name, tables, jobs)
     else:
-        campaign = load_campaign(source)
+        campaign = load_live_campaign(source)
     trace_tables = load_trace_tables(campaign)
     note = build_note(campaign, trace_tables=trace_tables)
     if jobs is not None:
         note = dataclasses.replace(note, triage=dataclasses.replace(build_triage_section(jobs), runs=()))
     return campaign, trace_tables, note
+
+
+def load_live_campaign(source: str | Path) -> Campaign:
+    """load_campaign, except that a campaign whose runner is still running and has finished no
+    run yet (each unfinished run's rows are left out of a note, so none is left) is refused as
+    such: NoDataError saying the runs are still running, not that no run has metrics."""
+    import shlex
+
+    from ingest.io import live_runner
+
+    try:
+        return load_campaign(source)
+    except NoDataError:
+        live = live_runner(Path(source))
+        if live is None:
+            raise
+        raise NoDataError(f"{source}: no run has finished yet: the campaign's runner is still running ({live}) and "
+                          "a run's step rows are left out of the note until the run ends; build the note again once "
+                          f"`{shlex.join(['runner', 'status', str(source)])}` shows a run done") from None
 
 
 def check_some_record(source: str | Path, files: pd.DataFrame | None) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 
 import mistune
+import psutil
 import pytest
 
 from report import render
@@ -111,3 +113,18 @@ def test_diff_threshold_out_of_range_is_one_line(tmp_path, capsys, threshold):
     assert report_main(["diff", str(camp), str(camp), "--threshold", "10", "--out", str(tmp_path / "ok"),
                         "--format", "md"]) == 0  # the largest allowed: diff.json holds it
     assert json.loads((tmp_path / "ok" / "diff.json").read_text())["threshold"] == 10
+
+
+def test_build_while_the_first_run_is_live_says_the_runs_are_still_running(tmp_path, capsys):
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    for status in camp.glob("*/status.json"):
+        status.unlink()  # no run has ended; ddp and zero3 have step rows
+    me = psutil.Process()  # this process holds the campaign's lock, as a live `runner all` does
+    (camp / ".runner.lock").write_text(json.dumps({"pid": me.pid, "host": socket.gethostname(),
+                                                   "pid_create_time": me.create_time(),
+                                                   "started_at": "2026-01-01T00:00:00+00:00"}))
+    err = _one_line_error(capsys, ["build", str(camp), "--out", str(tmp_path / "out"), "--format", "md"])
+    assert f"{camp}: no run has finished yet: the campaign's runner is still running (pid {me.pid}" in err
+    assert "step rows are left out of the note until the run ends" in err and "no run has metrics" not in err
+    (camp / ".runner.lock").unlink()  # no runner: the runs stopped, and their rows make a note
+    assert report_main(["build", str(camp), "--out", str(tmp_path / "out"), "--format", "md"]) == 0
