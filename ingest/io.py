@@ -390,15 +390,17 @@ def _metrics_lines(path: Path, where: str, problems: list[str]):
                 return
 
 
-def _read_metrics(path: Path, problems: list[str], *, run: str, rank: int) -> list[dict[str, Any]]:
+def _read_metrics(path: Path, problems: list[str], *, run: str, rank: int,
+                  limits: RunLimits | None = None) -> list[dict[str, Any]]:
     """StepRows of one rank's JSONL, streamed (``_metrics_lines``: per-line and per-file caps,
     a caveat naming the file when over), validated: a row is kept only if it is a StepRow of
     ``run`` and ``rank`` (the run's folder and the file's rank: a row of another run or rank
-    would count twice), whose numbers are possible (``step_row_problem``) and whose step is
-    greater than every step kept before it (a duplicated or out-of-order row means two writers
-    or a replay: it is dropped, not averaged in). Every dropped line is counted in one caveat in ``problems`` naming the
-    file and the first few lines; a malformed LAST line is a crash mid-write. Never raises on
-    content; ParseError only when a line is not UTF-8."""
+    would count twice), whose numbers are possible (``step_row_problem``, on the run's hardware
+    when ``limits`` is given) and whose step is greater than every step kept before it (a
+    duplicated or out-of-order row means two writers or a replay: it is dropped, not averaged
+    in). Every dropped line is counted in one caveat in ``problems`` naming the file and the
+    first few lines; a malformed LAST line is a crash mid-write. Never raises on content;
+    ParseError only when a line is not UTF-8."""
     rows: list[dict[str, Any]] = []
     where = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
     skipped: list[str] = []
@@ -427,7 +429,8 @@ def _read_metrics(path: Path, problems: list[str], *, run: str, rank: int) -> li
             except ValueError:  # an integer past Python's digit limit (_LONG_INTEGER)
                 dropped.setdefault(Message(N_("an integer longer than 4,300 digits")), []).append(f"line {lineno}")
                 continue
-            _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step, run=run, rank=rank)
+            _check_metrics_row(path, where, lineno, data, rows, skipped, dropped, last_step, run=run, rank=rank,
+                               limits=limits)
             last_step = rows[-1]["step"] if rows else last_step
     except OSError as e:
         problems.append(Message(N_("%(file)s: cannot read (%(error)s); file skipped"), file=where, error=e.strerror or e))
@@ -449,7 +452,8 @@ def _read_metrics(path: Path, problems: list[str], *, run: str, rank: int) -> li
 
 
 def _check_metrics_row(path: Path, where: str, lineno: int, data: Any, rows: list, skipped: list[str],
-                       dropped: dict[str, list[str]], last_step: int, *, run: str, rank: int) -> None:
+                       dropped: dict[str, list[str]], last_step: int, *, run: str, rank: int,
+                       limits: RunLimits | None) -> None:
     """Append the parsed line ``data`` to ``rows`` as a StepRow dict, or say in ``skipped`` /
     ``dropped`` why not (a row must name ``run`` and ``rank``)."""
     if not isinstance(data, dict):
@@ -466,7 +470,8 @@ def _check_metrics_row(path: Path, where: str, lineno: int, data: Any, rows: lis
         reason = Message(N_("naming another run or rank than the file's (%(run)s, rank %(rank)s)"), run=run, rank=rank)
         dropped.setdefault(reason, []).append(f"line {lineno}: {str(data['run'])[:40]!r}, rank {str(data['rank'])[:20]}")
         return
-    impossible = step_row_problem(data)
+    prev = rows[-1] if rows and rows[-1]["step"] == data["step"] - 1 else None
+    impossible = step_row_problem(data, limits, prev_step_time_s=prev["step_time_s"] if prev else None)
     if impossible:
         dropped.setdefault(Message(N_("impossible values")), []).append(f"line {lineno}: {impossible}")
         return
@@ -500,11 +505,97 @@ _UPPER_BOUNDS = {"step": MAX_STEP_NUMBER, "tokens": MAX_STEP_TOKENS, "mem_peak_a
                  "step_entry_time_s": MAX_CLOCK_S}
 
 
-def step_row_problem(row: dict[str, Any]) -> str | None:
+@dataclass(frozen=True, kw_only=True)
+class RunLimits:
+    """What one run's hardware can produce: the range checks of its metrics rows past the flat
+    caps (``step_row_problem``). A None field is not checked (an unknown GPU keeps the flat caps).
+
+    gpu_name: the run's GPU as recorded. mem_gib: the most device memory one rank can hold (GiB).
+    flops_per_token, peak_flops, num_gpus: core.formulas.compute_mfu's inputs; a row whose MFU
+    is above 1 is impossible. host_ahead: device-timed steps (CUDA events, runner.recorder), where
+    the host fetches the next batch while the device still runs the previous step, so a row's
+    data_wait_s may exceed its step_time_s by up to the previous step's; False for perf_counter
+    timing (CPU), where the wait lies inside the step."""
+
+    gpu_name: str | None = None
+    mem_gib: float | None = None
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+    num_gpus: int = 1
+    host_ahead: bool = False
+
+
+# The FLOPs per token a row's MFU bound counts: the causal one (6N + 6LHQT), the fewest FLOPs a
+# causal decoder's step computes (matmuls and the lower triangle of attention; recomputation
+# only adds), so a row past the bound is impossible whatever convention the note prints.
+LIMIT_FLOPS_CONVENTION = "6N+6LHQT"
+
+
+def build_run_limits(spec: RunSpec, *, info: Mapping[str, Any] | None, env: EnvRecord) -> RunLimits:
+    """The RunLimits of a run from its spec, run_info.json (a dict as _read_record gives it, or
+    None) and the campaign's environment record. The GPU: run_info's device_name, else env.json's
+    first GPU (CUDA runs only). mem_gib: the larger of hardware.toml's memory_gib for it and
+    env.json's memory_total of GPUs of that name. peak_flops: its highest dense peak over the
+    dtypes hardware.toml lists (a fp32 run may use TF32 tensor cores), core.hardware.lookup_peak.
+    flops_per_token: core.formulas.compute_flops_per_token (LIMIT_FLOPS_CONVENTION), from
+    run_info's parameter counts. ConfigError from an invalid hardware table."""
+    from core.formulas import compute_flops_per_token
+    from core.hardware import DTYPES, lookup_gpu, lookup_peak
+
+    host_ahead = spec.device != "cpu"
+    gpu = ((info or {}).get("device_name") or (env.gpus[0].name if env.gpus else None)) if spec.device == "cuda" else None
+    if not gpu:
+        return RunLimits(host_ahead=host_ahead)
+    peak = max((p.flops for d in DTYPES if (p := lookup_peak(gpu, d)) is not None), default=None)
+    entry = lookup_gpu(gpu)
+    mems = [entry.memory_gib] if entry is not None and entry.memory_gib else []
+    mems += [g.memory_total_mib / 1024 for g in env.gpus if g.name == gpu and g.memory_total_mib]
+    fpt, model = None, spec.fixed.model
+    if info and info.get("num_params") is not None and info.get("num_params_position_embedding") is not None:
+        try:
+            fpt = compute_flops_per_token(num_params=int(info["num_params"]), num_layers=model.num_layers,
+                                          hidden_size=model.hidden_size, seq_length=model.seq_length,
+                                          position_embedding_params=int(info["num_params_position_embedding"]),
+                                          convention=LIMIT_FLOPS_CONVENTION)
+        except ValueError:  # N <= 0: a damaged run_info.json; MFU is n/a in the note too
+            fpt = None
+    return RunLimits(gpu_name=gpu, mem_gib=max(mems, default=None), flops_per_token=fpt, peak_flops=peak,
+                     num_gpus=spec.world_size, host_ahead=host_ahead)
+
+
+def _hardware_problems(row: dict[str, Any], limits: RunLimits, *, prev_step_time_s: float | None) -> list[str]:
+    """Why a row whose values pass the flat caps is still impossible on the run's hardware."""
+    from core.formulas import compute_mfu
+
+    gpu, out = limits.gpu_name, []
+    if limits.mem_gib is not None:
+        out += [f"{k} {row[k]!r} (> {limits.mem_gib:.1f} GiB, all of one {gpu}'s memory)"
+                for k in ("mem_peak_allocated_gib", "mem_peak_reserved_gib")
+                if row.get(k) is not None and row[k] > limits.mem_gib]
+    step_s = row["step_time_s"]
+    tokens_per_s = row["tokens"] / step_s
+    mfu = compute_mfu(tokens_per_s, flops_per_token=limits.flops_per_token, peak_flops=limits.peak_flops,
+                      num_gpus=limits.num_gpus)
+    if mfu is not None and mfu > 1:
+        out.append(f"tokens/step_time_s {tokens_per_s:.3g} (MFU {mfu:.0%}: more model FLOP/s per GPU than the "
+                   f"{gpu}'s dense peak, {limits.peak_flops:.3g})")
+    slack = (prev_step_time_s if limits.host_ahead else 0.0)
+    if slack is not None and row["data_wait_s"] > step_s + slack:
+        out.append(f"data_wait_s {row['data_wait_s']:.3g} (> step_time_s {step_s:.3g}"
+                   + (f" + the previous step's {slack:.3g})" if limits.host_ahead else ")"))
+    return out
+
+
+def step_row_problem(row: dict[str, Any], limits: RunLimits | None = None, *,
+                     prev_step_time_s: float | None = None) -> str | None:
     """Why a metrics row (type-checked StepRow fields) holds an impossible number, or None.
     Checks: step_time_s finite and within STEP_TIME_RANGE_S; the counters, times and memory
     finite, >= 0 and within _UPPER_BOUNDS; tokens / step_time_s <= MAX_TOKENS_PER_S; loss and
-    grad_norm not negative; rank >= 0; an integer fits int64 (the tables' column type)."""
+    grad_norm not negative; rank >= 0; an integer fits int64 (the tables' column type). With
+    the run's ``limits`` (build_run_limits), a row passing those must also fit its hardware: each
+    memory peak within the GPU's memory, MFU (core.formulas.compute_mfu) at most 1, and
+    data_wait_s within step_time_s (plus ``prev_step_time_s``, the previous step's time on this
+    rank, where limits.host_ahead; not checked there when it is None)."""
     import math
 
     def bad(v: Any, *, positive: bool = False, finite: bool = True) -> bool:
@@ -529,13 +620,16 @@ def step_row_problem(row: dict[str, Any]) -> str | None:
     out += [f"{k} {row[k]!r}" for k in ("loss", "grad_norm") if bad(row.get(k), finite=False)]
     if bad(row.get("rank")):
         out.append(f"rank {row['rank']!r}")
+    if not out and limits is not None:
+        out = _hardware_problems(row, limits, prev_step_time_s=prev_step_time_s)
     return ", ".join(out) or None
 
 
 _POSITIVE_SPEC_FIELDS = ("world_size", "tp_degree", "pp_degree", "dp_degree", "micro_batch_size", "num_microbatches")
 
 
-def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+def _load_run(run_dir: Path, name: str, problems: list[str], *,
+              env: EnvRecord) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     # the run's folder and its records must stay in the campaign: a symlink out is refused (ConfigError naming it)
     check_run_inside(run_dir.parent, name)
     spec_path = run_dir / "spec.json"
@@ -591,7 +685,8 @@ def _load_run(run_dir: Path, name: str, problems: list[str]) -> tuple[dict[str, 
         value = ckpt[col[5:]] if ckpt else None
         row[col] = json.dumps(list(value)) if isinstance(value, (tuple, list)) else value
     files = _metrics_files(run_dir, problems)
-    steps = [r for rank, p in files for r in _read_metrics(p, problems, run=name, rank=rank)]
+    limits = build_run_limits(spec, info=info, env=env)
+    steps = [r for rank, p in files for r in _read_metrics(p, problems, run=name, rank=rank, limits=limits)]
     row["num_metric_files"], row["num_metric_rows"] = len(files), len(steps)
     if not steps and status is None:
         problems.append(Message(N_("run %(run)s: neither metrics nor status.json in %(folder)s; the run left no record"),
@@ -632,6 +727,7 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
             raise ParseError(f"{root / 'env.json'}: expected a JSON object; regenerate it with `runner env`")
     else:
         problems.append(Message(N_("%(file)s is missing: the environment section is empty"), file=root / "env.json"))
+    env, _ = env_record_from_dict(env_json)  # its caveats are build_campaign's; here: the GPUs for RunLimits
     names = campaign.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
     bad_names = [p for n in names if (p := run_name_problem(n))]
     twice = sorted({str(n) for n in names if names.count(n) > 1}) if not bad_names else []
@@ -646,7 +742,7 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
                                        "so this note leaves the run out; build the note again once `%(command)s` shows it "
                                        "done"), run=name, live=live, command=shlex.join(["runner", "status", str(root)])))
             continue
-        loaded = _load_run(root / str(name), str(name), problems)
+        loaded = _load_run(root / str(name), str(name), problems, env=env)
         if loaded:
             rows.append(loaded[0])
             steps.extend(loaded[1])

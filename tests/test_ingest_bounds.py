@@ -154,3 +154,85 @@ def test_a_spec_naming_another_run_leaves_that_run_out_with_a_caveat(tmp_path):
     note = (tmp_path / "out" / "note.md").read_text()
     assert caveat.replace("`", "\\`") in note or caveat in note
     assert len([x for x in note.splitlines() if x.startswith("| ddp | ok |")]) == 1
+
+
+# ---- A: numbers the campaign's GPU cannot produce (they passed the flat caps)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200-1gpu"
+
+
+def test_rows_past_what_the_h200_can_do_are_dropped_with_file_and_line(tmp_path):
+    """The real H200 campaign with three ddp rows forged: a 0.1 ms step (MFU ~1000x), memory
+    peaks of 4,000 GiB (under the flat 4,096 GiB cap, 28x the GPU's), a data wait longer than its
+    step and the step before it together."""
+    import shutil
+
+    from ingest.io import load_campaign
+
+    camp = tmp_path / "camp"
+    shutil.copytree(EXAMPLE, camp, ignore=shutil.ignore_patterns("report", "trace", "tables"))
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    rows = _rows(path)
+    rows[100]["step_time_s"] = 0.0001
+    rows[120].update(mem_peak_allocated_gib=4000.0, mem_peak_reserved_gib=4000.0)
+    rows[140]["data_wait_s"] = rows[140]["step_time_s"] + rows[139]["step_time_s"] + 0.01
+    rows[160]["data_wait_s"] = rows[160]["step_time_s"] + 0.5 * rows[159]["step_time_s"]  # possible: host ran ahead
+    _write_rows(path, rows)
+    campaign = load_campaign(camp)
+    # MFU by hand: 131,072 tokens / 0.1 ms x (6 x 123,689,472 + 6 x 12 x 768 x 1024) FLOPs per token
+    # (causal convention, run_info's parameters less the position embedding) / 989.4e12 = 1058.2
+    assert ("ddp/metrics/rank0.jsonl: 3 row(s) dropped: 3 impossible values (line 101: tokens/step_time_s 1.31e+09 "
+            "(MFU 105817%: more model FLOP/s per GPU than the NVIDIA H200's dense peak, 9.89e+14), line 121: "
+            "mem_peak_allocated_gib 4000.0 (> 140.4 GiB, all of one NVIDIA H200's memory), mem_peak_reserved_gib "
+            "4000.0 (> 140.4 GiB, all of one NVIDIA H200's memory), line 141: data_wait_s 0.534 (> step_time_s 0.261 "
+            "+ the previous step's 0.263)); the numbers use the 197 valid rows") in campaign.problems
+    kept = set(campaign.steps.query("run == 'ddp'")["step"])
+    assert {100, 120, 140}.isdisjoint(kept) and 160 in kept and len(kept) == 197
+    res = _build(camp, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    note = (tmp_path / "out" / "note.md").read_text()
+    assert "4000.00 GiB" not in note and "4,000" not in note
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    mfu = {r["run"]: r["mfu"] for r in summary["runs"]}
+    assert 0 < mfu["ddp"] < 1, mfu
+
+
+@pytest.mark.parametrize("device_name, wait_factor, dropped", [
+    (None, 1.2, True),  # CPU: the wait lies inside the step (perf_counter)
+    (None, 0.9, False),
+    ("NVIDIA H200", 1.2, False),  # CUDA: the host may wait while the device runs the step before
+    ("NVIDIA H200", 2.2, True),  # ...but not longer than that step and this one together
+])
+def test_a_data_wait_longer_than_the_step_is_dropped(tmp_path, device_name, wait_factor, dropped):
+    from ingest.io import load_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "camp", device_name=device_name)
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    rows = _rows(path)
+    rows[6]["data_wait_s"] = wait_factor * max(rows[5]["step_time_s"], rows[6]["step_time_s"])
+    _write_rows(path, rows)
+    campaign = load_campaign(camp)
+    caveats = [p for p in campaign.problems if "impossible values (line 7: data_wait_s" in p]
+    assert (6 not in set(campaign.steps.query("run == 'ddp' and rank == 0")["step"])) is dropped
+    assert len(caveats) == int(dropped), campaign.problems
+
+
+def test_an_unknown_gpu_keeps_the_flat_caps_and_env_json_memory(tmp_path):
+    """A GPU hardware.toml does not list: no peak, so no MFU bound (a fast row is kept); its
+    memory from env.json (143,771 MiB) still bounds a rank's peak."""
+    from ingest.io import load_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "camp", device_name="Mystery Accelerator 9000")
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    rows = _rows(path)
+    rows[5]["tokens"] = 1 << 30  # 1e10 tokens/s: under the flat 1e12 cap, above an H200's peak for this model
+    rows[6]["mem_peak_reserved_gib"] = 200.0
+    _write_rows(path, rows)
+    campaign = load_campaign(camp)
+    assert ("ddp/metrics/rank0.jsonl: 1 row(s) dropped: 1 impossible values (line 7: mem_peak_reserved_gib 200.0 "
+            "(> 140.4 GiB, all of one Mystery Accelerator 9000's memory)); the numbers use the 11 valid rows"
+            ) in campaign.problems
+    camp = write_synthetic_campaign(tmp_path / "h200", device_name="NVIDIA H200")
+    _write_rows(camp / "ddp" / "metrics" / "rank0.jsonl", rows[:6])
+    campaign = load_campaign(camp)
+    assert any("(line 6: tokens/step_time_s 1.07e+10 (MFU " in p for p in campaign.problems), campaign.problems
