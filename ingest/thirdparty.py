@@ -171,8 +171,12 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
     dump, an ``nvidia-smi -q`` report) whole, any other file line by line through every parser.
     Raises ParseError for an unreadable file."""
     head = read_text_head(path, HEAD_CHARS)
-    kind = detect_kind(head)
     source = str(path)
+    if "\x00" in head:  # no log, trace or table of ours holds a NUL byte: an executable, an archive
+        return _ingested(source, ParseResult(records=[], unparsed=0, kind="unknown", warnings=[
+            Message(N_("binary file (NUL bytes in its first %(num)s characters); not a log, not read"),
+                    num=HEAD_CHARS)]))
+    kind = detect_kind(head)
     if kind == "chrome_trace":
         from ingest.io import open_trace_events
         from ingest.parsers.chrome_trace import parse_chrome_trace

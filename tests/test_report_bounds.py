@@ -92,6 +92,24 @@ def test_a_folder_where_no_file_holds_a_record_is_refused(tmp_path, capsys):
     assert "OutOfMemoryError" in (tmp_path / "out2" / "note.md").read_text()
 
 
+def test_a_binary_file_is_not_read_as_a_log(tmp_path, capsys):
+    """A file with NUL bytes (an executable, an archive) is not parsed, whatever text its strings
+    hold: a folder of such files is refused, and beside a real log it is named and left out."""
+    from ingest.thirdparty import ingest_file
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    megatron = " iteration        1/      10 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0E+00 |\n"
+    (folder / "pager").write_bytes(b"\x7fELF\x02\x01\x00\x00" + megatron.encode() * 20)
+    assert ingest_file(folder / "pager").num_records == 0
+    err = _one_line_error(capsys, ["build", str(folder), "--out", str(tmp_path / "out"), "--format", "md"])
+    assert f"{folder}: is not a campaign" in err and "is a log ingest reads" in err
+    (folder / "oom.log").write_text((REAL / "60_oom_msg_torch2.0_style_then_app_output.txt").read_text())
+    assert report_main(["build", str(folder), "--out", str(tmp_path / "out2"), "--format", "md"]) == 0
+    note = (tmp_path / "out2" / "note.md").read_text()
+    assert "OutOfMemoryError" in note and "binary file (NUL bytes" in note
+
+
 def test_diff_of_a_folder_of_unrelated_logs_says_it_is_no_campaign(tmp_path, capsys):
     logs = tmp_path / "logs"
     logs.mkdir()
