@@ -151,6 +151,9 @@ def find_artifacts(paths: list[str]) -> list[Path]:
     return out
 
 
+BINARY_HEAD_CHARS = 1024  # a file with a NUL byte among its first characters is binary, not read
+
+
 @contextlib.contextmanager
 def _no_cycle_collection():
     """Parsing and packing make no reference cycles (test_parsers_freed_without_the_cycle_collector):
@@ -172,10 +175,12 @@ def ingest_file(path: str | os.PathLike[str]) -> IngestedFile:
     Raises ParseError for an unreadable file."""
     head = read_text_head(path, HEAD_CHARS)
     source = str(path)
-    if "\x00" in head:  # no log, trace or table of ours holds a NUL byte: an executable, an archive
+    # an executable or an archive has NUL bytes in its header; a log has none there (a crash may
+    # leave NUL padding at a log's end: not counted, the parsers skip it as unparsed text)
+    if "\x00" in head.rstrip("\x00")[:BINARY_HEAD_CHARS]:
         return _ingested(source, ParseResult(records=[], unparsed=0, kind="unknown", warnings=[
             Message(N_("binary file (NUL bytes in its first %(num)s characters); not a log, not read"),
-                    num=HEAD_CHARS)]))
+                    num=BINARY_HEAD_CHARS)]))
     kind = detect_kind(head)
     if kind == "chrome_trace":
         from ingest.io import open_trace_events

@@ -108,6 +108,9 @@ def test_a_binary_file_is_not_read_as_a_log(tmp_path, capsys):
     assert report_main(["build", str(folder), "--out", str(tmp_path / "out2"), "--format", "md"]) == 0
     note = (tmp_path / "out2" / "note.md").read_text()
     assert "OutOfMemoryError" in note and "binary file (NUL bytes" in note
+    padded = folder / "padded.log"  # a crash left NUL padding at a log's end: still a log
+    padded.write_bytes((REAL / "60_oom_msg_torch2.0_style_then_app_output.txt").read_bytes() + b"\x00" * 4096)
+    assert ingest_file(padded).num_records == ingest_file(folder / "oom.log").num_records > 0
 
 
 def test_diff_of_a_folder_of_unrelated_logs_says_it_is_no_campaign(tmp_path, capsys):
