@@ -10,13 +10,20 @@
    MAX_LINE_BYTES, a FIFO or a device is refused, never read.
 2. tokenizer: a local HF ``tokenizer.json`` (HF tokenizers), or -- when none is given -- a
    byte-level BPE fitted offline on these documents with the same library (vocabulary capped
-   at the model's), EOD = ``<|endoftext|>``.
+   at the model's), EOD = ``<|endoftext|>``; on at most TOKENIZER_SAMPLE_CHARS (4 Mi) characters
+   of them, a sample spread over the files by size.
 3. tokens: every document encoded and followed by EOD (Megatron-LM
    ``tools/preprocess_data.py --append-eod``), written with megatron-core's
    ``IndexedDatasetBuilder`` (one sequence per document; uint16 ids when the vocabulary fits,
    ``DType.optimal_dtype``), so Megatron-LM reads it and a dataset Megatron-LM's tool wrote is
    read here.
 
+Bounded memory whatever the input size: the sources are streamed (read twice: the tokenizer's
+sample, then every document), the fit sees at most TOKENIZER_SAMPLE_CHARS characters (random
+text: ~0.65 GB to fit 4 Mi characters), and a long document is encoded in pieces of
+ENCODE_PIECE_CHARS cut at word boundaries, which give the same ids as the whole
+(split_for_encoding). 28 MB of random text in 4 lines: 48 s and 1.1 GB peak (88 s and 3.75 GB
+when every document was held and fitted whole), 84 MB: 103 s and 1.1 GB.
 Linear in input size: the fitted tokenizer's pre-tokenizer cuts every pre-token (GPT-2's regex
 pieces) into pieces of at most MAX_PRETOKEN_CHARS characters, so one huge "word" (a 1 MB line
 without spaces, a long run of one character or of whitespace) costs the BPE trainer what many
@@ -39,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -46,7 +54,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +82,21 @@ MAX_DOCUMENT_CHARS = 1 << 20
 # Documents encoded per call into the tokenizer, by characters: the encodings (~100 bytes per
 # token) of one batch are held at a time, not the whole corpus's
 ENCODE_BATCH_CHARS = 1 << 20
+# Longest piece of a document handed to the tokenizer at once (characters): a long document is cut
+# at word boundaries (split_for_encoding), so its encoding is held a piece at a time
+ENCODE_PIECE_CHARS = 256 << 10
+# greedy: up to the last non-space before an ASCII space, tab or newline. \S is Python's, which takes
+# more characters for whitespace than the tokenizer's regex does: a cut it allows, the tokenizer's allows
+_LAST_WORD_END = re.compile(r"(?s).*\S(?=[ \t\n\r\f\v])")
+# Characters of text a fitted tokenizer is trained on, at most: the BPE trainer holds every distinct
+# pre-token with per-character state (random text: ~130 MB of memory and 3 s per MB fitted; 4 lines
+# of 7 MB took 88 s and 3.75 GB when fitted whole). A larger corpus is fitted on a sample spread over
+# its files by size (sample_documents) and encoded whole, streamed: memory is bounded by this, one
+# document and one encode batch, whatever the corpus size. 4 Mi characters fits a byte-level BPE of
+# GPT-2's vocabulary on real text.
+TOKENIZER_SAMPLE_CHARS = 4 << 20
+# The most read of a PREFIX.json when deciding whether it is one of ours (a DatasetRecord is < 4 KB)
+MAX_RECORD_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,18 +202,19 @@ def read_documents(path: Path, *, text_key: str = "text") -> Iterator[str]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        try:
-            table = pq.read_table(path, columns=[text_key])
+        try:  # by row batches, not the whole column: memory is bounded by a batch, not the file
+            batches = pq.ParquetFile(path).iter_batches(columns=[text_key], batch_size=1024)
+            for batch in batches:
+                for value in batch.column(0).to_pylist():
+                    if value is not None and not isinstance(value, str):
+                        raise ConfigError(f"{path}: column '{text_key}' holds {type(value).__name__}, not text")
+                    if value:
+                        yield value
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such file") from None
         except (KeyError, ValueError, OSError) as e:  # pyarrow: missing column, not parquet
             raise ConfigError(f"{path}: cannot read column '{text_key}' as parquet ({e}); "
                               f"set --text-key / [data] text_key") from None
-        for value in table.column(text_key).to_pylist():
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{path}: column '{text_key}' holds {type(value).__name__}, not text")
-            if value:
-                yield value
         return
     _sniff_text(path)
     if path.suffix == ".jsonl":
@@ -243,16 +267,43 @@ def _read_lines(path: Path) -> Iterator[tuple[int, str]]:
                                   "or parquet files") from None
 
 
-def load_corpus(sources: Sequence[Path], *, text_key: str = "text") -> list[str]:
-    """Every document of every source, in the order given. Raises ConfigError naming the
-    sources when they hold no text at all (empty corpus)."""
+def iter_corpus(sources: Sequence[Path], *, text_key: str = "text") -> Iterator[str]:
+    """Every document of every source, in the order given, read as it is consumed (one document
+    held at a time). Raises ConfigError naming the sources when they hold no text at all (empty
+    corpus), once they are read to the end."""
     if not sources:
         raise ConfigError("no source files given; pass txt, jsonl or parquet files")
-    docs = [d for p in sources for d in read_documents(Path(p), text_key=text_key)]
-    if not docs:
+    num_docs = 0
+    for p in sources:
+        for doc in read_documents(Path(p), text_key=text_key):
+            num_docs += 1
+            yield doc
+    if not num_docs:
         names = ", ".join(str(p) for p in sources[:3]) + (f" (+{len(sources) - 3} more)" if len(sources) > 3 else "")
         raise ConfigError(f"{names}: empty corpus (no non-empty document); pass files that hold text")
-    return docs
+
+
+def check_corpus(sources: Sequence[Path], *, text_key: str = "text") -> None:
+    """Raise iter_corpus's ConfigError now when the sources are missing, unreadable or hold no
+    text: reads up to the first document (all of an empty corpus, streamed)."""
+    for _ in iter_corpus(sources, text_key=text_key):
+        return
+
+
+def sample_documents(sources: Sequence[Path], *, text_key: str = "text",
+                     max_chars: int = TOKENIZER_SAMPLE_CHARS) -> Iterator[str]:
+    """The documents a fitted tokenizer is trained on: all of them when the sources hold at most
+    ``max_chars`` bytes; else each file's leading documents up to its share of ``max_chars`` (by
+    its size in bytes), the last one cut, so the sample spans every file. Streamed."""
+    sizes = [Path(p).stat().st_size for p in sources]
+    total = sum(sizes)
+    for path, size in zip(sources, sizes):
+        budget = size if total <= max_chars else max_chars * size // total
+        for doc in read_documents(Path(path), text_key=text_key):
+            if budget <= 0:
+                break
+            yield doc[:budget]
+            budget -= len(doc)
 
 
 # ---------------------------------------------------------------------------------------- tokenizer
@@ -271,8 +322,12 @@ def load_tokenizer(path: Path):
 
 def train_tokenizer(docs: Sequence[str], *, vocab_size: int):
     """A byte-level BPE (GPT-2's pre-tokenizer and byte alphabet, EOD special token) fitted on
-    ``docs`` with HF tokenizers' BpeTrainer. Its vocabulary is at most ``vocab_size`` (a small
-    corpus may have fewer merges to learn). Raises ConfigError when vocab_size < 257."""
+    ``docs`` (prepare_data passes sample_documents', at most TOKENIZER_SAMPLE_CHARS characters)
+    with HF tokenizers' BpeTrainer. Its vocabulary is at most ``vocab_size`` (a small corpus may
+    have fewer merges to learn). Raises ConfigError when vocab_size < 257. A list, not a
+    generator: the trainer calls back into Python for every item from a thread of its own, and a
+    callback pending when SIGTERM ends the interpreter aborts the process (SIGABRT) instead of
+    exiting with the interrupt's line."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < MIN_TRAINED_VOCAB:
@@ -339,7 +394,7 @@ def _index_dtype(vocab_size: int):
     return _megatron_indexed_dataset().DType.optimal_dtype(vocab_size)
 
 
-def write_indexed_dataset(token_docs: Sequence[Sequence[int]], *, prefix: Path, vocab_size: int) -> None:
+def write_indexed_dataset(token_docs: Iterable[Sequence[int]], *, prefix: Path, vocab_size: int) -> None:
     """Write documents of token ids as ``prefix.bin`` / ``prefix.idx`` with megatron-core's
     IndexedDatasetBuilder (one sequence per document), in place: ``prefix`` is a staging path
     (prepare_data renames the files into place once everything is built and checked)."""
@@ -422,23 +477,33 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
                  text_key: str = "text", source: str = "files", seq_length: int = 1) -> DatasetRecord:
     """Tokenize ``sources`` into ``out_prefix.{bin,idx}`` and write ``out_prefix.json`` (the
     DatasetRecord); a trained tokenizer is saved as ``out_prefix.tokenizer.json``. vocab_size:
-    the model's vocabulary (cap of a trained tokenizer; bound a given one must fit). Raises
-    ConfigError naming the file for bad input (module docstring)."""
+    the model's vocabulary (cap of a trained tokenizer; bound a given one must fit). Memory is
+    bounded whatever the corpus size: the sources are streamed, twice (the tokenizer is fitted
+    on at most TOKENIZER_SAMPLE_CHARS characters of them, sample_documents; then every document
+    is encoded, ENCODE_BATCH_CHARS at a time). Raises ConfigError naming the file for bad input
+    (module docstring) and for an output path that exists and is not one of ours
+    (check_outputs_are_ours)."""
     t0 = time.perf_counter()
     out_prefix = check_out_prefix(Path(out_prefix))
+    check_outputs_are_ours(out_prefix)
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     if tokenizer is not None:
         tok_vocab = check_tokenizer_vocab(tokenizer, path=tokenizer_path, model_vocab_size=vocab_size)
-    docs = load_corpus(sources, text_key=text_key)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    # everything is built in an exclusive, randomly named directory beside the outputs, then renamed
-    stage = Path(tempfile.mkdtemp(dir=out_prefix.parent, prefix=f".{out_prefix.name}.", suffix=".tmp"))
+    sources = [Path(p) for p in sources]
+    check_corpus(sources, text_key=text_key)
+    try:
+        out_prefix.parent.mkdir(parents=True, exist_ok=True)
+        # everything is built in an exclusive, randomly named directory beside the outputs, then renamed
+        stage = Path(tempfile.mkdtemp(dir=out_prefix.parent, prefix=f".{out_prefix.name}.", suffix=".tmp"))
+    except OSError as e:  # the user's path, not our staging folder's name (/proc/.foo.0cukv_ee.tmp)
+        raise ConfigError(f"--out {out_prefix}: cannot write {out_prefix}.bin, .idx and .json in {out_prefix.parent} "
+                          f"({e.strerror or e}); choose a prefix in a folder you can write") from None
     try:
         staged = stage / out_prefix.name
         moves = [(Path(f"{staged}.{ext}"), Path(f"{out_prefix}.{ext}")) for ext in ("bin", "idx")]
         trained = tokenizer is None
         if trained:
-            tokenizer = train_tokenizer(docs, vocab_size=vocab_size)
+            tokenizer = train_tokenizer(list(sample_documents(sources, text_key=text_key)), vocab_size=vocab_size)
             tok_vocab = check_tokenizer_vocab(tokenizer, path="trained tokenizer", model_vocab_size=vocab_size)
             tokenizer_path = Path(f"{out_prefix}.tokenizer.json")
             tokenizer.save(f"{staged}.tokenizer.json")
@@ -447,7 +512,8 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
         if eod is None:  # a tokenizer without GPT-2's EOD: Megatron-LM's tool appends the tokenizer's eod; we need one
             raise ConfigError(f"{tokenizer_path}: no '{EOD_TOKEN}' token to end documents with; use a GPT-2 style "
                               "tokenizer")
-        write_indexed_dataset(_encode(tokenizer, docs, eod=eod), prefix=staged, vocab_size=tok_vocab)
+        write_indexed_dataset(_encode(tokenizer, iter_corpus(sources, text_key=text_key), eod=eod), prefix=staged,
+                              vocab_size=tok_vocab)
         info = validate_dataset(staged, model_vocab_size=vocab_size, seq_length=seq_length)
         record = DatasetRecord(
             prefix=str(out_prefix.resolve()), source=source, sources=tuple(str(p) for p in sources),
@@ -457,6 +523,11 @@ def prepare_data(sources: Sequence[Path], *, out_prefix: Path, tokenizer_path: P
             bin_bytes=info.bin_bytes, build_s=time.perf_counter() - t0)
         Path(f"{staged}.json").write_text(json.dumps(to_dict(record), indent=2) + "\n", encoding="utf-8")
         _commit_staged([*moves, (Path(f"{staged}.json"), Path(f"{out_prefix}.json"))])  # the record last
+    except OSError as e:
+        if e.filename is None or not str(e.filename).startswith(str(stage)):
+            raise
+        raise ConfigError(f"--out {out_prefix}: cannot write {out_prefix}.bin, .idx and .json in {out_prefix.parent} "
+                          f"({e.strerror or e}); nothing was written; free space or choose another prefix") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return record
@@ -476,18 +547,95 @@ def check_out_prefix(prefix: Path) -> Path:
     return prefix
 
 
-def _encode(tokenizer, docs: Sequence[str], *, eod: int) -> Iterator[list[int]]:
-    """Each document's token ids followed by ``eod``, in order, encoded in batches of about
-    ENCODE_BATCH_CHARS characters (the tokenizer's encodings of one batch held at a time)."""
-    start = 0
-    while start < len(docs):
-        end, num_chars = start, 0
-        while end < len(docs) and (end == start or num_chars + len(docs[end]) <= ENCODE_BATCH_CHARS):
-            num_chars += len(docs[end])
-            end += 1
-        for e in run_interruptible(tokenizer.encode_batch, docs[start:end], add_special_tokens=False):
-            yield e.ids + [eod]
-        start = end
+OUTPUT_SUFFIXES = ("bin", "idx", "json", "tokenizer.json")  # what prepare_data writes beside PREFIX
+
+
+def check_outputs_are_ours(prefix: Path) -> None:
+    """ConfigError naming the file when PREFIX.bin, .idx, .json or .tokenizer.json exists and was
+    not written by prepare_data, so a user's file (pd/settings.json) is never replaced. Ours: a
+    PREFIX.json that reads as the DatasetRecord prepare_data writes (every key of it), for a prefix
+    of this name (its ``prefix`` field; the folder may have moved since); then the .bin/.idx beside it are its dataset and a .tokenizer.json the one it
+    fitted (written together, renamed into place with the record last). Re-running onto our own
+    outputs replaces them."""
+    existing = [Path(f"{prefix}.{ext}") for ext in OUTPUT_SUFFIXES if os.path.lexists(f"{prefix}.{ext}")]
+    if not existing:
+        return
+    record = _read_own_record(Path(f"{prefix}.json"), prefix=prefix)
+    for path in existing:
+        ours = record is not None and not path.is_symlink() and (
+            path.name != f"{prefix.name}.tokenizer.json"
+            or (record.tokenizer_trained and Path(record.tokenizer or "").name == path.name))
+        if not ours:
+            raise ConfigError(f"--out {prefix}: {path} exists and was not written by `runner prepare-data` (no "
+                              f"{prefix.name}.json record of ours for this prefix beside it); choose another --out "
+                              "prefix or move the file away")
+
+
+def _read_own_record(path: Path, *, prefix: Path) -> DatasetRecord | None:
+    """The DatasetRecord at ``path`` when it is one prepare_data wrote for ``prefix``; else None."""
+    from ingest.io import read_regular_text
+
+    try:
+        data = json.loads(read_regular_text(path, max_bytes=MAX_RECORD_BYTES))
+        record = DatasetRecord(**{**data, "sources": tuple(data["sources"])})
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    # the same file name: a campaign folder moved since keeps its dataset ours
+    return record if Path(record.prefix).name == prefix.name else None
+
+
+def split_for_encoding(text: str, *, max_chars: int = ENCODE_PIECE_CHARS) -> list[str]:
+    """``text`` in pieces of at most ``max_chars`` characters whose encodings, concatenated, are the
+    encoding of the whole: each cut is at whitespace that follows a non-space character, where no
+    GPT-2 pre-token spans the cut (a pre-token holds no non-space followed by whitespace, and the
+    regex has no look-behind). A window without such a place (``max_chars`` characters without
+    whitespace) is cut at its end: one pre-token there is cut in two."""
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        end = start + max_chars
+        m = _LAST_WORD_END.match(text, start, end)
+        cut = m.end() if m and m.end() > start else end
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _encode(tokenizer, docs: Iterable[str], *, eod: int) -> Iterator["np.ndarray"]:
+    """Each document's token ids followed by ``eod``, in order, as an int64 array. Documents are
+    cut into pieces of at most ENCODE_PIECE_CHARS characters (split_for_encoding) and encoded in
+    batches of about ENCODE_BATCH_CHARS: one batch's encodings (~100 bytes a token in the
+    tokenizers library) and one document's ids (8 bytes a token) are held at a time, not a
+    document's encoding whole (a 7 MB line without a newline held 2 GB)."""
+    import numpy as np
+
+    batch: list[str] = []
+    ends: list[bool] = []
+    current: list[np.ndarray] = []
+    num_chars = 0
+
+    def flush() -> list[np.ndarray]:
+        done = []
+        for e, end in zip(run_interruptible(tokenizer.encode_batch, batch, add_special_tokens=False), ends):
+            current.append(np.asarray(e.ids, dtype=np.int64))
+            if end:
+                done.append(np.concatenate([*current, np.asarray([eod], dtype=np.int64)]))
+                current.clear()
+        batch.clear()
+        ends.clear()
+        return done
+
+    for doc in docs:
+        pieces = split_for_encoding(doc)
+        for i, piece in enumerate(pieces):
+            if batch and num_chars + len(piece) > ENCODE_BATCH_CHARS:
+                yield from flush()
+                num_chars = 0
+            batch.append(piece)
+            ends.append(i == len(pieces) - 1)
+            num_chars += len(piece)
+    if batch:
+        yield from flush()
 
 
 def write_dataset_record(path: Path, record: DatasetRecord) -> None:

@@ -235,3 +235,111 @@ def test_every_recorded_env_value_is_redacted(tmp_path):
     assert env.disk.path == str(tmp_path / "run-<redacted>") and env_vars["PYTORCH_BASIC"] == "Authorization: <redacted>"
     assert [s.path for s in storage] == [str(tmp_path / "run-<redacted>"), str(tmp_path / "run-<redacted>" / "ckpt")]
     assert env.launch_command[-1] == str(tmp_path / "run-<redacted>")
+
+
+# ---- G. prepare-data never replaces a file it did not write
+
+def _small_text(tmp_path: Path) -> Path:
+    src = tmp_path / "small.txt"
+    src.write_text("hello world this is text\nmore text here, and more words for the tokenizer to fit\n" * 20)
+    return src
+
+
+@pytest.mark.parametrize("user_files", [("settings.json", "settings.bin"), ("settings.bin",),
+                                        ("settings.tokenizer.json",)])
+def test_prepare_data_refuses_a_users_file_at_the_output_paths(tmp_path, user_files):
+    src = _small_text(tmp_path)
+    (tmp_path / "pd2").mkdir()
+    for name in user_files:
+        (tmp_path / "pd2" / name).write_text('{"theme": "dark"}\n')
+    res = _runner("prepare-data", str(src), "--out", str(tmp_path / "pd2" / "settings"), "--vocab-size", "300")
+    first = tmp_path / "pd2" / sorted(user_files, key=lambda n: ("bin", "idx", "json", "tokenizer.json").index(
+        n.split(".", 1)[1]))[0]
+    _one_error_line(res, f"{first} exists and was not written by `runner prepare-data`", "choose another --out")
+    assert sorted(p.name for p in (tmp_path / "pd2").iterdir()) == sorted(user_files)  # no staging left either
+    for name in user_files:
+        assert (tmp_path / "pd2" / name).read_text() == '{"theme": "dark"}\n'
+
+
+def test_prepare_data_rewrites_its_own_outputs_but_not_anothers_record(tmp_path):
+    src = _small_text(tmp_path)
+    out = tmp_path / "pd" / "corpus"
+    for _ in range(2):  # the second run replaces the first's outputs
+        res = _runner("prepare-data", str(src), "--out", str(out), "--vocab-size", "300")
+        assert res.returncode == 0, res.stderr
+    other = tmp_path / "pd" / "other"
+    for ext in ("bin", "idx", "json"):  # our record, but written for another prefix: not this prefix's
+        Path(f"{other}.{ext}").write_bytes(Path(f"{out}.{ext}").read_bytes())
+    _one_error_line(_runner("prepare-data", str(src), "--out", str(other), "--vocab-size", "300"),
+                    f"{other}.bin exists and was not written by `runner prepare-data`")
+
+
+# ---- F. prepare-data's memory is bounded whatever the corpus size
+
+def test_the_tokenizer_sample_is_bounded_and_spans_every_file(tmp_path):
+    from runner.corpus import TOKENIZER_SAMPLE_CHARS, sample_documents
+
+    a, b, c = tmp_path / "a.txt", tmp_path / "b.jsonl", tmp_path / "c.txt"
+    a.write_text("alpha " * 2000 + "\n")  # 12,000 bytes
+    b.write_text("".join(json.dumps({"text": f"beta {i} " * 20}) + "\n" for i in range(40)))
+    c.write_text("gamma " * 1000 + "\n")  # 6,000 bytes
+    whole = list(sample_documents([a, b, c]))
+    assert "".join(whole).count("alpha") == 2000 and len(whole) == 42  # under the bound: the whole corpus
+    sizes = [p.stat().st_size for p in (a, b, c)]
+    sample = list(sample_documents([a, b, c], max_chars=3000))
+    assert sum(map(len, sample)) <= 3000
+    text = "".join(sample)
+    for word, size in zip(("alpha", "beta", "gamma"), sizes):  # each file its share by size, from its start
+        assert len(word) * text.count(word) <= 3000 * size // sum(sizes) + len(word), word
+        assert text.count(word) > 0
+    assert TOKENIZER_SAMPLE_CHARS == 4 << 20
+
+
+def test_pieces_of_a_long_document_encode_as_the_whole(tmp_path):
+    """Cut at a space after a non-space, no pre-token spans the cut: the ids are the same."""
+    import random
+
+    from runner.corpus import split_for_encoding, train_tokenizer
+
+    rng = random.Random(5)
+    words = ["the", "gradient", "all_reduce", "(rank", "3)", "\n", "\t", "   ", "ÄÖü", "1234", "x" * 40, ",", "  \n ",
+             "it's", "'ll", "-->"]
+    text = "".join(rng.choice(words) + rng.choice(["", " ", "  ", "\n"]) for _ in range(5000))
+    assert max(map(len, re.split(r"\s", text))) < 97  # every window of the split has a place to cut
+    tok = train_tokenizer([text[:20000]], vocab_size=400)
+    pieces = split_for_encoding(text, max_chars=97)
+    assert "".join(pieces) == text and len(pieces) > 100 and max(map(len, pieces)) <= 97
+    whole = tok.encode(text, add_special_tokens=False).ids
+    assert [i for p in pieces for i in tok.encode(p, add_special_tokens=False).ids] == whole
+    assert split_for_encoding("x" * 250, max_chars=97) == ["x" * 97, "x" * 97, "x" * 56]  # no space: cut at the end
+
+
+def test_prepare_data_of_a_7mb_line_holds_its_encoding_a_piece_at_a_time(tmp_path):
+    """One 7 MB line (one document) with a given tokenizer: encoded whole it held 1.7 GB; by
+    pieces of ENCODE_PIECE_CHARS the process stays under 1 GB (the interpreter, torch and the
+    text are ~0.6 GB of it)."""
+    import random
+
+    from runner.corpus import train_tokenizer
+
+    rng = random.Random(2)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)]
+    train_tokenizer([" ".join(rng.choices(words, k=20000))], vocab_size=400).save(str(tmp_path / "tok.json"))
+    src = tmp_path / "line.txt"
+    src.write_text(" ".join(rng.choices(words, k=1_100_000)))
+    probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+    res = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "runner.cli", "prepare-data", str(src),
+                          "--tokenizer", str(tmp_path / "tok.json"), "--vocab-size", "400", "--out",
+                          str(tmp_path / "pd" / "line")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    peak_mib = int(res.stdout.strip().splitlines()[-1]) // 1024
+    assert "in 1 documents" in res.stdout and peak_mib < 1000, (peak_mib, res.stdout)
+
+
+# ---- O. words: the user's paths, not ours
+
+def test_prepare_data_into_a_folder_it_cannot_write_names_the_users_path(tmp_path):
+    res = _runner("prepare-data", str(_small_text(tmp_path)), "--out", "/proc/foo")
+    line = _one_error_line(res, "--out /proc/foo: cannot write /proc/foo.bin, .idx and .json in /proc")
+    assert ".tmp" not in line
