@@ -787,13 +787,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def interrupted_text(args: argparse.Namespace) -> str:
     """What SIGINT/SIGTERM stopped: a campaign's runs (``runner all`` / ``--resume``, not a dry
-    run) or a command that launches nothing (plan, status, a dry run)."""
+    run), a plan (its --out JSON not written), or a command that only reads and prints (status, a
+    dry run)."""
     if getattr(args, "func", None) is cmd_all and not getattr(args, "dry_run", False):
         where = getattr(args, "resume", None) or getattr(args, "out", None)
         again = shlex.join(["runner", "all", "--resume", str(where)]) if where else "runner all --resume CAMPAIGN"
         return f"runner: interrupted; the current run was stopped and marked 'interrupted' (finish with: {again})"
-    if getattr(args, "func", None) in (cmd_status,) or getattr(args, "dry_run", False) \
-            or getattr(args, "command", None) == "plan":
+    if getattr(args, "command", None) == "plan":  # plan writes its JSON, atomically, once all is computed
+        out = getattr(args, "out", None) or "runs/plan-<model>-<N>gpu.json"
+        return (f"runner: interrupted; nothing was launched and no plan was written ({out} is written whole at the "
+                "end: it is absent, or still the earlier plan)")
+    if getattr(args, "func", None) in (cmd_status,) or getattr(args, "dry_run", False):
         return "runner: interrupted; nothing was launched or written (this command only reads and prints)"
     return "runner: interrupted before it finished"
 

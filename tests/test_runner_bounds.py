@@ -343,3 +343,19 @@ def test_prepare_data_into_a_folder_it_cannot_write_names_the_users_path(tmp_pat
     res = _runner("prepare-data", str(_small_text(tmp_path)), "--out", "/proc/foo")
     line = _one_error_line(res, "--out /proc/foo: cannot write /proc/foo.bin, .idx and .json in /proc")
     assert ".tmp" not in line
+
+
+@pytest.mark.parametrize("out, shown", [(["--out", "/tmp/p.json"], "/tmp/p.json"),
+                                        ([], "runs/plan-<model>-<N>gpu.json")])
+def test_an_interrupted_plan_says_what_it_writes(out, shown):
+    """`runner plan` writes its JSON (--out): an interrupt says the plan was not written, not that
+    the command only reads and prints."""
+    from core.argv import parse_args
+    from runner.cli import build_parser, interrupted_text
+
+    args = parse_args(build_parser(), ["plan", "--model", "gpt-125m", "--seq", "1024", "--global-batch", "8",
+                                       "--gpus", "8", *out])
+    text = interrupted_text(args)
+    assert "only reads and prints" not in text
+    assert text == (f"runner: interrupted; nothing was launched and no plan was written ({shown} is written whole "
+                    "at the end: it is absent, or still the earlier plan)")
