@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.synthetic_campaign import write_synthetic_campaign
+from tests.test_bounded_input import _one_error_line
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = "9" * 5000  # past sys.get_int_max_str_digits() (4,300)
@@ -22,16 +23,6 @@ BIG = "9" * 5000  # past sys.get_int_max_str_digits() (4,300)
 def _runner(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
-
-
-def _one_error_line(res: subprocess.CompletedProcess, *needles: str) -> str:
-    assert res.returncode == 2, (res.args, res.stdout[-2000:], res.stderr[-2000:])
-    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def _resumable(camp: Path) -> Path:
