@@ -510,9 +510,10 @@ class RunLimits:
     """What one run's hardware can produce: the range checks of its metrics rows past the flat
     caps (``step_row_problem``). A None field is not checked (an unknown GPU keeps the flat caps).
 
-    gpu_name: the run's GPU as recorded. mem_gib: the most device memory one rank can hold (GiB).
-    flops_per_token, peak_flops, num_gpus: core.formulas.compute_mfu's inputs; a row whose MFU
-    is above 1 is impossible. host_ahead: device-timed steps (CUDA events, runner.recorder), where
+    gpu_name: the run's GPU as recorded (None on CPU). mem_gib: the most device memory one rank
+    can hold (GiB). flops_per_token, peak_flops, num_gpus: core.formulas.compute_mfu's inputs
+    (num_gpus: ranks on CPU, peak_flops: MAX_CPU_FLOPS_PER_RANK there); a row whose MFU is above 1
+    is impossible. host_ahead: device-timed steps (CUDA events, runner.recorder), where
     the host fetches the next batch while the device still runs the previous step, so a row's
     data_wait_s may exceed its step_time_s by up to the previous step's; False for perf_counter
     timing (CPU), where the wait lies inside the step."""
@@ -525,42 +526,70 @@ class RunLimits:
     host_ahead: bool = False
 
 
-# The FLOPs per token a row's MFU bound counts: the causal one (6N + 6LHQT), the fewest FLOPs a
-# causal decoder's step computes (matmuls and the lower triangle of attention; recomputation
-# only adds), so a row past the bound is impossible whatever convention the note prints.
-LIMIT_FLOPS_CONVENTION = "6N+6LHQT"
+# A CPU rank's FLOP/s bound (hardware.toml lists no CPU peak): 1e14 FLOP/s, 100 TFLOP/s. The
+# fastest CPU sockets reach a few TFLOP/s dense fp32 (192 Zen 5 cores x 2 AVX-512 FMA units x 16
+# lanes x 2 FLOPs x ~3 GHz = ~37 TFLOP/s; AMX bf16 on a 128-core Xeon ~ a few hundred on paper,
+# far less on a model step), so no CPU process's model FLOP/s reaches it; the tiny CPU presets
+# run at ~1e10.
+MAX_CPU_FLOPS_PER_RANK = 1e14
 
 
 def build_run_limits(spec: RunSpec, *, info: Mapping[str, Any] | None, env: EnvRecord) -> RunLimits:
     """The RunLimits of a run from its spec, run_info.json (a dict as _read_record gives it, or
     None) and the campaign's environment record. The GPU: run_info's device_name, else env.json's
-    first GPU (CUDA runs only). mem_gib: the larger of hardware.toml's memory_gib for it and
-    env.json's memory_total of GPUs of that name. peak_flops: its highest dense peak over the
-    dtypes hardware.toml lists (a fp32 run may use TF32 tensor cores), core.hardware.lookup_peak.
-    flops_per_token: core.formulas.compute_flops_per_token (LIMIT_FLOPS_CONVENTION), from
-    run_info's parameter counts. ConfigError from an invalid hardware table."""
-    from core.formulas import compute_flops_per_token
+    first GPU (CUDA runs only). mem_gib: hardware.toml's memory_gib for it; env.json's
+    memory_total of GPUs of that name only where hardware.toml lists no memory for it (a larger
+    env.json value for a listed GPU is a caveat, ``env_memory_problems``). peak_flops: its highest
+    dense peak over the dtypes hardware.toml lists (a fp32 run may use TF32 tensor cores),
+    core.hardware.lookup_peak; MAX_CPU_FLOPS_PER_RANK for a CPU run. flops_per_token: the most
+    core.formulas.compute_flops_per_token gives over its conventions (6N+12LHQT), from run_info's
+    parameter counts, so no MFU the note prints, in any convention, is above 1. ConfigError from
+    an invalid hardware table."""
+    from core.formulas import FLOPS_CONVENTIONS, compute_flops_per_token
     from core.hardware import DTYPES, lookup_gpu, lookup_peak
 
     host_ahead = spec.device != "cpu"
+    fpt, model = None, spec.fixed.model
+    if info and info.get("num_params") is not None and info.get("num_params_position_embedding") is not None:
+        try:
+            fpt = max(compute_flops_per_token(num_params=int(info["num_params"]), num_layers=model.num_layers,
+                                              hidden_size=model.hidden_size, seq_length=model.seq_length,
+                                              position_embedding_params=int(info["num_params_position_embedding"]),
+                                              convention=c) for c in FLOPS_CONVENTIONS)
+        except ValueError:  # N <= 0: a damaged run_info.json; MFU is n/a in the note too
+            fpt = None
+    if spec.device == "cpu":
+        return RunLimits(flops_per_token=fpt, peak_flops=MAX_CPU_FLOPS_PER_RANK, num_gpus=spec.world_size,
+                         host_ahead=host_ahead)
     gpu = ((info or {}).get("device_name") or (env.gpus[0].name if env.gpus else None)) if spec.device == "cuda" else None
     if not gpu:
         return RunLimits(host_ahead=host_ahead)
     peak = max((p.flops for d in DTYPES if (p := lookup_peak(gpu, d)) is not None), default=None)
     entry = lookup_gpu(gpu)
-    mems = [entry.memory_gib] if entry is not None and entry.memory_gib else []
-    mems += [g.memory_total_mib / 1024 for g in env.gpus if g.name == gpu and g.memory_total_mib]
-    fpt, model = None, spec.fixed.model
-    if info and info.get("num_params") is not None and info.get("num_params_position_embedding") is not None:
-        try:
-            fpt = compute_flops_per_token(num_params=int(info["num_params"]), num_layers=model.num_layers,
-                                          hidden_size=model.hidden_size, seq_length=model.seq_length,
-                                          position_embedding_params=int(info["num_params_position_embedding"]),
-                                          convention=LIMIT_FLOPS_CONVENTION)
-        except ValueError:  # N <= 0: a damaged run_info.json; MFU is n/a in the note too
-            fpt = None
-    return RunLimits(gpu_name=gpu, mem_gib=max(mems, default=None), flops_per_token=fpt, peak_flops=peak,
+    mem = entry.memory_gib if entry is not None and entry.memory_gib else max(
+        (g.memory_total_mib / 1024 for g in env.gpus if g.name == gpu and g.memory_total_mib), default=None)
+    return RunLimits(gpu_name=gpu, mem_gib=mem, flops_per_token=fpt, peak_flops=peak,
                      num_gpus=spec.world_size, host_ahead=host_ahead)
+
+
+def env_memory_problems(env: EnvRecord) -> list[str]:
+    """One caveat per GPU name whose env.json memory_total is more than hardware.toml's
+    memory_gib for it (compared at the table's 0.1 GiB: an H100's 81,559 MiB is its 79.6 GiB):
+    no GPU holds more memory than its model has, so env.json is wrong or forged; its rows are
+    checked against hardware.toml's value (build_run_limits). Plain text in env.json's caveat
+    form (core.records.env_record_from_dict), as its other field caveats."""
+    from core.hardware import lookup_gpu
+
+    out = []
+    for name in dict.fromkeys(g.name for g in env.gpus if g.name and g.memory_total_mib):
+        entry = lookup_gpu(name)
+        i, mib = max(((i, g.memory_total_mib) for i, g in enumerate(env.gpus) if g.name == name and g.memory_total_mib),
+                     key=lambda x: x[1])
+        if entry is not None and entry.memory_gib and round(mib / 1024, 1) > entry.memory_gib:
+            out.append(f"env.json: gpus[{i}].memory_total_mib: {mib!r} MiB ({mib / 1024:.1f} GiB) is impossible for the "
+                       f"{name} ({entry.memory_gib:.1f} GiB in hardware.toml); its ranks' memory peaks are checked "
+                       f"against {entry.memory_gib:.1f} GiB")
+    return out
 
 
 def _hardware_problems(row: dict[str, Any], limits: RunLimits, *, prev_step_time_s: float | None) -> list[str]:
@@ -578,7 +607,9 @@ def _hardware_problems(row: dict[str, Any], limits: RunLimits, *, prev_step_time
                       num_gpus=limits.num_gpus)
     if mfu is not None and mfu > 1:
         out.append(f"tokens/step_time_s {tokens_per_s:.3g} (MFU {mfu:.0%}: more model FLOP/s per GPU than the "
-                   f"{gpu}'s dense peak, {limits.peak_flops:.3g})")
+                   f"{gpu}'s dense peak, {limits.peak_flops:.3g})" if gpu else
+                   f"tokens/step_time_s {tokens_per_s:.3g} ({mfu * limits.peak_flops:.3g} model FLOP/s per rank: "
+                   f"more than a CPU process reaches, {limits.peak_flops:.3g})")
     slack = (prev_step_time_s if limits.host_ahead else 0.0)
     if slack is not None and row["data_wait_s"] > step_s + slack:
         out.append(f"data_wait_s {row['data_wait_s']:.3g} (> step_time_s {step_s:.3g}"
@@ -728,6 +759,7 @@ def load_campaign(path: str | os.PathLike[str]) -> Campaign:
     else:
         problems.append(Message(N_("%(file)s is missing: the environment section is empty"), file=root / "env.json"))
     env, _ = env_record_from_dict(env_json)  # its caveats are build_campaign's; here: the GPUs for RunLimits
+    problems += env_memory_problems(env)
     names = campaign.get("runs") or sorted(p.parent.name for p in root.glob("*/spec.json"))
     bad_names = [p for n in names if (p := run_name_problem(n))]
     twice = sorted({str(n) for n in names if names.count(n) > 1}) if not bad_names else []

@@ -179,10 +179,10 @@ def test_rows_past_what_the_h200_can_do_are_dropped_with_file_and_line(tmp_path)
     rows[160]["data_wait_s"] = rows[160]["step_time_s"] + 0.5 * rows[159]["step_time_s"]  # possible: host ran ahead
     _write_rows(path, rows)
     campaign = load_campaign(camp)
-    # MFU by hand: 131,072 tokens / 0.1 ms x (6 x 123,689,472 + 6 x 12 x 768 x 1024) FLOPs per token
-    # (causal convention, run_info's parameters less the position embedding) / 989.4e12 = 1058.2
+    # MFU by hand: 131,072 tokens / 0.1 ms x (6 x 123,689,472 + 12 x 12 x 768 x 1024) FLOPs per token
+    # (the note's default convention, run_info's parameters less the position embedding) / 989.4e12 = 1133.2
     assert ("ddp/metrics/rank0.jsonl: 3 row(s) dropped: 3 impossible values (line 101: tokens/step_time_s 1.31e+09 "
-            "(MFU 105817%: more model FLOP/s per GPU than the NVIDIA H200's dense peak, 9.89e+14), line 121: "
+            "(MFU 113318%: more model FLOP/s per GPU than the NVIDIA H200's dense peak, 9.89e+14), line 121: "
             "mem_peak_allocated_gib 4000.0 (> 140.4 GiB, all of one NVIDIA H200's memory), mem_peak_reserved_gib "
             "4000.0 (> 140.4 GiB, all of one NVIDIA H200's memory), line 141: data_wait_s 0.534 (> step_time_s 0.261 "
             "+ the previous step's 0.263)); the numbers use the 197 valid rows") in campaign.problems
@@ -236,3 +236,80 @@ def test_an_unknown_gpu_keeps_the_flat_caps_and_env_json_memory(tmp_path):
     _write_rows(camp / "ddp" / "metrics" / "rank0.jsonl", rows[:6])
     campaign = load_campaign(camp)
     assert any("(line 6: tokens/step_time_s 1.07e+10 (MFU " in p for p in campaign.problems), campaign.problems
+
+
+def _forge_example(tmp_path: Path, *, step_time_s: float) -> Path:
+    import shutil
+
+    camp = tmp_path / "camp"
+    shutil.copytree(EXAMPLE, camp, ignore=shutil.ignore_patterns("report", "trace", "tables"))
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    _write_rows(path, [dict(r, step_time_s=step_time_s, data_wait_s=0.0001) for r in _rows(path)])
+    return camp
+
+
+@pytest.mark.parametrize("step_time_s, dropped", [(0.109, True), (0.115, False)])
+def test_the_mfu_bound_counts_the_flops_the_note_prints(tmp_path, step_time_s, dropped):
+    """The bound counts the most FLOPs per token of any convention the note prints (6N+12LHQT),
+    so no printed MFU is above 100%. By hand, 131,072 tokens per step on one H200 (989.4e12):
+    at 0.109 s, 6N+12LHQT (855,383,040 FLOPs per token) gives 104.0% -- dropped, though causal
+    6N+6LHQT (798,759,936) gives 97.1%; at 0.115 s, 98.5% -- kept."""
+    from ingest.io import load_campaign
+
+    campaign = load_campaign(_forge_example(tmp_path, step_time_s=step_time_s))
+    kept = len(campaign.steps.query("run == 'ddp'"))
+    caveats = [p for p in campaign.problems if "impossible values" in p]
+    if dropped:
+        assert kept == 0 and len(caveats) == 1, campaign.problems
+        assert ("ddp/metrics/rank0.jsonl: 200 row(s) dropped: 200 impossible values (line 1: tokens/step_time_s "
+                "1.2e+06 (MFU 104%: more model FLOP/s per GPU than the NVIDIA H200's dense peak, 9.89e+14)") in caveats[0]
+    else:
+        assert kept == 200 and caveats == [], campaign.problems
+
+
+def test_env_json_memory_cannot_raise_a_known_gpus_limit(tmp_path):
+    """An H200 is 140.4 GiB (hardware.toml) whatever env.json says: a forged 4,000 GiB
+    memory_total is one caveat, and a 3,999 GiB peak is dropped; the real 143,771 MiB H200 and
+    81,559 MiB H100 (79.6 GiB at the table's 0.1 GiB) are no caveat."""
+    from ingest.io import load_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "camp", device_name="NVIDIA H200")
+    env = json.loads((camp / "env.json").read_text())
+    (camp / "env.json").write_text(json.dumps(dict(env, gpus=[dict(g, memory_total_mib=4000 * 1024)
+                                                              for g in env["gpus"]])))
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    rows = _rows(path)
+    rows[6]["mem_peak_reserved_gib"] = 3999.0
+    _write_rows(path, rows)
+    campaign = load_campaign(camp)
+    assert [p for p in campaign.problems if "env.json" in p] == [
+        "env.json: gpus[0].memory_total_mib: 4096000 MiB (4000.0 GiB) is impossible for the NVIDIA H200 (140.4 GiB in "
+        "hardware.toml); its ranks' memory peaks are checked against 140.4 GiB"]
+    assert ("ddp/metrics/rank0.jsonl: 1 row(s) dropped: 1 impossible values (line 7: mem_peak_reserved_gib 3999.0 "
+            "(> 140.4 GiB, all of one NVIDIA H200's memory)); the numbers use the 11 valid rows") in campaign.problems
+    for name, mib in (("NVIDIA H200", 143771), ("NVIDIA H100 80GB HBM3", 81559)):
+        camp = write_synthetic_campaign(tmp_path / str(mib), device_name=name)
+        env = json.loads((camp / "env.json").read_text())
+        (camp / "env.json").write_text(json.dumps(dict(env, gpus=[dict(g, memory_total_mib=mib) for g in env["gpus"]])))
+        assert not [p for p in load_campaign(camp).problems if "env.json" in p or "impossible" in p]
+
+
+@pytest.mark.parametrize("tokens, dropped", [(1 << 25, True), (1 << 23, False)])
+def test_a_cpu_row_past_any_cpus_flops_is_dropped(tmp_path, tokens, dropped):
+    """hardware.toml has no CPU peak; a CPU rank is bounded by 1e14 model FLOP/s. By hand, the
+    synthetic tiny model: 6 x 120,000 + 12 x 2 x 64 x 32 = 769,152 FLOPs per token, 2 ranks, a
+    0.11 s step: 2^25 tokens give 1.17e14 per rank (dropped), 2^23 give 2.93e13 (kept). The
+    unforged CPU campaign (2,560 tokens/s) has no caveat."""
+    from ingest.io import load_campaign
+
+    camp = write_synthetic_campaign(tmp_path / "camp")
+    assert not [p for p in load_campaign(camp).problems if "impossible" in p]
+    path = camp / "ddp" / "metrics" / "rank0.jsonl"
+    rows = _rows(path)
+    rows[6].update(tokens=tokens, step_time_s=0.11, data_wait_s=0.0)
+    _write_rows(path, rows)
+    campaign = load_campaign(camp)
+    caveat = ("ddp/metrics/rank0.jsonl: 1 row(s) dropped: 1 impossible values (line 7: tokens/step_time_s 3.05e+08 "
+              "(1.17e+14 model FLOP/s per rank: more than a CPU process reaches, 1e+14)); the numbers use the 11 valid rows")
+    assert (caveat in campaign.problems) is dropped, campaign.problems
+    assert (6 in set(campaign.steps.query("run == 'ddp' and rank == 0")["step"])) is not dropped
