@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -36,6 +37,7 @@ from core.records import (
     CapacityResult, CapacityTrial, ModelConfig, RankMemory, RunSpec, RunStatus, record_from_dict, record_problems,
     to_dict,
 )
+from runner.matrix import MAX_RUNS
 from runner.membudget import BUDGET_KEY, INIT_ON_DEVICE_KEY
 from runner.tune import load_probe_tokens_per_s
 from core.formulas import is_finite_number
@@ -57,16 +59,30 @@ class CapacityConfig:
 
 
 CAPACITY_KEYS = {f.name for f in dataclasses.fields(CapacityConfig)}
+# Bisection needs ceil(log2(rungs + 1)) trials: 64 rungs take 7; no real ladder is longer, and a
+# longer one costs the dry run a memory prediction per layout per rung.
+MAX_RUNGS = 64
 
 
-def build_capacity_config(raw: Any, *, where: str, device: str) -> CapacityConfig:
-    """The ``[capacity]`` table -> CapacityConfig. Raises ConfigError listing every problem
-    (unknown keys with the valid ones, types, ranges, a budget on the wrong device)."""
+def build_capacity_config(raw: Any, *, where: str, device: str, num_layouts: int = 1) -> CapacityConfig:
+    """The ``[capacity]`` table -> CapacityConfig, for a matrix of ``num_layouts`` [[runs]]
+    (checked before any run is resolved). Raises ConfigError listing every problem (unknown keys
+    with the valid ones, types, ranges, a budget on the wrong device); alone, before reading the
+    rungs, a ladder longer than MAX_RUNGS or more trials than runner.matrix.MAX_RUNS."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: no [capacity] table (needs ladder = [[num_layers, hidden_size], ...])")
+    ladder = raw.get("ladder")
+    if isinstance(ladder, list) and len(ladder) > MAX_RUNGS:
+        raise ConfigError(f"{where} [capacity] ladder: {len(ladder):,} rungs, more than the {MAX_RUNGS} a probe "
+                          f"bisects; keep at most {MAX_RUNGS}, spaced wider")
+    if isinstance(ladder, list) and ladder:
+        num_trials = num_layouts * math.ceil(math.log2(len(ladder) + 1))
+        if num_trials > MAX_RUNS:
+            raise ConfigError(f"{where}: {num_layouts:,} layouts x ceil(log2({len(ladder)} + 1)) trials = "
+                              f"{num_trials:,} trials, more than the {MAX_RUNS:,} a campaign may hold; split the "
+                              "[[runs]] into several matrices")
     problems = [f"{where} [capacity]: unknown key '{k}' (valid: {', '.join(sorted(CAPACITY_KEYS))})"
                 for k in sorted(set(raw) - CAPACITY_KEYS)]
-    ladder = raw.get("ladder")
     rungs: list[tuple[int, int]] = []
     if not isinstance(ladder, list) or not ladder:
         problems.append(f"{where} [capacity] ladder: must be a list of [num_layers, hidden_size] pairs, got {ladder!r}")

@@ -241,10 +241,20 @@ def _start_campaign(out: Path, campaign: Campaign, node: NodeLaunch | None, *, m
     for spec in campaign.runs:  # every spec up front, so --resume knows the whole campaign
         (out / spec.name).mkdir(exist_ok=node is not None)
         write_json_atomic(out / spec.name / "spec.json", to_dict(spec))
+    # every path the user typed (matrix, [data] path, corpus files) is redacted as the launch command
+    # is; spec.json keeps the real data path the ranks open, --resume reads only names and limits here
+    data_path = campaign.fixed.data_path
+    fixed = dataclasses.replace(campaign.fixed, data_path=data_path and redact_text(data_path))
+    if dataset_meta is not None:
+        dataset_meta = dataclasses.replace(
+            dataset_meta, prefix=redact_text(dataset_meta.prefix),
+            sources=tuple(map(redact_text, dataset_meta.sources)),
+            tokenizer=dataset_meta.tokenizer and redact_text(dataset_meta.tokenizer))
     meta = CampaignRecord(
         name=campaign.name, created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        tool_version=__version__, tool_git_commit=env.tool_git_commit, matrix_path=str(matrix_path),
-        launch_command=tuple(launch_command), device=campaign.device, supervision=supervision, fixed=campaign.fixed,
+        tool_version=__version__, tool_git_commit=env.tool_git_commit,
+        matrix_path=redact_text(str(matrix_path)),
+        launch_command=tuple(launch_command), device=campaign.device, supervision=supervision, fixed=fixed,
         runs=tuple(s.name for s in campaign.runs), dataset=dataset_meta,
         nodes=CampaignNodes(nnodes=node.nnodes, rdzv_endpoint=f"{node.rdzv_host}:{node.rdzv_port}",
                             rdzv_port_rule="base port + run index") if node is not None else None)
@@ -604,7 +614,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     matrix_path = args.matrix or MATRIX_DIR / CAPACITY_MATRICES.get(num_gpus, "1gpu-capacity.toml")
     raw = load_matrix(matrix_path)
     # the [capacity] table first: a matrix without one is refused before its runs are resolved
-    config = build_capacity_config(raw.get("capacity"), where=str(matrix_path), device="cuda" if num_gpus > 0 else "cpu")
+    config = build_capacity_config(raw.get("capacity"), where=str(matrix_path), device="cuda" if num_gpus > 0 else "cpu",
+                                   num_layouts=len(raw["runs"]) if isinstance(raw.get("runs"), list) else 1)
     campaign = resolve_matrix(raw, source=str(matrix_path), num_gpus=num_gpus, overrides={"preset": args.preset})
     specs = tuple(s for s in campaign.runs if s.data_round == "synthetic" and int(s.options.get("repeat", 1)) == 1)
     searched = [s.name for s in specs if "micro_batch_search" in s.options]

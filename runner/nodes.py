@@ -186,7 +186,9 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     any component (``open_node_file``), so a file swapped for a link after the check is not read.
     Returns the copied paths (relative). Raises ConfigError, before copying anything, listing
     every node directory that is not one (a symbolic link, no env_node<K>.json: /etc, a home
-    folder), every symlink and hard link in one and every conflict (same path, different bytes)."""
+    folder), every symlink and hard link in one, every symlink on the campaign side between
+    ``campaign_dir`` and a file to write (``find_campaign_link``: a link there would take the copy
+    outside the campaign) and every conflict (same path, different bytes)."""
     problems = []
     if not (campaign_dir / "campaign.json").is_file():
         problems.append(f"{campaign_dir}: no campaign.json; the first argument is node 0's campaign directory")
@@ -205,11 +207,17 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
     runs = {str(n): _world_size(campaign_dir / n) for n in meta.get("runs", []) if isinstance(n, str)}
     plan: list[tuple[Path, Path, Path]] = []
     planned: dict[Path, tuple[Path, Path]] = {}
+    links: set[Path] = set()
     for d in node_dirs:
         for rel in _node_files(d, runs, problems):
             src, dst = d / rel, campaign_dir / rel
             try:
-                if rel in planned:
+                link = find_campaign_link(campaign_dir, rel)
+                if link is not None:
+                    if link not in links:  # once per link, not per file below it
+                        links.add(link)
+                        problems.append(_campaign_link_problem(campaign_dir, link))
+                elif rel in planned:
                     if not _same_bytes(planned[rel], (d, rel)):
                         problems.append(f"{rel}: differs between {planned[rel][0]} and {d}; remove the wrong copy")
                 elif dst.exists():
@@ -221,15 +229,41 @@ def collect_node_dirs(campaign_dir: Path, node_dirs: list[Path]) -> list[Path]:
             except ConfigError as e:
                 problems.append(str(e))
     if problems:
-        raise ConfigError("\n".join(["refusing to merge (nothing was copied):", *problems]))
+        head = "refusing to merge (nothing was copied):"
+        raise ConfigError(f"{head} {problems[0]}" if len(problems) == 1 else "\n".join([head, *problems]))
     for d, rel, dst in plan:
         dst.parent.mkdir(parents=True, exist_ok=True)
+        link = find_campaign_link(campaign_dir, rel)  # again at the write: a folder swapped for a link since
+        if link is not None:
+            raise ConfigError(_campaign_link_problem(campaign_dir, link))
         with open_node_file(d, rel) as f, atomic_writer(dst) as out:
             shutil.copyfileobj(f, out, 1 << 20)
             st = os.fstat(f.fileno())
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     refresh_env_record(campaign_dir, [str(n) for n in meta.get("runs", [])])
     return [dst.relative_to(campaign_dir) for _, _, dst in plan]
+
+
+def find_campaign_link(campaign_dir: Path, rel: Path) -> Path | None:
+    """The first path from ``campaign_dir`` down to ``campaign_dir / rel`` (``campaign_dir`` itself
+    not included) that is a symbolic link, or that resolves outside ``campaign_dir`` (a relative
+    path climbing out); None when every existing component is a plain file or folder inside."""
+    root = campaign_dir.resolve()
+    path = campaign_dir
+    for part in rel.parts:
+        path = path / part
+        if path.is_symlink() or not path.resolve().is_relative_to(root):
+            return path
+        if not path.exists():
+            return None  # what is below it does not exist yet: collect creates it, as folders
+    return None
+
+
+def _campaign_link_problem(campaign_dir: Path, link: Path) -> str:
+    if not link.is_symlink():
+        return f"{link}: resolves outside {campaign_dir}; collect writes only inside the campaign"
+    return (f"{link}: a symbolic link (to {os.readlink(link)}) inside the campaign, not followed (the copy would "
+            f"land outside {campaign_dir}); replace it with a real folder and collect again")
 
 
 def _world_size(run_dir: Path) -> int | None:

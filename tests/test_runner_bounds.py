@@ -350,3 +350,69 @@ def test_an_interrupted_plan_says_what_it_writes(out, shown):
     assert "only reads and prints" not in text
     assert text == (f"runner: interrupted; nothing was launched and no plan was written ({shown} is written whole "
                     "at the end: it is absent, or still the earlier plan)")
+
+
+# ---- O. collect never writes through a link on the campaign side
+
+def test_collect_refuses_a_campaign_folder_that_is_a_symlink_and_copies_nothing(tmp_path):
+    """node 0's ddp/logs swapped for a link to a folder outside: the node's logs would land there."""
+    import shutil
+
+    node0, node1 = _node_pair(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(node0 / "ddp" / "logs", ignore_errors=True)
+    os.symlink(outside, node0 / "ddp" / "logs")
+    before = sorted(p.relative_to(node0) for p in node0.rglob("*"))
+    _one_error_line(_runner("collect", str(node0), str(node1)), "refusing to merge (nothing was copied)",
+                    f"{node0 / 'ddp' / 'logs'}: a symbolic link (to {outside}) inside the campaign, not followed")
+    assert list(outside.iterdir()) == []
+    assert sorted(p.relative_to(node0) for p in node0.rglob("*")) == before  # env_node1.json not copied either
+
+
+# ---- P. runner capacity's ladder and trial count are bounded before any run is resolved
+
+def _capacity_matrix(path: Path, *, num_runs: int, num_rungs: int) -> Path:
+    ladder = ", ".join(f"[{2 + i}, 64]" for i in range(num_rungs))
+    return _matrix(path, num_runs=num_runs, campaign=f"[capacity]\nmemory_budget_gib = 0.5\nladder = [{ladder}]\n")
+
+
+def test_capacity_refuses_a_ladder_longer_than_64_rungs(tmp_path):
+    matrix = _capacity_matrix(tmp_path / "long.toml", num_runs=1, num_rungs=3000)
+    _one_error_line(_runner("capacity", "--dry-run", "--gpus", "0", "--matrix", str(matrix), timeout=30),
+                    f"{matrix} [capacity] ladder: 3,000 rungs, more than the 64 a probe bisects")
+
+
+def test_capacity_refuses_more_trials_than_a_campaign_holds(tmp_path):
+    """5,000 layouts x ceil(log2(10 + 1)) = 4 trials each: 20,000 > MAX_RUNS, refused before resolving."""
+    matrix = _capacity_matrix(tmp_path / "wide.toml", num_runs=5000, num_rungs=10)
+    _one_error_line(_runner("capacity", "--dry-run", "--gpus", "0", "--matrix", str(matrix), timeout=30),
+                    f"{matrix}: 5,000 layouts x ceil(log2(10 + 1)) trials = 20,000 trials, more than the 10,000")
+
+
+# ---- Q. campaign.json records the --matrix path redacted
+
+def test_campaign_json_redacts_a_token_in_the_matrix_path(tmp_path):
+    """campaign.json is written before the first run starts; the campaign is stopped once it is there."""
+    import signal
+    import time
+
+    token = "sk-proj-QWERTYUIOPASDFGHJKLZXCVBNM1234"
+    matrix = tmp_path / "sec3" / f"token={token}.toml"
+    matrix.parent.mkdir()
+    _matrix(matrix, num_runs=1)
+    out = tmp_path / "C"
+    proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "all", "--matrix", str(matrix),
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "campaign.json").is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    text = (out / "campaign.json").read_text()
+    assert token not in text, text
+    assert json.loads(text)["matrix_path"] == str(tmp_path / "sec3" / "token=<redacted>.toml")
