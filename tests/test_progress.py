@@ -32,9 +32,11 @@ world_size = 2
 LINE = re.compile(r"^\[runner\] ddp step (\d+)/40  ([\d.]+)([kMG]?) tok/s  loss ([\d.]+)  ETA (\d+) s$")
 
 
-def _row(step: int, *, step_time_s: float = 0.5, tokens: int = 1000, loss: float = 5.0, profiled=False) -> dict:
-    # a whole StepRow: `runner status` reads metrics as the note does (validated StepRows)
-    return {"run": "r", "rank": 0, "step": step, "step_time_s": step_time_s, "tokens": tokens, "loss": loss,
+def _row(step: int, *, step_time_s: float = 0.5, tokens: int = 1000, loss: float = 5.0, profiled=False,
+         run: str = "r") -> dict:
+    # a whole StepRow: `runner status` reads metrics as the note does (validated StepRows; a row
+    # naming another run than its folder is dropped)
+    return {"run": run, "rank": 0, "step": step, "step_time_s": step_time_s, "tokens": tokens, "loss": loss,
             "profiled": profiled, "lr": 1e-3, "grad_norm": 1.0, "mem_peak_allocated_gib": None,
             "mem_peak_reserved_gib": None, "data_wait_s": 0.0, "wall_time_s": 0.5 * (step + 1)}
 
@@ -154,11 +156,11 @@ def test_status_of_a_partial_campaign_names_states_and_cause(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "spec.json").write_text(json.dumps({"name": name, "fixed": fixed}))
     (tmp_path / "a" / "metrics").mkdir()
-    (tmp_path / "a" / "metrics" / "rank0.jsonl").write_text("".join(json.dumps(_row(i)) + "\n" for i in range(4)))
+    (tmp_path / "a" / "metrics" / "rank0.jsonl").write_text("".join(json.dumps(_row(i, run="a")) + "\n" for i in range(4)))
     (tmp_path / "a" / "status.json").write_text(json.dumps({"status": "crash", "cause": "rank 0: RuntimeError: boom"}))
     (tmp_path / "b" / "logs").mkdir()
     (tmp_path / "b" / "metrics").mkdir()
-    (tmp_path / "b" / "metrics" / "rank0.jsonl").write_text(json.dumps(_row(0)) + "\n" + json.dumps(_row(1))[:5])
+    (tmp_path / "b" / "metrics" / "rank0.jsonl").write_text(json.dumps(_row(0, run="b")) + "\n" + json.dumps(_row(1, run="b"))[:5])
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "note.md").write_text("# note\n")
     res = _runner("status", str(tmp_path), timeout=120)
