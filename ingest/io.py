@@ -1192,6 +1192,7 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
     from ingest.attribution import compute_attribution
     from ingest.parsers.dispatch import parse_text
     from ingest.topology import nccl_transports, summarize_nccl_topology
+    from ingest.trace_reader import TraceReadCounts
     from ingest.traces import compute_step_breakdown
 
     run_dir = Path(run_dir)
@@ -1209,12 +1210,16 @@ def compute_run_trace_tables(run_dir: str | os.PathLike[str], *, name: str, pp_d
             warnings.append(Message(N_("%(file)s: not a regular file (a FIFO?); skipped"), file=f"{name}/trace/{path.name}"))
             continue
         found = True
+        counts = TraceReadCounts()
         try:
-            result = compute_step_breakdown(open_trace_events(path, lean=True), run=name,
+            result = compute_step_breakdown(open_trace_events(path, counts=counts, lean=True), run=name,
                                             rank=int(match.group(1)), pp_degree=pp_degree)
         except ParseError as e:
             warnings.append(str(e))
             continue
+        if counts.truncated:  # the steps before the cut are analysed; the note says the file is cut
+            warnings.append(Message(N_("%(file)s: the trace ends inside its JSON (cut, or its writer stopped); the "
+                                       "steps before the cut are analysed"), file=f"{name}/trace/{path.name}"))
         if result.rank_timeline is not None:
             timelines[int(match.group(1))] = result.rank_timeline
         steps += result.steps

@@ -313,3 +313,28 @@ def test_a_cpu_row_past_any_cpus_flops_is_dropped(tmp_path, tokens, dropped):
               "(1.17e+14 model FLOP/s per rank: more than a CPU process reaches, 1e+14)); the numbers use the 11 valid rows")
     assert (caveat in campaign.problems) is dropped, campaign.problems
     assert (6 in set(campaign.steps.query("run == 'ddp' and rank == 0")["step"])) is not dropped
+
+
+def test_a_cut_trace_is_analysed_up_to_the_cut_and_said_to_be_cut(tmp_path):
+    """A profiler trace whose JSON ends mid-array (its writer stopped, or the copy was cut) is
+    analysed up to the cut, with one warning naming the file; the whole file gets none."""
+    import gzip
+    import shutil
+
+    from ingest.io import compute_run_trace_tables
+
+    src = Path(__file__).resolve().parents[1] / "examples" / "h200-1gpu" / "ddp"
+    whole, cut = tmp_path / "whole" / "ddp", tmp_path / "cut" / "ddp"
+    for run in (whole, cut):
+        (run / "trace").mkdir(parents=True)
+        shutil.copy(src / "spec.json", run / "spec.json")
+    shutil.copy(src / "trace" / "profile_rank0.json.gz", whole / "trace" / "profile_rank0.json.gz")
+    text = gzip.decompress((src / "trace" / "profile_rank0.json.gz").read_bytes())
+    (cut / "trace" / "profile_rank0.json.gz").write_bytes(gzip.compress(text[: int(len(text) * 0.9)]))
+    warned = {}
+    for run in (whole, cut):
+        tables = compute_run_trace_tables(run, name="ddp", root=run.parent)
+        warned[run.parent.name] = [str(w) for w in tables.warnings if "ends inside its JSON" in str(w)]
+    assert warned["whole"] == []
+    assert warned["cut"] == ["ddp/trace/profile_rank0.json.gz: the trace ends inside its JSON (cut, or its writer "
+                             "stopped); the steps before the cut are analysed"]
