@@ -554,9 +554,10 @@ def check_outputs_are_ours(prefix: Path) -> None:
     """ConfigError naming the file when PREFIX.bin, .idx, .json or .tokenizer.json exists and was
     not written by prepare_data, so a user's file (pd/settings.json) is never replaced. Ours: a
     PREFIX.json that reads as the DatasetRecord prepare_data writes (every key of it), for a prefix
-    of this name (its ``prefix`` field; the folder may have moved since); then the .bin/.idx beside it are its dataset and a .tokenizer.json the one it
-    fitted (written together, renamed into place with the record last). Re-running onto our own
-    outputs replaces them."""
+    of this name (its ``prefix`` field; the folder may have moved since); then the .bin/.idx beside
+    it are its dataset and a .tokenizer.json the one it fitted (written together, renamed into
+    place with the record last), unless one is a symbolic link. Re-running onto our own outputs
+    replaces them."""
     existing = [Path(f"{prefix}.{ext}") for ext in OUTPUT_SUFFIXES if os.path.lexists(f"{prefix}.{ext}")]
     if not existing:
         return
@@ -566,9 +567,11 @@ def check_outputs_are_ours(prefix: Path) -> None:
             path.name != f"{prefix.name}.tokenizer.json"
             or (record.tokenizer_trained and Path(record.tokenizer or "").name == path.name))
         if not ours:
-            raise ConfigError(f"--out {prefix}: {path} exists and was not written by `runner prepare-data` (no "
-                              f"{prefix.name}.json record of ours for this prefix beside it); choose another --out "
-                              "prefix or move the file away")
+            why = (f"no {prefix.name}.json record of ours for this prefix beside it" if record is None
+                   else "a symbolic link, which prepare-data never writes" if path.is_symlink()
+                   else f"not the tokenizer {prefix.name}.json records")
+            raise ConfigError(f"--out {prefix}: {path} exists and was not written by `runner prepare-data` ({why}); "
+                              "choose another --out prefix or move the file away")
 
 
 def _read_own_record(path: Path, *, prefix: Path) -> DatasetRecord | None:

@@ -262,7 +262,15 @@ def test_prepare_data_rewrites_its_own_outputs_but_not_anothers_record(tmp_path)
     for ext in ("bin", "idx", "json"):  # our record, but written for another prefix: not this prefix's
         Path(f"{other}.{ext}").write_bytes(Path(f"{out}.{ext}").read_bytes())
     _one_error_line(_runner("prepare-data", str(src), "--out", str(other), "--vocab-size", "300"),
-                    f"{other}.bin exists and was not written by `runner prepare-data`")
+                    f"{other}.bin exists and was not written by `runner prepare-data`",
+                    "no other.json record of ours")
+    user_bin = tmp_path / "user.bin"  # our own record beside a .bin that links to a user's file
+    user_bin.write_bytes(b"the user's")
+    Path(f"{out}.bin").unlink()
+    Path(f"{out}.bin").symlink_to(user_bin)
+    _one_error_line(_runner("prepare-data", str(src), "--out", str(out), "--vocab-size", "300"),
+                    f"{out}.bin exists and was not written by `runner prepare-data` (a symbolic link")
+    assert user_bin.read_bytes() == b"the user's"
 
 
 # ---- F. prepare-data's memory is bounded whatever the corpus size
