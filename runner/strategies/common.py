@@ -10,6 +10,14 @@ import torch.distributed as dist
 from torch import nn
 
 from core.records import PHASE_RANGES, PLANT_RANGES, RunSpec
+from runner.membudget import INIT_ON_DEVICE_KEY
+from runner.model import build_gpt
+
+
+def build_run_gpt(spec: RunSpec, *, device: torch.device) -> nn.Module:
+    """The run's GPT on ``device`` (runner.model.build_gpt), its weights drawn on the device when
+    the capacity probe asked for it (runner.membudget.INIT_ON_DEVICE_KEY in the run's options)."""
+    return build_gpt(spec.fixed.model, device=device, on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
 
 
 def build_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], *, weight_decay: float) -> list[dict]:

@@ -14,13 +14,12 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from core.records import RunSpec
-from runner.membudget import INIT_ON_DEVICE_KEY
-from runner.model import GPT, build_gpt, count_params
+from runner.model import GPT, count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
-    TORCH_CHECKPOINT_FORMAT, apply_recompute, autocast, build_adamw, build_param_groups, load_torch_checkpoint,
-    phase, save_torch_checkpoint, set_lr,
+    TORCH_CHECKPOINT_FORMAT, apply_recompute, autocast, build_adamw, build_param_groups, build_run_gpt,
+    load_torch_checkpoint, phase, save_torch_checkpoint, set_lr,
 )
 
 
@@ -43,8 +42,7 @@ class DDPTrainer:
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec = spec
         self.ctx = ctx
-        model = build_gpt(spec.fixed.model, device=ctx.device,
-                          on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
+        model = build_run_gpt(spec, device=ctx.device)
         self.num_params = count_params(model)
         self.num_params_position_embedding = model.wpe.weight.numel()
         # kernels (runner.strategies.parity): parity compiles each block and calls the shared loss

@@ -45,13 +45,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor
 
 from core.records import RunSpec
-from runner.membudget import INIT_ON_DEVICE_KEY
-from runner.model import build_gpt, count_params
+from runner.model import count_params
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.strategies.common import (
-    TORCH_CHECKPOINT_FORMAT, apply_recompute, build_adamw, build_param_groups, load_torch_checkpoint, phase,
-    save_torch_checkpoint, set_lr,
+    TORCH_CHECKPOINT_FORMAT, apply_recompute, build_adamw, build_param_groups, build_run_gpt, load_torch_checkpoint,
+    phase, save_torch_checkpoint, set_lr,
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -71,8 +70,7 @@ class FSDP2Trainer:
     def __init__(self, spec: RunSpec, *, ctx: RankContext) -> None:
         self.spec, self.ctx = spec, ctx
         opts = spec.options
-        model = build_gpt(spec.fixed.model, device=ctx.device,  # same seed -> the DDP run's initial weights
-                          on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
+        model = build_run_gpt(spec, device=ctx.device)  # same seed -> the DDP run's initial weights
         self.num_params = count_params(model)
         self.num_params_position_embedding = model.wpe.weight.numel()
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))

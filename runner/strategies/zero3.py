@@ -14,12 +14,11 @@ from typing import Any, Mapping
 import torch
 
 from core.records import RunSpec
-from runner.membudget import INIT_ON_DEVICE_KEY
-from runner.model import build_gpt
 from runner.strategies import RankContext, StepOutput
 from runner.strategies.parity import build_loss_fn, spec_kernels
 from runner.knobs import ZERO3_DEFAULTS
-from runner.strategies.common import apply_recompute, build_adamw, build_param_groups, phase, set_lr
+from runner.strategies.common import apply_recompute, build_adamw, build_param_groups, build_run_gpt, phase, set_lr
+
 
 def build_offload_config(options: Mapping[str, Any], *, device: str) -> dict[str, Any]:
     """zero_optimization's offload entries for ``options.offload_optimizer`` / ``offload_param``
@@ -70,8 +69,7 @@ class Zero3Trainer:
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         self.spec = spec
         self.ctx = ctx
-        model = build_gpt(spec.fixed.model, device=ctx.device,  # same seed -> the DDP run's initial weights
-                          on_device=bool(spec.options.get(INIT_ON_DEVICE_KEY)))
+        model = build_run_gpt(spec, device=ctx.device)  # same seed -> the DDP run's initial weights
         self.num_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         self.num_params_position_embedding = model.wpe.weight.numel()
         # offloaded optimizer: AdamW steps the host partitions (not fused: a CUDA kernel)
